@@ -1,0 +1,220 @@
+from meshrl.api.common.v1 import keys_pb2 as _keys_pb2
+from meshrl.api.common.v1 import tensor_pb2 as _tensor_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class PutBatchStart(_message.Message):
+    __slots__ = ("key", "header", "ttl_seconds", "overwrite")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    OVERWRITE_FIELD_NUMBER: _ClassVar[int]
+    key: _keys_pb2.BatchKey
+    header: _tensor_pb2.BatchHeader
+    ttl_seconds: int
+    overwrite: bool
+    def __init__(self, key: _Optional[_Union[_keys_pb2.BatchKey, _Mapping]] = ..., header: _Optional[_Union[_tensor_pb2.BatchHeader, _Mapping]] = ..., ttl_seconds: _Optional[int] = ..., overwrite: _Optional[bool] = ...) -> None: ...
+
+class PutBatchRequest(_message.Message):
+    __slots__ = ("start", "payload")
+    START_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    start: PutBatchStart
+    payload: bytes
+    def __init__(self, start: _Optional[_Union[PutBatchStart, _Mapping]] = ..., payload: _Optional[bytes] = ...) -> None: ...
+
+class PutBatchResponse(_message.Message):
+    __slots__ = ("bytes_written", "chunks")
+    BYTES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    bytes_written: int
+    chunks: int
+    def __init__(self, bytes_written: _Optional[int] = ..., chunks: _Optional[int] = ...) -> None: ...
+
+class GetBatchRequest(_message.Message):
+    __slots__ = ("key", "wait_seconds")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    key: _keys_pb2.BatchKey
+    wait_seconds: float
+    def __init__(self, key: _Optional[_Union[_keys_pb2.BatchKey, _Mapping]] = ..., wait_seconds: _Optional[float] = ...) -> None: ...
+
+class GetBatchResponse(_message.Message):
+    __slots__ = ("header", "payload")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    header: _tensor_pb2.BatchHeader
+    payload: bytes
+    def __init__(self, header: _Optional[_Union[_tensor_pb2.BatchHeader, _Mapping]] = ..., payload: _Optional[bytes] = ...) -> None: ...
+
+class DeleteBatchRequest(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: _keys_pb2.BatchKey
+    def __init__(self, key: _Optional[_Union[_keys_pb2.BatchKey, _Mapping]] = ...) -> None: ...
+
+class DeleteBatchResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: bool
+    def __init__(self, deleted: _Optional[bool] = ...) -> None: ...
+
+class ListBatchesRequest(_message.Message):
+    __slots__ = ("job_id", "step")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    step: int
+    def __init__(self, job_id: _Optional[str] = ..., step: _Optional[int] = ...) -> None: ...
+
+class ListBatchesResponse(_message.Message):
+    __slots__ = ("keys",)
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedCompositeFieldContainer[_keys_pb2.BatchKey]
+    def __init__(self, keys: _Optional[_Iterable[_Union[_keys_pb2.BatchKey, _Mapping]]] = ...) -> None: ...
+
+class DeleteJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class DeleteJobResponse(_message.Message):
+    __slots__ = ("batches_deleted", "streams_deleted")
+    BATCHES_DELETED_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_DELETED_FIELD_NUMBER: _ClassVar[int]
+    batches_deleted: int
+    streams_deleted: int
+    def __init__(self, batches_deleted: _Optional[int] = ..., streams_deleted: _Optional[int] = ...) -> None: ...
+
+class SampleGroup(_message.Message):
+    __slots__ = ("group_id", "weight_version", "batch")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    weight_version: int
+    batch: _tensor_pb2.TensorBatch
+    def __init__(self, group_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., batch: _Optional[_Union[_tensor_pb2.TensorBatch, _Mapping]] = ...) -> None: ...
+
+class AppendGroupsRequest(_message.Message):
+    __slots__ = ("job_id", "stream", "groups")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    stream: str
+    groups: _containers.RepeatedCompositeFieldContainer[SampleGroup]
+    def __init__(self, job_id: _Optional[str] = ..., stream: _Optional[str] = ..., groups: _Optional[_Iterable[_Union[SampleGroup, _Mapping]]] = ...) -> None: ...
+
+class AppendGroupsResponse(_message.Message):
+    __slots__ = ("entry_ids",)
+    ENTRY_IDS_FIELD_NUMBER: _ClassVar[int]
+    entry_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, entry_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ReadGroupsRequest(_message.Message):
+    __slots__ = ("job_id", "stream", "consumer_group", "consumer", "max_groups", "block_seconds", "min_weight_version", "claim_idle_seconds")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    MAX_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MIN_WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_IDLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    stream: str
+    consumer_group: str
+    consumer: str
+    max_groups: int
+    block_seconds: float
+    min_weight_version: int
+    claim_idle_seconds: float
+    def __init__(self, job_id: _Optional[str] = ..., stream: _Optional[str] = ..., consumer_group: _Optional[str] = ..., consumer: _Optional[str] = ..., max_groups: _Optional[int] = ..., block_seconds: _Optional[float] = ..., min_weight_version: _Optional[int] = ..., claim_idle_seconds: _Optional[float] = ...) -> None: ...
+
+class DeliveredGroup(_message.Message):
+    __slots__ = ("entry_id", "group", "delivery_count")
+    ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    entry_id: str
+    group: SampleGroup
+    delivery_count: int
+    def __init__(self, entry_id: _Optional[str] = ..., group: _Optional[_Union[SampleGroup, _Mapping]] = ..., delivery_count: _Optional[int] = ...) -> None: ...
+
+class ReadGroupsResponse(_message.Message):
+    __slots__ = ("groups", "dropped_stale")
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_STALE_FIELD_NUMBER: _ClassVar[int]
+    groups: _containers.RepeatedCompositeFieldContainer[DeliveredGroup]
+    dropped_stale: int
+    def __init__(self, groups: _Optional[_Iterable[_Union[DeliveredGroup, _Mapping]]] = ..., dropped_stale: _Optional[int] = ...) -> None: ...
+
+class AckGroupsRequest(_message.Message):
+    __slots__ = ("job_id", "stream", "consumer_group", "entry_ids")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_IDS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    stream: str
+    consumer_group: str
+    entry_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job_id: _Optional[str] = ..., stream: _Optional[str] = ..., consumer_group: _Optional[str] = ..., entry_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class AckGroupsResponse(_message.Message):
+    __slots__ = ("acked",)
+    ACKED_FIELD_NUMBER: _ClassVar[int]
+    acked: int
+    def __init__(self, acked: _Optional[int] = ...) -> None: ...
+
+class GetStatsRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class StreamStats(_message.Message):
+    __slots__ = ("job_id", "stream", "consumer_group", "length", "pending", "lag")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    stream: str
+    consumer_group: str
+    length: int
+    pending: int
+    lag: int
+    def __init__(self, job_id: _Optional[str] = ..., stream: _Optional[str] = ..., consumer_group: _Optional[str] = ..., length: _Optional[int] = ..., pending: _Optional[int] = ..., lag: _Optional[int] = ...) -> None: ...
+
+class GetStatsResponse(_message.Message):
+    __slots__ = ("batches", "bytes", "streams", "drops_by_reason", "budget_bytes", "budget_entries")
+    class DropsByReasonEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
+    DROPS_BY_REASON_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    batches: int
+    bytes: int
+    streams: _containers.RepeatedCompositeFieldContainer[StreamStats]
+    drops_by_reason: _containers.ScalarMap[str, int]
+    budget_bytes: int
+    budget_entries: int
+    def __init__(self, batches: _Optional[int] = ..., bytes: _Optional[int] = ..., streams: _Optional[_Iterable[_Union[StreamStats, _Mapping]]] = ..., drops_by_reason: _Optional[_Mapping[str, int]] = ..., budget_bytes: _Optional[int] = ..., budget_entries: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,183 @@
+"""Typed configuration loading for every service: defaults < YAML file < MESHRL_* env < --set overrides.
+
+Config classes are pydantic models with `extra="forbid"`; `load_config` turns any
+validation failure into a `ConfigError` naming the field, the bad value and the fix.
+Each service's `__main__` calls `parse_service_args` to get its config from argv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pydantic
+import yaml
+
+from meshrl.common.errors import ConfigError
+
+T = TypeVar("T", bound=pydantic.BaseModel)
+ENV_PREFIX = "MESHRL_"
+
+
+class StrictModel(pydantic.BaseModel):
+    """Base for config sections: unknown fields are errors, values are checked on assignment."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = tree
+    for key in keys[:-1]:
+        child = node.get(key)
+        if not isinstance(child, dict):
+            child = {}
+            node[key] = child
+        node = child
+    node[keys[-1]] = value
+
+
+def _parse_scalar(text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
+    """Turns ["a.b=1", "c=[1, 2]"] into a nested mapping; values are parsed as YAML scalars."""
+    tree: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(item, item, "an override must look like key.path=value", "write e.g. --set server.port=50051")
+        _set_path(tree, key.strip(), _parse_scalar(value))
+    return tree
+
+
+def env_overrides(env: Mapping[str, str], prefix: str = ENV_PREFIX) -> dict[str, Any]:
+    """MESHRL_SERVER__PORT=50051 -> {"server": {"port": 50051}} (double underscore separates levels)."""
+    tree: dict[str, Any] = {}
+    for name, value in env.items():
+        if name.startswith(prefix) and len(name) > len(prefix):
+            dotted = name[len(prefix) :].lower().replace("__", ".")
+            _set_path(tree, dotted, _parse_scalar(value))
+    return tree
+
+
+def deep_merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError("--config", str(p), "the file does not exist", "pass the path of an existing YAML file")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError("--config", str(p), f"it is not valid YAML ({exc})", "fix the YAML syntax at that line") from exc
+    if not isinstance(data, dict):
+        raise ConfigError("--config", str(p), "the top level must be a mapping", "write `key: value` lines at the top")
+    return data
+
+
+def _field_names(model: type[pydantic.BaseModel], loc: Sequence[Any]) -> list[str]:
+    current: Any = model
+    for part in loc[:-1]:
+        fields = getattr(current, "model_fields", {})
+        if part not in fields:
+            return []
+        current = fields[part].annotation
+    return list(getattr(current, "model_fields", {}))
+
+
+def _describe(model: type[pydantic.BaseModel], loc: Sequence[Any]) -> str | None:
+    current: Any = model
+    info = None
+    for part in loc:
+        fields = getattr(current, "model_fields", {})
+        if part not in fields:
+            return None
+        info = fields[part]
+        current = info.annotation
+    return info.description if info else None
+
+
+def to_config_error(model: type[pydantic.BaseModel], exc: pydantic.ValidationError) -> ConfigError:
+    err = exc.errors()[0]
+    loc = list(err["loc"])
+    field = ".".join(str(p) for p in loc) or model.__name__
+    value = err.get("input")
+    if err["type"] == "extra_forbidden":
+        names = _field_names(model, loc)
+        close = difflib.get_close_matches(str(loc[-1]), names, n=1)
+        fix = f"did you mean '{close[0]}'?" if close else f"remove it; known fields here: {', '.join(names)}"
+        return ConfigError(field, value, "unknown field", fix)
+    if err["type"] == "missing":
+        desc = _describe(model, loc)
+        return ConfigError(field, None, "is required", f"set it ({desc})" if desc else "set it in the file or with --set")
+    desc = _describe(model, loc)
+    fix = f"give {desc}" if desc else "give a value of the expected type"
+    return ConfigError(field, value, err["msg"], fix)
+
+
+def load_config(
+    model: type[T],
+    *,
+    path: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    base: Mapping[str, Any] | None = None,
+    env_prefix: str = ENV_PREFIX,
+) -> T:
+    """Builds a config: model defaults < `base` < YAML file < environment < overrides."""
+    data: dict[str, Any] = dict(base or {})
+    if path is not None:
+        data = deep_merge(data, read_yaml(path))
+    data = deep_merge(data, env_overrides(os.environ if env is None else env, env_prefix))
+    data = deep_merge(data, parse_overrides(overrides))
+    try:
+        return model.model_validate(data)
+    except pydantic.ValidationError as exc:
+        raise to_config_error(model, exc) from None
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="YAML config file")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one field, e.g. --set server.port=50051 (repeatable; MESHRL_SERVER__PORT works too)",
+    )
+
+
+def parse_service_args(model: type[T], argv: Sequence[str] | None, prog: str, description: str) -> T:
+    """The argv handling shared by every service's `python -m meshrl.<svc>`."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    add_config_arguments(parser)
+    parser.add_argument("--port", type=int, help="shortcut for --set server.port=PORT")
+    parser.add_argument("--host", help="shortcut for --set server.host=HOST (default 127.0.0.1: loopback only)")
+    args = parser.parse_args(argv)
+    overrides = list(args.overrides)
+    if args.port is not None:
+        overrides.append(f"server.port={args.port}")
+    if args.host is not None:
+        overrides.append(f"server.host={args.host}")
+    try:
+        return load_config(model, path=args.config, overrides=overrides)
+    except ConfigError as exc:
+        parser.exit(2, f"{prog}: error: {exc}\n")

@@ -1,0 +1,128 @@
+"""Typed errors shared by every meshrl service and client.
+
+Core modules raise these; the one server interceptor (`meshrl.common.grpc_server`) maps
+them to gRPC status codes, and `from_rpc_error` turns a status back into the same type on
+the client side. Messages say what was wrong and how to fix it.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+
+class MeshrlError(Exception):
+    """Base class: an error with a gRPC status code. Unknown failures map to INTERNAL."""
+
+    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InvalidArgument(MeshrlError):
+    """Bad input: a wrong dtype, shape, key, config value, workflow... (INVALID_ARGUMENT)."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NotFound(MeshrlError):
+    """Something named by the caller is not there (NOT_FOUND)."""
+
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class AlreadyExists(MeshrlError):
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
+class ResourceExhausted(MeshrlError):
+    """A budget (memory, entries, message size) would be exceeded (RESOURCE_EXHAUSTED)."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class FailedPrecondition(MeshrlError):
+    """The system is not in a state that allows the call, e.g. no model loaded (FAILED_PRECONDITION)."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class Unavailable(MeshrlError):
+    """A peer is down or unreachable; callers retry within their deadline (UNAVAILABLE)."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class DeadlineExceeded(MeshrlError):
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class Aborted(MeshrlError):
+    """The operation was aborted, e.g. a request cancelled by a pause in abort mode (ABORTED)."""
+
+    code = grpc.StatusCode.ABORTED
+
+
+class Cancelled(MeshrlError):
+    code = grpc.StatusCode.CANCELLED
+
+
+class Unauthenticated(MeshrlError):
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class PermissionDenied(MeshrlError):
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class DataLoss(MeshrlError):
+    """Stored data is corrupt (checksum mismatch, truncated file) (DATA_LOSS)."""
+
+    code = grpc.StatusCode.DATA_LOSS
+
+
+class Internal(MeshrlError):
+    code = grpc.StatusCode.INTERNAL
+
+
+class ConfigError(InvalidArgument):
+    """A configuration value is wrong. The message names the field, the bad value and the fix."""
+
+    def __init__(self, field: str, value: object, problem: str, fix: str) -> None:
+        super().__init__(f"config field '{field}' = {value!r}: {problem}. Fix: {fix}", field=field)
+        self.value = value
+        self.problem = problem
+        self.fix = fix
+
+
+_BY_CODE: dict[grpc.StatusCode, type[MeshrlError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidArgument,
+        NotFound,
+        AlreadyExists,
+        ResourceExhausted,
+        FailedPrecondition,
+        Unavailable,
+        DeadlineExceeded,
+        Aborted,
+        Cancelled,
+        Unauthenticated,
+        PermissionDenied,
+        DataLoss,
+        Internal,
+    )
+}
+
+
+def from_rpc_error(error: grpc.RpcError) -> MeshrlError:
+    """Turns a failed call's status back into the typed error the server raised."""
+    code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
+    details = error.details() if hasattr(error, "details") else str(error)
+    cls = _BY_CODE.get(code, Internal)
+    return cls(details or code.name)

@@ -1,0 +1,142 @@
+"""Starting and stopping a meshrl gRPC server: the same options, interceptors, health
+service and reflection for every service, and a graceful stop on SIGTERM / SIGINT.
+
+Each service's `__main__` builds its servicers and calls `start_server` then
+`wait_for_termination`.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable, Sequence
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pydantic
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from meshrl.common import telemetry
+from meshrl.common.config import StrictModel
+from meshrl.common.grpc_errors import ErrorMappingInterceptor
+from meshrl.common.security import AuthConfig, TLSConfig, TokenAuthInterceptor, server_credentials
+
+log = logging.getLogger(__name__)
+MiB = 1 << 20
+
+
+class ServerConfig(StrictModel):
+    host: str = pydantic.Field("127.0.0.1", description="address to bind; 127.0.0.1 (loopback) unless told otherwise")
+    port: int = pydantic.Field(0, ge=0, le=65535, description="TCP port; 0 picks a free one")
+    max_workers: int = pydantic.Field(16, ge=1, description="threads serving RPCs")
+    max_message_bytes: int = pydantic.Field(64 * MiB, ge=MiB, description="largest message sent or received")
+    grace_seconds: float = pydantic.Field(10.0, ge=0, description="time in-flight RPCs get on SIGTERM")
+    keepalive_time_ms: int = pydantic.Field(30_000, ge=1000)
+    keepalive_timeout_ms: int = pydantic.Field(10_000, ge=1000)
+    port_file: str | None = pydantic.Field(None, description="write the bound port to this file once serving")
+    tls: TLSConfig | None = None
+    auth: AuthConfig = pydantic.Field(default_factory=AuthConfig)
+    require_auth: bool = pydantic.Field(False, description="refuse calls without the token (also on if a token is set)")
+
+
+def server_options(cfg: ServerConfig) -> list[tuple[str, Any]]:
+    return [
+        ("grpc.max_send_message_length", cfg.max_message_bytes),
+        ("grpc.max_receive_message_length", cfg.max_message_bytes),
+        ("grpc.keepalive_time_ms", cfg.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", cfg.keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+        ("grpc.so_reuseport", 0),
+    ]
+
+
+@dataclass
+class Service:
+    """One servicer to register: `add` is the generated `add_XServicer_to_server`."""
+
+    add: Callable[[Any, grpc.Server], None]
+    servicer: Any
+    name: str  # full service name, e.g. "meshrl.databuffer.v1.DataBuffer"
+
+
+@dataclass
+class RunningServer:
+    server: grpc.Server
+    port: int
+    address: str
+    health: health.HealthServicer
+    names: list[str] = field(default_factory=list)
+    _stopped: threading.Event = field(default_factory=threading.Event)
+
+    def stop(self, grace: float | None = None) -> None:
+        """Reports NOT_SERVING (so balancers drain), then stops accepting and waits up to `grace`."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self.health.enter_graceful_shutdown()
+        self.server.stop(grace).wait()
+
+    def wait(self) -> None:
+        self.server.wait_for_termination()
+
+
+def start_server(cfg: ServerConfig, services: Sequence[Service], interceptors: Sequence[Any] = ()) -> RunningServer:
+    chain: list[Any] = [telemetry.server_interceptor()]
+    token = cfg.auth.token()
+    if cfg.require_auth or token:
+        if not token:
+            from meshrl.common.errors import ConfigError
+
+            raise ConfigError(
+                "server.require_auth", True, "no token is configured", f"set {cfg.auth.token_env} or auth.token_file"
+            )
+        chain.append(TokenAuthInterceptor(token))
+    chain += [*interceptors, ErrorMappingInterceptor()]
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=cfg.max_workers, thread_name_prefix="grpc"),
+        interceptors=chain,
+        options=server_options(cfg),
+        maximum_concurrent_rpcs=None,
+    )
+    health_servicer = health.HealthServicer(experimental_non_blocking=True)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = [s.name for s in services]
+    for s in services:
+        s.add(s.servicer, server)
+    reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    bind = f"{cfg.host}:{cfg.port}"
+    port = server.add_secure_port(bind, server_credentials(cfg.tls)) if cfg.tls else server.add_insecure_port(bind)
+    server.start()
+    for name in ["", *names]:
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    address = f"{cfg.host}:{port}"
+    if cfg.port_file:
+        tmp = Path(cfg.port_file + ".tmp")
+        tmp.write_text(str(port))
+        tmp.replace(cfg.port_file)
+    log.info("serving %s on %s%s", ", ".join(names), address, " (TLS)" if cfg.tls else "")
+    return RunningServer(server, port, address, health_servicer, names)
+
+
+def wait_for_termination(running: RunningServer, grace: float, on_stop: Callable[[], None] | None = None) -> None:
+    """Blocks until SIGTERM/SIGINT, then stops gracefully and runs `on_stop` (release resources)."""
+    stop = threading.Event()
+
+    def handle(signum, _frame):
+        log.info("received %s: stopping within %.0fs", signal.Signals(signum).name, grace)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)
+    while not stop.wait(0.5):
+        pass
+    running.stop(grace)
+    if on_stop is not None:
+        on_stop()
+    telemetry.shutdown_telemetry()
