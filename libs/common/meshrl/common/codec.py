@@ -269,3 +269,29 @@ def to_torch(array: np.ndarray):
     if array.dtype == ml_dtypes.bfloat16:
         return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(array)
+
+
+def concat_batches(batches: Sequence[Batch]) -> Batch:
+    """Concatenates batches row-wise (the shards of one node's output, in shard order)."""
+    if len(batches) == 1:
+        return batches[0]
+    if not batches:
+        return Batch()
+    names = list(batches[0].columns)
+    for b in batches[1:]:
+        if list(b.columns) != names:
+            raise InvalidArgument(f"shards disagree on columns: {names} vs {list(b.columns)}")
+    columns: dict[str, Column] = {}
+    for name in names:
+        parts = [b.columns[name] for b in batches]
+        if isinstance(parts[0], Ragged):
+            starts = np.cumsum([0] + [p.offsets[-1] for p in parts[:-1]])
+            offsets = np.concatenate([[0]] + [p.offsets[1:] + s for p, s in zip(parts, starts)]).astype(np.int64)
+            columns[name] = Ragged(np.concatenate([p.values for p in parts]), offsets)
+        else:
+            columns[name] = np.concatenate(parts)
+    samples = [s for b in batches for s in b.samples]
+    attrs: dict[str, str] = {}
+    for b in batches:
+        attrs.update(b.attrs)
+    return Batch(columns, samples, attrs)

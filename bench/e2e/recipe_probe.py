@@ -1,0 +1,353 @@
+"""Research probe for the default example's recipe: SFT warm-up, then GRPO, all in one process with no services.
+
+Builds the tiny model with `meshrl.trainer.model_builder.build_small_model`, writes the countdown puzzles with
+`examples.countdown.make_data`, runs a supervised warm-up stopped early, evaluates greedily on the held-out set
+(the RL step-0 evaluation), then runs GRPO (n samples per prompt, group-normalised advantages, PPO-clip loss,
+optional k3 KL to the step-0 policy) with evaluations every K steps. Prints accuracies, the reward curve and the
+seconds per phase; `--json-out` also writes them as JSON. It is what examples/countdown/config.yaml was tuned with.
+
+Run: `.venv/bin/python bench/e2e/recipe_probe.py --seeds 0 1 2` (defaults are the config's numbers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging as hf_logging
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from examples.countdown import make_data, reward  # noqa: E402
+from meshrl.trainer.model_builder import build_small_model  # noqa: E402
+
+
+@dataclass
+class Recipe:
+    # model
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 0  # 0 = builder default (2 x hidden)
+    # data
+    count: int = 3
+    max_num: int = 9
+    ops: str = "+-"
+    max_target: int = 99
+    n_train: int = 4000
+    n_eval: int = 256
+    # sft
+    sft_steps: int = 200
+    sft_batch: int = 64
+    sft_lr: float = 3e-3
+    # rollout
+    prompts_per_step: int = 32
+    n: int = 8
+    temperature: float = 1.0
+    max_tokens: int = 12
+    # algorithm
+    rl_steps: int = 60
+    rl_lr: float = 1e-3
+    clip: float = 0.2
+    kl_coef: float = 0.0
+    mini_batches: int = 1
+    format_reward: float = 0.0
+    eval_every: int = 10
+    seed: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+class Task:
+    """Tokenised train/eval sets of one seed."""
+
+    def __init__(self, tok, recipe: Recipe, data_dir: Path) -> None:
+        spec = make_data.PuzzleSpec(
+            count=recipe.count, max_num=recipe.max_num, ops=recipe.ops, max_target=recipe.max_target
+        )
+        train_path, eval_path = make_data.write_dataset(data_dir, recipe.seed, recipe.n_train, recipe.n_eval, spec)
+        self.train = [json.loads(line) for line in train_path.open()]
+        self.eval = [json.loads(line) for line in eval_path.open()]
+        self.tok = tok
+        self.eos = tok.convert_tokens_to_ids("<|im_end|>")
+        self.pad = tok.pad_token_id
+        for row in self.train + self.eval:
+            row["prompt_ids"] = self.encode_prompt(row["prompt"])
+            row["solution_ids"] = tok(row["solution"], add_special_tokens=False)["input_ids"] + [self.eos]
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        enc = self.tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+        return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
+
+
+def right_padded(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s)
+        mask[i, : len(s)] = 1
+    return ids, mask
+
+
+def token_logprobs(model, prompts: list[list[int]], responses: list[list[int]], pad: int):
+    """Per-token log-probs of each response given its prompt: [B, T_resp_max] float32 and mask [B, T_resp_max]."""
+    seqs = [p + r for p, r in zip(prompts, responses)]
+    ids, mask = right_padded(seqs, pad)
+    logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+    logp_all = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    width = max(len(r) for r in responses)
+    out = torch.zeros((len(seqs), width))
+    rmask = torch.zeros((len(seqs), width))
+    rows = []
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        rows.append(logp_all[i, len(p) - 1 : len(p) - 1 + len(r)])
+        rmask[i, : len(r)] = 1
+    out = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True) if rows else out
+    return out, rmask
+
+
+@torch.no_grad()
+def generate(model, task: Task, prompts: list[list[int]], *, temperature: float, max_tokens: int) -> list[list[int]]:
+    """Batched left-padded decoding with the KV cache; each response ends at (and includes) its first EOS."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), task.pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = 1
+    kwargs = dict(temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else {}
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=max_tokens,
+        eos_token_id=[task.eos, task.pad],
+        pad_token_id=task.pad,
+        do_sample=temperature > 0,
+        **kwargs,
+    )[:, width:]
+    responses = []
+    for row in out.tolist():
+        resp = []
+        for t in row:
+            resp.append(t)
+            if t in (task.eos, task.pad):
+                break
+        responses.append(resp)
+    return responses
+
+
+def decode(task: Task, response: list[int]) -> str:
+    return task.tok.decode([t for t in response if t not in (task.eos, task.pad)], skip_special_tokens=True)
+
+
+def evaluate(model, task: Task, recipe: Recipe, batch: int = 256) -> float:
+    model.eval()
+    correct = 0
+    for start in range(0, len(task.eval), batch):
+        rows = task.eval[start : start + batch]
+        resp = generate(model, task, [r["prompt_ids"] for r in rows], temperature=0.0, max_tokens=recipe.max_tokens)
+        correct += sum(reward.is_correct(decode(task, x), r["answer"]) for x, r in zip(resp, rows))
+    return correct / len(task.eval)
+
+
+def sft(model, task: Task, recipe: Recipe, rng: random.Random) -> list[float]:
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=recipe.sft_lr, weight_decay=0.0, betas=(0.9, 0.98))
+    losses = []
+    order = list(range(len(task.train)))
+    rng.shuffle(order)
+    pos = 0
+    for step in range(recipe.sft_steps):
+        if pos + recipe.sft_batch > len(order):
+            rng.shuffle(order)
+            pos = 0
+        rows = [task.train[i] for i in order[pos : pos + recipe.sft_batch]]
+        pos += recipe.sft_batch
+        for g in opt.param_groups:  # linear warm-up over the first 10% of steps
+            g["lr"] = recipe.sft_lr * min(1.0, (step + 1) / max(1, recipe.sft_steps // 10))
+        logp, rmask = token_logprobs(model, [r["prompt_ids"] for r in rows], [r["solution_ids"] for r in rows], task.pad)
+        loss = -(logp * rmask).sum() / rmask.sum()
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def grpo(model, task: Task, recipe: Recipe, rng: random.Random, log) -> dict:
+    ref = None
+    if recipe.kl_coef > 0:
+        ref = AutoModelForCausalLM.from_config(model.config)
+        ref.load_state_dict(model.state_dict())
+        ref.eval()
+    opt = torch.optim.AdamW(model.parameters(), lr=recipe.rl_lr, weight_decay=0.0, betas=(0.9, 0.99))
+    order = list(range(len(task.train)))
+    rng.shuffle(order)
+    pos = 0
+    curve, evals, times = [], [], {"rollout": 0.0, "train": 0.0, "eval": 0.0}
+    t0 = time.perf_counter()
+    evals.append((0, evaluate(model, task, recipe)))
+    times["eval"] += time.perf_counter() - t0
+    log(f"  rl step 0 eval acc {evals[-1][1]:.3f}")
+    for step in range(1, recipe.rl_steps + 1):
+        if pos + recipe.prompts_per_step > len(order):
+            rng.shuffle(order)
+            pos = 0
+        rows = [task.train[i] for i in order[pos : pos + recipe.prompts_per_step]]
+        pos += recipe.prompts_per_step
+        t0 = time.perf_counter()
+        model.eval()
+        prompts = [r["prompt_ids"] for r in rows for _ in range(recipe.n)]
+        answers = [r["answer"] for r in rows for _ in range(recipe.n)]
+        responses = generate(model, task, prompts, temperature=recipe.temperature, max_tokens=recipe.max_tokens)
+        texts = [decode(task, x) for x in responses]
+        rewards = torch.tensor([reward.score_one(t, a, recipe.format_reward) for t, a in zip(texts, answers)])
+        acc = sum(reward.is_correct(t, a) for t, a in zip(texts, answers)) / len(texts)
+        grouped = rewards.view(-1, recipe.n)
+        adv = ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-6)).view(-1)
+        times["rollout"] += time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            old_logp, rmask = token_logprobs(model, prompts, responses, task.pad)
+            ref_logp = token_logprobs(ref, prompts, responses, task.pad)[0] if ref is not None else None
+        model.train()
+        idx = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(recipe.seed * 100003 + step))
+        clip_frac, kl_val = [], []
+        for chunk in idx.chunk(recipe.mini_batches):
+            ci = chunk.tolist()
+            logp, m = token_logprobs(model, [prompts[i] for i in ci], [responses[i] for i in ci], task.pad)
+            w = old_logp.shape[1]
+            logp = F.pad(logp, (0, w - logp.shape[1]))
+            m = rmask[chunk]
+            ratio = torch.exp(logp - old_logp[chunk])
+            a = adv[chunk][:, None]
+            pg = -torch.minimum(ratio * a, ratio.clamp(1 - recipe.clip, 1 + recipe.clip) * a)
+            loss_tok = pg
+            if ref_logp is not None:
+                d = ref_logp[chunk] - logp
+                kl = torch.exp(d) - d - 1
+                loss_tok = loss_tok + recipe.kl_coef * kl
+                kl_val.append(((kl * m).sum() / m.sum()).item())
+            loss = (loss_tok * m).sum() / m.sum()
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            clip_frac.append((((ratio - 1).abs() > recipe.clip).float() * m).sum().item() / m.sum().item())
+        times["train"] += time.perf_counter() - t0
+        resp_len = sum(len(r) for r in responses) / len(responses)
+        curve.append({"step": step, "reward": rewards.mean().item(), "acc": acc, "len": resp_len})
+        if step % recipe.eval_every == 0 or step == recipe.rl_steps:
+            t0 = time.perf_counter()
+            evals.append((step, evaluate(model, task, recipe)))
+            times["eval"] += time.perf_counter() - t0
+            log(
+                f"  rl step {step} reward {rewards.mean():.3f} len {resp_len:.1f} clip {sum(clip_frac) / len(clip_frac):.3f}"
+                f"{' kl %.4f' % (sum(kl_val) / len(kl_val)) if kl_val else ''} eval acc {evals[-1][1]:.3f}"
+            )
+    return {"curve": curve, "evals": evals, "times": times}
+
+
+def run(recipe: Recipe, log=print) -> dict:
+    torch.manual_seed(recipe.seed)
+    rng = random.Random(recipe.seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        model_dir = build_small_model(
+            Path(tmp) / "model",
+            hidden_size=recipe.hidden_size,
+            num_layers=recipe.num_layers,
+            num_heads=recipe.num_heads,
+            num_kv_heads=recipe.num_kv_heads,
+            intermediate_size=recipe.intermediate_size or None,
+            seed=recipe.seed,
+        )
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        task = Task(tok, recipe, Path(tmp) / "data")
+        t_build = time.perf_counter() - t0
+    n_params = sum(p.numel() for p in model.parameters())
+    t0 = time.perf_counter()
+    acc_init = evaluate(model, task, recipe)
+    t_eval0 = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    losses = sft(model, task, recipe, rng)
+    t_sft = time.perf_counter() - t0
+    log(f"  params {n_params}, sft loss {losses[0]:.3f} -> {losses[-1]:.3f} in {t_sft:.1f}s")
+    rl = grpo(model, task, recipe, rng, log)
+    result = {
+        "recipe": asdict(recipe),
+        "params": n_params,
+        "acc_before_sft": acc_init,
+        "acc_rl_step0": rl["evals"][0][1],
+        "acc_final": rl["evals"][-1][1],
+        "acc_best": max(a for _, a in rl["evals"]),
+        "evals": rl["evals"],
+        "reward_curve": [round(c["reward"], 4) for c in rl["curve"]],
+        "sft_loss": [round(x, 4) for x in losses[:: max(1, len(losses) // 10)]] + [round(losses[-1], 4)],
+        "seconds": {"build": t_build, "eval_init": t_eval0, "sft": t_sft, **rl["times"]},
+        "load": os.getloadavg(),
+    }
+    return result
+
+
+def summarize(result: dict) -> str:
+    curve = result["reward_curve"]
+    k = max(1, len(curve) // 10)
+    smooth = [round(sum(curve[i : i + k]) / len(curve[i : i + k]), 3) for i in range(0, len(curve), k)]
+    s = result["seconds"]
+    gain = result["acc_final"] - result["acc_rl_step0"]
+    return (
+        f"seed {result['recipe']['seed']}: acc init {result['acc_before_sft']:.3f} | rl step0 {result['acc_rl_step0']:.3f}"
+        f" | final {result['acc_final']:.3f} (gain {gain:+.3f}, best {result['acc_best']:.3f})\n"
+        f"  evals {[(st, round(a, 3)) for st, a in result['evals']]}\n"
+        f"  reward (mean per {k} steps) {smooth}\n"
+        f"  seconds: " + ", ".join(f"{k2} {v:.1f}" for k2, v in s.items()) + f" | total {sum(s.values()):.1f}"
+        f" | load {tuple(round(x, 2) for x in result['load'])}"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json-out", default="")
+    defaults = Recipe()
+    for name, value in asdict(defaults).items():
+        if name in ("seed", "extra"):
+            continue
+        parser.add_argument("--" + name.replace("_", "-"), type=type(value), default=value)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    results = []
+    for seed in args.seeds:
+        fields = {k: getattr(args, k) for k in asdict(defaults) if k not in ("seed", "extra")}
+        recipe = Recipe(seed=seed, **fields)
+        print(f"== seed {seed} load {os.getloadavg()[0]:.2f}", flush=True)
+        results.append(run(recipe, log=lambda m: print(m, flush=True)))
+        print(summarize(results[-1]), flush=True)
+    gains = [r["acc_final"] - r["acc_rl_step0"] for r in results]
+    print(f"RL gains {[round(g, 3) for g in gains]} min {min(gains):+.3f} mean {sum(gains) / len(gains):+.3f}")
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

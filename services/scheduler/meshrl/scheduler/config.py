@@ -1,0 +1,164 @@
+"""Typed configuration of a job (what `meshrl run` and SubmitJob take) and of the scheduler service.
+
+Sections: job, model, data, rollout, trainer, algorithm, weights, warmup, eval,
+checkpoint, services, telemetry. Every field has a default that runs on a CPU; a
+workflow's nodes read their settings from here through `${...}` references.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pydantic
+
+from meshrl.common.config import StrictModel
+from meshrl.common.grpc_server import ServerConfig
+from meshrl.common.telemetry import TelemetryConfig
+
+Field = pydantic.Field
+
+
+class JobSection(StrictModel):
+    name: str = Field("job", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="a short name made of letters, digits, _.-")
+    steps: int = Field(10, ge=0, description="RL steps to run")
+    seed: int = 0
+    run_root: str = Field("runs", description="folder that holds one folder per run")
+    step_timeout_seconds: float = Field(900.0, gt=0, description="deadline of one training step")
+
+
+class ModelSection(StrictModel):
+    path: str = Field(description="Hugging Face model directory (config.json, safetensors, tokenizer)")
+    build: dict[str, object] | None = Field(
+        None, description="when `path` does not exist, build a small random model with these builder options"
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    reference: bool = Field(True, description="load a frozen reference copy for the KL penalty")
+
+
+class DataSection(StrictModel):
+    train: str = Field(description="jsonl / parquet file or Hugging Face `datasets` folder of training prompts")
+    eval: str | None = Field(None, description="held-out prompts, evaluated at step 0 and every eval.every steps")
+    prompt_key: str = "prompt"
+    answer_key: str = "answer"
+    response_key: str | None = Field(None, description="supervised target for warm-up (default: the answer)")
+    generator: str | None = Field(None, description="package.module:function(out_dir, seed) writing missing files")
+    prompts_per_step: int = Field(8, ge=1)
+    shuffle_seed: int = 0
+    apply_chat_template: bool = True
+    system_prompt: str | None = None
+
+
+class RolloutSection(StrictModel):
+    replicas: int = Field(1, ge=0, description="replicas launched by the scheduler (0: only `addresses`)")
+    engine: Literal["transformers", "sglang", "vllm"] = "transformers"
+    n: int = Field(4, ge=1, description="samples per prompt (a group)")
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_tokens: int = Field(32, ge=1)
+    addresses: list[str] = Field(default_factory=list, description="replicas deployed independently (host:port)")
+    request_timeout_seconds: float = Field(600.0, gt=0)
+    max_batch_size: int = Field(64, ge=1)
+
+
+class LossSection(StrictModel):
+    policy_loss: Literal["ppo", "gspo"] = "ppo"
+    clip_low: float = Field(0.2, gt=0)
+    clip_high: float = Field(0.2, gt=0)
+    dual_clip: float = Field(0.0, ge=0)
+    aggregation: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
+    kl_coef: float = Field(0.0, ge=0)
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    entropy_coef: float = Field(0.0, ge=0)
+    tis_cap: float = Field(0.0, ge=0)
+    value_clip: float = Field(0.2, ge=0)
+
+
+class AlgorithmSection(StrictModel):
+    advantage: Literal["grpo", "grpo_no_std", "rloo", "reinforce_pp", "gae"] = "grpo"
+    gamma: float = 1.0
+    lam: float = 1.0
+    loss: LossSection = Field(default_factory=LossSection)
+    reward: str = Field("exact_match", description="built-in reward name or package.module:function")
+    dynamic_sampling: bool = Field(False, description="drop groups whose rewards are all equal (DAPO)")
+
+
+class OptimSection(StrictModel):
+    lr: float = Field(1e-5, gt=0)
+    min_lr: float = 0.0
+    weight_decay: float = 0.0
+    clip_grad: float = 1.0
+    warmup_steps: int = 0
+    decay_steps: int = 0
+    decay_style: Literal["constant", "linear", "cosine"] = "constant"
+
+
+class TrainerSection(StrictModel):
+    address: str | None = Field(None, description="a trainer deployed independently (host:port)")
+    optimizer: OptimSection = Field(default_factory=OptimSection)
+    critic_optimizer: OptimSection = Field(default_factory=OptimSection)
+    micro_batch_tokens: int = Field(4096, ge=16)
+    mini_batches: int = Field(1, ge=1)
+    data_parallel: int = Field(1, ge=1)
+    request_timeout_seconds: float = Field(900.0, gt=0)
+
+
+class WeightsSection(StrictModel):
+    transport: Literal["disk", "distributed"] = "disk"
+    keep_last: int = Field(2, ge=0, description="disk versions kept (0 = all)")
+    bucket_bytes: int = Field(512 << 20, ge=1 << 20)
+    pause_mode: Literal["abort", "in_place"] = "in_place"
+    flush_cache: Literal["every_update", "never"] = "every_update"
+    timeout_seconds: float = Field(120.0, gt=0)
+    verify_checksums: bool = True
+
+
+class WarmupSection(StrictModel):
+    """Supervised warm-up on (prompt, answer) pairs before RL (a job phase, run once)."""
+
+    steps: int = Field(0, ge=0)
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(1e-3, gt=0)
+
+
+class EvalSection(StrictModel):
+    every: int = Field(5, ge=0, description="evaluate every K steps (0: only at the start and the end)")
+    max_prompts: int = Field(128, ge=1)
+    max_tokens: int | None = None
+
+
+class CheckpointSection(StrictModel):
+    every: int = Field(0, ge=0, description="save every K steps (0: only at the end)")
+
+
+class ServicesSection(StrictModel):
+    databuffer: str | None = Field(None, description="address of an independent data buffer (else launched)")
+    redis_url: str | None = Field(None, description="Redis for the launched data buffer (else embedded)")
+    ray_address: str | None = Field(None, description="an existing Ray cluster (else a local one)")
+    placement: Literal["colocated", "disaggregated"] = "colocated"
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK"] = "PACK"
+    use_ray: bool = Field(True, description="place launched services as Ray actors (else plain processes)")
+    start_timeout_seconds: float = Field(180.0, gt=0)
+
+
+class JobConfig(StrictModel):
+    job: JobSection = Field(default_factory=JobSection)
+    model: ModelSection
+    data: DataSection
+    rollout: RolloutSection = Field(default_factory=RolloutSection)
+    trainer: TrainerSection = Field(default_factory=TrainerSection)
+    algorithm: AlgorithmSection = Field(default_factory=AlgorithmSection)
+    weights: WeightsSection = Field(default_factory=WeightsSection)
+    warmup: WarmupSection = Field(default_factory=WarmupSection)
+    eval: EvalSection = Field(default_factory=EvalSection)
+    checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+    services: ServicesSection = Field(default_factory=ServicesSection)
+    telemetry: TelemetryConfig = Field(default_factory=lambda: TelemetryConfig(exporter="file"))
+
+
+class SchedulerServiceConfig(StrictModel):
+    """`python -m meshrl.scheduler`: the job API server."""
+
+    server: ServerConfig = Field(default_factory=lambda: ServerConfig(port=50050))
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+    run_root: str = "runs"
+    max_concurrent_jobs: int = Field(1, ge=1)

@@ -1,0 +1,129 @@
+"""The step executor: walks a workflow's DAG once per training step, in dependency order,
+running independent branches concurrently, and records each node's status and metrics.
+
+Each node gets the data-buffer keys written by its upstream nodes (transitively, stopping
+at a node that rewrites whole rows, such as a dynamic-sampling filter) and returns the
+keys it wrote; only keys pass through here, never bulk data.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from opentelemetry.trace import Status, StatusCode
+
+from meshrl.api.common.v1 import keys_pb2
+from meshrl.api.scheduler.v1 import scheduler_pb2 as spb
+from meshrl.common import telemetry
+from meshrl.scheduler.events import EventLog
+
+log = logging.getLogger(__name__)
+
+
+class NodeLike(Protocol):
+    node_id: str
+    dependencies: list[str]
+
+
+@dataclass
+class NodeResult:
+    outputs: list[keys_pb2.BatchKey] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+    rewrites_rows: bool = False  # downstream nodes read only from here on (e.g. a filter)
+
+
+@dataclass
+class StepContext:
+    job_id: str
+    step: int
+    results: dict[str, NodeResult] = field(default_factory=dict)
+    nodes: dict[str, Any] = field(default_factory=dict)
+
+    def input_keys(self, node_id: str) -> list[keys_pb2.BatchKey]:
+        """Keys of every upstream node's output, nearest first, not past a row-rewriting node."""
+        keys: list[keys_pb2.BatchKey] = []
+        seen: set[str] = set()
+        frontier = list(self.nodes[node_id].dependencies)
+        while frontier:
+            dep = frontier.pop(0)
+            if dep in seen:
+                continue
+            seen.add(dep)
+            result = self.results[dep]
+            keys += result.outputs
+            if not result.rewrites_rows:
+                frontier += list(self.nodes[dep].dependencies)
+        return keys
+
+
+class NodeFailed(Exception):
+    def __init__(self, node_id: str, step: int, detail: str) -> None:
+        super().__init__(f"node '{node_id}' failed at step {step}:\n{detail}")
+        self.node_id = node_id
+        self.detail = detail
+
+
+Handler = Callable[[Any, StepContext], NodeResult]
+
+
+class StepExecutor:
+    def __init__(self, nodes: list[Any], handler_for: Callable[[Any], Handler], events: EventLog, workers: int = 4):
+        self.nodes = {n.node_id: n for n in nodes}
+        self.handler_for = handler_for
+        self.events = events
+        self.workers = workers
+
+    def _run_node(self, node: Any, ctx: StepContext) -> NodeResult:
+        name = f"node {node.node_id}"
+        with telemetry.tracer().start_as_current_span(name, attributes={"meshrl.node": node.node_id}) as span:
+            start = time.perf_counter()
+            self.events.node(ctx.step, node.node_id, spb.NODE_STATE_RUNNING)
+            try:
+                result = self.handler_for(node)(node, ctx)
+            except Exception as exc:
+                span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR, str(exc)))
+                raise
+            seconds = time.perf_counter() - start
+            result.metrics[f"time/{node.node_id}"] = seconds
+            self.events.node(ctx.step, node.node_id, spb.NODE_STATE_COMPLETED, seconds=seconds)
+            return result
+
+    def run_step(self, job_id: str, step: int) -> dict[str, float]:
+        """Runs every node of the DAG once; raises NodeFailed (after the running nodes end) on failure."""
+        ctx = StepContext(job_id, step, nodes=self.nodes)
+        pending = dict(self.nodes)
+        for node_id in pending:
+            self.events.node(step, node_id, spb.NODE_STATE_PENDING)
+        running: dict[Future, str] = {}
+        failure: NodeFailed | None = None
+        metrics: dict[str, float] = {}
+        with ThreadPoolExecutor(self.workers, thread_name_prefix="node") as pool:
+            while pending or running:
+                if failure is None:
+                    for node_id, node in list(pending.items()):
+                        if all(d in ctx.results for d in node.dependencies):
+                            del pending[node_id]
+                            running[pool.submit(contextvars.copy_context().run, self._run_node, node, ctx)] = node_id
+                if not running:
+                    break
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    node_id = running.pop(future)
+                    try:
+                        ctx.results[node_id] = result = future.result()
+                        metrics.update(result.metrics)
+                    except Exception as exc:  # noqa: BLE001 - reported as the node's failure
+                        detail = "".join(traceback.format_exception(exc))
+                        self.events.node(step, node_id, spb.NODE_STATE_FAILED, error=detail)
+                        failure = failure or NodeFailed(node_id, step, detail)
+        if failure is not None:
+            raise failure
+        return metrics

@@ -1,0 +1,75 @@
+"""One service process (`python -m meshrl.<svc> ...`): start it, learn its port, stop it.
+
+Used directly for plain-process deployments (`meshrl up`) and inside the Ray actor that
+places a service on its placement-group bundle (`launcher.py`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from meshrl.common.errors import DeadlineExceeded, Unavailable
+
+
+class ServiceProcess:
+    """A child process running one meshrl service, with its log file and port file."""
+
+    def __init__(self, service: str, args: list[str], log_path: str, env: dict[str, str] | None = None) -> None:
+        self.service = service
+        self.args = args
+        self.log_path = Path(log_path)
+        self.env = env or {}
+        self.port_file = self.log_path.with_suffix(".port")
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float) -> str:
+        """Starts the process and returns `127.0.0.1:<port>` once it serves."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.port_file.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", f"meshrl.{self.service}", *self.args, "--set", f"server.port_file={self.port_file}"]
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
+        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.port_file.exists():
+                host = self._host()
+                return f"{host}:{self.port_file.read_text().strip()}"
+            if self.proc.poll() is not None:
+                tail = self.log_path.read_text(errors="replace")[-3000:]
+                raise Unavailable(f"{self.service} exited with code {self.proc.returncode} while starting:\n{tail}")
+            time.sleep(0.1)
+        self.stop(grace=2)
+        raise DeadlineExceeded(f"{self.service} did not start within {timeout:.0f}s; see {self.log_path}")
+
+    def _host(self) -> str:
+        for i, arg in enumerate(self.args):
+            if arg == "--host" and i + 1 < len(self.args):
+                return self.args[i + 1]
+        return "127.0.0.1"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, grace: float = 10.0) -> int | None:
+        """SIGTERM (graceful), then SIGKILL after `grace` seconds. Returns the exit code."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        return self.proc.returncode

@@ -1,0 +1,84 @@
+"""The two CPU shims that let megatron-core 0.16's GPTModel run on a host without CUDA.
+
+1. `SDPAttention`: a core attention that calls torch's scaled_dot_product_attention instead of
+   `DotProductAttention`, whose buffer comes from a CUDA-allocated global memory pool.
+2. `CPURotaryEmbedding`: `RotaryEmbedding.get_emb` moves `inv_freq` to the current CUDA device;
+   this subclass keeps it where it is.
+Both apply only when CUDA is absent (`cuda_available()` False); with CUDA, megatron-core's own
+modules are used unchanged. Called by `meshrl.trainer.model` when it builds a model.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+
+def cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+class SDPAttention(DotProductAttention):
+    """Causal core attention through F.scaled_dot_product_attention.
+
+    In: query [sq, b, heads, head_dim], key/value [sk, b, kv_heads, head_dim]; an optional Megatron
+    boolean mask [b or 1, 1, sq, sk] (True = masked) added to the causal mask. Out: [sq, b, heads * head_dim].
+    """
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        attn_mask_type=None,
+        attention_bias=None,
+        packed_seq_params=None,
+    ) -> torch.Tensor:
+        if packed_seq_params is not None or attention_bias is not None:
+            raise ValueError("SDPAttention supports neither packed sequences nor attention bias")
+        groups = self.num_attention_heads_per_partition // self.num_query_groups_per_partition
+        if groups > 1:
+            key = key.repeat_interleave(groups, dim=2)
+            value = value.repeat_interleave(groups, dim=2)
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, h, s, d]
+        dropout = self.config.attention_dropout if self.training else 0.0
+        if attention_mask is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout, scale=self.softmax_scale)
+        else:
+            sq, sk = q.shape[2], k.shape[2]
+            causal = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril()
+            allowed = causal & ~attention_mask.bool()
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout, scale=self.softmax_scale)
+        b, h, s, d = out.shape
+        return out.permute(2, 0, 1, 3).reshape(s, b, h * d)
+
+
+class CPURotaryEmbedding(RotaryEmbedding):
+    """RotaryEmbedding whose get_emb leaves `inv_freq` on its current device (the CPU)."""
+
+    def get_emb(self, max_seq_len: int, offset: int = 0) -> torch.Tensor:
+        freqs = self.get_freqs_non_repeated(max_seq_len, offset)
+        if not self.rotary_interleaved:
+            emb = torch.cat((freqs, freqs), dim=-1)
+        else:
+            emb = torch.stack((freqs.view(-1, 1), freqs.view(-1, 1)), dim=-1).view(freqs.shape[0], -1)
+        return emb[:, None, None, :]  # [s, 1, 1, dim]
+
+
+def patch_layer_spec(spec) -> None:
+    """Shim 1: swap the local spec's core attention for SDPAttention (no-op with CUDA)."""
+    if cuda_available():
+        return
+    spec.submodules.self_attention.submodules.core_attention = SDPAttention
+
+
+def patch_model(model: torch.nn.Module) -> None:
+    """Shim 2: re-class every RotaryEmbedding in `model` as CPURotaryEmbedding (no-op with CUDA)."""
+    if cuda_available():
+        return
+    for module in model.modules():
+        if type(module) is RotaryEmbedding:
+            module.__class__ = CPURotaryEmbedding
