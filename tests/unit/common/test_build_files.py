@@ -18,7 +18,11 @@ def build_targets() -> list[tuple[Path, str, dict]]:
         tree = ast.parse(build.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-                kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords if k.arg in ("sources", "entry_point", "name")}
+                kwargs = {
+                    k.arg: ast.literal_eval(k.value)
+                    for k in node.keywords
+                    if k.arg in ("sources", "entry_point", "name")
+                }
                 targets.append((build.parent, node.func.id, kwargs))
     return targets
 

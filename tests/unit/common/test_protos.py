@@ -27,6 +27,8 @@ def test_every_service_has_its_contract():
     from meshrl.api.scheduler.v1 import scheduler_pb2
     from meshrl.api.trainer.v1 import trainer_pb2
 
-    names = {m.DESCRIPTOR.services_by_name.keys().__iter__().__next__() for m in
-             (databuffer_pb2, rollout_pb2, scheduler_pb2, trainer_pb2)}
+    names = {
+        m.DESCRIPTOR.services_by_name.keys().__iter__().__next__()
+        for m in (databuffer_pb2, rollout_pb2, scheduler_pb2, trainer_pb2)
+    }
     assert names == {"DataBuffer", "Rollout", "Scheduler", "Trainer"}

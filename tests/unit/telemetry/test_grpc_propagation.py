@@ -13,10 +13,9 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from opentelemetry.trace import SpanKind, StatusCode
-
 from meshrl.common.errors import InvalidArgument, from_rpc_error
 from meshrl.common.telemetry import SpanRecord, client_interceptors, read_span_file, tracer
+from opentelemetry.trace import SpanKind, StatusCode
 
 SERVER_SCRIPT = Path(__file__).with_name("_trace_server.py")
 SERVICE = "meshrl.test.Echo"
@@ -27,7 +26,16 @@ class EchoServer:
         self.trace_file = tmp / "traces" / "echo.jsonl"
         port_file = tmp / "port"
         self.proc = subprocess.Popen(
-            [sys.executable, str(SERVER_SCRIPT), "--trace-file", str(self.trace_file), "--port-file", str(port_file), "--order", order]
+            [
+                sys.executable,
+                str(SERVER_SCRIPT),
+                "--trace-file",
+                str(self.trace_file),
+                "--port-file",
+                str(port_file),
+                "--order",
+                order,
+            ]
         )
         deadline = time.monotonic() + 60
         while not port_file.exists():
@@ -58,7 +66,12 @@ def echo(request, tmp_path):
 
 
 def _method(channel, kind: str, name: str):
-    factory = {"uu": channel.unary_unary, "us": channel.unary_stream, "su": channel.stream_unary, "ss": channel.stream_stream}
+    factory = {
+        "uu": channel.unary_unary,
+        "us": channel.unary_stream,
+        "su": channel.stream_unary,
+        "ss": channel.stream_stream,
+    }
     return factory[kind](f"/{SERVICE}/{name}")
 
 
@@ -76,7 +89,9 @@ def test_all_four_kinds_continue_the_callers_trace(echo, spans):
         future = _method(ch, "uu", "Unary").future(b"fut", timeout=10)
         assert future.result() == b"FUT"
         health = health_pb2_grpc.HealthStub(ch)
-        assert health.Check(health_pb2.HealthCheckRequest(), timeout=10).status == health_pb2.HealthCheckResponse.SERVING
+        assert (
+            health.Check(health_pb2.HealthCheckRequest(), timeout=10).status == health_pb2.HealthCheckResponse.SERVING
+        )
     # A probe outside any trace makes no root span on either side.
     health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=10)
     server_records = echo.stop()
@@ -85,7 +100,11 @@ def test_all_four_kinds_continue_the_callers_trace(echo, spans):
     client = {s.name: s for s in spans.get_finished_spans() if s.kind == SpanKind.CLIENT}
     for method in ("Unary", "ServerStream", "ClientStream", "BidiStream"):
         name = f"{SERVICE}/{method}"
-        (server_span,) = [r for r in server_records if r.name == name and r.parent_span_id == format(client[name].context.span_id, "016x")]
+        (server_span,) = [
+            r
+            for r in server_records
+            if r.name == name and r.parent_span_id == format(client[name].context.span_id, "016x")
+        ]
         assert server_span.trace_id == trace_id
         assert server_span.kind == "SERVER"
         assert server_span.service == "echo"

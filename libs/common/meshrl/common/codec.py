@@ -16,7 +16,6 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
-
 from meshrl.api.common.v1 import tensor_pb2 as pb
 from meshrl.common.errors import InvalidArgument
 
@@ -136,7 +135,9 @@ def _as_numpy(value: Any, name: str) -> np.ndarray:
         return t.contiguous().numpy()
     if isinstance(value, (list, tuple, int, float, bool)):
         return np.asarray(value)
-    raise InvalidArgument(f"tensor '{name}': cannot encode a {type(value).__name__}; pass a numpy array or torch tensor")
+    raise InvalidArgument(
+        f"tensor '{name}': cannot encode a {type(value).__name__}; pass a numpy array or torch tensor"
+    )
 
 
 def _spec(name: str, array: np.ndarray) -> pb.TensorSpec:

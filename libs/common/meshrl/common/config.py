@@ -16,7 +16,6 @@ from typing import Any, TypeVar
 
 import pydantic
 import yaml
-
 from meshrl.common.errors import ConfigError
 
 T = TypeVar("T", bound=pydantic.BaseModel)
@@ -54,7 +53,9 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(item, item, "an override must look like key.path=value", "write e.g. --set server.port=50051")
+            raise ConfigError(
+                item, item, "an override must look like key.path=value", "write e.g. --set server.port=50051"
+            )
         _set_path(tree, key.strip(), _parse_scalar(value))
     return tree
 
@@ -86,7 +87,9 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError("--config", str(p), f"it is not valid YAML ({exc})", "fix the YAML syntax at that line") from exc
+        raise ConfigError(
+            "--config", str(p), f"it is not valid YAML ({exc})", "fix the YAML syntax at that line"
+        ) from exc
     if not isinstance(data, dict):
         raise ConfigError("--config", str(p), "the top level must be a mapping", "write `key: value` lines at the top")
     return data
@@ -126,7 +129,9 @@ def to_config_error(model: type[pydantic.BaseModel], exc: pydantic.ValidationErr
         return ConfigError(field, value, "unknown field", fix)
     if err["type"] == "missing":
         desc = _describe(model, loc)
-        return ConfigError(field, None, "is required", f"set it ({desc})" if desc else "set it in the file or with --set")
+        return ConfigError(
+            field, None, "is required", f"set it ({desc})" if desc else "set it in the file or with --set"
+        )
     desc = _describe(model, loc)
     fix = f"give {desc}" if desc else "give a value of the expected type"
     return ConfigError(field, value, err["msg"], fix)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 
 import grpc
-
 from meshrl.common.errors import MeshrlError
 
 log = logging.getLogger(__name__)

@@ -8,6 +8,7 @@ Each service's `__main__` builds its servicers and calls `start_server` then
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from collections.abc import Callable, Sequence
@@ -20,7 +21,6 @@ import grpc
 import pydantic
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-
 from meshrl.common import telemetry
 from meshrl.common.config import StrictModel
 from meshrl.common.grpc_errors import ErrorMappingInterceptor
@@ -28,6 +28,7 @@ from meshrl.common.security import AuthConfig, TLSConfig, TokenAuthInterceptor, 
 
 log = logging.getLogger(__name__)
 MiB = 1 << 20
+EXIT_WITH_PARENT_ENV = "MESHRL_EXIT_WITH_PARENT"
 
 
 class ServerConfig(StrictModel):
@@ -134,8 +135,12 @@ def wait_for_termination(running: RunningServer, grace: float, on_stop: Callable
 
     signal.signal(signal.SIGTERM, handle)
     signal.signal(signal.SIGINT, handle)
+    # A service launched by a scheduler exits with it, even if the scheduler was killed (-9).
+    parent = os.getppid() if os.environ.get(EXIT_WITH_PARENT_ENV) == "1" else None
     while not stop.wait(0.5):
-        pass
+        if parent is not None and os.getppid() != parent:
+            log.warning("parent process %d is gone: stopping", parent)
+            break
     running.stop(grace)
     if on_stop is not None:
         on_stop()

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import grpc
 import pydantic
-
 from meshrl.common.config import StrictModel
 from meshrl.common.errors import ConfigError
 
@@ -36,7 +35,9 @@ class AuthConfig(StrictModel):
         if self.token_file:
             path = Path(self.token_file)
             if not path.is_file():
-                raise ConfigError("auth.token_file", self.token_file, "the file does not exist", "mount the secret there")
+                raise ConfigError(
+                    "auth.token_file", self.token_file, "the file does not exist", "mount the secret there"
+                )
             return path.read_text().strip() or None
         return os.environ.get(self.token_env) or None
 

@@ -12,8 +12,8 @@ import threading
 import time
 from pathlib import Path
 
-from meshrl.api.scheduler.v1 import scheduler_pb2 as pb
 from google.protobuf import json_format
+from meshrl.api.scheduler.v1 import scheduler_pb2 as pb
 
 
 class EventLog:

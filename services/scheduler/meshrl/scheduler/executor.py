@@ -17,12 +17,11 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from opentelemetry.trace import Status, StatusCode
-
 from meshrl.api.common.v1 import keys_pb2
 from meshrl.api.scheduler.v1 import scheduler_pb2 as spb
 from meshrl.common import telemetry
 from meshrl.scheduler.events import EventLog
+from opentelemetry.trace import Status, StatusCode
 
 log = logging.getLogger(__name__)
 

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from meshrl.common.errors import DeadlineExceeded, Unavailable
+from meshrl.common.grpc_server import EXIT_WITH_PARENT_ENV
 
 
 class ServiceProcess:
@@ -31,9 +32,16 @@ class ServiceProcess:
         """Starts the process and returns `127.0.0.1:<port>` once it serves."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.port_file.unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", f"meshrl.{self.service}", *self.args, "--set", f"server.port_file={self.port_file}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            f"meshrl.{self.service}",
+            *self.args,
+            "--set",
+            f"server.port_file={self.port_file}",
+        ]
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
-        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1", EXIT_WITH_PARENT_ENV: "1"}
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         log.close()
         deadline = time.monotonic() + timeout

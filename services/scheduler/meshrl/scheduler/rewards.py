@@ -60,7 +60,9 @@ def import_ref(ref: str, what: str = "executable_ref") -> Callable:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise InvalidArgument(f"{what} {ref!r}: cannot import module {module_name!r} ({exc}); is it installed?") from exc
+        raise InvalidArgument(
+            f"{what} {ref!r}: cannot import module {module_name!r} ({exc}); is it installed?"
+        ) from exc
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise InvalidArgument(f"{what} {ref!r}: module {module_name!r} has no function {attr!r}")

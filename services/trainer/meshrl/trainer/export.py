@@ -13,7 +13,6 @@ import re
 from collections.abc import Iterable, Iterator
 
 import torch
-
 from meshrl.common.errors import InvalidArgument, NotFound
 from meshrl.trainer.hf_config import ModelSpec
 from meshrl.trainer.hf_weights import iter_hf_tensors
@@ -26,9 +25,7 @@ def tensor_nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def bucketize(
-    named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
-) -> Iterator[list[tuple[str, torch.Tensor]]]:
+def bucketize(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Groups (name, tensor) pairs in order into lists of at most `bucket_bytes` (a larger tensor alone)."""
     if bucket_bytes <= 0:
         raise InvalidArgument(f"bucket_bytes must be positive, got {bucket_bytes}")

@@ -15,10 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
-
 from meshrl.common.errors import DataLoss, InvalidArgument, NotFound
 from meshrl.trainer.hf_config import ModelSpec
+from safetensors import safe_open
 
 VALUE_HEAD = "score.weight"  # HF name of the critic's [1, hidden] value head (as in *ForTokenClassification)
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -216,7 +215,9 @@ def load_hf_tensors(
             target.copy_(fused.to(dtype=target.dtype, device=target.device))
 
 
-def load_hf_weights(model: torch.nn.Module, model_dir: str | Path, spec: ModelSpec, *, value_head: bool = False) -> None:
+def load_hf_weights(
+    model: torch.nn.Module, model_dir: str | Path, spec: ModelSpec, *, value_head: bool = False
+) -> None:
     """Imports a HF safetensors model directory into a GPTModel built for `spec`."""
     load_hf_tensors(model, read_hf_tensors(model_dir), spec, value_head=value_head)
 
@@ -229,4 +230,4 @@ def iter_hf_tensors(
     params = dict(model.named_parameters())
     for m in weight_mappings(spec, value_head=value_head):
         parts = m.split(params[m.megatron].detach())
-        yield from zip(m.hf, parts)
+        yield from zip(m.hf, parts, strict=True)

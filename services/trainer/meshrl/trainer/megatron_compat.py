@@ -51,7 +51,9 @@ class SDPAttention(DotProductAttention):
             sq, sk = q.shape[2], k.shape[2]
             causal = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril()
             allowed = causal & ~attention_mask.bool()
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout, scale=self.softmax_scale)
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=allowed, dropout_p=dropout, scale=self.softmax_scale
+            )
         b, h, s, d = out.shape
         return out.permute(2, 0, 1, 3).reshape(s, b, h * d)
 

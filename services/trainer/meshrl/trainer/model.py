@@ -13,7 +13,6 @@ from megatron.core import parallel_state, tensor_parallel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.models.gpt.gpt_model import GPTModel
 from megatron.core.transformer.transformer_config import TransformerConfig
-
 from meshrl.common.errors import FailedPrecondition, InvalidArgument
 from meshrl.trainer import megatron_compat
 from meshrl.trainer.hf_config import ModelSpec
@@ -39,7 +38,9 @@ def ensure_parallel_state() -> None:
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
 
 
-def transformer_config(spec: ModelSpec, dtype: torch.dtype, *, gradient_checkpointing: bool = False) -> TransformerConfig:
+def transformer_config(
+    spec: ModelSpec, dtype: torch.dtype, *, gradient_checkpointing: bool = False
+) -> TransformerConfig:
     """The TransformerConfig equivalent to the HF model: RMSNorm, SwiGLU, GQA, qkv bias, no dropout."""
     extra = {}
     if gradient_checkpointing:
@@ -118,6 +119,7 @@ def build_gpt_model(
             bias=False,
             skip_bias_add=False,
             gather_output=False,
+            tp_group=parallel_state.get_tensor_model_parallel_group(),
         )
     megatron_compat.patch_model(model)
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")

@@ -55,7 +55,7 @@ class ParallelConfig(_message.Message):
     def __init__(self, tensor_parallel: _Optional[int] = ..., pipeline_parallel: _Optional[int] = ..., data_parallel: _Optional[int] = ...) -> None: ...
 
 class LoadModelRequest(_message.Message):
-    __slots__ = ("role", "model_path", "dtype", "optimizer", "parallel", "seed", "gradient_checkpointing")
+    __slots__ = ("role", "model_path", "dtype", "optimizer", "parallel", "seed", "gradient_checkpointing", "copy_from")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -63,6 +63,7 @@ class LoadModelRequest(_message.Message):
     PARALLEL_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     GRADIENT_CHECKPOINTING_FIELD_NUMBER: _ClassVar[int]
+    COPY_FROM_FIELD_NUMBER: _ClassVar[int]
     role: Role
     model_path: str
     dtype: str
@@ -70,7 +71,8 @@ class LoadModelRequest(_message.Message):
     parallel: ParallelConfig
     seed: int
     gradient_checkpointing: bool
-    def __init__(self, role: _Optional[_Union[Role, str]] = ..., model_path: _Optional[str] = ..., dtype: _Optional[str] = ..., optimizer: _Optional[_Union[OptimizerConfig, _Mapping]] = ..., parallel: _Optional[_Union[ParallelConfig, _Mapping]] = ..., seed: _Optional[int] = ..., gradient_checkpointing: _Optional[bool] = ...) -> None: ...
+    copy_from: Role
+    def __init__(self, role: _Optional[_Union[Role, str]] = ..., model_path: _Optional[str] = ..., dtype: _Optional[str] = ..., optimizer: _Optional[_Union[OptimizerConfig, _Mapping]] = ..., parallel: _Optional[_Union[ParallelConfig, _Mapping]] = ..., seed: _Optional[int] = ..., gradient_checkpointing: _Optional[bool] = ..., copy_from: _Optional[_Union[Role, str]] = ...) -> None: ...
 
 class LoadModelResponse(_message.Message):
     __slots__ = ("role", "num_parameters", "architecture", "vocab_size")
@@ -154,20 +156,22 @@ class LossConfig(_message.Message):
     def __init__(self, policy_loss: _Optional[str] = ..., clip_low: _Optional[float] = ..., clip_high: _Optional[float] = ..., dual_clip: _Optional[float] = ..., aggregation: _Optional[str] = ..., kl_coef: _Optional[float] = ..., kl_estimator: _Optional[str] = ..., entropy_coef: _Optional[float] = ..., tis_cap: _Optional[float] = ..., value_clip: _Optional[float] = ...) -> None: ...
 
 class TrainStepRequest(_message.Message):
-    __slots__ = ("role", "inputs", "loss", "micro_batch_tokens", "mini_batches", "global_step")
+    __slots__ = ("role", "inputs", "loss", "micro_batch_tokens", "mini_batches", "global_step", "lr_override")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
     MICRO_BATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MINI_BATCHES_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
+    LR_OVERRIDE_FIELD_NUMBER: _ClassVar[int]
     role: Role
     inputs: _containers.RepeatedCompositeFieldContainer[_keys_pb2.BatchKey]
     loss: LossConfig
     micro_batch_tokens: int
     mini_batches: int
     global_step: int
-    def __init__(self, role: _Optional[_Union[Role, str]] = ..., inputs: _Optional[_Iterable[_Union[_keys_pb2.BatchKey, _Mapping]]] = ..., loss: _Optional[_Union[LossConfig, _Mapping]] = ..., micro_batch_tokens: _Optional[int] = ..., mini_batches: _Optional[int] = ..., global_step: _Optional[int] = ...) -> None: ...
+    lr_override: float
+    def __init__(self, role: _Optional[_Union[Role, str]] = ..., inputs: _Optional[_Iterable[_Union[_keys_pb2.BatchKey, _Mapping]]] = ..., loss: _Optional[_Union[LossConfig, _Mapping]] = ..., micro_batch_tokens: _Optional[int] = ..., mini_batches: _Optional[int] = ..., global_step: _Optional[int] = ..., lr_override: _Optional[float] = ...) -> None: ...
 
 class TrainStepResponse(_message.Message):
     __slots__ = ("metrics", "tokens", "optimizer_steps")

@@ -1,0 +1,363 @@
+"""Keyed batches in Redis: put / get (optionally waiting) / delete / list under (job, step, node[, shard]).
+
+A batch is a manifest hash (generation, chunk count and size, the serialized BatchHeader)
+plus its payload cut into chunks below Redis' 512 MB value limit, all under one hash tag.
+A put stages its chunks under a fresh generation with a short TTL, then one Lua script
+checks them and swaps the manifest: the batch appears whole or not at all, and a failed or
+cancelled put deletes what it staged. Used by `DataBuffer` (meshrl.databuffer.store).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from meshrl.api.common.v1 import tensor_pb2
+from meshrl.common.codec import validate_header
+from meshrl.common.errors import Aborted, AlreadyExists, DataLoss, InvalidArgument, NotFound
+from meshrl.databuffer.config import BatchConfig, LimitsConfig
+from meshrl.databuffer.indexes import Indexes
+from meshrl.databuffer.keys import BatchRef, KeySpace, check_name
+from meshrl.databuffer.ledger import Ledger, now_ms
+from meshrl.databuffer.notify import CommitNotifier
+
+log = logging.getLogger(__name__)
+TTL_MARGIN_MS = 60_000  # chunks outlive their manifest, so a live manifest never points at expired chunks
+IN_FLIGHT = 2  # chunk writes / reads overlapped with the network on the other side
+
+# KEYS: manifest, new chunks (ARGV[12] of them), old chunks.
+# ARGV: overwrite, expected_gen, gen, n, cb, bytes, header, created_ms, ttl_ms, chunk_ttl_ms, grace_ms, n_new
+_COMMIT = """
+local cur = redis.call('HGET', KEYS[1], 'gen')
+if not cur then cur = '' end
+if ARGV[1] == '0' and cur ~= '' then return {'exists', cur} end
+if cur ~= ARGV[2] then return {'changed', cur} end
+local n_new = tonumber(ARGV[12])
+for i = 2, 1 + n_new do
+  if redis.call('EXISTS', KEYS[i]) == 0 then return {'missing', KEYS[i]} end
+end
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'gen', ARGV[3], 'n', ARGV[4], 'cb', ARGV[5], 'bytes', ARGV[6], 'h', ARGV[7], 't', ARGV[8])
+redis.call('PEXPIRE', KEYS[1], ARGV[9])
+for i = 2, 1 + n_new do redis.call('PEXPIRE', KEYS[i], ARGV[10]) end
+for i = 2 + n_new, #KEYS do
+  if tonumber(ARGV[11]) > 0 then redis.call('PEXPIRE', KEYS[i], ARGV[11]) else redis.call('DEL', KEYS[i]) end
+end
+return {'ok', cur}
+"""
+
+# KEYS: manifest, chunks. ARGV: expected gen. Returns 1 deleted, 0 absent, -1 changed meanwhile.
+_DELETE = """
+local cur = redis.call('HGET', KEYS[1], 'gen')
+if not cur then return 0 end
+if cur ~= ARGV[1] then return -1 end
+for i = 1, #KEYS do redis.call('DEL', KEYS[i]) end
+return 1
+"""
+
+@dataclass(frozen=True)
+class PutResult:
+    bytes_written: int
+    chunks: int
+
+
+@dataclass
+class StoredBatch:
+    """A committed batch being read: its header and its payload as chunks, in order."""
+
+    ref: BatchRef
+    header: tensor_pb2.BatchHeader
+    total_bytes: int
+    chunks: Iterator[bytes]
+
+
+def _flat(frame: Any) -> memoryview:
+    view = memoryview(frame)
+    return view if view.ndim == 1 and view.itemsize == 1 else view.cast("B")
+
+
+class BatchStore:
+    def __init__(
+        self,
+        client: Any,
+        keys: KeySpace,
+        indexes: Indexes,
+        ledger: Ledger,
+        notifier: CommitNotifier,
+        limits: LimitsConfig,
+        cfg: BatchConfig,
+        executor: ThreadPoolExecutor,
+    ) -> None:
+        self.client = client
+        self.keys = keys
+        self.indexes = indexes
+        self.ledger = ledger
+        self.notifier = notifier
+        self.limits = limits
+        self.cfg = cfg
+        self._io = executor
+        self._commit = client.register_script(_COMMIT)
+        self._delete = client.register_script(_DELETE)
+
+    # --- put ---------------------------------------------------------------------------
+    def check_put(self, ref: BatchRef, header: tensor_pb2.BatchHeader, ttl_seconds: int) -> tuple[bytes, int]:
+        """Validates what a put announces; returns the serialized header and the TTL in seconds."""
+        size = header.ByteSize()
+        if size > self.limits.max_header_bytes:
+            raise InvalidArgument(
+                f"start.header is {size} bytes, over limits.max_header_bytes = {self.limits.max_header_bytes}; "
+                "move per-sample data out of samples/attrs into tensors",
+                field="start.header",
+            )
+        try:
+            validate_header(header)
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"start.header.{exc.message}", field="start.header") from None
+        if header.total_bytes > self.limits.max_batch_bytes:
+            raise InvalidArgument(
+                f"start.header.total_bytes = {header.total_bytes} exceeds limits.max_batch_bytes = "
+                f"{self.limits.max_batch_bytes}; split the batch into shards",
+                field="start.header.total_bytes",
+            )
+        if ttl_seconds < 0 or ttl_seconds > self.limits.max_ttl_seconds:
+            raise InvalidArgument(
+                f"start.ttl_seconds = {ttl_seconds} must be in [0, {self.limits.max_ttl_seconds}] (0: the default "
+                f"{self.cfg.default_ttl_seconds}s)",
+                field="start.ttl_seconds",
+            )
+        return header.SerializeToString(), ttl_seconds or self.cfg.default_ttl_seconds
+
+    def put(
+        self,
+        ref: BatchRef,
+        header: tensor_pb2.BatchHeader,
+        frames: Iterable[Any],
+        *,
+        ttl_seconds: int = 0,
+        overwrite: bool = True,
+    ) -> PutResult:
+        """Stores the batch whose payload arrives as `frames` (bytes-like, in order); atomic."""
+        blob, ttl = self.check_put(ref, header, ttl_seconds)
+        manifest = self.keys.manifest(ref)
+        if not overwrite and self.client.exists(manifest):
+            raise AlreadyExists(f"batch {ref} already exists; put with overwrite=True or delete it first")
+        gen = secrets.token_hex(8)
+        member = self.keys.batch_member(ref, gen)
+        total = header.total_bytes
+        staging_ms = self.cfg.staging_ttl_seconds * 1000
+        self.ledger.reserve({member: total + len(blob)}, now_ms() + staging_ms, f"batch {ref}")
+        committed = False
+        try:
+            count = self._stage(ref, gen, frames, total, staging_ms)
+            self._commit_manifest(ref, gen, count, total, blob, ttl, overwrite)
+            committed = True
+        finally:
+            if not committed:
+                self._discard(ref, gen, math.ceil(total / self.limits.chunk_bytes), member)
+        self.ledger.extend([member], now_ms() + ttl * 1000 + TTL_MARGIN_MS)
+        self.notifier.publish(self.keys.batch_tag(ref))
+        return PutResult(total, count)
+
+    def _stage(self, ref: BatchRef, gen: str, frames: Iterable[Any], total: int, staging_ms: int) -> int:
+        """Writes the payload as chunks of `limits.chunk_bytes` (short TTL); returns the chunk count."""
+        cb = self.limits.chunk_bytes
+        pending: deque[Future] = deque()
+        count = 0
+
+        def flush(data: Any) -> None:
+            nonlocal count
+            key = self.keys.chunk(ref, gen, count)
+            count += 1
+            pending.append(self._io.submit(self.client.set, key, data, px=staging_ms))
+            while len(pending) >= IN_FLIGHT:
+                pending.popleft().result()
+
+        try:
+            buf = bytearray()
+            received = 0
+            for frame in frames:
+                view = _flat(frame)
+                n = view.nbytes
+                if n > self.limits.max_frame_bytes:
+                    raise InvalidArgument(
+                        f"payload: a frame of {n} bytes exceeds limits.max_frame_bytes = "
+                        f"{self.limits.max_frame_bytes}; send the payload in smaller frames",
+                        field="payload",
+                    )
+                if received + n > total:
+                    raise InvalidArgument(
+                        f"payload: more bytes than start.header.total_bytes = {total} arrived; the header's tensor "
+                        "nbytes must add up to the payload",
+                        field="payload",
+                    )
+                received += n
+                pos = 0
+                while pos < n:
+                    if not buf and n - pos >= cb:  # a whole chunk inside this frame: no copy
+                        flush(view[pos : pos + cb])
+                        pos += cb
+                        continue
+                    take = min(cb - len(buf), n - pos)
+                    buf += view[pos : pos + take]
+                    pos += take
+                    if len(buf) == cb:
+                        flush(buf)
+                        buf = bytearray()
+            if received != total:
+                raise InvalidArgument(
+                    f"payload: the stream ended after {received} of the {total} bytes announced in "
+                    "start.header.total_bytes; send every tensor's bytes",
+                    field="payload",
+                )
+            if buf:
+                flush(buf)
+            while pending:
+                pending.popleft().result()
+        finally:
+            for future in pending:  # a failed put waits for its writes before deleting them
+                future.exception()
+        return count
+
+    def _commit_manifest(
+        self, ref: BatchRef, gen: str, count: int, total: int, blob: bytes, ttl: int, overwrite: bool
+    ) -> None:
+        manifest = self.keys.manifest(ref)
+        ttl_ms = ttl * 1000
+        grace_ms = int(self.cfg.overwrite_grace_seconds * 1000)
+        self.indexes.add_batch(ref, ttl_ms + TTL_MARGIN_MS)  # before the commit: a committed batch is listed
+        new_keys = self.keys.chunks(ref, gen, count)
+        for _attempt in range(16):
+            old_gen, old_n = self.client.hmget(manifest, "gen", "n")
+            old_gen = old_gen.decode() if old_gen else ""
+            old_keys = self.keys.chunks(ref, old_gen, int(old_n)) if old_gen else []
+            args = [int(overwrite), old_gen, gen, count, self.limits.chunk_bytes, total, blob, now_ms()]
+            args += [ttl_ms, ttl_ms + TTL_MARGIN_MS, grace_ms, count]
+            status, info = self._commit(keys=[manifest, *new_keys, *old_keys], args=args)
+            status, info = status.decode(), info.decode()
+            if status == "ok":
+                if old_gen:
+                    old_member = self.keys.batch_member(ref, old_gen)
+                    if grace_ms:
+                        self.ledger.extend([old_member], now_ms() + grace_ms)
+                    else:
+                        self.ledger.release([old_member])
+                return
+            if status == "exists":
+                raise AlreadyExists(f"batch {ref} already exists; put with overwrite=True or delete it first")
+            if status == "missing":
+                raise Aborted(
+                    f"batch {ref}: staged chunk {info} expired before the put completed "
+                    f"(batches.staging_ttl_seconds = {self.cfg.staging_ttl_seconds}); retry the put"
+                )
+        raise Aborted(f"batch {ref} kept changing under concurrent puts; retry the put")
+
+    def _discard(self, ref: BatchRef, gen: str, count: int, member: str) -> None:
+        """Removes what a failed put staged, unless its commit went through after all."""
+        try:
+            current = self.client.hget(self.keys.manifest(ref), "gen")
+            if current is not None and current.decode() == gen:
+                return
+            keys = self.keys.chunks(ref, gen, count)
+            for i in range(0, len(keys), 512):
+                self.client.delete(*keys[i : i + 512])
+            self.ledger.release([member])
+        except Exception as exc:  # noqa: BLE001 - the original error matters more; staged keys expire anyway
+            log.warning("could not clean up the failed put of %s (its chunks expire by themselves): %s", ref, exc)
+
+    # --- get ---------------------------------------------------------------------------
+    def _read_manifest(self, ref: BatchRef) -> list[Any] | None:
+        fields = self.client.hmget(self.keys.manifest(ref), "gen", "n", "cb", "bytes", "h")
+        return None if fields[0] is None else fields
+
+    def open(self, ref: BatchRef, *, wait_seconds: float = 0.0) -> StoredBatch:
+        """The committed batch under `ref`, waiting up to `wait_seconds` for it to appear."""
+        if not 0 <= wait_seconds <= 86400:
+            raise InvalidArgument(f"wait_seconds = {wait_seconds} must be in [0, 86400]", field="wait_seconds")
+        if wait_seconds == 0:
+            fields = self._read_manifest(ref)
+        else:
+            deadline = time.monotonic() + wait_seconds
+            with self.notifier.watch(self.keys.batch_tag(ref)) as committed:
+                while (fields := self._read_manifest(ref)) is None:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    committed.wait(min(remaining, self.cfg.poll_seconds))
+                    committed.clear()
+        if fields is None:
+            waited = f" after waiting {wait_seconds:g}s" if wait_seconds else ""
+            raise NotFound(f"batch {ref} is not in the data buffer{waited}; check that its producer ran (and its TTL)")
+        gen, n, cb, total, blob = fields
+        header = tensor_pb2.BatchHeader.FromString(blob)
+        chunks = self._read_chunks(ref, gen.decode(), int(n), int(cb), int(total))
+        return StoredBatch(ref, header, int(total), chunks)
+
+    def _read_chunks(self, ref: BatchRef, gen: str, n: int, cb: int, total: int) -> Iterator[bytes]:
+        ahead: deque[Future] = deque()
+        for i in range(n):
+            while len(ahead) < IN_FLIGHT and i + len(ahead) < n:
+                ahead.append(self._io.submit(self.client.get, self.keys.chunk(ref, gen, i + len(ahead))))
+            data = ahead.popleft().result()
+            expected = cb if i < n - 1 else total - cb * (n - 1)
+            if data is None:
+                current = self.client.hget(self.keys.manifest(ref), "gen")
+                if current is None or current.decode() != gen:
+                    raise NotFound(f"batch {ref} was deleted while it was being read")
+                raise DataLoss(
+                    f"batch {ref}: chunk {i} of {n} is missing from Redis; was it evicted? Set Redis' "
+                    "maxmemory-policy to noeviction"
+                )
+            if len(data) != expected:
+                raise DataLoss(f"batch {ref}: chunk {i} holds {len(data)} bytes, expected {expected}")
+            yield data
+
+    # --- delete / list -------------------------------------------------------------------
+    def delete(self, ref: BatchRef) -> bool:
+        manifest = self.keys.manifest(ref)
+        for _attempt in range(16):
+            gen, n = self.client.hmget(manifest, "gen", "n")
+            if gen is None:
+                self.indexes.remove_batch(ref)
+                return False
+            gen = gen.decode()
+            status = self._delete(keys=[manifest, *self.keys.chunks(ref, gen, int(n))], args=[gen])
+            if status >= 0:
+                self.ledger.release([self.keys.batch_member(ref, gen)])
+                self.indexes.remove_batch(ref)
+                return status == 1
+        raise Aborted(f"batch {ref} kept changing under concurrent puts; retry the delete")
+
+    def list(self, job_id: str, step: int = -1) -> list[BatchRef]:
+        check_name(job_id, "job_id")
+        if step < -1:
+            raise InvalidArgument(f"step = {step} must be >= 0, or -1 for every step", field="step")
+        refs = self.indexes.batches(job_id, step)
+        if not refs:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for ref in refs:
+            pipe.exists(self.keys.manifest(ref))
+        return sorted(ref for ref, present in zip(refs, pipe.execute()) if present)
+
+    def usage(self, job_id: str) -> tuple[int, int]:
+        """(batches, bytes) of one job."""
+        refs = self.list(job_id)
+        if not refs:
+            return 0, 0
+        pipe = self.client.pipeline(transaction=False)
+        for ref in refs:
+            pipe.hget(self.keys.manifest(ref), "bytes")
+        sizes = [int(s) for s in pipe.execute() if s is not None]
+        return len(sizes), sum(sizes)
+
+    def delete_job(self, job_id: str) -> int:
+        """Deletes every batch of the job; returns how many existed."""
+        check_name(job_id, "job_id")
+        return sum(self.delete(ref) for ref in self.indexes.batches(job_id))

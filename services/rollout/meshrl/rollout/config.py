@@ -1,0 +1,98 @@
+"""Typed configuration of a rollout replica (`python -m meshrl.rollout --config FILE --set k=v`).
+
+Loaded by `__main__` through `meshrl.common.config.parse_service_args`; every section forbids
+unknown fields, so a misspelt key fails at start-up with the field and the closest known name.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any, Literal
+
+import pydantic
+
+from meshrl.common.config import StrictModel
+from meshrl.common.grpc_server import ServerConfig
+
+DEFAULT_PORT = 50053
+
+
+class TransformersEngineConfig(StrictModel):
+    device: str = pydantic.Field("cpu", description="torch device, e.g. cpu or cuda:0")
+    dtype: Literal["float32", "bfloat16", "float16"] = pydantic.Field("float32", description="weights dtype")
+    attn_implementation: str = pydantic.Field("sdpa", description="transformers attention kernel: sdpa or eager")
+    max_batch_size: int = pydantic.Field(64, ge=1, description="most sequences decoded together")
+    max_admit_per_step: int = pydantic.Field(64, ge=1, description="most new requests prefilled between two steps")
+    prefix_cache_tokens: int = pydantic.Field(
+        65536, ge=0, description="tokens of prompt KV kept for reuse by a group's samples and a session's turns; 0 = off"
+    )
+    num_threads: int | None = pydantic.Field(None, ge=1, description="torch CPU threads (None = torch's default)")
+
+
+class HTTPEngineConfig(StrictModel):
+    """An SGLang or vLLM server: launched as a subprocess, or reached at `url`."""
+
+    url: str | None = pydantic.Field(None, description="http://host:port of a running server; unset = launch one")
+    host: str = pydantic.Field("127.0.0.1", description="address the launched server binds")
+    port: int = pydantic.Field(0, ge=0, le=65535, description="port of the launched server; 0 = a free one")
+    python: str = pydantic.Field("", description="interpreter that runs the server (default: this one)")
+    extra_args: dict[str, Any] = pydantic.Field(
+        default_factory=dict, description="server flags, e.g. {tp_size: 2, mem_fraction_static: 0.8}"
+    )
+    env: dict[str, str] = pydantic.Field(default_factory=dict, description="extra environment of the launched server")
+    api_key: str | None = pydantic.Field(None, description="bearer token of the server's admin endpoints")
+    ranks: int = pydantic.Field(1, ge=1, description="ranks this server adds to the weight-update group (its TP size)")
+    startup_timeout_s: float = pydantic.Field(900.0, gt=0, description="wait this long for the server's health")
+    request_timeout_s: float = pydantic.Field(600.0, gt=0, description="deadline of one generate request")
+    max_concurrent_requests: int = pydantic.Field(256, ge=1, description="requests in flight to the server at once")
+    log_file: str | None = pydantic.Field(None, description="where the launched server's output goes")
+
+
+class EngineConfig(StrictModel):
+    kind: Literal["transformers", "sglang", "vllm"] = pydantic.Field("transformers", description="which engine")
+    model_path: str = pydantic.Field(description="a Hugging Face model folder")
+    context_length: int | None = pydantic.Field(
+        None, ge=2, description="most prompt + response tokens (default: the model's max_position_embeddings)"
+    )
+    transformers: TransformersEngineConfig = pydantic.Field(default_factory=TransformersEngineConfig)
+    sglang: HTTPEngineConfig = pydantic.Field(default_factory=HTTPEngineConfig)
+    vllm: HTTPEngineConfig = pydantic.Field(default_factory=HTTPEngineConfig)
+
+
+class RegistryConfig(StrictModel):
+    redis_url: str | None = pydantic.Field(
+        None, description="redis://host:port/db of the replica registry; unset = do not register"
+    )
+    namespace: str = pydantic.Field("meshrl", description="key prefix, e.g. one per job")
+    ttl_seconds: float = pydantic.Field(10.0, gt=0, description="a replica silent this long drops out")
+    heartbeat_seconds: float = pydantic.Field(2.0, gt=0, description="how often the replica refreshes its entry")
+
+
+class InitialWeightsConfig(StrictModel):
+    path: str | None = pydantic.Field(
+        None,
+        description="published weights to load before serving: a version folder (v000007/) or the folder of "
+        "versions (the newest complete one is loaded); unset = the registry's current version, if any",
+    )
+
+
+def _default_replica_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class RolloutConfig(StrictModel):
+    server: ServerConfig = pydantic.Field(default_factory=lambda: ServerConfig(port=DEFAULT_PORT))
+    replica_id: str = pydantic.Field(default_factory=_default_replica_id, description="unique name of this replica")
+    advertise_address: str | None = pydantic.Field(
+        None, description="host:port routers dial (default: server.host and the bound port)"
+    )
+    capacity: int = pydantic.Field(64, ge=1, description="sequences this replica decodes at once (routing weight)")
+    engine: EngineConfig
+    registry: RegistryConfig = pydantic.Field(default_factory=RegistryConfig)
+    weights: InitialWeightsConfig = pydantic.Field(default_factory=InitialWeightsConfig)
+    databuffer_address: str | None = pydantic.Field(
+        None, description="host:port of the data buffer (needed by GenerateBatch)"
+    )
+    databuffer_wait_seconds: float = pydantic.Field(30.0, ge=0, description="wait this long for an input batch")
+    drain_timeout_s: float = pydantic.Field(60.0, ge=0, description="time in-flight work gets on SIGTERM")

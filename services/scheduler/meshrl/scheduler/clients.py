@@ -1,0 +1,133 @@
+"""Typed clients of the trainer and rollout services, as the scheduler calls them.
+
+Each call carries a deadline and raises meshrl's typed errors; requests carry only
+data-buffer keys and settings, never bulk data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from meshrl.api.common.v1 import keys_pb2, weights_pb2
+from meshrl.api.rollout.v1 import rollout_pb2 as rpb
+from meshrl.api.rollout.v1 import rollout_pb2_grpc
+from meshrl.api.trainer.v1 import trainer_pb2 as tpb
+from meshrl.api.trainer.v1 import trainer_pb2_grpc
+from meshrl.common.grpc_channel import call, open_channel, wait_until_serving
+
+ROLES = {"actor": tpb.ROLE_ACTOR, "reference": tpb.ROLE_REFERENCE, "critic": tpb.ROLE_CRITIC}
+
+
+class TrainerClient:
+    def __init__(self, address: str, timeout: float = 900.0) -> None:
+        self.address = address
+        self.channel = open_channel(address)
+        self.stub = trainer_pb2_grpc.TrainerStub(self.channel)
+        self.timeout = timeout
+
+    def wait_ready(self, timeout: float) -> None:
+        wait_until_serving(self.channel, timeout=timeout)
+
+    def load_model(
+        self, role: str, path: str, dtype: str, optimizer: tpb.OptimizerConfig | None, seed: int, copy_from: str = ""
+    ) -> tpb.LoadModelResponse:
+        req = tpb.LoadModelRequest(role=ROLES[role], model_path=path, dtype=dtype, optimizer=optimizer, seed=seed)
+        if copy_from:
+            req.copy_from = ROLES[copy_from]
+        return call(self.stub.LoadModel, req, timeout=self.timeout)
+
+    def compute_logprobs(
+        self, role: str, inputs: Sequence[keys_pb2.BatchKey], output: keys_pb2.BatchKey, name: str, entropy: bool
+    ) -> tpb.ComputeResponse:
+        req = tpb.ComputeLogProbsRequest(
+            role=ROLES[role], inputs=inputs, output=output, output_name=name, with_entropy=entropy, temperature=1.0
+        )
+        return call(self.stub.ComputeLogProbs, req, timeout=self.timeout)
+
+    def compute_values(self, inputs: Sequence[keys_pb2.BatchKey], output: keys_pb2.BatchKey) -> tpb.ComputeResponse:
+        req = tpb.ComputeValuesRequest(inputs=inputs, output=output)
+        return call(self.stub.ComputeValues, req, timeout=self.timeout)
+
+    def train_step(
+        self,
+        role: str,
+        inputs: Sequence[keys_pb2.BatchKey],
+        loss: tpb.LossConfig,
+        micro_batch_tokens: int,
+        mini_batches: int,
+        step: int,
+        lr: float = 0.0,
+    ) -> tpb.TrainStepResponse:
+        req = tpb.TrainStepRequest(
+            role=ROLES[role],
+            inputs=inputs,
+            loss=loss,
+            micro_batch_tokens=micro_batch_tokens,
+            mini_batches=mini_batches,
+            global_step=step,
+            lr_override=lr,
+        )
+        return call(self.stub.TrainStep, req, timeout=self.timeout)
+
+    def save_checkpoint(self, role: str, path: str, step: int, data_state: bytes) -> tpb.SaveCheckpointResponse:
+        req = tpb.SaveCheckpointRequest(role=ROLES[role], path=path, step=step, data_state=data_state)
+        return call(self.stub.SaveCheckpoint, req, timeout=self.timeout)
+
+    def load_checkpoint(self, role: str, path: str) -> tpb.LoadCheckpointResponse:
+        return call(
+            self.stub.LoadCheckpoint, tpb.LoadCheckpointRequest(role=ROLES[role], path=path), timeout=self.timeout
+        )
+
+    def init_weight_group(self, group: weights_pb2.CollectiveGroup, timeout: float):
+        return call(self.stub.InitWeightUpdateGroup, tpb.InitWeightUpdateGroupRequest(group=group), timeout=timeout)
+
+    def destroy_weight_group(self, name: str) -> None:
+        call(self.stub.DestroyWeightUpdateGroup, tpb.DestroyWeightUpdateGroupRequest(group_name=name), timeout=60)
+
+    def publish(self, req: tpb.PublishWeightsRequest, timeout: float) -> tpb.PublishWeightsResponse:
+        return call(self.stub.PublishWeights, req, timeout=timeout)
+
+    def checksums(self, role: str = "actor") -> weights_pb2.WeightChecksums:
+        return call(self.stub.GetWeightChecksums, tpb.GetWeightChecksumsRequest(role=ROLES[role]), timeout=60)
+
+    def status(self) -> tpb.TrainerStatus:
+        return call(self.stub.GetStatus, tpb.GetStatusRequest(), timeout=30)
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+class RolloutClient:
+    def __init__(self, address: str, timeout: float = 600.0) -> None:
+        self.address = address
+        self.channel = open_channel(address)
+        self.stub = rollout_pb2_grpc.RolloutStub(self.channel)
+        self.timeout = timeout
+
+    def wait_ready(self, timeout: float) -> None:
+        wait_until_serving(self.channel, timeout=timeout)
+
+    def update_from_disk(self, weights: weights_pb2.DiskWeights, pause_mode: int, flush: bool, timeout: float):
+        req = rpb.UpdateWeightsFromDiskRequest(weights=weights, pause_mode=pause_mode, flush_cache=flush)
+        return call(self.stub.UpdateWeightsFromDisk, req, timeout=timeout)
+
+    def init_weight_group(self, group: weights_pb2.CollectiveGroup, timeout: float):
+        return call(self.stub.InitWeightUpdateGroup, rpb.InitWeightUpdateGroupRequest(group=group), timeout=timeout)
+
+    def update_from_distributed(self, name: str, version: int, pause_mode: int, flush: bool, timeout: float):
+        req = rpb.UpdateWeightsFromDistributedRequest(
+            group_name=name, version=version, pause_mode=pause_mode, flush_cache=flush, timeout_seconds=timeout
+        )
+        return call(self.stub.UpdateWeightsFromDistributed, req, timeout=timeout + 10)
+
+    def destroy_weight_group(self, name: str) -> None:
+        call(self.stub.DestroyWeightUpdateGroup, rpb.DestroyWeightUpdateGroupRequest(group_name=name), timeout=60)
+
+    def checksums(self, names: Sequence[str] = ()) -> weights_pb2.WeightChecksums:
+        return call(self.stub.GetWeightChecksums, rpb.GetWeightChecksumsRequest(names=names), timeout=60)
+
+    def status(self) -> rpb.RolloutStatus:
+        return call(self.stub.GetStatus, rpb.GetStatusRequest(), timeout=30)
+
+    def close(self) -> None:
+        self.channel.close()

@@ -1,0 +1,157 @@
+"""The scheduler's jobs: submit (workflow + config), run each in its own thread, follow its
+events, cancel it, scale its rollout fleet. Used by the gRPC job API and by `meshrl run`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import traceback
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from meshrl.api.scheduler.v1 import scheduler_pb2 as spb
+from meshrl.common.config import deep_merge, parse_overrides
+from meshrl.common.errors import FailedPrecondition, InvalidArgument, MeshrlError, NotFound
+from meshrl.scheduler.config import JobConfig
+from meshrl.scheduler.events import EventLog
+from meshrl.scheduler.rundir import RunDir
+from meshrl.scheduler.runner import JobRunner
+from meshrl.scheduler.workflow import Workflow, load_workflow_text
+
+log = logging.getLogger(__name__)
+TERMINAL = (spb.JOB_STATE_SUCCEEDED, spb.JOB_STATE_FAILED, spb.JOB_STATE_CANCELLED)
+
+
+def build_job_config(config_yaml: str, overrides: list[str]) -> tuple[JobConfig, dict]:
+    from meshrl.common.config import to_config_error
+
+    data = yaml.safe_load(config_yaml) if config_yaml.strip() else {}
+    if not isinstance(data, dict):
+        raise InvalidArgument("the job config must be a YAML mapping")
+    data = deep_merge(data, parse_overrides(overrides))
+    try:
+        return JobConfig.model_validate(data), data
+    except Exception as exc:
+        import pydantic
+
+        if isinstance(exc, pydantic.ValidationError):
+            raise to_config_error(JobConfig, exc) from None
+        raise
+
+
+@dataclass
+class JobRecord:
+    job_id: str
+    runner: JobRunner
+    events: EventLog
+    state: int = spb.JOB_STATE_PENDING
+    error: str = ""
+    created_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)
+    thread: threading.Thread | None = None
+    summary: dict = field(default_factory=dict)
+    last_metrics: dict = field(default_factory=dict)
+    resume: bool = False
+
+    def to_proto(self) -> spb.Job:
+        cfg = self.runner.cfg
+        return spb.Job(
+            job_id=self.job_id,
+            state=self.state,
+            step=self.runner.step,
+            total_steps=cfg.job.steps,
+            run_dir=str(self.runner.run.root),
+            error=self.error,
+            created_at=self.created_at,
+            updated_at=self.updated_at,
+            last_metrics={k: float(v) for k, v in self.last_metrics.items() if isinstance(v, (int, float))},
+            workflow=self.runner.workflow.dag_id,
+        )
+
+
+class JobManager:
+    def __init__(self, run_root: str = "runs", max_concurrent: int = 1) -> None:
+        self.run_root = Path(run_root)
+        self.jobs: dict[str, JobRecord] = {}
+        self.slots = threading.Semaphore(max_concurrent)
+        self.lock = threading.Lock()
+
+    def create(
+        self, workflow_text: str, config_yaml: str, overrides: list[str], job_id: str = "", resume_dir: str = "",
+        progress: bool = False,
+    ) -> JobRecord:  # fmt: skip
+        cfg, raw = build_job_config(config_yaml, overrides)
+        workflow: Workflow = load_workflow_text(workflow_text, raw)
+        if resume_dir:
+            run = RunDir(Path(resume_dir))
+            job_id = job_id or run.root.name
+        else:
+            job_id = job_id or f"{cfg.job.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+            run = RunDir(Path(cfg.job.run_root) / job_id)
+            run.write_config(raw, workflow_text)
+        with self.lock:
+            if job_id in self.jobs:
+                raise InvalidArgument(f"job id {job_id!r} is taken; choose another or leave it empty")
+            events = EventLog(job_id, run.events_file)
+            record = JobRecord(job_id, JobRunner(workflow, cfg, run, job_id, events, progress), events)
+            self.jobs[job_id] = record
+        record.resume = bool(resume_dir)
+        return record
+
+    def run(self, record: JobRecord) -> None:
+        """Runs the job in this thread; its outcome is in record.state / record.error."""
+        with self.slots:
+            self._set(record, spb.JOB_STATE_RUNNING, "started")
+            try:
+                record.summary = record.runner.run_job(resume=record.resume)
+                self._set(record, spb.JOB_STATE_SUCCEEDED, "finished")
+            except MeshrlError as exc:
+                cancelled = exc.code.name == "CANCELLED"
+                record.error = str(exc) if cancelled else "".join(traceback.format_exception(exc))
+                self._set(record, spb.JOB_STATE_CANCELLED if cancelled else spb.JOB_STATE_FAILED, str(exc))
+            except BaseException as exc:
+                record.error = "".join(traceback.format_exception(exc))
+                self._set(record, spb.JOB_STATE_FAILED, f"{type(exc).__name__}: {exc}")
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+            finally:
+                record.events.close()
+
+    def start(self, record: JobRecord) -> None:
+        record.thread = threading.Thread(target=self.run, args=(record,), name=f"job-{record.job_id}", daemon=True)
+        record.thread.start()
+
+    def _set(self, record: JobRecord, state: int, message: str) -> None:
+        record.state = state
+        record.updated_at = time.time()
+        record.events.state(state, message)
+
+    def get(self, job_id: str) -> JobRecord:
+        record = self.jobs.get(job_id)
+        if record is None:
+            raise NotFound(f"no job {job_id!r}; `meshrl status` lists the jobs")
+        metrics = [e.metrics for e in record.events.read(0, 0)[0] if e.WhichOneof("body") == "metrics"]
+        if metrics:
+            record.last_metrics = dict(metrics[-1].metrics)
+        return record
+
+    def cancel(self, job_id: str) -> JobRecord:
+        record = self.get(job_id)
+        if record.state in TERMINAL:
+            raise FailedPrecondition(f"job {job_id} already ended ({spb.JobState.Name(record.state)})")
+        record.runner.cancelled.set()
+        return record
+
+    def scale(self, job_id: str, service: str, replicas: int) -> list[str]:
+        if service != "rollout":
+            raise InvalidArgument(f"cannot scale {service!r}: only 'rollout' scales while a job runs")
+        if replicas < 1:
+            raise InvalidArgument(f"replicas = {replicas}: a job needs at least one rollout replica")
+        record = self.get(job_id)
+        if record.state != spb.JOB_STATE_RUNNING:
+            raise FailedPrecondition(f"job {job_id} is not running ({spb.JobState.Name(record.state)})")
+        return record.runner.request_scale(replicas)

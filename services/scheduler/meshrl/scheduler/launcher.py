@@ -1,0 +1,163 @@
+"""Starting the job's services: as Ray actors pinned to placement-group bundles (each actor
+runs its service's process and reports its address), or as plain local processes.
+
+Services deployed independently are not launched: the job config names their addresses
+and the scheduler only connects.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from meshrl.common.errors import Unavailable
+from meshrl.scheduler.process import ServiceProcess
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServiceSpec:
+    service: str  # "databuffer" | "trainer" | "rollout"
+    name: str  # unique instance name, e.g. "rollout-1"
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    cpus: float = 1.0
+    gpus: float = 0.0
+
+
+def child_env(extra: dict[str, str]) -> dict[str, str]:
+    """Services use every core by default (Ray would give its workers OMP_NUM_THREADS=1)."""
+    threads = str(os.cpu_count() or 1)
+    return {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, **extra}
+
+
+class ProcessLauncher:
+    """Services as child processes of the scheduler (`services.use_ray: false`, `meshrl up`)."""
+
+    def __init__(self, logs: Path, start_timeout: float) -> None:
+        self.logs = logs
+        self.timeout = start_timeout
+        self.procs: dict[str, ServiceProcess] = {}
+
+    def start(self, specs: list[ServiceSpec]) -> dict[str, str]:
+        addresses = {}
+        for spec in specs:
+            proc = ServiceProcess(spec.service, spec.args, str(self.logs / f"{spec.name}.log"), child_env(spec.env))
+            self.procs[spec.name] = proc
+            addresses[spec.name] = proc.start(self.timeout)
+        return addresses
+
+    def pid(self, name: str) -> int | None:
+        return self.procs[name].pid
+
+    def stop(self, name: str, grace: float = 10.0) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is not None:
+            proc.stop(grace)
+
+    def stop_all(self, grace: float = 10.0) -> None:
+        for name in list(self.procs)[::-1]:
+            self.stop(name, grace)
+
+
+class _ServiceActorImpl:
+    """Body of the Ray actor that owns one service process on its bundle."""
+
+    def __init__(self, service: str, args: list[str], log_path: str, env: dict[str, str]) -> None:
+        self.proc = ServiceProcess(service, args, log_path, env)
+
+    def start(self, timeout: float) -> str:
+        return self.proc.start(timeout)
+
+    def placement(self) -> dict:
+        import ray
+
+        ctx = ray.get_runtime_context()
+        return {"node_ip": ray.util.get_node_ip_address(), "node_id": ctx.get_node_id(), "pid": self.proc.pid}
+
+    def stop(self, grace: float) -> int | None:
+        return self.proc.stop(grace)
+
+
+class RayLauncher:
+    """Services as Ray actors on placement groups (slime's layout): one bundle per instance."""
+
+    def __init__(self, logs: Path, start_timeout: float, address: str | None, strategy: str) -> None:
+        import ray
+
+        self.ray = ray
+        self.logs = logs
+        self.timeout = start_timeout
+        self.strategy = strategy
+        self.owns_ray = not ray.is_initialized() and address is None
+        if not ray.is_initialized():
+            if address:
+                ray.init(address=address, log_to_driver=False)
+            else:
+                ray.init(
+                    num_cpus=32,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    _node_ip_address="127.0.0.1",
+                    _temp_dir=tempfile.mkdtemp(prefix="meshrl-ray-"),
+                )
+        self.actor_cls = ray.remote(num_cpus=0)(_ServiceActorImpl)
+        self.actors: dict[str, object] = {}
+        self.groups: list[object] = []
+        self.placements: dict[str, dict] = {}
+
+    def start(self, specs: list[ServiceSpec]) -> dict[str, str]:
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        bundles = [{"CPU": s.cpus, **({"GPU": s.gpus} if s.gpus else {})} for s in specs]
+        pg = placement_group(bundles, strategy=self.strategy)
+        if not self.ray.get(pg.ready(), timeout=self.timeout):
+            raise Unavailable(f"Ray could not place {bundles} with {self.strategy}; add resources or nodes")
+        self.groups.append(pg)
+        pending = {}
+        for index, spec in enumerate(specs):
+            actor = self.actor_cls.options(
+                name=f"meshrl-{spec.name}-{os.getpid()}",
+                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index),
+            ).remote(spec.service, spec.args, str(self.logs / f"{spec.name}.log"), child_env(spec.env))
+            self.actors[spec.name] = actor
+            pending[spec.name] = actor.start.remote(self.timeout)
+        addresses = {}
+        for name, ref in pending.items():
+            try:
+                addresses[name] = self.ray.get(ref, timeout=self.timeout + 10)
+            except self.ray.exceptions.RayTaskError as exc:
+                raise exc.as_instanceof_cause() from None
+            self.placements[name] = self.ray.get(self.actors[name].placement.remote())
+        return addresses
+
+    def pid(self, name: str) -> int | None:
+        return self.placements.get(name, {}).get("pid")
+
+    def stop(self, name: str, grace: float = 10.0) -> None:
+        actor = self.actors.pop(name, None)
+        if actor is None:
+            return
+        try:
+            self.ray.get(actor.stop.remote(grace), timeout=grace + 15)
+        finally:
+            self.ray.kill(actor)
+
+    def stop_all(self, grace: float = 10.0) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        for name in list(self.actors)[::-1]:
+            try:
+                self.stop(name, grace)
+            except Exception as exc:  # noqa: BLE001 - keep stopping the others
+                log.warning("stopping %s: %s", name, exc)
+        for pg in self.groups:
+            remove_placement_group(pg)
+        self.groups.clear()
+        if self.owns_ray:
+            self.ray.shutdown()

@@ -1,0 +1,228 @@
+"""What each DAG node does in a step: DATA_LOAD, ROLLOUT, COMPUTE (reward, advantage,
+dynamic sampling, user functions), MODEL_INFERENCE, MODEL_TRAIN, BARRIER_SYNC.
+
+Service nodes call the trainer or the rollout fleet with data-buffer keys only; COMPUTE
+nodes read their inputs from the data buffer, compute here and write their output back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from meshrl.api.trainer.v1 import trainer_pb2 as tpb
+from meshrl.common import advantages as adv
+from meshrl.common import batch_schema as S
+from meshrl.common.codec import Batch, Ragged
+from meshrl.common.databuffer_client import DataBufferClient, batch_key
+from meshrl.common.errors import InvalidArgument
+from meshrl.scheduler.clients import TrainerClient
+from meshrl.scheduler.config import JobConfig
+from meshrl.scheduler.data import PromptEncoder, PromptSampler
+from meshrl.scheduler.executor import NodeResult, StepContext
+from meshrl.scheduler.fleet import RolloutFleet
+from meshrl.scheduler.rewards import RewardFn, import_ref, score
+
+ROLE_OF = {"ACTOR": "actor", "REFERENCE": "reference", "CRITIC": "critic"}
+
+
+def loss_config(cfg: JobConfig, policy_loss: str | None = None) -> tpb.LossConfig:
+    loss = cfg.algorithm.loss
+    return tpb.LossConfig(
+        policy_loss=policy_loss or loss.policy_loss,
+        clip_low=loss.clip_low,
+        clip_high=loss.clip_high,
+        dual_clip=loss.dual_clip,
+        aggregation=loss.aggregation,
+        kl_coef=loss.kl_coef,
+        kl_estimator=loss.kl_estimator,
+        entropy_coef=loss.entropy_coef,
+        tis_cap=loss.tis_cap,
+        value_clip=loss.value_clip,
+    )
+
+
+def _text(col: Ragged, i: int) -> str:
+    return bytes(col.row(i).astype(np.uint8)).decode("utf-8", errors="replace")
+
+
+def encode_texts(texts: list[str]) -> Ragged:
+    return Ragged.from_rows([np.frombuffer(t.encode(), dtype=np.uint8) for t in texts], dtype=np.uint8)
+
+
+class NodeHandlers:
+    """Binds the services of one job to the node types of its workflow."""
+
+    def __init__(
+        self,
+        cfg: JobConfig,
+        buffer: DataBufferClient,
+        trainer: TrainerClient,
+        fleet: RolloutFleet,
+        encoder: PromptEncoder,
+        sampler: PromptSampler,
+        reward_fn: RewardFn,
+    ) -> None:
+        self.cfg = cfg
+        self.buffer = buffer
+        self.trainer = trainer
+        self.fleet = fleet
+        self.encoder = encoder
+        self.sampler = sampler
+        self.reward_fn = reward_fn
+
+    def handler_for(self, node: Any) -> Callable[[Any, StepContext], NodeResult]:
+        kind, role = str(node.node_type), str(node.node_role)
+        if kind == "DATA_LOAD":
+            return self.data_load
+        if kind == "ROLLOUT":
+            return self.rollout
+        if kind == "MODEL_INFERENCE":
+            return self.inference
+        if kind == "MODEL_TRAIN":
+            return self.train
+        if kind == "BARRIER_SYNC":
+            return lambda node, ctx: NodeResult()
+        if kind == "COMPUTE":
+            if node.executable_ref and role != "REWARD":
+                return self.user_compute
+            return {"REWARD": self.reward, "ADVANTAGE": self.advantage, "DYNAMIC_SAMPLING": self.dynamic_sampling}[role]
+        raise InvalidArgument(f"node '{node.node_id}': no handler for node_type {kind} / node_role {role}")
+
+    def _key(self, ctx: StepContext, node: Any):
+        return batch_key(ctx.job_id, ctx.step, node.node_id)
+
+    # -- DATA_LOAD -----------------------------------------------------------------------
+    def data_load(self, node: Any, ctx: StepContext) -> NodeResult:
+        records = self.sampler.next_batch(int(node.config.get("prompts_per_step", self.cfg.data.prompts_per_step)))
+        prompt_ids = [self.encoder.encode_prompt(r.prompt) for r in records]
+        columns = {
+            S.PROMPT_IDS: Ragged.from_rows(prompt_ids, dtype=np.int32),
+            S.ANSWER: encode_texts([r.answer for r in records]),
+            S.PROMPT_INDEX: np.array([r.index for r in records], dtype=np.int64),
+        }
+        key = self._key(ctx, node)
+        nbytes = self.buffer.put(key, columns)
+        return NodeResult([key], {"data/prompts": len(records), "buffer/bytes_written": nbytes})
+
+    # -- ROLLOUT -------------------------------------------------------------------------
+    def rollout(self, node: Any, ctx: StepContext) -> NodeResult:
+        (source,) = ctx.input_keys(node.node_id)[:1]
+        r = self.cfg.rollout
+        keys, metrics = self.fleet.generate(
+            source,
+            job_id=ctx.job_id,
+            step=ctx.step,
+            node_id=node.node_id,
+            n=int(node.config.get("n", r.n)),
+            temperature=float(node.config.get("temperature", r.temperature)),
+            top_p=r.top_p,
+            max_tokens=int(node.config.get("max_tokens", r.max_tokens)),
+        )
+        return NodeResult(keys, metrics)
+
+    # -- COMPUTE -------------------------------------------------------------------------
+    def reward(self, node: Any, ctx: StepContext) -> NodeResult:
+        batch = self.buffer.get_many(ctx.input_keys(node.node_id))
+        fn = import_ref(node.executable_ref, f"node '{node.node_id}' executable_ref") if node.executable_ref else None
+        rows = batch.num_rows()
+        prompts = [self.encoder.decode(batch[S.PROMPT_IDS].row(i)) for i in range(rows)]
+        responses = [self.encoder.decode(batch[S.RESPONSE_IDS].row(i)) for i in range(rows)]
+        answers = [_text(batch[S.ANSWER], i) for i in range(rows)]
+        rewards = np.asarray(score(fn or self.reward_fn, prompts, responses, answers), dtype=np.float32)
+        correct = (rewards >= 1.0).astype(np.float32)
+        key = self._key(ctx, node)
+        self.buffer.put(key, {S.REWARDS: rewards, S.ACCURACY: correct})
+        lengths = batch[S.RESPONSE_IDS].lengths()
+        return NodeResult(
+            [key],
+            {
+                "reward/mean": float(rewards.mean()) if rows else 0.0,
+                "reward/std": float(rewards.std()) if rows else 0.0,
+                "reward/accuracy": float(correct.mean()) if rows else 0.0,
+                "response/length_mean": float(lengths.mean()) if rows else 0.0,
+                "response/length_max": float(lengths.max()) if rows else 0.0,
+            },
+        )
+
+    def advantage(self, node: Any, ctx: StepContext) -> NodeResult:
+        batch = self.buffer.get_many(ctx.input_keys(node.node_id))
+        estimator = node.config.get("estimator", self.cfg.algorithm.advantage)
+        rewards = np.asarray(batch[S.REWARDS], dtype=np.float32)
+        groups = np.asarray(batch[S.GROUP_INDEX], dtype=np.int64)
+        offsets = batch[S.RESPONSE_IDS].offsets
+        alg = self.cfg.algorithm
+        token_kl = None
+        if alg.loss.kl_coef and S.REF_LOGPROBS in batch.columns and S.OLD_LOGPROBS in batch.columns:
+            token_kl = batch[S.OLD_LOGPROBS].values - batch[S.REF_LOGPROBS].values
+        columns: dict[str, Ragged] = {}
+        if estimator == "gae":
+            token_rewards = adv.terminal_token_rewards(rewards, offsets, token_kl=token_kl, kl_coef=alg.loss.kl_coef)
+            values, returns = adv.gae_advantages(
+                token_rewards, batch[S.VALUES].values, offsets, gamma=alg.gamma, lam=alg.lam
+            )
+            columns[S.RETURNS] = Ragged(returns, offsets)
+        elif estimator == "reinforce_pp":
+            values = adv.reinforce_pp_advantages(
+                rewards, offsets, token_kl=token_kl, kl_coef=alg.loss.kl_coef, gamma=alg.gamma
+            )
+        elif estimator in ("grpo", "grpo_no_std", "rloo"):
+            if estimator == "rloo":
+                scalar = adv.rloo_advantages(rewards, groups)
+            else:
+                scalar = adv.grpo_advantages(rewards, groups, normalize_std=estimator == "grpo")
+            values = adv.broadcast_to_tokens(scalar, offsets)
+        else:
+            raise InvalidArgument(f"node '{node.node_id}': unknown advantage estimator {estimator!r}")
+        columns[S.ADVANTAGES] = Ragged(np.asarray(values, dtype=np.float32), offsets)
+        key = self._key(ctx, node)
+        self.buffer.put(key, columns)
+        values = columns[S.ADVANTAGES].values
+        stats = {"advantage/mean": float(values.mean()), "advantage/abs_max": float(np.abs(values).max())}
+        return NodeResult([key], stats if values.size else {})
+
+    def dynamic_sampling(self, node: Any, ctx: StepContext) -> NodeResult:
+        """DAPO: keep only groups whose rewards differ (others carry no gradient); rewrites all rows."""
+        batch = self.buffer.get_many(ctx.input_keys(node.node_id))
+        rewards = np.asarray(batch[S.REWARDS])
+        groups = np.asarray(batch[S.GROUP_INDEX])
+        keep = [i for i in range(len(rewards)) if np.ptp(rewards[groups == groups[i]]) > 0]
+        if not keep:  # every group is uniform: keep all rather than train on nothing
+            keep = list(range(len(rewards)))
+        kept = batch.take(keep)
+        key = self._key(ctx, node)
+        self.buffer.put(key, kept.columns, samples=kept.samples)
+        return NodeResult([key], {"dynamic_sampling/kept_fraction": len(keep) / max(1, len(rewards))}, True)
+
+    def user_compute(self, node: Any, ctx: StepContext) -> NodeResult:
+        """A user COMPUTE node: `fn(batch: Batch, config: dict) -> dict[str, array | Ragged]` of new columns."""
+        fn = import_ref(node.executable_ref, f"node '{node.node_id}' executable_ref")
+        batch = self.buffer.get_many(ctx.input_keys(node.node_id))
+        out = fn(batch, dict(node.config))
+        columns = out.columns if isinstance(out, Batch) else dict(out)
+        key = self._key(ctx, node)
+        self.buffer.put(key, columns)
+        return NodeResult([key])
+
+    # -- MODEL_* -------------------------------------------------------------------------
+    def inference(self, node: Any, ctx: StepContext) -> NodeResult:
+        role = ROLE_OF[str(node.node_role)]
+        key = self._key(ctx, node)
+        inputs = ctx.input_keys(node.node_id)
+        if role == "critic":
+            reply = self.trainer.compute_values(inputs, key)
+        else:
+            name = node.config.get("output_name", S.OLD_LOGPROBS if role == "actor" else S.REF_LOGPROBS)
+            reply = self.trainer.compute_logprobs(role, inputs, key, name, entropy=role == "actor")
+        return NodeResult([key], {f"{node.node_id}/{k}": v for k, v in reply.metrics.items()})
+
+    def train(self, node: Any, ctx: StepContext) -> NodeResult:
+        role = ROLE_OF[str(node.node_role)]
+        loss = loss_config(self.cfg, "value" if role == "critic" else None)
+        t = self.cfg.trainer
+        reply = self.trainer.train_step(
+            role, ctx.input_keys(node.node_id), loss, t.micro_batch_tokens, t.mini_batches, ctx.step
+        )
+        prefix = "critic" if role == "critic" else "actor"
+        return NodeResult([], {f"{prefix}/{k}": v for k, v in reply.metrics.items()})

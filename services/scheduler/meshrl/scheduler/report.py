@@ -1,0 +1,81 @@
+"""Plots and the HTML report of a run: reward and evaluation curves, step-time breakdown by
+node. Written at the end of a run (and by `meshrl report RUN_DIR`), read by people.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from pathlib import Path
+
+from meshrl.scheduler.rundir import RunDir
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_curves(run: RunDir) -> Path:
+    plt = _plt()
+    metrics = run.read_jsonl(run.metrics_file)
+    evals = run.read_jsonl(run.eval_file)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    steps = [m["step"] for m in metrics]
+    for key, label in (("reward/mean", "train reward (mean)"), ("reward/accuracy", "train accuracy")):
+        axes[0].plot(steps, [m.get(key) for m in metrics], marker=".", label=label)
+    axes[0].set(title="Training reward", xlabel="RL step", ylabel="reward")
+    axes[0].legend()
+    axes[0].grid(alpha=0.3)
+    axes[1].plot([e["step"] for e in evals], [e.get("eval/accuracy") for e in evals], marker="o", color="C2")
+    axes[1].set(title="Held-out greedy accuracy", xlabel="RL step", ylabel="accuracy", ylim=(0, 1))
+    axes[1].grid(alpha=0.3)
+    fig.tight_layout()
+    out = run.plots / "curves.png"
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def plot_step_times(run: RunDir) -> Path:
+    plt = _plt()
+    metrics = run.read_jsonl(run.metrics_file)
+    keys = sorted({k for m in metrics for k in m if k.startswith("time/")})
+    fig, ax = plt.subplots(figsize=(11, 4))
+    bottom = [0.0] * len(metrics)
+    steps = [m["step"] for m in metrics]
+    for key in keys:
+        values = [m.get(key) or 0.0 for m in metrics]
+        ax.bar(steps, values, bottom=bottom, label=key.removeprefix("time/"))
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set(title="Step time by node", xlabel="RL step", ylabel="seconds")
+    ax.legend(fontsize=8, ncol=4)
+    fig.tight_layout()
+    out = run.plots / "step_times.png"
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def write_report(run: RunDir, summary: dict) -> Path:
+    images = [plot_curves(run), plot_step_times(run)]
+    imgs = "".join(
+        f'<img src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}" style="max-width:100%">'
+        for p in images
+    )
+    rows = "".join(f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(str(v))}</td></tr>" for k, v in summary.items())
+    last = run.read_jsonl(run.metrics_file)[-1:] or [{}]
+    metric_rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{v}</td></tr>" for k, v in sorted(last[0].items()))
+    run.report_file.write_text(
+        "<!doctype html><meta charset=utf-8><title>meshrl run</title>"
+        "<style>body{font-family:sans-serif;margin:2em}td{padding:2px 10px;border-bottom:1px solid #ddd}</style>"
+        f"<h1>meshrl run {html.escape(run.root.name)}</h1><h2>Summary</h2><table>{rows}</table>"
+        f"<h2>Curves</h2>{imgs}<h2>Last step's metrics</h2><table>{metric_rows}</table>"
+    )
+    run.summary_file.write_text(json.dumps(summary, indent=2))
+    return run.report_file

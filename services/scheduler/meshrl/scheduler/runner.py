@@ -1,0 +1,270 @@
+"""Runs one job from start to end: prepare the model and data, bring the services up, a
+supervised warm-up if configured, the step-0 evaluation, then the training steps
+
+    data_load → rollout → reward → advantage → old/ref log-prob → train → publish weights
+
+with evaluation every K steps, checkpoints, metrics, a report; and everything shut down
+at the end, on failure, on cancel or on Ctrl-C. A run folder can be resumed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from meshrl.api.trainer.v1 import trainer_pb2 as tpb
+from meshrl.common import batch_schema as S
+from meshrl.common import telemetry
+from meshrl.common.codec import Ragged
+from meshrl.common.databuffer_client import batch_key
+from meshrl.common.errors import Cancelled, DeadlineExceeded, InvalidArgument
+from meshrl.scheduler.config import JobConfig, OptimSection
+from meshrl.scheduler.data import DataPosition, PromptEncoder, PromptSampler, load_records
+from meshrl.scheduler.evaluation import evaluate
+from meshrl.scheduler.events import EventLog
+from meshrl.scheduler.executor import StepExecutor
+from meshrl.scheduler.nodes import NodeHandlers
+from meshrl.scheduler.progress import StepProgress
+from meshrl.scheduler.report import write_report
+from meshrl.scheduler.rewards import import_ref, resolve_reward
+from meshrl.scheduler.rundir import RunDir
+from meshrl.scheduler.services import JobServices
+from meshrl.scheduler.weight_sync import WeightPublisher
+from opentelemetry import context as otel_context
+
+log = logging.getLogger(__name__)
+
+
+def optimizer_proto(o: OptimSection) -> tpb.OptimizerConfig:
+    return tpb.OptimizerConfig(
+        lr=o.lr, min_lr=o.min_lr, weight_decay=o.weight_decay, clip_grad=o.clip_grad, warmup_steps=o.warmup_steps,
+        decay_steps=o.decay_steps, decay_style=o.decay_style, adam_beta1=0.9, adam_beta2=0.999, adam_eps=1e-8,
+    )  # fmt: skip
+
+
+@dataclass
+class JobState:
+    """What a checkpoint adds to the trainer's: the step, data position and weight version."""
+
+    step: int = 0
+    weight_version: int = 0
+    data: str = ""
+    warmup_done: bool = False
+
+    @classmethod
+    def read(cls, path: Path) -> JobState:
+        return cls(**json.loads((path / "job_state.json").read_text()))
+
+
+class JobRunner:
+    def __init__(self, workflow, cfg: JobConfig, run: RunDir, job_id: str, events: EventLog, progress: bool = True):
+        self.workflow = workflow
+        self.cfg = cfg
+        self.run = run
+        self.job_id = job_id
+        self.events = events
+        self.show_progress = progress
+        self.cancelled = threading.Event()
+        self.step = 0
+        self._scale_target: int | None = None
+        self._scaled = threading.Condition()
+        self._replica_addresses: list[str] = []
+        self.roles = sorted(
+            {str(n.node_role).lower() for n in workflow.nodes if str(n.node_role) in ("ACTOR", "REFERENCE", "CRITIC")}
+            | {"actor"}
+        )  # noqa: E501
+
+    # -- preparation ---------------------------------------------------------------------
+    def prepare(self) -> None:
+        model = Path(self.cfg.model.path)
+        if not (model / "config.json").exists():
+            if self.cfg.model.build is None:
+                raise InvalidArgument(f"model.path {model} has no config.json; point it at a Hugging Face folder")
+            args = [a for k, v in self.cfg.model.build.items() for a in (f"--{k.replace('_', '-')}", str(v))]
+            self.events.log(f"building a small model in {model}")
+            subprocess.run([sys.executable, "-m", "meshrl.trainer.model_builder", str(model), *args], check=True)
+        d = self.cfg.data
+        missing = [p for p in (d.train, d.eval) if p and not Path(p).exists()]
+        if missing:
+            if not d.generator:
+                raise InvalidArgument(f"data files {missing} do not exist and data.generator is not set")
+            import_ref(d.generator, "data.generator")(str(Path(d.train).parent), self.cfg.job.seed)
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def save_checkpoint(self, svc: JobServices, publisher: WeightPublisher, sampler: PromptSampler) -> None:
+        path = self.run.checkpoint_path(self.step)
+        data = sampler.position.to_json()
+        for role in self.roles:
+            svc.trainer.save_checkpoint(role, str(path / role), self.step, data.encode())
+        state = JobState(self.step, publisher.version, data, warmup_done=True)
+        (path / "job_state.json").write_text(json.dumps(state.__dict__))
+        (path / "COMPLETE").write_text("")
+        self.events.log(f"checkpoint saved at step {self.step}: {path}")
+
+    def restore(self, svc: JobServices, publisher: WeightPublisher, sampler: PromptSampler) -> bool:
+        path = self.run.latest_checkpoint()
+        if path is None:
+            return False
+        state = JobState.read(path)
+        for role in self.roles:
+            svc.trainer.load_checkpoint(role, str(path / role))
+        self.step = state.step
+        sampler.position = DataPosition.from_json(state.data)
+        on_disk = [int(p.name[1:]) for p in self.run.weights.glob("v[0-9]*") if p.name[1:].isdigit()]
+        publisher.version = max([state.weight_version, *on_disk])
+        self.run.truncate_after(self.step)
+        self.events.log(f"resumed from {path} at step {self.step}")
+        return True
+
+    # -- phases --------------------------------------------------------------------------
+    def warmup(self, svc: JobServices, encoder: PromptEncoder, records) -> None:
+        w = self.cfg.warmup
+        sampler = PromptSampler(records, self.cfg.data.shuffle_seed + 1)
+        for i in range(w.steps):
+            batch = sampler.next_batch(w.batch_size)
+            key = batch_key(self.job_id, i, "warmup")
+            targets = [r.response if r.response is not None else r.answer for r in batch]
+            svc.buffer.put(key, {
+                S.PROMPT_IDS: Ragged.from_rows([encoder.encode_prompt(r.prompt) for r in batch], dtype=np.int32),
+                S.RESPONSE_IDS: Ragged.from_rows([encoder.encode_response(t) for t in targets], dtype=np.int32),
+            })  # fmt: skip
+            sft = tpb.LossConfig(policy_loss="sft")
+            reply = svc.trainer.train_step("actor", [key], sft, self.cfg.trainer.micro_batch_tokens, 1, i, lr=w.lr)
+            svc.buffer.delete(key)
+            if i % 10 == 0 or i == w.steps - 1:
+                self.events.log(f"warm-up {i + 1}/{w.steps}: loss {reply.metrics.get('loss', float('nan')):.4f}")
+        if "reference" in self.roles:
+            svc.trainer.load_model("reference", self.cfg.model.path, self.cfg.model.dtype, None, 0, copy_from="actor")
+
+    def _eval(self, svc, encoder, eval_records, reward_fn) -> dict[str, float]:
+        if not eval_records:
+            return {}
+        max_tokens = self.cfg.eval.max_tokens or self.cfg.rollout.max_tokens
+        metrics = evaluate(self.job_id, self.step, eval_records, encoder, svc.buffer, svc.fleet, reward_fn, max_tokens)
+        self.run.log_eval(self.step, metrics)
+        self.events.metrics(self.step, metrics)
+        return metrics
+
+    # -- the job -------------------------------------------------------------------------
+    def run_job(self, resume: bool = False) -> dict:
+        cfg = self.cfg
+        self.prepare()
+        d = cfg.data
+        records = load_records(d.train, d.prompt_key, d.answer_key, d.response_key)
+        eval_records = load_records(d.eval, d.prompt_key, d.answer_key)[: cfg.eval.max_prompts] if d.eval else []
+        encoder = PromptEncoder(cfg.model.path, d.apply_chat_template, d.system_prompt)
+        sampler = PromptSampler(records, d.shuffle_seed)
+        reward_fn = resolve_reward(cfg.algorithm.reward)
+        svc = JobServices(cfg, self.run, cfg.model.path)
+        summary: dict = {"job_id": self.job_id, "run_dir": str(self.run.root)}
+        started = time.monotonic()
+        try:
+            svc.open()
+            self.events.log(f"services up: {svc.addresses}")
+            for role in self.roles:
+                opt = cfg.trainer.critic_optimizer if role == "critic" else cfg.trainer.optimizer
+                svc.trainer.load_model(role, cfg.model.path, cfg.model.dtype, optimizer_proto(opt), cfg.job.seed)
+            publisher = WeightPublisher(svc.trainer, cfg.weights, str(self.run.weights))
+            resumed = resume and self.restore(svc, publisher, sampler)
+            if resumed or cfg.warmup.steps:
+                if not resumed:
+                    self.warmup(svc, encoder, records)
+                publisher.publish(svc.fleet.clients())
+            if not resumed:
+                summary["eval_step0"] = self._eval(svc, encoder, eval_records, reward_fn).get("eval/accuracy")
+            handlers = NodeHandlers(cfg, svc.buffer, svc.trainer, svc.fleet, encoder, sampler, reward_fn)
+            executor = StepExecutor(self.workflow.nodes, handlers.handler_for, self.events)
+            with StepProgress(cfg.job.steps, self.step, self.show_progress) as bar:
+                while self.step < cfg.job.steps:
+                    if self.cancelled.is_set():
+                        raise Cancelled(f"job {self.job_id} cancelled at step {self.step}")
+                    self._apply_scale(svc, publisher)
+                    self.step += 1
+                    metrics = self._train_step(svc, executor, publisher)
+                    if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.job.steps:
+                        metrics.update(self._eval(svc, encoder, eval_records, reward_fn))
+                    bar.step(self.step, metrics)
+                    if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
+                        self.save_checkpoint(svc, publisher, sampler)
+            final = self._eval(svc, encoder, eval_records, reward_fn)
+            if self.run.latest_checkpoint() != self.run.checkpoint_path(self.step):
+                self.save_checkpoint(svc, publisher, sampler)
+            summary.update(final_eval=final.get("eval/accuracy"), steps=self.step, weight_version=publisher.version)
+            return summary
+        finally:
+            summary["seconds"] = round(time.monotonic() - started, 1)
+            svc.close()
+            telemetry.force_flush()
+            if self.run.metrics_file.exists():
+                write_report(self.run, summary)
+
+    # -- scaling ---------------------------------------------------------------------------
+    def request_scale(self, replicas: int, timeout: float = 900.0) -> list[str]:
+        """Asks the step loop to resize the rollout fleet before its next step; returns the replicas."""
+        with self._scaled:
+            self._scale_target = replicas
+            if not self._scaled.wait_for(lambda: self._scale_target is None, timeout):
+                raise DeadlineExceeded(f"the fleet was not resized to {replicas} within {timeout:.0f}s")
+            return list(self._replica_addresses)
+
+    def _apply_scale(self, svc: JobServices, publisher: WeightPublisher) -> None:
+        with self._scaled:
+            target = self._scale_target
+            if target is not None:
+                current = svc.fleet.addresses()
+                if target > len(current):
+                    for address in svc.add_replicas(target - len(current)):
+                        client = svc.fleet.client_for(address)
+                        client.wait_ready(self.cfg.services.start_timeout_seconds)
+                        publisher.refit_from_disk(client)  # new replicas serve the current version first
+                        svc.fleet.add(address)
+                for address in current[target:]:
+                    svc.remove_replica(address)  # drains, then stops
+                self.events.log(f"rollout fleet resized to {target}: {svc.fleet.addresses()}")
+                self._scale_target = None
+            self._replica_addresses = svc.fleet.addresses()
+            self._scaled.notify_all()
+
+    def run_eval_only(self, checkpoint: str | None = None) -> dict[str, float]:
+        """`meshrl run --val-only`: evaluates the model (or a checkpoint's actor) on the held-out set."""
+        cfg = self.cfg
+        self.prepare()
+        if not cfg.data.eval:
+            raise InvalidArgument("--val-only needs data.eval: a held-out set to evaluate")
+        records = load_records(cfg.data.eval, cfg.data.prompt_key, cfg.data.answer_key)[: cfg.eval.max_prompts]
+        encoder = PromptEncoder(cfg.model.path, cfg.data.apply_chat_template, cfg.data.system_prompt)
+        svc = JobServices(cfg, self.run, cfg.model.path)
+        try:
+            svc.open()
+            if checkpoint:
+                svc.trainer.load_model("actor", cfg.model.path, cfg.model.dtype, None, cfg.job.seed)
+                self.step = svc.trainer.load_checkpoint("actor", str(Path(checkpoint) / "actor")).step
+                WeightPublisher(svc.trainer, cfg.weights, str(self.run.weights)).publish(svc.fleet.clients())
+            return self._eval(svc, encoder, records, resolve_reward(cfg.algorithm.reward))
+        finally:
+            svc.close()
+
+    def _train_step(self, svc: JobServices, executor: StepExecutor, publisher: WeightPublisher) -> dict[str, float]:
+        start = time.perf_counter()
+        with telemetry.tracer().start_as_current_span(
+            f"step {self.step}", context=otel_context.Context(), attributes={"meshrl.step": self.step}
+        ):
+            metrics = executor.run_step(self.job_id, self.step)
+            result = publisher.publish(svc.fleet.clients())
+        metrics.update({"weights/version": result.version, "weights/seconds": result.seconds,
+                        "weights/bytes": result.bytes, "weights/stale_replicas": len(result.stale)})  # fmt: skip
+        stats = svc.buffer.stats(self.job_id)
+        metrics["buffer/bytes"] = float(stats.bytes)
+        for key in svc.buffer.list(self.job_id, self.step):
+            svc.buffer.delete(key)
+        metrics["time/step"] = time.perf_counter() - start
+        self.run.log_metrics(self.step, metrics)
+        self.events.metrics(self.step, metrics)
+        return metrics

@@ -1,0 +1,109 @@
+"""The services of one job: launched (Ray actors or processes) or named by address, with the
+clients the step loop uses. `JobServices.open` brings them up in order (data buffer first,
+then trainer and rollout replicas, which need its address) and `close` stops what it started.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from meshrl.common.databuffer_client import DataBufferClient
+from meshrl.scheduler.clients import TrainerClient
+from meshrl.scheduler.config import JobConfig
+from meshrl.scheduler.fleet import RolloutFleet
+from meshrl.scheduler.launcher import ProcessLauncher, RayLauncher, ServiceSpec
+from meshrl.scheduler.rundir import RunDir
+
+log = logging.getLogger(__name__)
+
+
+def telemetry_args(cfg: JobConfig, run: RunDir, name: str) -> list[str]:
+    t = cfg.telemetry
+    args = ["--set", f"telemetry.exporter={t.exporter}", "--set", f"telemetry.sample_ratio={t.sample_ratio}"]
+    if t.exporter == "file":
+        args += ["--set", f"telemetry.path={run.traces / (name + '.jsonl')}"]
+    return args
+
+
+def rollout_spec(cfg: JobConfig, run: RunDir, name: str, buffer_address: str, model_path: str) -> ServiceSpec:
+    args = [
+        "--set", f"engine.kind={cfg.rollout.engine}",
+        "--set", f"engine.model_path={model_path}",
+        "--set", f"engine.max_batch_size={cfg.rollout.max_batch_size}",
+        "--set", f"databuffer_address={buffer_address}",
+        "--set", f"replica_id={name}",
+        *telemetry_args(cfg, run, name),
+    ]  # fmt: skip
+    return ServiceSpec("rollout", name, args)
+
+
+@dataclass
+class JobServices:
+    cfg: JobConfig
+    run: RunDir
+    model_path: str
+    launcher: RayLauncher | ProcessLauncher | None = None
+    buffer: DataBufferClient | None = None
+    trainer: TrainerClient | None = None
+    fleet: RolloutFleet | None = None
+    addresses: dict[str, str] = field(default_factory=dict)
+    _next_replica: int = 0
+
+    def open(self) -> JobServices:
+        s = self.cfg.services
+        if s.use_ray:
+            self.launcher = RayLauncher(self.run.logs, s.start_timeout_seconds, s.ray_address, s.placement_strategy)
+        else:
+            self.launcher = ProcessLauncher(self.run.logs, s.start_timeout_seconds)
+        buffer_address = s.databuffer
+        if buffer_address is None:
+            redis = ["--set", f"redis.url={s.redis_url}"] if s.redis_url else [
+                "--set", f"redis.embedded.data_dir={self.run.root / 'redis'}"]  # fmt: skip
+            spec = ServiceSpec("databuffer", "databuffer", [*redis, *telemetry_args(self.cfg, self.run, "databuffer")])
+            buffer_address = self.launcher.start([spec])["databuffer"]
+        self.addresses["databuffer"] = buffer_address
+        self.buffer = DataBufferClient(buffer_address)
+        specs = []
+        if self.cfg.trainer.address is None:
+            args = ["--set", f"databuffer_address={buffer_address}", *telemetry_args(self.cfg, self.run, "trainer")]
+            specs.append(ServiceSpec("trainer", "trainer", args))
+        for _ in range(self.cfg.rollout.replicas):
+            specs.append(self._new_replica_spec(buffer_address))
+        started = self.launcher.start(specs) if specs else {}
+        self.addresses.update(started)
+        trainer_address = self.cfg.trainer.address or started["trainer"]
+        self.trainer = TrainerClient(trainer_address, self.cfg.trainer.request_timeout_seconds)
+        self.trainer.wait_ready(s.start_timeout_seconds)
+        replicas = [a for n, a in started.items() if n.startswith("rollout-")] + list(self.cfg.rollout.addresses)
+        self.fleet = RolloutFleet(self.buffer, replicas, self.cfg.rollout.request_timeout_seconds)
+        return self
+
+    def _new_replica_spec(self, buffer_address: str) -> ServiceSpec:
+        name = f"rollout-{self._next_replica}"
+        self._next_replica += 1
+        return rollout_spec(self.cfg, self.run, name, buffer_address, self.model_path)
+
+    def add_replicas(self, count: int) -> list[str]:
+        """Starts `count` replicas; they are not given traffic until the caller refits them."""
+        specs = [self._new_replica_spec(self.addresses["databuffer"]) for _ in range(count)]
+        started = self.launcher.start(specs)
+        self.addresses.update(started)
+        return list(started.values())
+
+    def remove_replica(self, address: str) -> None:
+        name = next((n for n, a in self.addresses.items() if a == address), None)
+        self.fleet.remove(address)
+        if name is not None and self.launcher is not None:
+            self.launcher.stop(name)
+            del self.addresses[name]
+
+    def close(self) -> None:
+        for client in (self.fleet, self.trainer, self.buffer):
+            if client is not None:
+                try:
+                    client.close()
+                except Exception as exc:  # noqa: BLE001 - closing must go on
+                    log.warning("closing %s: %s", type(client).__name__, exc)
+        if self.launcher is not None:
+            self.launcher.stop_all()

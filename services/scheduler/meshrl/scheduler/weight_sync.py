@@ -1,0 +1,202 @@
+"""Publishing the actor's new weights to every rollout replica after a train step, and
+proving they arrived: every replica must report the new version and the same checksums
+as the trainer, or the update fails loudly. Transports: `disk` (versioned safetensors
+folder) and `distributed` (a torch.distributed group, NCCL or gloo, built once and rebuilt
+without members that stop answering).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from meshrl.api.common.v1 import weights_pb2 as wpb
+from meshrl.api.trainer.v1 import trainer_pb2 as tpb
+from meshrl.common import telemetry
+from meshrl.common.errors import DataLoss, MeshrlError
+from meshrl.scheduler.clients import RolloutClient, TrainerClient
+from meshrl.scheduler.config import WeightsSection
+
+log = logging.getLogger(__name__)
+PAUSE = {"abort": wpb.PAUSE_MODE_ABORT, "in_place": wpb.PAUSE_MODE_IN_PLACE}
+
+
+@dataclass
+class PublishResult:
+    version: int
+    seconds: float
+    bytes: int
+    stale: list[str] = field(default_factory=list)
+    disk: wpb.DiskWeights | None = None
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class WeightPublisher:
+    def __init__(self, trainer: TrainerClient, cfg: WeightsSection, disk_root: str, backend: str = "gloo") -> None:
+        self.trainer = trainer
+        self.cfg = cfg
+        self.disk_root = disk_root
+        self.backend = backend
+        self.version = 0
+        self.last_disk: wpb.DiskWeights | None = None
+        self._group: str | None = None
+        self._group_members: tuple[str, ...] = ()
+        self._generation = 0
+
+    # -- disk ---------------------------------------------------------------------------
+    def _publish_disk(self, version: int) -> tpb.PublishWeightsResponse:
+        req = tpb.PublishWeightsRequest(
+            role=tpb.ROLE_ACTOR,
+            transport=wpb.WEIGHT_TRANSPORT_DISK,
+            version=version,
+            disk_root=self.disk_root,
+            keep_last=self.cfg.keep_last,
+            bucket_bytes=self.cfg.bucket_bytes,
+            timeout_seconds=self.cfg.timeout_seconds,
+        )
+        reply = self.trainer.publish(req, timeout=self.cfg.timeout_seconds)
+        self.last_disk = reply.disk
+        return reply
+
+    def refit_from_disk(self, replica: RolloutClient) -> None:
+        """Brings one replica (new, restarted or stale) to the last published version."""
+        if self.last_disk is None or not self.last_disk.path:
+            self._publish_disk(self.version)
+        flush = self.cfg.flush_cache != "never"
+        replica.update_from_disk(self.last_disk, PAUSE[self.cfg.pause_mode], flush, self.cfg.timeout_seconds)
+
+    # -- distributed --------------------------------------------------------------------
+    def _ensure_group(self, replicas: list[RolloutClient]) -> str:
+        members = tuple(r.address for r in replicas)
+        if self._group and members == self._group_members:
+            return self._group
+        if self._group:
+            self._destroy_group(replicas)
+        self._generation += 1
+        name = f"meshrl-weights-{self._generation}"
+        port = _free_port()
+        timeout = self.cfg.timeout_seconds
+
+        def group(offset: int) -> wpb.CollectiveGroup:
+            return wpb.CollectiveGroup(
+                master_address="127.0.0.1",
+                master_port=port,
+                world_size=1 + len(replicas),
+                rank_offset=offset,
+                group_name=name,
+                backend=self.backend,
+                timeout_seconds=timeout,
+            )
+
+        with ThreadPoolExecutor(len(replicas) + 1) as pool:
+            trainer_f = pool.submit(self.trainer.init_weight_group, group(0), timeout + 10)
+            futures = [pool.submit(r.init_weight_group, group(i + 1), timeout + 10) for i, r in enumerate(replicas)]
+            trainer_f.result()
+            for f in futures:
+                f.result()
+        self._group, self._group_members = name, members
+        return name
+
+    def _destroy_group(self, replicas: list[RolloutClient]) -> None:
+        name, self._group, self._group_members = self._group, None, ()
+        for client in [self.trainer, *replicas]:
+            try:
+                client.destroy_weight_group(name)
+            except MeshrlError as exc:
+                log.warning("destroying weight group %s on %s: %s", name, client.address, exc)
+
+    def _publish_distributed(self, version: int, replicas: list[RolloutClient]) -> tuple[int, list[str]]:
+        name = self._ensure_group(replicas)
+        flush = self.cfg.flush_cache != "never"
+        timeout = self.cfg.timeout_seconds
+        req = tpb.PublishWeightsRequest(
+            role=tpb.ROLE_ACTOR,
+            transport=wpb.WEIGHT_TRANSPORT_DISTRIBUTED,
+            version=version,
+            bucket_bytes=self.cfg.bucket_bytes,
+            group_name=name,
+            timeout_seconds=timeout,
+        )
+        with ThreadPoolExecutor(len(replicas) + 1) as pool:
+            # Receivers join first (they block in the broadcast), then the trainer sends.
+            receivers = {
+                r.address: pool.submit(
+                    r.update_from_distributed, name, version, PAUSE[self.cfg.pause_mode], flush, timeout
+                )
+                for r in replicas
+            }
+            sent = pool.submit(self.trainer.publish, req, timeout + 10)
+            failed = []
+            for address, future in receivers.items():
+                try:
+                    future.result()
+                except MeshrlError as exc:
+                    log.error("replica %s missed weight version %d: %s", address, version, exc)
+                    failed.append(address)
+            try:
+                reply = sent.result()
+            except MeshrlError:
+                reply = None
+        if failed or reply is None:
+            self._destroy_group(replicas)
+            return 0, failed or [r.address for r in replicas]
+        return reply.bytes, []
+
+    # -- both ---------------------------------------------------------------------------
+    def publish(self, replicas: list[RolloutClient]) -> PublishResult:
+        version = self.version + 1
+        start = time.perf_counter()
+        with telemetry.tracer().start_as_current_span(
+            "weights.publish",
+            attributes={"meshrl.weights.transport": self.cfg.transport, "meshrl.weights.version": version},
+        ) as span:
+            stale: list[str] = []
+            if self.cfg.transport == "disk":
+                reply = self._publish_disk(version)
+                nbytes = reply.bytes
+                flush = self.cfg.flush_cache != "never"
+                with ThreadPoolExecutor(max(1, len(replicas))) as pool:
+                    futures = {
+                        r.address: pool.submit(
+                            r.update_from_disk, reply.disk, PAUSE[self.cfg.pause_mode], flush, self.cfg.timeout_seconds
+                        )
+                        for r in replicas
+                    }
+                    for address, future in futures.items():
+                        try:
+                            future.result()
+                        except MeshrlError as exc:
+                            log.error("replica %s refused weight version %d: %s", address, version, exc)
+                            stale.append(address)
+            else:
+                nbytes, stale = self._publish_distributed(version, replicas)
+            self.version = version
+            live = [r for r in replicas if r.address not in stale]
+            if self.cfg.verify_checksums:
+                self.verify(live, version)
+            span.set_attribute("meshrl.weights.bytes", nbytes)
+            span.set_attribute("meshrl.weights.stale_replicas", len(stale))
+        return PublishResult(version, time.perf_counter() - start, nbytes, stale, self.last_disk)
+
+    def verify(self, replicas: list[RolloutClient], version: int) -> None:
+        """Every replica serves `version` with the trainer's checksums, or DataLoss names who differs."""
+        expected = self.trainer.checksums("actor")
+        for replica in replicas:
+            status = replica.status()
+            if status.weight_version != version:
+                raise DataLoss(
+                    f"replica {replica.address} serves weight version {status.weight_version}, expected {version}"
+                )
+            got = replica.checksums(list(expected.sha256))
+            diff = sorted(k for k in expected.sha256 if got.sha256.get(k) != expected.sha256[k])
+            if diff:
+                raise DataLoss(f"replica {replica.address} has different weights than the trainer for {diff[:5]}")

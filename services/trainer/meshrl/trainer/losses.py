@@ -1,0 +1,285 @@
+"""RL objectives as small pure torch functions over padded per-token tensors.
+
+Every per-token tensor is [B, T] (B sequences, T response positions) with a float mask [B, T]
+(1 = a real response token). Per-token functions return [B, T] values; `aggregate` reduces them
+with a caller-supplied denominator so gradient accumulation over micro-batches and data-parallel
+ranks equals one big batch. `LossConfig` mirrors `meshrl.trainer.v1.LossConfig`. Called by
+`meshrl.trainer.core` (train steps) and tested against hand-computed cases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from meshrl.common.errors import ConfigError
+
+AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+POLICY_LOSSES = ("ppo", "gspo", "sft", "value")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+_MAX_LOG_RATIO = 20.0  # exp() of a larger log-ratio overflows float32 usefulness; clamp before exponentiating
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """The objective of one train step (defaults: PPO/GRPO with symmetric clip 0.2, token-mean)."""
+
+    policy_loss: str = "ppo"  # "ppo" | "gspo" | "sft" | "value" (critic)
+    clip_low: float = 0.2  # eps_low: ratio clipped below at 1 - clip_low
+    clip_high: float = 0.2  # eps_high: ratio clipped above at 1 + clip_high (clip-higher when > clip_low)
+    dual_clip: float = 0.0  # c > 1 bounds the loss of negative-advantage tokens at -c * A (0 = off)
+    aggregation: str = "token-mean"
+    kl_coef: float = 0.0  # weight of KL(actor || reference) in the loss (needs ref_logprobs)
+    kl_estimator: str = "k3"
+    entropy_coef: float = 0.0  # entropy bonus weight (loss -= coef * entropy)
+    tis_cap: float = 0.0  # truncated importance sampling cap vs. rollout log-probs (0 = off)
+    value_clip: float = 0.2  # critic: clip of value updates around the old values (0 = off)
+
+    def __post_init__(self) -> None:
+        if self.policy_loss not in POLICY_LOSSES:
+            raise ConfigError(
+                "loss.policy_loss", self.policy_loss, "unknown policy loss", f"use one of {POLICY_LOSSES}"
+            )
+        if self.aggregation not in AGGREGATIONS:
+            raise ConfigError("loss.aggregation", self.aggregation, "unknown aggregation", f"use one of {AGGREGATIONS}")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ConfigError(
+                "loss.kl_estimator", self.kl_estimator, "unknown estimator", f"use one of {KL_ESTIMATORS}"
+            )
+        if self.clip_low < 0 or self.clip_high < 0 or self.clip_low >= 1:
+            raise ConfigError(
+                "loss.clip_low/clip_high",
+                (self.clip_low, self.clip_high),
+                "out of range",
+                "use 0 <= low < 1, high >= 0",
+            )
+        if self.dual_clip and self.dual_clip <= 1.0:
+            raise ConfigError("loss.dual_clip", self.dual_clip, "must exceed 1", "use e.g. 3.0, or 0 to disable")
+        for name in ("kl_coef", "entropy_coef", "tis_cap", "value_clip"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"loss.{name}", getattr(self, name), "must be >= 0", "use a non-negative value")
+
+
+# --- aggregation ---------------------------------------------------------------------------
+
+
+def loss_denominator(mask: torch.Tensor, aggregation: str) -> float:
+    """The local normaliser of `aggregate`: number of tokens (token-mean) or of non-empty sequences."""
+    if aggregation == "token-mean":
+        return float(mask.sum())
+    return float((mask.sum(dim=-1) > 0).sum())
+
+
+def aggregate(values: torch.Tensor, mask: torch.Tensor, aggregation: str, denominator: float | None = None):
+    """Reduces per-token `values` [B, T] to a scalar.
+
+    token-mean: sum over all tokens / number of tokens (DAPO's token-level loss).
+    seq-mean-token-sum: sum over each sequence's tokens, averaged over sequences (Dr. GRPO style).
+    seq-mean-token-mean: mean over each sequence's tokens, averaged over sequences (original GRPO).
+    `denominator` overrides the token / sequence count, e.g. with the global count of a whole mini-batch.
+    """
+    if aggregation not in AGGREGATIONS:
+        raise ConfigError("aggregation", aggregation, "unknown aggregation", f"use one of {AGGREGATIONS}")
+    mask = mask.to(values.dtype)
+    denom = loss_denominator(mask, aggregation) if denominator is None else denominator
+    denom = max(denom, 1.0)
+    if aggregation == "token-mean":
+        return (values * mask).sum() / denom
+    per_seq = (values * mask).sum(dim=-1)
+    if aggregation == "seq-mean-token-mean":
+        per_seq = per_seq / mask.sum(dim=-1).clamp(min=1.0)
+    return per_seq.sum() / denom
+
+
+# --- per-token terms -----------------------------------------------------------------------
+
+
+def ppo_token_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """PPO clipped surrogate per token, with asymmetric clip and optional dual clip.
+
+    ratio = exp(logprobs - old_logprobs); loss = max(-A * ratio, -A * clip(ratio, 1 - clip_low, 1 + clip_high));
+    with dual_clip c > 1, tokens with A < 0 have their loss bounded by -c * A.
+    Returns (loss [B, T], clipped [B, T] bool: the clip branch was taken, dual_clipped [B, T] bool).
+    """
+    ratio = torch.exp((logprobs - old_logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))
+    unclipped = -advantages * ratio
+    clipped_loss = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    loss = torch.maximum(unclipped, clipped_loss)
+    clipped = clipped_loss > unclipped
+    dual = torch.zeros_like(clipped)
+    if dual_clip:
+        bound = -advantages * dual_clip
+        dual = (advantages < 0) & (loss > bound)
+        loss = torch.where(dual, bound, loss)
+    return loss, clipped, dual
+
+
+def gspo_token_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 3e-4,
+    clip_high: float = 4e-4,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GSPO: one importance ratio per sequence, s_i = exp(mean over its tokens of (logprobs - old_logprobs)).
+
+    Token-level form: s_it = sg[s_i] * exp(logprobs_t - sg[logprobs_t]), equal to s_i in value, with the
+    gradient of each token's log-prob scaled by s_i. loss = max(-A * s, -A * clip(s, 1 - low, 1 + high)).
+    Returns (loss [B, T] (each sequence's tokens carry its loss), clipped [B, T] bool).
+    """
+    mask = mask.to(logprobs.dtype)
+    log_ratio = ((logprobs - old_logprobs) * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+    seq_ratio = torch.exp(log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)).detach()[:, None]
+    ratio = seq_ratio * torch.exp(logprobs - logprobs.detach())
+    unclipped = -advantages * ratio
+    clipped_loss = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    return torch.maximum(unclipped, clipped_loss), clipped_loss > unclipped
+
+
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from samples of pi (Schulman's estimators).
+
+    k1 = log r' with r' = pi / pi_ref (unbiased, high variance); k2 = 0.5 * (log r')^2;
+    k3 = r - 1 - log r with r = pi_ref / pi (unbiased, low variance, always >= 0).
+    """
+    log_ratio = logprobs - ref_logprobs
+    if estimator == "k1":
+        return log_ratio
+    if estimator == "k2":
+        return 0.5 * log_ratio.square()
+    if estimator == "k3":
+        neg = (-log_ratio).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+        return torch.exp(neg) - 1.0 - neg
+    raise ConfigError("kl_estimator", estimator, "unknown estimator", f"use one of {KL_ESTIMATORS}")
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of the categorical distribution at each position: logits [..., V] -> [...] (float32)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(dim=-1)
+
+
+def truncated_is_weights(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, cap: float) -> torch.Tensor:
+    """Truncated importance sampling weights min(pi_old / pi_rollout, cap), detached.
+
+    Corrects the policy gradient for the mismatch between the trainer's and the rollout engine's
+    probabilities of the same tokens (off-policy rollout); multiply the per-token policy loss by it.
+    """
+    ratio = torch.exp((old_logprobs - rollout_logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))
+    return ratio.clamp(max=cap).detach()
+
+
+def value_token_loss(
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, *, clip: float = 0.2
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Critic loss per token: 0.5 * max((V - R)^2, (V_clip - R)^2), V_clip = V_old + clip(V - V_old, +-clip).
+
+    clip = 0 disables clipping (plain 0.5 * (V - R)^2). Returns (loss [B, T], clipped [B, T] bool).
+    """
+    plain = (values - returns).square()
+    if not clip:
+        return 0.5 * plain, torch.zeros_like(plain, dtype=torch.bool)
+    v_clip = old_values + (values - old_values).clamp(-clip, clip)
+    clipped_sq = (v_clip - returns).square()
+    return 0.5 * torch.maximum(plain, clipped_sq), clipped_sq > plain
+
+
+# --- the objectives of a train step -----------------------------------------------------------
+
+
+def _require(name: str, tensor: torch.Tensor | None, why: str) -> torch.Tensor:
+    if tensor is None:
+        raise ConfigError(f"batch column {name}", None, f"missing, but {why}", f"write '{name}' to the batch first")
+    return tensor
+
+
+def policy_objective(
+    cfg: LossConfig,
+    mask: torch.Tensor,
+    denominator: float,
+    *,
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor | None = None,
+    advantages: torch.Tensor | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    rollout_logprobs: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The actor loss of one micro-batch: policy term (+ kl_coef * KL) (- entropy_coef * entropy).
+
+    Every tensor is [B, T] aligned with response tokens. old_logprobs defaults to logprobs.detach()
+    (on-policy: ratio 1). Returns (loss scalar, already divided by `denominator`; metric sums over this
+    micro-batch's tokens: tokens, pg_loss, kl, entropy, clipped, dual_clipped, ratio, tis_weight).
+    """
+    mask = mask.to(logprobs.dtype)
+    agg = cfg.aggregation
+    sums: dict[str, float] = {"tokens": float(mask.sum())}
+    if cfg.policy_loss == "sft":
+        token_loss = -logprobs
+    else:
+        advantages = _require("advantages", advantages, f"policy_loss={cfg.policy_loss!r} needs advantages")
+        old = logprobs.detach() if old_logprobs is None else old_logprobs
+        if cfg.policy_loss == "gspo":
+            token_loss, clipped = gspo_token_loss(
+                logprobs, old, advantages, mask, clip_low=cfg.clip_low, clip_high=cfg.clip_high
+            )
+            dual = torch.zeros_like(clipped)
+        else:
+            token_loss, clipped, dual = ppo_token_loss(
+                logprobs, old, advantages, clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip
+            )
+        if cfg.tis_cap:
+            rollout = _require("rollout_logprobs", rollout_logprobs, "tis_cap > 0 corrects against them")
+            weights = truncated_is_weights(old, rollout, cfg.tis_cap)
+            token_loss = token_loss * weights
+            sums["tis_weight"] = float((weights * mask).sum())
+        sums["clipped"] = float((clipped.to(mask.dtype) * mask).sum())
+        sums["dual_clipped"] = float((dual.to(mask.dtype) * mask).sum())
+        sums["ratio"] = float((torch.exp(logprobs.detach() - old) * mask).sum())
+    loss = aggregate(token_loss, mask, agg, denominator)
+    sums["pg_loss"] = float(loss.detach())
+    if cfg.kl_coef:
+        ref = _require("ref_logprobs", ref_logprobs, "kl_coef > 0 penalises KL to the reference")
+        kl = kl_penalty(logprobs, ref, cfg.kl_estimator)
+        loss = loss + cfg.kl_coef * aggregate(kl, mask, agg, denominator)
+        sums["kl"] = float((kl.detach() * mask).sum())
+    elif ref_logprobs is not None:
+        sums["kl"] = float((kl_penalty(logprobs.detach(), ref_logprobs, cfg.kl_estimator) * mask).sum())
+    if entropy is not None:
+        if cfg.entropy_coef:
+            loss = loss - cfg.entropy_coef * aggregate(entropy, mask, agg, denominator)
+        sums["entropy"] = float((entropy.detach() * mask).sum())
+    return loss, sums
+
+
+def value_objective(
+    cfg: LossConfig,
+    mask: torch.Tensor,
+    denominator: float,
+    *,
+    values: torch.Tensor,
+    returns: torch.Tensor,
+    old_values: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The critic loss of one micro-batch (value_token_loss aggregated); old_values default to values.detach()."""
+    mask = mask.to(values.dtype)
+    old = values.detach() if old_values is None else old_values
+    token_loss, clipped = value_token_loss(values, old, returns, clip=cfg.value_clip)
+    loss = aggregate(token_loss, mask, cfg.aggregation, denominator)
+    sums = {
+        "tokens": float(mask.sum()),
+        "vf_loss": float(loss.detach()),
+        "vf_clipped": float((clipped.to(mask.dtype) * mask).sum()),
+        "values": float((values.detach() * mask).sum()),
+    }
+    return loss, sums
