@@ -6,6 +6,8 @@
 #                      client certificate (mutual TLS); SANs: the Service names, "meshrl", localhost
 #   redis-auth.conf    `requirepass ...` for the in-cluster / compose Redis
 #   redis.env          MESHRL_REDIS__URL for the data buffer, with that password
+#   registry.env       MESHRL_REGISTRY__REDIS_URL, the same Redis, for the rollout replicas in compose
+#                      (Kubernetes hands them the URL from redis.env's Secret under that name)
 # Kubernetes (deploy/k8s/base/kustomization.yaml) and compose (deploy/compose/docker-compose.yaml)
 # both read them from deploy/k8s/base/secrets/. Production: put your own CA-issued files there.
 #
@@ -61,5 +63,6 @@ chmod 644 "$out/tls.key" "$out/auth-token"
 password="$(openssl rand -hex 24)"
 printf 'requirepass %s\n' "$password" >"$out/redis-auth.conf"
 printf 'MESHRL_REDIS__URL=redis://:%s@meshrl-redis:6379/0\n' "$password" >"$out/redis.env"
+printf 'MESHRL_REGISTRY__REDIS_URL=redis://:%s@meshrl-redis:6379/0\n' "$password" >"$out/registry.env"
 
-echo "gen-dev-secrets: wrote auth-token, ca.crt, ca.key, tls.crt, tls.key, redis-auth.conf, redis.env to $out"
+echo "gen-dev-secrets: wrote auth-token, ca.crt, ca.key, tls.crt, tls.key, redis-auth.conf, redis.env, registry.env to $out"

@@ -12,6 +12,7 @@ Run: `.venv/bin/python bench/e2e/recipe_probe.py --seeds 0 1 2` (defaults are th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -30,8 +31,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from examples.countdown import make_data, reward  # noqa: E402
 from meshrl.trainer.model_builder import build_small_model  # noqa: E402
+
+from examples.countdown import make_data, reward  # noqa: E402
 
 
 @dataclass
@@ -68,6 +70,23 @@ class Recipe:
     eval_every: int = 10
     seed: int = 0
     extra: dict = field(default_factory=dict)
+
+
+class Clock:
+    """Wall and process-CPU seconds per phase (CPU seconds / threads approximates an idle machine's wall time)."""
+
+    def __init__(self) -> None:
+        self.wall: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        w0, c0 = time.perf_counter(), time.process_time()
+        try:
+            yield
+        finally:
+            self.wall[name] = self.wall.get(name, 0.0) + time.perf_counter() - w0
+            self.cpu[name] = self.cpu.get(name, 0.0) + time.process_time() - c0
 
 
 class Task:
@@ -188,7 +207,7 @@ def sft(model, task: Task, recipe: Recipe, rng: random.Random) -> list[float]:
     return losses
 
 
-def grpo(model, task: Task, recipe: Recipe, rng: random.Random, log) -> dict:
+def grpo(model, task: Task, recipe: Recipe, rng: random.Random, clock: Clock, log) -> dict:
     ref = None
     if recipe.kl_coef > 0:
         ref = AutoModelForCausalLM.from_config(model.config)
@@ -198,10 +217,9 @@ def grpo(model, task: Task, recipe: Recipe, rng: random.Random, log) -> dict:
     order = list(range(len(task.train)))
     rng.shuffle(order)
     pos = 0
-    curve, evals, times = [], [], {"rollout": 0.0, "train": 0.0, "eval": 0.0}
-    t0 = time.perf_counter()
-    evals.append((0, evaluate(model, task, recipe)))
-    times["eval"] += time.perf_counter() - t0
+    curve, evals = [], []
+    with clock.phase("eval"):
+        evals.append((0, evaluate(model, task, recipe)))
     log(f"  rl step 0 eval acc {evals[-1][1]:.3f}")
     for step in range(1, recipe.rl_steps + 1):
         if pos + recipe.prompts_per_step > len(order):
@@ -209,7 +227,8 @@ def grpo(model, task: Task, recipe: Recipe, rng: random.Random, log) -> dict:
             pos = 0
         rows = [task.train[i] for i in order[pos : pos + recipe.prompts_per_step]]
         pos += recipe.prompts_per_step
-        t0 = time.perf_counter()
+        rollout = clock.phase("rollout")
+        rollout.__enter__()
         model.eval()
         prompts = [r["prompt_ids"] for r in rows for _ in range(recipe.n)]
         answers = [r["answer"] for r in rows for _ in range(recipe.n)]
@@ -219,9 +238,10 @@ def grpo(model, task: Task, recipe: Recipe, rng: random.Random, log) -> dict:
         acc = sum(reward.is_correct(t, a) for t, a in zip(texts, answers)) / len(texts)
         grouped = rewards.view(-1, recipe.n)
         adv = ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-6)).view(-1)
-        times["rollout"] += time.perf_counter() - t0
+        rollout.__exit__(None, None, None)
 
-        t0 = time.perf_counter()
+        train = clock.phase("train")
+        train.__enter__()
         with torch.no_grad():
             old_logp, rmask = token_logprobs(model, prompts, responses, task.pad)
             ref_logp = token_logprobs(ref, prompts, responses, task.pad)[0] if ref is not None else None
@@ -249,25 +269,26 @@ def grpo(model, task: Task, recipe: Recipe, rng: random.Random, log) -> dict:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             clip_frac.append((((ratio - 1).abs() > recipe.clip).float() * m).sum().item() / m.sum().item())
-        times["train"] += time.perf_counter() - t0
+        train.__exit__(None, None, None)
         resp_len = sum(len(r) for r in responses) / len(responses)
         curve.append({"step": step, "reward": rewards.mean().item(), "acc": acc, "len": resp_len})
         if step % recipe.eval_every == 0 or step == recipe.rl_steps:
-            t0 = time.perf_counter()
-            evals.append((step, evaluate(model, task, recipe)))
-            times["eval"] += time.perf_counter() - t0
+            with clock.phase("eval"):
+                evals.append((step, evaluate(model, task, recipe)))
             log(
                 f"  rl step {step} reward {rewards.mean():.3f} len {resp_len:.1f} clip {sum(clip_frac) / len(clip_frac):.3f}"
                 f"{' kl %.4f' % (sum(kl_val) / len(kl_val)) if kl_val else ''} eval acc {evals[-1][1]:.3f}"
             )
-    return {"curve": curve, "evals": evals, "times": times}
+    return {"curve": curve, "evals": evals}
 
 
 def run(recipe: Recipe, log=print) -> dict:
     torch.manual_seed(recipe.seed)
     rng = random.Random(recipe.seed)
     with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.perf_counter()
+        clock = Clock()
+        build = clock.phase("build")
+        build.__enter__()
         model_dir = build_small_model(
             Path(tmp) / "model",
             hidden_size=recipe.hidden_size,
@@ -280,16 +301,14 @@ def run(recipe: Recipe, log=print) -> dict:
         tok = AutoTokenizer.from_pretrained(model_dir)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         task = Task(tok, recipe, Path(tmp) / "data")
-        t_build = time.perf_counter() - t0
+        build.__exit__(None, None, None)
     n_params = sum(p.numel() for p in model.parameters())
-    t0 = time.perf_counter()
-    acc_init = evaluate(model, task, recipe)
-    t_eval0 = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    losses = sft(model, task, recipe, rng)
-    t_sft = time.perf_counter() - t0
-    log(f"  params {n_params}, sft loss {losses[0]:.3f} -> {losses[-1]:.3f} in {t_sft:.1f}s")
-    rl = grpo(model, task, recipe, rng, log)
+    with clock.phase("eval_init"):
+        acc_init = evaluate(model, task, recipe)
+    with clock.phase("sft"):
+        losses = sft(model, task, recipe, rng)
+    log(f"  params {n_params}, sft loss {losses[0]:.3f} -> {losses[-1]:.3f} in {clock.wall['sft']:.1f}s")
+    rl = grpo(model, task, recipe, rng, clock, log)
     result = {
         "recipe": asdict(recipe),
         "params": n_params,
@@ -300,7 +319,8 @@ def run(recipe: Recipe, log=print) -> dict:
         "evals": rl["evals"],
         "reward_curve": [round(c["reward"], 4) for c in rl["curve"]],
         "sft_loss": [round(x, 4) for x in losses[:: max(1, len(losses) // 10)]] + [round(losses[-1], 4)],
-        "seconds": {"build": t_build, "eval_init": t_eval0, "sft": t_sft, **rl["times"]},
+        "seconds": clock.wall,
+        "cpu_seconds": clock.cpu,
         "load": os.getloadavg(),
     }
     return result
@@ -310,14 +330,15 @@ def summarize(result: dict) -> str:
     curve = result["reward_curve"]
     k = max(1, len(curve) // 10)
     smooth = [round(sum(curve[i : i + k]) / len(curve[i : i + k]), 3) for i in range(0, len(curve), k)]
-    s = result["seconds"]
+    s, c = result["seconds"], result["cpu_seconds"]
     gain = result["acc_final"] - result["acc_rl_step0"]
     return (
         f"seed {result['recipe']['seed']}: acc init {result['acc_before_sft']:.3f} | rl step0 {result['acc_rl_step0']:.3f}"
         f" | final {result['acc_final']:.3f} (gain {gain:+.3f}, best {result['acc_best']:.3f})\n"
         f"  evals {[(st, round(a, 3)) for st, a in result['evals']]}\n"
         f"  reward (mean per {k} steps) {smooth}\n"
-        f"  seconds: " + ", ".join(f"{k2} {v:.1f}" for k2, v in s.items()) + f" | total {sum(s.values()):.1f}"
+        f"  wall s: " + ", ".join(f"{k2} {v:.1f}" for k2, v in s.items()) + f" | total {sum(s.values()):.1f}\n"
+        f"  cpu s: " + ", ".join(f"{k2} {v:.1f}" for k2, v in c.items()) + f" | total {sum(c.values()):.1f}"
         f" | load {tuple(round(x, 2) for x in result['load'])}"
     )
 

@@ -49,3 +49,8 @@ def test_override_syntax_error():
     with pytest.raises(ConfigError, match="key.path=value"):
         parse_overrides(["novalue"])
     assert parse_overrides(["a.b=[1, 2]", "c=true"]) == {"a": {"b": [1, 2]}, "c": True}
+
+
+def test_environment_variables_that_are_not_fields_are_ignored():
+    cfg = load_config(Cfg, env={"MESHRL_AUTH_TOKEN": "secret", "MESHRL_NAME": "env"})
+    assert cfg.name == "env"

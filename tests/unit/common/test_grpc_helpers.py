@@ -100,3 +100,16 @@ def test_graceful_stop_reports_not_serving_first():
     with pytest.raises(grpc.RpcError):
         health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2, wait_for_ready=False)
     ch.close()
+
+
+def test_plaintext_health_port_shares_the_health_state():
+    running = start_server(ServerConfig(port=0, health_port=0), [Service(_add, None, SERVICE)])
+    try:
+        ch = open_channel(f"127.0.0.1:{running.health_port}")
+        stub = health_pb2_grpc.HealthStub(ch)
+        assert stub.Check(health_pb2.HealthCheckRequest(service=SERVICE), timeout=5).status == 1
+        with pytest.raises(grpc.RpcError) as info:  # only the health service lives there
+            ch.unary_unary(f"/{SERVICE}/Unary")(b"x", timeout=5)
+        assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    finally:
+        running.stop(0)

@@ -78,19 +78,41 @@ def synthetic_step(step: int, offset_ms: float, *, fail_reward: bool = False) ->
     train = "meshrl.trainer.v1.TrainerService/TrainStep"
     write = "meshrl.databuffer.v1.DataBufferService/Put"
     read = "meshrl.databuffer.v1.DataBufferService/Get"
-    reward = _span(tid, sid(8), sid(1), "node reward", "scheduler", o + 600, o + 650, attributes={"meshrl.node_id": "reward"})
+    reward = _span(
+        tid, sid(8), sid(1), "node reward", "scheduler", o + 600, o + 650, attributes={"meshrl.node_id": "reward"}
+    )
     if fail_reward:
         reward["status"] = "ERROR"
         reward["status_message"] = "KeyError: rewards missing for group 4"
-        reward["events"] = [{"name": "exception", "time_ns": reward["end_ns"], "attributes": {"exception.type": "KeyError"}}]
+        reward["events"] = [
+            {"name": "exception", "time_ns": reward["end_ns"], "attributes": {"exception.type": "KeyError"}}
+        ]
     return {
         "scheduler.jsonl": [
             _span(tid, sid(1), None, f"step {step}", "scheduler", o, o + 1000, attributes={"meshrl.step": step}),
-            _span(tid, sid(2), sid(1), "node rollout", "scheduler", o + 5, o + 600, attributes={"meshrl.node_id": "rollout"}),
+            _span(
+                tid,
+                sid(2),
+                sid(1),
+                "node rollout",
+                "scheduler",
+                o + 5,
+                o + 600,
+                attributes={"meshrl.node_id": "rollout"},
+            ),
             _span(tid, sid(3), sid(2), gen, "scheduler", o + 10, o + 590, kind="CLIENT"),
             _span(tid, sid(4), sid(2), gen, "scheduler", o + 10, o + 450, kind="CLIENT"),
             reward,
-            _span(tid, sid(9), sid(1), "node actor_train", "scheduler", o + 650, o + 980, attributes={"meshrl.node_id": "actor_train"}),
+            _span(
+                tid,
+                sid(9),
+                sid(1),
+                "node actor_train",
+                "scheduler",
+                o + 650,
+                o + 980,
+                attributes={"meshrl.node_id": "actor_train"},
+            ),
             _span(tid, sid(10), sid(9), train, "scheduler", o + 655, o + 975, kind="CLIENT"),
         ],
         "rollout-r0.jsonl": [
@@ -106,7 +128,17 @@ def synthetic_step(step: int, offset_ms: float, *, fail_reward: bool = False) ->
             _span(tid, sid(14), sid(11), "trainer.forward_backward", "trainer", o + 700, o + 970),
         ],
         "databuffer.jsonl": [
-            _span(tid, sid(13), sid(12), read, "databuffer", o + 662, o + 698, kind="SERVER", attributes={"meshrl.bytes": 4096}),
+            _span(
+                tid,
+                sid(13),
+                sid(12),
+                read,
+                "databuffer",
+                o + 662,
+                o + 698,
+                kind="SERVER",
+                attributes={"meshrl.bytes": 4096},
+            ),
             _span(tid, sid(15), sid(6), write, "databuffer", o + 562, o + 583, kind="SERVER"),
         ],
     }

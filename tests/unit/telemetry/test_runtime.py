@@ -62,6 +62,16 @@ def test_file_exporter_round_trip(tmp_path):
     assert len(read_span_file(path)) == 3
 
 
+def test_instance_from_config_names_the_lane(tmp_path):
+    path = tmp_path / "rollout.jsonl"
+    setup_telemetry("rollout", TelemetryConfig(exporter="file", path=str(path), batch=False, instance="replica-1"))
+    with tracer().start_as_current_span("generate"):
+        pass
+    shutdown_telemetry()
+    (record,) = read_span_file(path)
+    assert record.lane == "rollout/replica-1"
+
+
 def test_file_exporter_needs_a_path():
     with pytest.raises(ConfigError) as err:
         setup_telemetry("scheduler", TelemetryConfig(exporter="file"))
@@ -75,6 +85,12 @@ def test_off_means_no_op_spans_and_pass_through(tmp_path):
         assert not span.is_recording()
         assert inject_context() == {}
     assert server_interceptor().intercept_service(lambda details: "handler", None) == "handler"
+    carrier = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+    with span_from_carrier("rollout.generate", carrier) as span:
+        assert not span.is_recording()
+    with pytest.raises(KeyError), tracer().start_as_current_span("node x"):
+        raise KeyError("exceptions pass through untouched")
+    assert not list(tmp_path.iterdir())
 
 
 def test_setup_is_idempotent_and_restartable(tmp_path, caplog):

@@ -150,7 +150,9 @@ def load_config(
     data: dict[str, Any] = dict(base or {})
     if path is not None:
         data = deep_merge(data, read_yaml(path))
-    data = deep_merge(data, env_overrides(os.environ if env is None else env, env_prefix))
+    from_env = env_overrides(os.environ if env is None else env, env_prefix)
+    # Only variables naming a section or field of this config count (MESHRL_AUTH_TOKEN is a secret, not a field).
+    data = deep_merge(data, {k: v for k, v in from_env.items() if k in model.model_fields})
     data = deep_merge(data, parse_overrides(overrides))
     try:
         return model.model_validate(data)

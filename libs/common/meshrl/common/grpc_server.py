@@ -40,6 +40,9 @@ class ServerConfig(StrictModel):
     keepalive_time_ms: int = pydantic.Field(30_000, ge=1000)
     keepalive_timeout_ms: int = pydantic.Field(10_000, ge=1000)
     port_file: str | None = pydantic.Field(None, description="write the bound port to this file once serving")
+    health_port: int | None = pydantic.Field(
+        None, ge=0, le=65535, description="extra plaintext port serving only grpc.health.v1 (probes cannot speak TLS)"
+    )
     tls: TLSConfig | None = None
     auth: AuthConfig = pydantic.Field(default_factory=AuthConfig)
     require_auth: bool = pydantic.Field(False, description="refuse calls without the token (also on if a token is set)")
@@ -73,6 +76,8 @@ class RunningServer:
     address: str
     health: health.HealthServicer
     names: list[str] = field(default_factory=list)
+    health_server: grpc.Server | None = None
+    health_port: int | None = None
     _stopped: threading.Event = field(default_factory=threading.Event)
 
     def stop(self, grace: float | None = None) -> None:
@@ -82,6 +87,8 @@ class RunningServer:
         self._stopped.set()
         self.health.enter_graceful_shutdown()
         self.server.stop(grace).wait()
+        if self.health_server is not None:
+            self.health_server.stop(0).wait()
 
     def wait(self) -> None:
         self.server.wait_for_termination()
@@ -117,12 +124,18 @@ def start_server(cfg: ServerConfig, services: Sequence[Service], interceptors: S
     for name in ["", *names]:
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     address = f"{cfg.host}:{port}"
+    health_server, health_port = None, None
+    if cfg.health_port is not None:
+        health_server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="health"))
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, health_server)
+        health_port = health_server.add_insecure_port(f"{cfg.host}:{cfg.health_port}")
+        health_server.start()
     if cfg.port_file:
         tmp = Path(cfg.port_file + ".tmp")
         tmp.write_text(str(port))
         tmp.replace(cfg.port_file)
     log.info("serving %s on %s%s", ", ".join(names), address, " (TLS)" if cfg.tls else "")
-    return RunningServer(server, port, address, health_servicer, names)
+    return RunningServer(server, port, address, health_servicer, names, health_server, health_port)
 
 
 def wait_for_termination(running: RunningServer, grace: float, on_stop: Callable[[], None] | None = None) -> None:

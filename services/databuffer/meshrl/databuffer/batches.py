@@ -33,7 +33,8 @@ TTL_MARGIN_MS = 60_000  # chunks outlive their manifest, so a live manifest neve
 IN_FLIGHT = 2  # chunk writes / reads overlapped with the network on the other side
 
 # KEYS: manifest, new chunks (ARGV[12] of them), old chunks.
-# ARGV: overwrite, expected_gen, gen, n, cb, bytes, header, created_ms, ttl_ms, chunk_ttl_ms, grace_ms, n_new
+# ARGV: overwrite, expected_gen, gen, n, cb, bytes, header, created_ms, ttl_ms, chunk_ttl_ms, grace_ms, n_new, old_n
+# With a grace period the old generation stays readable a while and is named in 'pg'/'pn' (delete removes it).
 _COMMIT = """
 local cur = redis.call('HGET', KEYS[1], 'gen')
 if not cur then cur = '' end
@@ -45,6 +46,7 @@ for i = 2, 1 + n_new do
 end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'gen', ARGV[3], 'n', ARGV[4], 'cb', ARGV[5], 'bytes', ARGV[6], 'h', ARGV[7], 't', ARGV[8])
+if cur ~= '' and tonumber(ARGV[11]) > 0 then redis.call('HSET', KEYS[1], 'pg', cur, 'pn', ARGV[13]) end
 redis.call('PEXPIRE', KEYS[1], ARGV[9])
 for i = 2, 1 + n_new do redis.call('PEXPIRE', KEYS[i], ARGV[10]) end
 for i = 2 + n_new, #KEYS do
@@ -61,6 +63,7 @@ if cur ~= ARGV[1] then return -1 end
 for i = 1, #KEYS do redis.call('DEL', KEYS[i]) end
 return 1
 """
+
 
 @dataclass(frozen=True)
 class PutResult:
@@ -238,7 +241,7 @@ class BatchStore:
             old_gen = old_gen.decode() if old_gen else ""
             old_keys = self.keys.chunks(ref, old_gen, int(old_n)) if old_gen else []
             args = [int(overwrite), old_gen, gen, count, self.limits.chunk_bytes, total, blob, now_ms()]
-            args += [ttl_ms, ttl_ms + TTL_MARGIN_MS, grace_ms, count]
+            args += [ttl_ms, ttl_ms + TTL_MARGIN_MS, grace_ms, count, int(old_n or 0)]
             status, info = self._commit(keys=[manifest, *new_keys, *old_keys], args=args)
             status, info = status.decode(), info.decode()
             if status == "ok":
@@ -320,16 +323,18 @@ class BatchStore:
 
     # --- delete / list -------------------------------------------------------------------
     def delete(self, ref: BatchRef) -> bool:
+        """Deletes the batch (and an overwritten generation still in its grace period)."""
         manifest = self.keys.manifest(ref)
         for _attempt in range(16):
-            gen, n = self.client.hmget(manifest, "gen", "n")
+            gen, n, prev_gen, prev_n = self.client.hmget(manifest, "gen", "n", "pg", "pn")
             if gen is None:
                 self.indexes.remove_batch(ref)
                 return False
-            gen = gen.decode()
-            status = self._delete(keys=[manifest, *self.keys.chunks(ref, gen, int(n))], args=[gen])
+            gens = [(gen.decode(), int(n))] + ([(prev_gen.decode(), int(prev_n))] if prev_gen else [])
+            chunks = [key for g, count in gens for key in self.keys.chunks(ref, g, count)]
+            status = self._delete(keys=[manifest, *chunks], args=[gens[0][0]])
             if status >= 0:
-                self.ledger.release([self.keys.batch_member(ref, gen)])
+                self.ledger.release([self.keys.batch_member(ref, g) for g, _ in gens])
                 self.indexes.remove_batch(ref)
                 return status == 1
         raise Aborted(f"batch {ref} kept changing under concurrent puts; retry the delete")

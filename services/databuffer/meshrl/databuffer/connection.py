@@ -16,13 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
-from redis.backoff import ExponentialBackoff
-from redis.cluster import RedisCluster
-from redis.retry import Retry
-
 from meshrl.common.errors import ConfigError, ResourceExhausted, Unavailable
 from meshrl.databuffer.config import RedisConfig
 from meshrl.databuffer.embedded import EmbeddedRedis
+from redis.backoff import ExponentialBackoff
+from redis.cluster import RedisCluster
+from redis.retry import Retry
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +104,9 @@ def open_redis(cfg: RedisConfig) -> RedisHandle:
                 "redis.url", _safe_url(url), f"Redis refused the login ({exc})", "check redis.username / password"
             ) from exc
         if isinstance(exc, redis.RedisError):
-            raise Unavailable(f"cannot reach Redis at {_safe_url(url)}: {exc}; check redis.url and that it runs") from exc
+            raise Unavailable(
+                f"cannot reach Redis at {_safe_url(url)}: {exc}; check redis.url and that it runs"
+            ) from exc
         raise
     _warn_about_eviction(client)
     return RedisHandle(client, url, embedded, cfg.cluster)
@@ -123,5 +124,6 @@ def _warn_about_eviction(client: Any) -> None:
     bad = {v for v in values if v not in (None, "noeviction", b"noeviction")}
     if bad:
         log.warning(
-            "Redis maxmemory-policy is %s: Redis may evict unconsumed batches; set it to noeviction", sorted(map(str, bad))
+            "Redis maxmemory-policy is %s: Redis may evict unconsumed batches; set it to noeviction",
+            sorted(map(str, bad)),
         )

@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import redis
-
 from meshrl.common.errors import Unavailable
 
 log = logging.getLogger(__name__)
@@ -67,6 +66,7 @@ class EmbeddedRedis:
             "maxmemory-policy": "noeviction",
             "daemonize": "no",
             "logfile": str(self.data_dir / "redis.log"),
+            "pidfile": str(self.data_dir / "redis.pid"),
             **(extra or {}),
         }
         self._proc: subprocess.Popen | None = None

@@ -27,7 +27,7 @@ def check_name(value: str, field: str) -> str:
     return value
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True)
 class BatchRef:
     """A batch's address: (job, step, node[, shard])."""
 
@@ -64,7 +64,15 @@ class BatchRef:
     def to_proto(self) -> keys_pb2.BatchKey:
         if self.shard is None:
             return keys_pb2.BatchKey(job_id=self.job_id, step=self.step, node_id=self.node_id, shard=-1)
-        return keys_pb2.BatchKey(job_id=self.job_id, step=self.step, node_id=self.node_id, shard=self.shard, has_shard=True)
+        return keys_pb2.BatchKey(
+            job_id=self.job_id, step=self.step, node_id=self.node_id, shard=self.shard, has_shard=True
+        )
+
+    def _order(self) -> tuple[str, int, str, int]:
+        return (self.job_id, self.step, self.node_id, -1 if self.shard is None else self.shard)
+
+    def __lt__(self, other: BatchRef) -> bool:
+        return self._order() < other._order()
 
     def index_member(self) -> str:
         return f"{self.step}|{self.node_id}|{-1 if self.shard is None else self.shard}"

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
-
 from meshrl.common.errors import Internal, Unavailable
 from meshrl.rollout.kv_batch import KVBatch, SeqKV
 from meshrl.rollout.model_runner import HFModelRunner
@@ -121,7 +120,11 @@ class ContinuousBatcher:
         return self.run_exclusive(lambda: self._cancel(request_id))
 
     def flush(self) -> bool:
-        return self.run_exclusive(self._flush)
+        return self.run_exclusive(self.drop_cache)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     @property
     def paused(self) -> bool:
@@ -202,7 +205,9 @@ class ContinuousBatcher:
             fresh.append((seq, kv, logits))
         if fresh:
             logits = torch.stack([lg for _, _, lg in fresh])
-            tokens, logprobs = sample(logits, [s.request.sampling for s, _, _ in fresh], [s.generator for s, _, _ in fresh])
+            tokens, logprobs = sample(
+                logits, [s.request.sampling for s, _, _ in fresh], [s.generator for s, _, _ in fresh]
+            )
             self._count(len(fresh))
             for (seq, kv, _), tok, lp in zip(fresh, tokens, logprobs):
                 if self._append_token(seq, tok, lp) is None:
@@ -325,8 +330,10 @@ class ContinuousBatcher:
         self._finish(seq, FinishReason.ABORT)
         return True
 
-    def _flush(self) -> bool:
-        """Drops the prefix cache and the running rows' KV; they re-prefill on the next step (current weights)."""
+    def drop_cache(self) -> bool:
+        """Drops the prefix cache and the running rows' KV; they re-prefill on the next step (current weights).
+
+        Call it on the batcher thread (inside `run_exclusive`); `flush` does that for other threads."""
         self.prefix.clear()
         if self._rows:
             for seq in self._rows:

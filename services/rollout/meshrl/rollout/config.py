@@ -11,9 +11,9 @@ import socket
 from typing import Any, Literal
 
 import pydantic
-
 from meshrl.common.config import StrictModel
 from meshrl.common.grpc_server import ServerConfig
+from meshrl.common.telemetry import TelemetryConfig
 
 DEFAULT_PORT = 50053
 
@@ -22,10 +22,11 @@ class TransformersEngineConfig(StrictModel):
     device: str = pydantic.Field("cpu", description="torch device, e.g. cpu or cuda:0")
     dtype: Literal["float32", "bfloat16", "float16"] = pydantic.Field("float32", description="weights dtype")
     attn_implementation: str = pydantic.Field("sdpa", description="transformers attention kernel: sdpa or eager")
-    max_batch_size: int = pydantic.Field(64, ge=1, description="most sequences decoded together")
     max_admit_per_step: int = pydantic.Field(64, ge=1, description="most new requests prefilled between two steps")
     prefix_cache_tokens: int = pydantic.Field(
-        65536, ge=0, description="tokens of prompt KV kept for reuse by a group's samples and a session's turns; 0 = off"
+        65536,
+        ge=0,
+        description="tokens of prompt KV kept for reuse by a group's samples and a session's turns; 0 = off",
     )
     num_threads: int | None = pydantic.Field(None, ge=1, description="torch CPU threads (None = torch's default)")
 
@@ -45,7 +46,6 @@ class HTTPEngineConfig(StrictModel):
     ranks: int = pydantic.Field(1, ge=1, description="ranks this server adds to the weight-update group (its TP size)")
     startup_timeout_s: float = pydantic.Field(900.0, gt=0, description="wait this long for the server's health")
     request_timeout_s: float = pydantic.Field(600.0, gt=0, description="deadline of one generate request")
-    max_concurrent_requests: int = pydantic.Field(256, ge=1, description="requests in flight to the server at once")
     log_file: str | None = pydantic.Field(None, description="where the launched server's output goes")
 
 
@@ -54,6 +54,9 @@ class EngineConfig(StrictModel):
     model_path: str = pydantic.Field(description="a Hugging Face model folder")
     context_length: int | None = pydantic.Field(
         None, ge=2, description="most prompt + response tokens (default: the model's max_position_embeddings)"
+    )
+    max_batch_size: int = pydantic.Field(
+        64, ge=1, description="most sequences decoded together (SGLang / vLLM: requests in flight to the server)"
     )
     transformers: TransformersEngineConfig = pydantic.Field(default_factory=TransformersEngineConfig)
     sglang: HTTPEngineConfig = pydantic.Field(default_factory=HTTPEngineConfig)
@@ -87,7 +90,11 @@ class RolloutConfig(StrictModel):
     advertise_address: str | None = pydantic.Field(
         None, description="host:port routers dial (default: server.host and the bound port)"
     )
-    capacity: int = pydantic.Field(64, ge=1, description="sequences this replica decodes at once (routing weight)")
+    capacity: int | None = pydantic.Field(
+        None,
+        ge=1,
+        description="sequences this replica serves at once, the routers' weight (default engine.max_batch_size)",
+    )
     engine: EngineConfig
     registry: RegistryConfig = pydantic.Field(default_factory=RegistryConfig)
     weights: InitialWeightsConfig = pydantic.Field(default_factory=InitialWeightsConfig)
@@ -96,3 +103,8 @@ class RolloutConfig(StrictModel):
     )
     databuffer_wait_seconds: float = pydantic.Field(30.0, ge=0, description="wait this long for an input batch")
     drain_timeout_s: float = pydantic.Field(60.0, ge=0, description="time in-flight work gets on SIGTERM")
+    telemetry: TelemetryConfig = pydantic.Field(default_factory=TelemetryConfig)
+
+    @property
+    def effective_capacity(self) -> int:
+        return self.capacity or self.engine.max_batch_size

@@ -102,11 +102,13 @@ class Engine(abc.ABC):
         version: int,
         *,
         manifest_sha256: str = "",
+        staging_dir: str = "",
         pause_mode: PauseMode = PauseMode.IN_PLACE,
         flush_cache: bool = True,
     ) -> WeightUpdateResult:
         """Loads a published weight folder (manifest + safetensors) into the live model as `version`.
 
+        `staging_dir` (optional): copy the folder there first, while generation continues, then load the copy.
         Refuses (keeping the old weights) a version not above the current one, a manifest whose sha256
         differs from `manifest_sha256` (when given), a checksum, name or shape mismatch.
         """
@@ -181,3 +183,20 @@ class Engine(abc.ABC):
                 f"the prompt has {len(prompt)} tokens but the model's context holds {self.context_length} "
                 f"(prompt + response); shorten the prompt to at most {self.context_length - 1} tokens"
             )
+
+
+def create_engine(config) -> Engine:
+    """The engine named by `config.kind` (a meshrl.rollout.config.EngineConfig), loaded and ready."""
+    if config.kind == "transformers":
+        from meshrl.rollout.transformers_engine import TransformersEngine
+
+        return TransformersEngine(config)
+    if config.kind == "sglang":
+        from meshrl.rollout.sglang_engine import SGLangEngine
+
+        return SGLangEngine(config)
+    if config.kind == "vllm":
+        from meshrl.rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine(config)
+    raise InvalidArgument(f"engine.kind = {config.kind!r}: use transformers, sglang or vllm")

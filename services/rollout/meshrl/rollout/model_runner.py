@@ -12,11 +12,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-from transformers.cache_utils import DynamicCache
-
 from meshrl.common.errors import ConfigError, InvalidArgument
 from meshrl.rollout.kv_batch import KVBatch, SeqKV
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers.cache_utils import DynamicCache
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -50,7 +49,9 @@ class HFModelRunner:
         path = Path(model_path)
         if not (path / "config.json").is_file():
             raise ConfigError(
-                "engine.model_path", model_path, "is not a Hugging Face model folder (no config.json)",
+                "engine.model_path",
+                model_path,
+                "is not a Hugging Face model folder (no config.json)",
                 "point it at a folder written by save_pretrained (e.g. `python -m meshrl.trainer.model_builder DIR`)",
             )
         if dtype not in DTYPES:
@@ -63,7 +64,9 @@ class HFModelRunner:
         layer_types = getattr(self.config, "layer_types", None) or []
         if any(t != "full_attention" for t in layer_types):
             raise ConfigError(
-                "engine.model_path", model_path, f"has layer types {sorted(set(layer_types))}",
+                "engine.model_path",
+                model_path,
+                f"has layer types {sorted(set(layer_types))}",
                 "the transformers engine batches full-attention models only; use the sglang or vllm engine",
             )
         self.model = AutoModelForCausalLM.from_pretrained(
@@ -78,7 +81,9 @@ class HFModelRunner:
         if context_length is not None:
             if limit and context_length > limit:
                 raise ConfigError(
-                    "engine.context_length", context_length, f"exceeds the model's max_position_embeddings {limit}",
+                    "engine.context_length",
+                    context_length,
+                    f"exceeds the model's max_position_embeddings {limit}",
                     f"use at most {limit} (or leave it unset)",
                 )
             limit = context_length
@@ -104,7 +109,9 @@ class HFModelRunner:
         ids = torch.tensor([suffix], dtype=torch.long, device=self.device)
         positions = torch.arange(start, start + len(suffix), device=self.device)[None]
         cache = DynamicCache(ddp_cache_data=prefix) if prefix else DynamicCache()
-        out = self.model(input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
+        out = self.model(
+            input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=1, **{self._cache_kw: cache}
+        )
         kv = [(layer.keys, layer.values) for layer in _out_cache(out).layers]
         return kv, out.logits[0, -1].float()
 

@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-
 from meshrl.rollout.kv_batch import SeqKV
 
 

@@ -70,7 +70,9 @@ class SamplingParams:
                 f"sampling.temperature = {self.temperature!r}: must be >= 0 (0 = greedy)", field="sampling.temperature"
             )
         if not (0 < self.top_p <= 1):
-            raise InvalidArgument(f"sampling.top_p = {self.top_p!r}: must be in (0, 1] (1 = off)", field="sampling.top_p")
+            raise InvalidArgument(
+                f"sampling.top_p = {self.top_p!r}: must be in (0, 1] (1 = off)", field="sampling.top_p"
+            )
         if self.top_k < 0:
             raise InvalidArgument(f"sampling.top_k = {self.top_k!r}: must be >= 0 (0 = off)", field="sampling.top_k")
         if any(t < 0 for t in self.stop_token_ids):

@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = parse_service_args(SchedulerServiceConfig, argv, "python -m meshrl.scheduler", __doc__.split("\n")[0])
     telemetry.install_log_correlation()
     logging.basicConfig(level=logging.INFO, format=telemetry.LOG_FORMAT)
-    telemetry.setup_telemetry("meshrl-scheduler", cfg.telemetry)
+    telemetry.setup_telemetry("scheduler", cfg.telemetry)
     jobs = JobManager(cfg.run_root, cfg.max_concurrent_jobs)
     service = Service(
         scheduler_pb2_grpc.add_SchedulerServicer_to_server, SchedulerServicer(jobs), "meshrl.scheduler.v1.Scheduler"

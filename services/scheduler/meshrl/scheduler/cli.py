@@ -45,7 +45,7 @@ def cmd_run(args) -> int:
                          progress=not args.no_progress)  # fmt: skip
     cfg = record.runner.cfg
     telemetry.setup_telemetry(
-        "meshrl-scheduler", cfg.telemetry.model_copy(update={"path": str(record.runner.run.traces / "scheduler.jsonl")})
+        "scheduler", cfg.telemetry.model_copy(update={"path": str(record.runner.run.traces / "scheduler.jsonl")})
     )
     print(f"run folder: {record.runner.run.root}", file=sys.stderr)
     try:

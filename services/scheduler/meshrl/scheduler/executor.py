@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from meshrl.api.common.v1 import keys_pb2
 from meshrl.api.scheduler.v1 import scheduler_pb2 as spb
 from meshrl.common import telemetry
+from meshrl.common.telemetry import attributes as A
 from meshrl.scheduler.events import EventLog
 from opentelemetry.trace import Status, StatusCode
 
@@ -80,8 +81,8 @@ class StepExecutor:
         self.workers = workers
 
     def _run_node(self, node: Any, ctx: StepContext) -> NodeResult:
-        name = f"node {node.node_id}"
-        with telemetry.tracer().start_as_current_span(name, attributes={"meshrl.node": node.node_id}) as span:
+        attrs = {A.NODE_ID: node.node_id, A.NODE_TYPE: str(node.node_type), A.NODE_ROLE: str(node.node_role)}
+        with telemetry.tracer().start_as_current_span(A.node_span_name(node.node_id), attributes=attrs) as span:
             start = time.perf_counter()
             self.events.node(ctx.step, node.node_id, spb.NODE_STATE_RUNNING)
             try:

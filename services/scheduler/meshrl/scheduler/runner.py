@@ -22,6 +22,7 @@ import numpy as np
 from meshrl.api.trainer.v1 import trainer_pb2 as tpb
 from meshrl.common import batch_schema as S
 from meshrl.common import telemetry
+from meshrl.common.telemetry import attributes as A
 from meshrl.common.codec import Ragged
 from meshrl.common.databuffer_client import batch_key
 from meshrl.common.errors import Cancelled, DeadlineExceeded, InvalidArgument
@@ -254,7 +255,7 @@ class JobRunner:
     def _train_step(self, svc: JobServices, executor: StepExecutor, publisher: WeightPublisher) -> dict[str, float]:
         start = time.perf_counter()
         with telemetry.tracer().start_as_current_span(
-            f"step {self.step}", context=otel_context.Context(), attributes={"meshrl.step": self.step}
+            A.step_span_name(self.step), context=otel_context.Context(), attributes={A.STEP: self.step, A.JOB_ID: self.job_id}
         ):
             metrics = executor.run_step(self.job_id, self.step)
             result = publisher.publish(svc.fleet.clients())

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from meshrl.api.common.v1 import weights_pb2 as wpb
 from meshrl.api.trainer.v1 import trainer_pb2 as tpb
 from meshrl.common import telemetry
+from meshrl.common.telemetry import attributes as A
 from meshrl.common.errors import DataLoss, MeshrlError
 from meshrl.scheduler.clients import RolloutClient, TrainerClient
 from meshrl.scheduler.config import WeightsSection
@@ -183,7 +184,7 @@ class WeightPublisher:
             live = [r for r in replicas if r.address not in stale]
             if self.cfg.verify_checksums:
                 self.verify(live, version)
-            span.set_attribute("meshrl.weights.bytes", nbytes)
+            span.set_attribute(A.BYTES, nbytes)
             span.set_attribute("meshrl.weights.stale_replicas", len(stale))
         return PublishResult(version, time.perf_counter() - start, nbytes, stale, self.last_disk)
 

@@ -23,9 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
-
 from meshrl.common.errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound
+from safetensors.torch import load_file, save_file
 
 FORMAT = "meshrl-trainer-checkpoint/1"
 COMPLETE = "COMPLETE"

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 import torch
 from meshrl.common.errors import InvalidArgument, NotFound
 from meshrl.trainer.hf_config import ModelSpec
-from meshrl.trainer.hf_weights import iter_hf_tensors
+from meshrl.trainer.hf_weights import iter_hf_tensors, weight_mappings
 
 DEFAULT_BUCKET_BYTES = 512 << 20
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
@@ -48,6 +48,19 @@ def iter_hf_buckets(
     """HF-named tensors of `model` (HF shapes, model dtype and device, contiguous) in buckets of at most
     `bucket_bytes` bytes each; a single tensor larger than that forms its own bucket."""
     yield from bucketize(iter_hf_tensors(model, spec, value_head=value_head), bucket_bytes)
+
+
+def count_hf_buckets(
+    model: torch.nn.Module, spec: ModelSpec, bucket_bytes: int = DEFAULT_BUCKET_BYTES, *, value_head: bool = False
+) -> int:
+    """How many buckets `iter_hf_buckets` will yield, computed on shapes only (no tensor is materialised)."""
+    params = dict(model.named_parameters())
+    metas = (
+        (name, part)
+        for m in weight_mappings(spec, value_head=value_head)
+        for name, part in zip(m.hf, m.split(torch.empty_like(params[m.megatron], device="meta")), strict=True)
+    )
+    return sum(1 for _ in bucketize(metas, bucket_bytes))
 
 
 def checksum_sample(names: Iterable[str]) -> list[str]:

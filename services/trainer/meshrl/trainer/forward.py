@@ -7,7 +7,6 @@ Called by `meshrl.trainer.core` for log-prob / value inference and inside train 
 from __future__ import annotations
 
 import torch
-
 from meshrl.trainer.batching import MicroBatch
 
 
@@ -18,11 +17,17 @@ def _response_positions(output: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
 
 
 def forward_logprobs(
-    model: torch.nn.Module, mb: MicroBatch, *, temperature: float = 1.0, with_entropy: bool = False
+    model: torch.nn.Module,
+    mb: MicroBatch,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-response-token log-probs float32 [b, R] (and entropy [b, R] when asked); padding positions are 0.
 
     Logits are divided by `temperature` first, matching a rollout engine that sampled at that temperature.
+    entropy_grad=False computes the entropy outside autograd (for metrics only, saving memory).
     """
     logits = model(mb.input_ids, mb.position_ids, None)
     selected = _response_positions(logits, mb).float()
@@ -32,7 +37,8 @@ def forward_logprobs(
     logprobs = logp_all.gather(-1, mb.response_ids[..., None]).squeeze(-1) * mb.mask
     entropy = None
     if with_entropy:
-        entropy = -(logp_all.exp() * logp_all).sum(-1) * mb.mask
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = -(logp_all.exp() * logp_all).sum(-1) * mb.mask
     return logprobs, entropy
 
 

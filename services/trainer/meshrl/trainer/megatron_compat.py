@@ -4,16 +4,22 @@
    `DotProductAttention`, whose buffer comes from a CUDA-allocated global memory pool.
 2. `CPURotaryEmbedding`: `RotaryEmbedding.get_emb` moves `inv_freq` to the current CUDA device;
    this subclass keeps it where it is.
-Both apply only when CUDA is absent (`cuda_available()` False); with CUDA, megatron-core's own
+3. `checkpoint_layers`: megatron-core's activation recompute saves CUDA RNG states; on the CPU,
+   each TransformerLayer's forward is wrapped in torch.utils.checkpoint instead.
+All apply only when CUDA is absent (`cuda_available()` False); with CUDA, megatron-core's own
 modules are used unchanged. Called by `meshrl.trainer.model` when it builds a model.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 from megatron.core.transformer.dot_product_attention import DotProductAttention
+from megatron.core.transformer.transformer_layer import TransformerLayer
 
 
 def cuda_available() -> bool:
@@ -84,3 +90,20 @@ def patch_model(model: torch.nn.Module) -> None:
     for module in model.modules():
         if type(module) is RotaryEmbedding:
             module.__class__ = CPURotaryEmbedding
+
+
+def checkpoint_layers(model: torch.nn.Module) -> None:
+    """Shim 3: recompute each TransformerLayer's activations in backward (torch.utils.checkpoint) on the CPU."""
+    if cuda_available():
+        return
+    for module in model.modules():
+        if isinstance(module, TransformerLayer):
+            inner = module.forward
+
+            @functools.wraps(inner)
+            def forward(*args, _inner=inner, **kwargs):
+                if not torch.is_grad_enabled():
+                    return _inner(*args, **kwargs)
+                return torch.utils.checkpoint.checkpoint(_inner, *args, use_reentrant=False, **kwargs)
+
+            module.forward = forward

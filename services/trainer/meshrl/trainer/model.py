@@ -43,7 +43,7 @@ def transformer_config(
 ) -> TransformerConfig:
     """The TransformerConfig equivalent to the HF model: RMSNorm, SwiGLU, GQA, qkv bias, no dropout."""
     extra = {}
-    if gradient_checkpointing:
+    if gradient_checkpointing and torch.cuda.is_available():  # on the CPU: megatron_compat.checkpoint_layers
         extra = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
     return TransformerConfig(
         num_layers=spec.num_layers,
@@ -122,5 +122,7 @@ def build_gpt_model(
             tp_group=parallel_state.get_tensor_model_parallel_group(),
         )
     megatron_compat.patch_model(model)
+    if gradient_checkpointing:
+        megatron_compat.checkpoint_layers(model)
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     return model.to(device=device, dtype=dtype)

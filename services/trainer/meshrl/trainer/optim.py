@@ -12,9 +12,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
-
 from meshrl.common.errors import ConfigError
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 DECAY_STYLES = ("constant", "linear", "cosine")
 

@@ -65,6 +65,9 @@ class TelemetryConfig(StrictModel):
     prometheus_host: str = pydantic.Field("0.0.0.0", description="address the Prometheus endpoint binds")
     metrics_exporter: MetricsExporter = pydantic.Field("none", description="push metrics over OTLP or to the console")
     metrics_interval_s: float = pydantic.Field(10.0, gt=0, description="seconds between metric pushes")
+    instance: str | None = pydantic.Field(
+        None, description="which process of the service this is (a rollout replica id): service.instance.id, a lane"
+    )
     resource_attributes: dict[str, str] = pydantic.Field(
         default_factory=dict, description="extra resource attributes added to every span and metric"
     )

@@ -21,10 +21,18 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+_untraced: tuple[int, frozenset[str]] = (-1, frozenset(DEFAULT_UNTRACED_ROOT_SERVICES))
+
 
 def _untraced_roots() -> frozenset[str]:
-    cfg = runtime.current_config()
-    return frozenset(cfg.untraced_root_services if cfg is not None else DEFAULT_UNTRACED_ROOT_SERVICES)
+    """The config's untraced_root_services, cached per setup (this runs on every call)."""
+    global _untraced
+    generation = runtime.generation()
+    if _untraced[0] != generation:
+        cfg = runtime.current_config()
+        names = cfg.untraced_root_services if cfg is not None else DEFAULT_UNTRACED_ROOT_SERVICES
+        _untraced = (generation, frozenset(names))
+    return _untraced[1]
 
 
 def split_method(full_method: str) -> tuple[str, str]:

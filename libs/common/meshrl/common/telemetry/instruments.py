@@ -104,7 +104,7 @@ _cache_lock = threading.Lock()
 def metrics() -> MeshrlMetrics:
     """The instruments on the current meter (rebuilt after a new `setup_telemetry`)."""
     global _cache
-    generation = runtime._STATE.generation
+    generation = runtime.generation()
     cached = _cache
     if cached is not None and cached[0] == generation:
         return cached[1]

@@ -18,9 +18,11 @@ from opentelemetry.trace import SpanKind
 
 
 def inject_context(context: Context | None = None) -> dict[str, str]:
-    """The current (or given) trace context as a carrier dict; empty when no span is active."""
+    """The current (or given) trace context as a carrier dict; empty when no span is active or
+    tracing is off in this process."""
     carrier: dict[str, str] = {}
-    propagate.inject(carrier, context=context)
+    if runtime.tracing_enabled():
+        propagate.inject(carrier, context=context)
     return carrier
 
 
@@ -35,6 +37,9 @@ def span_from_carrier(
 ) -> Iterator[trace.Span]:
     """A current span `name`, child of the span the carrier came from; exceptions are recorded
     and set status ERROR. Attribute keys with dots go in as `**{"meshrl.step": 3}`."""
+    if not runtime.tracing_enabled():
+        yield trace.INVALID_SPAN
+        return
     with runtime.tracer().start_as_current_span(
         name, context=extract_context(carrier), kind=kind, attributes=attributes or None
     ) as span:

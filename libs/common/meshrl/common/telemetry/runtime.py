@@ -3,7 +3,7 @@
 Every service's `__main__` (through meshrl.common.grpc_server) calls `setup_telemetry` once and
 `shutdown_telemetry` on exit; everything else asks `tracer()` / `meter()`. The tracer handed out
 always delegates to the current provider, so a module may keep it from import time. With the
-exporter "none" and no metrics, no SDK object exists and spans are the API's no-op spans.
+exporter "none" no SDK tracer exists: a span is a shared do-nothing context manager (~1 µs).
 """
 
 from __future__ import annotations
@@ -97,6 +97,22 @@ _NOOP_TRACER = trace.NoOpTracer()
 _globals_installed = False
 
 
+class _NoSpan:
+    """What `start_as_current_span` returns while tracing is off: enters as the invalid span,
+    records nothing, touches no context (about 1 µs instead of the API no-op's ~10)."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> trace.Span:
+        return trace.INVALID_SPAN
+
+    def __exit__(self, *exc_info: object) -> bool:
+        return False
+
+
+_NO_SPAN = _NoSpan()
+
+
 class _DelegatingTracer(trace.Tracer):
     """A tracer that always starts spans on the provider of the current `setup_telemetry`."""
 
@@ -117,7 +133,10 @@ class _DelegatingTracer(trace.Tracer):
         return self._current().start_span(*args, **kwargs)
 
     def start_as_current_span(self, *args: Any, **kwargs: Any):  # returns the delegate's context manager
-        return self._current().start_as_current_span(*args, **kwargs)
+        delegate = self._current()
+        if delegate is _NOOP_TRACER:
+            return _NO_SPAN
+        return delegate.start_as_current_span(*args, **kwargs)
 
 
 class _DelegatingTracerProvider(trace.TracerProvider):
@@ -150,6 +169,11 @@ def meter() -> metrics.Meter:
     """meshrl's meter on the current provider (a no-op meter when metrics are off)."""
     provider = _STATE.meter_provider
     return provider.get_meter(SCOPE) if provider is not None else metrics.NoOpMeter(SCOPE)
+
+
+def generation() -> int:
+    """Changes on every setup and shutdown; lets callers cache what they derive from the state."""
+    return _STATE.generation
 
 
 def current_config() -> TelemetryConfig | None:
@@ -201,11 +225,11 @@ def setup_telemetry(
 ) -> None:
     """Sets up tracing and metrics for this process, once.
 
-    `instance` distinguishes processes of one service (a rollout replica id): it becomes
-    `service.instance.id` and the viewer's lane. `span_exporter` / `metric_reader` add a
-    synchronous exporter or a reader (tests use the in-memory ones). A second call with the same
-    arguments does nothing; with different ones it warns and keeps the first, until
-    `shutdown_telemetry`.
+    `instance` (default: `config.instance`) distinguishes processes of one service (a rollout
+    replica id): it becomes `service.instance.id` and the viewer's lane `service/instance`.
+    `span_exporter` / `metric_reader` add a synchronous exporter or a reader (tests use the
+    in-memory ones). A second call with the same arguments does nothing; with different ones it
+    warns and keeps the first, until `shutdown_telemetry`.
     """
     global _globals_installed
     key = (service_name, config.model_dump_json(), instance, id(span_exporter), id(metric_reader))
@@ -217,7 +241,7 @@ def setup_telemetry(
                 )
             return
         cfg = resolve_config(config)
-        resource = _resource(service_name, cfg, instance)
+        resource = _resource(service_name, cfg, instance if instance is not None else cfg.instance)
         tracer_provider = None
         if cfg.tracing or span_exporter is not None:
             tracer_provider = TracerProvider(resource=resource, sampler=build_sampler(cfg))

@@ -99,32 +99,36 @@ class SpanRecord:
             ),
         )
 
-    @classmethod
-    def from_span(cls, span: ReadableSpan) -> SpanRecord:
-        ctx = span.context
-        resource = span.resource.attributes if span.resource is not None else {}
-        instance = resource.get("meshrl.instance")  # only when set: the SDK fills service.instance.id with a UUID
-        return cls(
-            trace_id=format(ctx.trace_id, "032x"),
-            span_id=format(ctx.span_id, "016x"),
-            parent_span_id=format(span.parent.span_id, "016x") if span.parent is not None else None,
-            name=span.name,
-            kind=span.kind.name,
-            start_ns=span.start_time or 0,
-            end_ns=span.end_time or span.start_time or 0,
-            status=span.status.status_code.name,
-            status_message=span.status.description,
-            service=str(resource.get("service.name", "unknown")),
-            instance=str(instance) if instance is not None else None,
-            attributes=_plain(span.attributes),
-            events=tuple(SpanEvent(e.name, e.timestamp, _plain(e.attributes)) for e in span.events),
-        )
+
+def span_to_dict(span: ReadableSpan) -> dict[str, Any]:
+    """A finished SDK span in the file schema (`SpanRecord.to_dict`); built directly because the
+    exporter does this for every span."""
+    ctx = span.context
+    parent = span.parent
+    resource = span.resource.attributes if span.resource is not None else {}
+    status = span.status
+    instance = resource.get("meshrl.instance")  # only when set: the SDK fills service.instance.id with a UUID
+    return {
+        "trace_id": f"{ctx.trace_id:032x}",
+        "span_id": f"{ctx.span_id:016x}",
+        "parent_span_id": f"{parent.span_id:016x}" if parent is not None else None,
+        "name": span.name,
+        "kind": span.kind.name,
+        "start_ns": span.start_time or 0,
+        "end_ns": span.end_time or span.start_time or 0,
+        "status": status.status_code.name,
+        "status_message": status.description,
+        "service": str(resource.get("service.name", "unknown")),
+        "instance": str(instance) if instance is not None else None,
+        "attributes": dict(span.attributes) if span.attributes else {},
+        "events": [
+            {"name": e.name, "time_ns": e.timestamp, "attributes": dict(e.attributes) if e.attributes else {}}
+            for e in span.events
+        ],
+    }
 
 
-def _plain(attributes: Mapping[str, Any] | None) -> dict[str, Any]:
-    if not attributes:
-        return {}
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in attributes.items()}
+_encode = json.JSONEncoder(separators=(",", ":"), default=str).encode
 
 
 class JsonlSpanExporter(SpanExporter):
@@ -137,9 +141,7 @@ class JsonlSpanExporter(SpanExporter):
         self._lock = threading.Lock()
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        lines = "".join(
-            json.dumps(SpanRecord.from_span(s).to_dict(), separators=(",", ":"), default=str) + "\n" for s in spans
-        )
+        lines = "".join(_encode(span_to_dict(s)) + "\n" for s in spans)
         data = memoryview(lines.encode("utf-8"))
         with self._lock:
             if self._fd is None:

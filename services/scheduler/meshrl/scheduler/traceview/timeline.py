@@ -205,7 +205,9 @@ def write_png(trace: Trace, path: str | Path, critical: set[str]) -> Path:
         ax.set_ylim(total_rows - 0.5, -0.5)
         ax.set_xlim(0, total_s * 1.01)
         ax.set_xlabel("seconds from the first span")
-        ax.set_title(f"{trace.main_root.name} — {format_duration(trace.duration_ns)} — trace {trace.trace_id}", loc="left")
+        ax.set_title(
+            f"{trace.main_root.name} — {format_duration(trace.duration_ns)} — trace {trace.trace_id}", loc="left"
+        )
         ax.legend(
             handles=[
                 Patch(facecolor="#cccccc", edgecolor=CRITICAL_COLOR, linewidth=2.0, label="critical path"),

@@ -28,6 +28,9 @@ class NodeType(str, enum.Enum):
     COMPUTE = "COMPUTE"  # a CPU function in the scheduler: built-in or `executable_ref`
     BARRIER_SYNC = "BARRIER_SYNC"  # waits for all its dependencies; no work of its own
 
+    def __str__(self) -> str:
+        return self.value
+
 
 class NodeRole(str, enum.Enum):
     """Which model or algorithm component a node belongs to."""
@@ -41,6 +44,9 @@ class NodeRole(str, enum.Enum):
     ADVANTAGE = "ADVANTAGE"
     DYNAMIC_SAMPLING = "DYNAMIC_SAMPLING"
     DEFAULT = "DEFAULT"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 # The roles each node type may take; the first one is the default when `node_role` is omitted and it is the

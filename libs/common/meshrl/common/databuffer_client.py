@@ -1,0 +1,341 @@
+"""Client of the data buffer service, used by every service and DAG node that writes or reads
+batches (keyed by job, step, node[, shard]) or sample streams.
+
+Batches travel as a header message plus raw payload frames. Frames are written straight in
+protobuf's wire format (`payload` = field 2, length-delimited, the same bytes the generated
+code would produce) so that neither side copies the bytes through message objects; the
+service (meshrl.databuffer.server) uses the same helpers. Failed calls raise the typed
+errors of meshrl.common.errors (InvalidArgument, NotFound, ResourceExhausted, ...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import grpc
+import numpy as np
+from meshrl.api.common.v1 import keys_pb2, tensor_pb2
+from meshrl.api.databuffer.v1 import databuffer_pb2 as pb
+from meshrl.api.databuffer.v1 import databuffer_pb2_grpc as pb_grpc
+from meshrl.common.codec import Batch, batch_from_proto, batch_to_proto, decode_batch, encode_batch, merge_batches
+from meshrl.common.errors import DataLoss, InvalidArgument, from_rpc_error
+from meshrl.common.grpc_channel import ChannelConfig, call, open_channel, wait_until_serving
+
+SERVICE = "meshrl.databuffer.v1.DataBuffer"
+MiB = 1 << 20
+DEFAULT_FRAME_BYTES = 4 * MiB
+APPEND_REQUEST_BYTES = 8 * MiB  # append_groups splits larger lists into several requests
+PAYLOAD_TAG = b"\x12"  # field 2, wire type 2: `payload` of PutBatchRequest and of GetBatchResponse
+
+
+# --- payload frames in wire format (shared with the service) ------------------------------
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def encode_payload_frame(data: bytes | bytearray | memoryview) -> bytes:
+    """The serialized message whose only field is `payload = data` (one copy of data)."""
+    return b"".join((PAYLOAD_TAG, _varint(memoryview(data).nbytes), data))
+
+
+def payload_of(raw: bytes) -> memoryview | None:
+    """The payload of a message holding only `payload`, as a view of `raw`; None for any other message."""
+    if raw[:1] != PAYLOAD_TAG:
+        return None
+    length, shift, pos = 0, 0, 1
+    while pos < len(raw) and shift < 64:
+        byte = raw[pos]
+        pos += 1
+        length |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return memoryview(raw)[pos:] if pos + length == len(raw) else None
+    return None
+
+
+def serialize_put_request(message: pb.PutBatchRequest | bytes | bytearray | memoryview) -> bytes:
+    if isinstance(message, bytes | bytearray | memoryview):
+        return encode_payload_frame(message)
+    return message.SerializeToString()
+
+
+def deserialize_get_response(raw: bytes) -> pb.GetBatchResponse | memoryview:
+    frame = payload_of(raw)
+    return frame if frame is not None else pb.GetBatchResponse.FromString(raw)
+
+
+def split_frames(views: Iterable[memoryview], frame_bytes: int) -> Iterator[bytes | memoryview]:
+    """Cuts the payload into frames of `frame_bytes` (slices of big tensors, small tensors joined)."""
+    parts: list[memoryview] = []
+    size = 0
+    for view in views:
+        n, pos = view.nbytes, 0
+        while pos < n:
+            if not parts and n - pos >= frame_bytes:
+                yield view[pos : pos + frame_bytes]
+                pos += frame_bytes
+                continue
+            take = min(frame_bytes - size, n - pos)
+            parts.append(view[pos : pos + take])
+            size += take
+            pos += take
+            if size == frame_bytes:
+                yield b"".join(parts)
+                parts, size = [], 0
+    if parts:
+        yield b"".join(parts)
+
+
+# --- domain types ------------------------------------------------------------------------
+def batch_key(job_id: str, step: int, node_id: str, shard: int | None = None) -> keys_pb2.BatchKey:
+    """The key of a batch: (job, step, node[, shard])."""
+    if shard is None:
+        return keys_pb2.BatchKey(job_id=job_id, step=step, node_id=node_id, shard=-1, has_shard=False)
+    return keys_pb2.BatchKey(job_id=job_id, step=step, node_id=node_id, shard=shard, has_shard=True)
+
+
+@dataclass
+class Group:
+    """All n samples of one prompt, appended to a stream together. `batch`: one row per sample."""
+
+    group_id: str
+    weight_version: int
+    batch: Batch | Mapping[str, Any]
+
+    def to_proto(self) -> pb.SampleGroup:
+        batch = self.batch if isinstance(self.batch, Batch) else Batch(dict(self.batch))
+        return pb.SampleGroup(group_id=self.group_id, weight_version=self.weight_version, batch=batch_to_proto(batch))
+
+
+@dataclass
+class DeliveredGroup:
+    entry_id: str  # pass it to ack()
+    group_id: str
+    weight_version: int
+    batch: Batch
+    delivery_count: int  # > 1: redelivered (a consumer died before acking)
+
+
+@dataclass
+class ReadResult:
+    groups: list[DeliveredGroup]
+    dropped_stale: int  # groups under the staleness bound: acked and counted by the service
+
+
+@dataclass
+class StreamStats:
+    job_id: str
+    stream: str
+    consumer_group: str
+    length: int
+    pending: int
+    lag: int
+
+
+@dataclass
+class BufferStats:
+    batches: int
+    bytes: int
+    streams: list[StreamStats] = field(default_factory=list)
+    drops_by_reason: dict[str, int] = field(default_factory=dict)
+    budget_bytes: int = 0
+    budget_entries: int = 0
+
+
+class JobDeletion(NamedTuple):
+    batches: int
+    streams: int
+
+
+# --- the client ----------------------------------------------------------------------------
+class DataBufferClient:
+    """A channel to one data buffer service; thread-safe. `chunk_bytes`: payload frame size."""
+
+    def __init__(
+        self, address: str, channel_config: ChannelConfig | None = None, chunk_bytes: int = DEFAULT_FRAME_BYTES
+    ) -> None:
+        if chunk_bytes < 4096:
+            raise InvalidArgument(f"chunk_bytes = {chunk_bytes} is too small; use at least 4096 (default 4 MiB)")
+        self.address = address
+        self.chunk_bytes = chunk_bytes
+        self._channel = open_channel(address, channel_config)
+        self._stub = pb_grpc.DataBufferStub(self._channel)
+        self._put = self._channel.stream_unary(
+            f"/{SERVICE}/PutBatch",
+            request_serializer=serialize_put_request,
+            response_deserializer=pb.PutBatchResponse.FromString,
+        )
+        self._get = self._channel.unary_stream(
+            f"/{SERVICE}/GetBatch",
+            request_serializer=pb.GetBatchRequest.SerializeToString,
+            response_deserializer=deserialize_get_response,
+        )
+
+    def wait_until_ready(self, timeout: float = 30.0) -> None:
+        wait_until_serving(self._channel, timeout=timeout, service=SERVICE)
+
+    # --- keyed batches --------------------------------------------------------------------
+    def put(
+        self,
+        key: keys_pb2.BatchKey,
+        columns: Batch | Mapping[str, Any],
+        *,
+        samples: Sequence[tensor_pb2.SampleMeta] = (),
+        attrs: Mapping[str, str] | None = None,
+        ttl_seconds: int = 0,
+        overwrite: bool = True,
+        timeout: float = 60.0,
+    ) -> int:
+        """Stores a batch (numpy / torch columns or a Batch) under `key`, atomically; returns its bytes."""
+        if isinstance(columns, Batch):
+            samples = samples or columns.samples
+            attrs = {**columns.attrs, **(attrs or {})}
+            columns = columns.columns
+        header, views = encode_batch(columns, samples, attrs)
+        start = pb.PutBatchStart(key=key, header=header, ttl_seconds=ttl_seconds, overwrite=overwrite)
+
+        def requests() -> Iterator[Any]:
+            yield pb.PutBatchRequest(start=start)
+            yield from split_frames(views, self.chunk_bytes)
+
+        return call(self._put, requests(), timeout=timeout).bytes_written
+
+    def get(self, key: keys_pb2.BatchKey, *, wait_seconds: float = 0.0, timeout: float = 60.0) -> Batch:
+        """The batch under `key`; waits up to `wait_seconds` for it to appear (then NotFound).
+
+        `timeout` bounds the transfer; the call's deadline is wait_seconds + timeout. The
+        arrays are writable views of one buffer holding the payload.
+        """
+        request = pb.GetBatchRequest(key=key, wait_seconds=wait_seconds)
+        replies = self._get(request, timeout=wait_seconds + timeout)
+        try:
+            first = next(replies, None)
+            if not isinstance(first, pb.GetBatchResponse) or first.WhichOneof("body") != "header":
+                raise DataLoss(f"GetBatch of {key.job_id}/{key.step}/{key.node_id} did not start with a header")
+            header = first.header
+            buf = np.empty(header.total_bytes, dtype=np.uint8)
+            pos = 0
+            for reply in replies:
+                data = reply if isinstance(reply, memoryview) else memoryview(reply.payload)
+                if pos + data.nbytes > header.total_bytes:
+                    raise DataLoss(f"GetBatch sent more than the {header.total_bytes} bytes its header announced")
+                buf[pos : pos + data.nbytes] = np.frombuffer(data, dtype=np.uint8)
+                pos += data.nbytes
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+        except BaseException:
+            replies.cancel()
+            raise
+        if pos != header.total_bytes:
+            raise DataLoss(f"GetBatch ended after {pos} of the {header.total_bytes} bytes its header announced")
+        return decode_batch(header, buf)
+
+    def get_many(self, keys: Sequence[keys_pb2.BatchKey], *, wait_seconds: float = 0.0, timeout: float = 60.0) -> Batch:
+        """The batches of several upstream nodes (same rows), merged by column."""
+        if len(keys) <= 1:
+            return merge_batches(self.get(k, wait_seconds=wait_seconds, timeout=timeout) for k in keys)
+        with ThreadPoolExecutor(max_workers=min(len(keys), 8)) as pool:
+            batches = list(pool.map(lambda k: self.get(k, wait_seconds=wait_seconds, timeout=timeout), keys))
+        return merge_batches(batches)
+
+    def delete(self, key: keys_pb2.BatchKey, *, timeout: float = 30.0) -> bool:
+        return call(self._stub.DeleteBatch, pb.DeleteBatchRequest(key=key), timeout=timeout).deleted
+
+    def list(self, job_id: str, step: int = -1, *, timeout: float = 30.0) -> list[keys_pb2.BatchKey]:
+        reply = call(self._stub.ListBatches, pb.ListBatchesRequest(job_id=job_id, step=step), timeout=timeout)
+        return list(reply.keys)
+
+    def delete_job(self, job_id: str, *, timeout: float = 120.0) -> JobDeletion:
+        reply = call(self._stub.DeleteJob, pb.DeleteJobRequest(job_id=job_id), timeout=timeout)
+        return JobDeletion(reply.batches_deleted, reply.streams_deleted)
+
+    # --- sample streams ---------------------------------------------------------------------
+    def append_groups(
+        self, job_id: str, stream: str, groups: Sequence[Group | pb.SampleGroup], *, timeout: float = 60.0
+    ) -> list[str]:
+        """Appends whole groups; returns their entry ids (large lists go in several requests)."""
+        protos = [g.to_proto() if isinstance(g, Group) else g for g in groups]
+        ids: list[str] = []
+        part: list[pb.SampleGroup] = []
+        size = 0
+        for group in protos:
+            n = group.ByteSize()
+            if part and size + n > APPEND_REQUEST_BYTES:
+                ids += self._append(job_id, stream, part, timeout)
+                part, size = [], 0
+            part.append(group)
+            size += n
+        if part or not ids:
+            ids += self._append(job_id, stream, part, timeout)
+        return ids
+
+    def _append(self, job_id: str, stream: str, groups: list[pb.SampleGroup], timeout: float) -> list[str]:
+        request = pb.AppendGroupsRequest(job_id=job_id, stream=stream, groups=groups)
+        return list(call(self._stub.AppendGroups, request, timeout=timeout).entry_ids)
+
+    def read_groups(
+        self,
+        job_id: str,
+        stream: str,
+        consumer_group: str,
+        consumer: str,
+        *,
+        max_groups: int = 1,
+        block_seconds: float = 0.0,
+        min_weight_version: int = 0,
+        claim_idle_seconds: float = 0.0,
+        timeout: float = 30.0,
+    ) -> ReadResult:
+        """Up to `max_groups` groups for this consumer: first ones a dead consumer left unacked for
+        `claim_idle_seconds` (0: the service default), then new ones, blocking up to `block_seconds`.
+        Groups below `min_weight_version` are dropped and counted. Ack each delivered group."""
+        request = pb.ReadGroupsRequest(
+            job_id=job_id,
+            stream=stream,
+            consumer_group=consumer_group,
+            consumer=consumer,
+            max_groups=max_groups,
+            block_seconds=block_seconds,
+            min_weight_version=min_weight_version,
+            claim_idle_seconds=claim_idle_seconds,
+        )
+        reply = call(self._stub.ReadGroups, request, timeout=block_seconds + timeout)
+        groups = [
+            DeliveredGroup(
+                d.entry_id, d.group.group_id, d.group.weight_version, batch_from_proto(d.group.batch), d.delivery_count
+            )
+            for d in reply.groups
+        ]
+        return ReadResult(groups, reply.dropped_stale)
+
+    def ack(
+        self, job_id: str, stream: str, consumer_group: str, entry_ids: Sequence[str], *, timeout: float = 30.0
+    ) -> int:
+        """Acknowledges delivered groups; returns how many were pending (an id acked twice counts once)."""
+        request = pb.AckGroupsRequest(job_id=job_id, stream=stream, consumer_group=consumer_group, entry_ids=entry_ids)
+        return call(self._stub.AckGroups, request, timeout=timeout).acked
+
+    # --- stats and lifecycle ----------------------------------------------------------------
+    def stats(self, job_id: str = "", *, timeout: float = 30.0) -> BufferStats:
+        reply = call(self._stub.GetStats, pb.GetStatsRequest(job_id=job_id), timeout=timeout)
+        streams = [StreamStats(s.job_id, s.stream, s.consumer_group, s.length, s.pending, s.lag) for s in reply.streams]
+        return BufferStats(
+            reply.batches, reply.bytes, streams, dict(reply.drops_by_reason), reply.budget_bytes, reply.budget_entries
+        )
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> DataBufferClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,452 @@
+"""The client-side router over rollout replicas, used by the scheduler (and tests, benchmarks).
+
+It follows the replica registry (or a fixed address list), spreads work by least outstanding
+work per unit of capacity, keeps every sample of a prompt group (a batch's prompt range) and every
+turn of a session on one replica, retries work of a replica that died on another one, and drains
+a replica before it is removed. A prompt batch is split into prompt ranges; each replica writes
+its range to an output shard, and the shards are concatenated into the output key at the end.
+"""
+
+from __future__ import annotations
+
+import collections
+import difflib
+import logging
+import math
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from meshrl.api.common.v1 import keys_pb2
+from meshrl.api.rollout.v1 import rollout_pb2 as pb
+from meshrl.api.rollout.v1 import rollout_pb2_grpc
+from meshrl.common.codec import concat_batches
+from meshrl.common.errors import DeadlineExceeded, InvalidArgument, Unavailable, from_rpc_error
+from meshrl.common.grpc_channel import ChannelConfig, open_channel
+from meshrl.common.registry import DRAINING, SERVING, ReplicaInfo, ReplicaRegistry
+
+log = logging.getLogger(__name__)
+# Failures after which the same work is tried on another replica; anything else is the caller's error.
+RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED, grpc.StatusCode.UNKNOWN)
+SAMPLING_KEYS = [f.name for f in pb.SamplingParams.DESCRIPTOR.fields]
+
+
+def sampling_params(values: pb.SamplingParams | Mapping[str, Any]) -> pb.SamplingParams:
+    """A SamplingParams proto from a proto or a dict; an unknown key is INVALID_ARGUMENT naming the closest."""
+    if isinstance(values, pb.SamplingParams):
+        return values
+    for key in values:
+        if key not in SAMPLING_KEYS:
+            close = difflib.get_close_matches(str(key), SAMPLING_KEYS, n=1)
+            hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(SAMPLING_KEYS)}"
+            raise InvalidArgument(f"unknown sampling key '{key}': {hint}", field=f"sampling.{key}")
+    try:
+        return pb.SamplingParams(**{k: v for k, v in values.items() if v is not None})
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"bad sampling parameters {dict(values)}: {exc}") from None
+
+
+@dataclass
+class Replica:
+    """The router's view of one replica: where it is and the work this router has in flight there."""
+
+    replica_id: str
+    address: str
+    capacity: int = 64
+    state: str = SERVING
+    weight_version: int = 0
+    outstanding: int = 0  # samples in flight from this router
+    calls: int = 0
+    failed_at: float = 0.0  # monotonic time the router last saw it fail (0 = healthy)
+    channel: grpc.Channel | None = field(default=None, repr=False)
+    stub: Any = field(default=None, repr=False)
+
+    def load(self, extra: int = 0) -> float:
+        return (self.outstanding + extra) / max(1, self.capacity)
+
+
+@dataclass
+class BatchResult:
+    keys: list[keys_pb2.BatchKey]  # where the samples are: [output] (merged) or the shards in order
+    samples: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    seconds: float = 0.0
+    min_weight_version: int = 0
+    max_weight_version: int = 0
+    samples_by_replica: dict[str, int] = field(default_factory=dict)
+    retries: int = 0
+
+
+@dataclass
+class StreamResult:
+    token_ids: list[int]
+    logprobs: list[float]
+    weight_versions: list[int]
+    finish_reason: int
+    text: str
+    replica_id: str
+
+
+@dataclass
+class _Chunk:
+    index: int
+    begin: int
+    end: int
+    attempts: int = 0
+    excluded: set[str] = field(default_factory=set)
+
+
+class RolloutRouter:
+    def __init__(
+        self,
+        *,
+        registry: ReplicaRegistry | None = None,
+        addresses: Sequence[str] = (),
+        databuffer: Any = None,
+        channel_config: ChannelConfig | None = None,
+        rpc_timeout_s: float = 600.0,
+        max_attempts: int = 5,
+        quarantine_s: float = 5.0,
+        watch_interval_s: float = 0.5,
+        default_capacity: int = 64,
+        max_sessions: int = 100_000,
+    ) -> None:
+        if registry is None and not addresses:
+            raise InvalidArgument("a rollout router needs a replica registry or at least one replica address")
+        self.registry = registry
+        self.databuffer = databuffer  # meshrl.common.databuffer_client.DataBufferClient
+        self.channel_config = channel_config or ChannelConfig(retry_max_attempts=1)
+        self.rpc_timeout_s = rpc_timeout_s
+        self.max_attempts = max_attempts
+        self.quarantine_s = quarantine_s
+        self.default_capacity = default_capacity
+        self._replicas: dict[str, Replica] = {}
+        self._sessions: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._max_sessions = max_sessions
+        self._lock = threading.Condition()
+        self._watcher = None
+        if addresses:
+            self._sync(
+                [ReplicaInfo(replica_id=a, address=a, capacity=default_capacity, state=SERVING) for a in addresses]
+            )
+        if registry is not None:
+            self._sync(registry.list())
+            self._watcher = registry.watch(self._sync, interval=watch_interval_s)
+
+    # --- membership -------------------------------------------------------------------------------
+    def _sync(self, infos: list[ReplicaInfo]) -> None:
+        """Adopts a registry listing: new replicas get a channel, gone ones are closed (their work retried)."""
+        with self._lock:
+            seen = set()
+            for info in infos:
+                seen.add(info.replica_id)
+                r = self._replicas.get(info.replica_id)
+                if r is None or r.address != info.address:
+                    if r is not None and r.channel is not None:
+                        r.channel.close()
+                    channel = open_channel(info.address, self.channel_config)
+                    r = Replica(info.replica_id, info.address, channel=channel)
+                    r.stub = rollout_pb2_grpc.RolloutStub(channel)
+                    self._replicas[info.replica_id] = r
+                r.capacity = max(1, info.capacity)
+                r.weight_version = info.weight_version
+                if r.state != DRAINING or info.state == DRAINING:
+                    r.state = info.state
+                if r.failed_at and info.updated_at and info.updated_at > time.time() - 1.0 and info.state == SERVING:
+                    r.failed_at = 0.0  # it heartbeats again
+            if self.registry is not None:
+                for rid in [rid for rid in self._replicas if rid not in seen]:
+                    gone = self._replicas.pop(rid)
+                    if gone.calls == 0 and gone.channel is not None:
+                        gone.channel.close()
+            self._lock.notify_all()
+
+    def replicas(self) -> list[Replica]:
+        with self._lock:
+            return sorted(self._replicas.values(), key=lambda r: r.replica_id)
+
+    def serving(self) -> list[Replica]:
+        now = time.monotonic()
+        return [
+            r
+            for r in self.replicas()
+            if r.state == SERVING and not (r.failed_at and now - r.failed_at < self.quarantine_s)
+        ]
+
+    def wait_for_replicas(self, count: int, timeout: float) -> list[Replica]:
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while len(self.serving()) < count:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise DeadlineExceeded(f"fewer than {count} rollout replicas serve after {timeout:.0f}s")
+                self._lock.wait(min(left, 0.5))
+        return self.serving()
+
+    def _pick(self, work: int, *, session: str = "", exclude: set[str] = frozenset(), deadline: float,
+              need_room: bool = False) -> Replica:  # fmt: skip
+        """The serving replica with the least outstanding work per capacity (the session's replica if alive)."""
+        with self._lock:
+            while True:
+                now = time.monotonic()
+                healthy = [
+                    r
+                    for r in self._replicas.values()
+                    if r.state == SERVING and not (r.failed_at and now - r.failed_at < self.quarantine_s)
+                ]
+                # Work that failed on a replica goes elsewhere; back to it only when no other one serves.
+                live = [r for r in healthy if r.replica_id not in exclude] or healthy
+                if session and session in self._sessions:
+                    sticky = next((r for r in live if r.replica_id == self._sessions[session]), None)
+                    if sticky is not None:
+                        self._sessions.move_to_end(session)
+                        return self._charge(sticky, work)
+                if need_room:
+                    live = [r for r in live if r.outstanding == 0 or r.outstanding + work <= r.capacity]
+                if live:
+                    best = min(live, key=lambda r: (r.load(work), r.calls, r.replica_id))
+                    if session:
+                        self._sessions[session] = best.replica_id
+                        if len(self._sessions) > self._max_sessions:
+                            self._sessions.popitem(last=False)
+                    return self._charge(best, work)
+                left = deadline - now
+                if left <= 0:
+                    names = ", ".join(f"{r.replica_id}={r.state}" for r in self._replicas.values()) or "none registered"
+                    raise Unavailable(f"no rollout replica can take the work ({names}); start or refit replicas")
+                self._lock.wait(min(left, 0.25))
+
+    def _charge(self, r: Replica, work: int) -> Replica:
+        r.outstanding += work
+        r.calls += 1
+        return r
+
+    def _release(self, r: Replica, work: int, failed: bool) -> None:
+        with self._lock:
+            r.outstanding -= work
+            r.calls -= 1
+            if failed:
+                r.failed_at = time.monotonic()
+                for s in [s for s, rid in self._sessions.items() if rid == r.replica_id]:
+                    del self._sessions[s]
+            self._lock.notify_all()
+
+    # --- prompt batches -----------------------------------------------------------------------------
+    def generate_batch(
+        self,
+        input_key: keys_pb2.BatchKey,
+        output_key: keys_pb2.BatchKey,
+        sampling: pb.SamplingParams | Mapping[str, Any],
+        *,
+        n: int = 1,
+        job_id: str = "",
+        step: int = 0,
+        num_prompts: int | None = None,
+        chunk_prompts: int | None = None,
+        merge: bool = True,
+        timeout: float | None = None,
+    ) -> BatchResult:
+        """Generates n samples for every prompt of `input_key` across the replicas; returns where they are."""
+        params = sampling_params(sampling)
+        if n < 1:
+            raise InvalidArgument(f"n = {n}: the samples per prompt must be >= 1")
+        if num_prompts is None:
+            if self.databuffer is None:
+                raise InvalidArgument("give num_prompts, or a data-buffer client so the router can count the prompts")
+            num_prompts = self.databuffer.get(input_key).num_rows()
+        if num_prompts <= 0:
+            raise InvalidArgument(f"the input batch has {num_prompts} prompts; nothing to generate")
+        start = time.perf_counter()
+        deadline = time.monotonic() + (timeout or self.rpc_timeout_s)
+        live = self.serving() or self.wait_for_replicas(1, max(0.0, deadline - time.monotonic()))
+        if chunk_prompts is None:
+            if len(live) == 1:
+                chunk_prompts = num_prompts
+            else:
+                cap = min(r.capacity for r in live)
+                chunk_prompts = max(1, min(math.ceil(num_prompts / (2 * len(live))), max(1, cap // n)))
+        chunks = [
+            _Chunk(i, b, min(b + chunk_prompts, num_prompts))
+            for i, b in enumerate(range(0, num_prompts, chunk_prompts))
+        ]
+        single = len(chunks) == 1
+
+        def shard_key(c: _Chunk) -> keys_pb2.BatchKey:
+            if single:
+                return output_key
+            key = keys_pb2.BatchKey()
+            key.CopyFrom(output_key)
+            key.shard, key.has_shard = c.index, True
+            return key
+
+        result = BatchResult(keys=[])
+        replies: dict[int, pb.GenerateBatchResponse] = {}
+
+        def run(c: _Chunk) -> None:
+            while True:
+                work = (c.end - c.begin) * n
+                replica = self._pick(work, exclude=c.excluded, deadline=deadline, need_room=True)
+                req = pb.GenerateBatchRequest(
+                    input=input_key, output=shard_key(c), sampling=params, n=n, job_id=job_id, step=step,
+                    row_begin=c.begin, row_end=c.end,
+                )  # fmt: skip
+                c.attempts += 1
+                try:
+                    left = max(1.0, deadline - time.monotonic())
+                    reply = replica.stub.GenerateBatch(req, timeout=left, wait_for_ready=False)
+                except grpc.RpcError as exc:
+                    retry = exc.code() in RETRYABLE
+                    self._release(replica, work, failed=retry)
+                    if not retry or c.attempts >= self.max_attempts or time.monotonic() >= deadline:
+                        raise from_rpc_error(exc) from None
+                    log.warning("rows [%d, %d) failed on %s (%s): retrying elsewhere", c.begin, c.end,
+                                replica.replica_id, exc.code().name)  # fmt: skip
+                    c.excluded.add(replica.replica_id)
+                    with self._lock:
+                        result.retries += 1
+                    continue
+                self._release(replica, work, failed=False)
+                with self._lock:
+                    replies[c.index] = reply
+                    result.samples_by_replica[replica.replica_id] = (
+                        result.samples_by_replica.get(replica.replica_id, 0) + reply.samples
+                    )
+                return
+
+        with ThreadPoolExecutor(max_workers=min(len(chunks), 64), thread_name_prefix="router") as pool:
+            for future in [pool.submit(run, c) for c in chunks]:
+                future.result()
+        ordered = [replies[c.index] for c in chunks]
+        result.samples = sum(r.samples for r in ordered)
+        result.prompt_tokens = sum(r.prompt_tokens for r in ordered)
+        result.generated_tokens = sum(r.generated_tokens for r in ordered)
+        result.min_weight_version = min(r.min_weight_version for r in ordered)
+        result.max_weight_version = max(r.max_weight_version for r in ordered)
+        shards = [shard_key(c) for c in chunks]
+        if single or not merge:
+            result.keys = shards
+        else:
+            result.keys = [self._merge(shards, output_key)]
+        result.seconds = time.perf_counter() - start
+        return result
+
+    def _merge(self, shards: list[keys_pb2.BatchKey], output_key: keys_pb2.BatchKey) -> keys_pb2.BatchKey:
+        if self.databuffer is None:
+            raise InvalidArgument("merging output shards needs a data-buffer client (or pass merge=False)")
+        with ThreadPoolExecutor(max_workers=min(len(shards), 8)) as pool:
+            batches = list(pool.map(lambda k: self.databuffer.get(k), shards))
+        self.databuffer.put(output_key, concat_batches(batches), overwrite=True)
+        for key in shards:
+            self.databuffer.delete(key)
+        return output_key
+
+    # --- interactive / multi-turn ------------------------------------------------------------------
+    def stream(
+        self,
+        prompt_ids: Sequence[int] = (),
+        *,
+        sampling: pb.SamplingParams | Mapping[str, Any],
+        prompt_text: str = "",
+        session_id: str = "",
+        request_id: str = "",
+        timeout: float | None = None,
+    ) -> Iterator[tuple[str, pb.GenerateChunk]]:
+        """Yields (replica_id, chunk) of one response; retried on another replica until the first chunk arrived."""
+        params = sampling_params(sampling)
+        deadline = time.monotonic() + (timeout or self.rpc_timeout_s)
+        excluded: set[str] = set()
+        attempts = 0
+        req = pb.GenerateRequest(prompt_ids=list(prompt_ids), prompt_text=prompt_text, sampling=params,
+                                 session_id=session_id, request_id=request_id)  # fmt: skip
+        while True:
+            replica = self._pick(1, session=session_id, exclude=excluded, deadline=deadline)
+            attempts += 1
+            started = False
+            failed = False
+            try:
+                left = max(1.0, deadline - time.monotonic())
+                for chunk in replica.stub.GenerateStream(req, timeout=left, wait_for_ready=False):
+                    started = True
+                    yield replica.replica_id, chunk
+                return
+            except grpc.RpcError as exc:
+                failed = exc.code() in RETRYABLE
+                if not failed or started or attempts >= self.max_attempts or time.monotonic() >= deadline:
+                    raise from_rpc_error(exc) from None
+                excluded.add(replica.replica_id)
+            finally:
+                self._release(replica, 1, failed=failed)
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int] = (),
+        *,
+        sampling: pb.SamplingParams | Mapping[str, Any],
+        prompt_text: str = "",
+        session_id: str = "",
+        request_id: str = "",
+        timeout: float | None = None,
+    ) -> StreamResult:
+        """One whole response; a replica dying mid-response restarts it elsewhere (nothing duplicated)."""
+        attempts = 0
+        while True:
+            attempts += 1
+            out = StreamResult([], [], [], 0, "", "")
+            try:
+                for replica_id, chunk in self.stream(prompt_ids, sampling=sampling, prompt_text=prompt_text,
+                                                     session_id=session_id, request_id=request_id, timeout=timeout):  # fmt: skip
+                    out.replica_id = replica_id
+                    out.token_ids += chunk.token_ids
+                    out.logprobs += chunk.logprobs
+                    out.weight_versions += chunk.weight_versions
+                    out.text += chunk.text
+                    out.finish_reason = chunk.finish_reason or out.finish_reason
+                return out
+            except Unavailable:
+                if attempts >= self.max_attempts:
+                    raise
+
+    # --- scale down ---------------------------------------------------------------------------------
+    def drain(self, replica_id: str, timeout: float = 60.0) -> bool:
+        """Stops routing to a replica and waits until it has no work in flight (from any router).
+
+        Returns True when it is idle (then it may be stopped), False when `timeout` passed first.
+        """
+        if self.registry is not None:
+            self.registry.request_drain(replica_id)
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            r = self._replicas.get(replica_id)
+            if r is None:
+                return True
+            r.state = DRAINING
+            for s in [s for s, rid in self._sessions.items() if rid == replica_id]:
+                del self._sessions[s]
+            while r.calls:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._lock.wait(min(left, 0.25))
+        while time.monotonic() < deadline:
+            try:
+                status = r.stub.GetStatus(pb.GetStatusRequest(), timeout=5, wait_for_ready=False)
+            except grpc.RpcError:
+                return True  # already gone
+            if status.running_requests == 0 and status.queue_depth == 0:
+                return True
+            time.sleep(0.1)
+        return False
+
+    def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.stop()
+        with self._lock:
+            for r in self._replicas.values():
+                if r.channel is not None:
+                    r.channel.close()
+            self._replicas.clear()

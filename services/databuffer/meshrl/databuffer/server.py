@@ -1,0 +1,145 @@
+"""The DataBuffer gRPC servicer: proto in, `DataBuffer` (meshrl.databuffer.store) call, proto out.
+
+Registered by `__main__` through `service(buffer)`, with the wire helpers of
+meshrl.databuffer.wire as (de)serializers so payload frames are not copied through messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+from meshrl.api.databuffer.v1 import databuffer_pb2 as pb
+from meshrl.common.databuffer_client import SERVICE
+from meshrl.common.grpc_server import Service
+from meshrl.databuffer.keys import BatchRef
+from meshrl.databuffer.store import DataBuffer
+from meshrl.databuffer.wire import checked, deserialize_put, lenient, serialize_get, split_put_stream
+
+
+def _remaining(context: grpc.ServicerContext, wanted: float, margin: float = 0.5) -> float:
+    """`wanted` seconds, cut so that the answer still arrives before the caller's deadline."""
+    left = context.time_remaining()
+    return wanted if left is None else max(0.0, min(wanted, left - margin))
+
+
+class DataBufferServicer:
+    def __init__(self, buffer: DataBuffer) -> None:
+        self.buffer = buffer
+        self.frame_bytes = buffer.cfg.limits.max_frame_bytes
+
+    def PutBatch(self, requests: Iterator[Any], context: grpc.ServicerContext) -> pb.PutBatchResponse:
+        start, frames = split_put_stream(requests)
+        ref = BatchRef.from_proto(start.key, "start.key")
+        result = self.buffer.put_batch(
+            ref, start.header, frames, ttl_seconds=start.ttl_seconds, overwrite=start.overwrite
+        )
+        return pb.PutBatchResponse(bytes_written=result.bytes_written, chunks=result.chunks)
+
+    def GetBatch(self, request: pb.GetBatchRequest, context: grpc.ServicerContext) -> Iterator[Any]:
+        request = checked(request)
+        ref = BatchRef.from_proto(request.key)
+        stored = self.buffer.open_batch(ref, wait_seconds=_remaining(context, request.wait_seconds))
+        yield pb.GetBatchResponse(header=stored.header)
+        for chunk in stored.chunks:
+            if len(chunk) <= self.frame_bytes:
+                yield chunk
+            else:
+                view = memoryview(chunk)
+                for i in range(0, len(chunk), self.frame_bytes):
+                    yield view[i : i + self.frame_bytes]
+
+    def DeleteBatch(self, request: pb.DeleteBatchRequest, context: grpc.ServicerContext) -> pb.DeleteBatchResponse:
+        request = checked(request)
+        return pb.DeleteBatchResponse(deleted=self.buffer.delete_batch(BatchRef.from_proto(request.key)))
+
+    def ListBatches(self, request: pb.ListBatchesRequest, context: grpc.ServicerContext) -> pb.ListBatchesResponse:
+        request = checked(request)
+        refs = self.buffer.list_batches(request.job_id, request.step)
+        return pb.ListBatchesResponse(keys=[r.to_proto() for r in refs])
+
+    def DeleteJob(self, request: pb.DeleteJobRequest, context: grpc.ServicerContext) -> pb.DeleteJobResponse:
+        request = checked(request)
+        batches, streams = self.buffer.delete_job(request.job_id)
+        return pb.DeleteJobResponse(batches_deleted=batches, streams_deleted=streams)
+
+    def AppendGroups(self, request: pb.AppendGroupsRequest, context: grpc.ServicerContext) -> pb.AppendGroupsResponse:
+        request = checked(request)
+        ids = self.buffer.append_groups(request.job_id, request.stream, request.groups)
+        return pb.AppendGroupsResponse(entry_ids=ids)
+
+    def ReadGroups(self, request: pb.ReadGroupsRequest, context: grpc.ServicerContext) -> pb.ReadGroupsResponse:
+        request = checked(request)
+        result = self.buffer.read_groups(
+            request.job_id,
+            request.stream,
+            request.consumer_group,
+            request.consumer,
+            max_groups=request.max_groups,
+            block_seconds=_remaining(context, request.block_seconds),
+            min_weight_version=request.min_weight_version,
+            claim_idle_seconds=request.claim_idle_seconds,
+        )
+        groups = [
+            pb.DeliveredGroup(entry_id=d.entry_id, group=d.group, delivery_count=d.delivery_count)
+            for d in result.groups
+        ]
+        return pb.ReadGroupsResponse(groups=groups, dropped_stale=result.dropped_stale)
+
+    def AckGroups(self, request: pb.AckGroupsRequest, context: grpc.ServicerContext) -> pb.AckGroupsResponse:
+        request = checked(request)
+        acked = self.buffer.ack_groups(request.job_id, request.stream, request.consumer_group, request.entry_ids)
+        return pb.AckGroupsResponse(acked=acked)
+
+    def GetStats(self, request: pb.GetStatsRequest, context: grpc.ServicerContext) -> pb.GetStatsResponse:
+        request = checked(request)
+        stats = self.buffer.stats(request.job_id)
+        streams = [
+            pb.StreamStats(
+                job_id=s.job_id,
+                stream=s.stream,
+                consumer_group=s.consumer_group,
+                length=s.length,
+                pending=s.pending,
+                lag=s.lag,
+            )
+            for s in stats.streams
+        ]
+        return pb.GetStatsResponse(
+            batches=stats.batches,
+            bytes=stats.bytes,
+            streams=streams,
+            drops_by_reason=stats.drops_by_reason,
+            budget_bytes=stats.budget_bytes,
+            budget_entries=stats.budget_entries,
+        )
+
+
+def _add(servicer: DataBufferServicer, server: grpc.Server) -> None:
+    """Like the generated add_DataBufferServicer_to_server, with meshrl.databuffer.wire's (de)serializers."""
+
+    def reply(name: str) -> Any:
+        return getattr(pb, f"{name}Response").SerializeToString
+
+    handlers = {
+        "PutBatch": grpc.stream_unary_rpc_method_handler(
+            servicer.PutBatch, request_deserializer=deserialize_put, response_serializer=reply("PutBatch")
+        ),
+        "GetBatch": grpc.unary_stream_rpc_method_handler(
+            servicer.GetBatch, request_deserializer=lenient(pb.GetBatchRequest), response_serializer=serialize_get
+        ),
+    }
+    for name in ("DeleteBatch", "ListBatches", "DeleteJob", "AppendGroups", "ReadGroups", "AckGroups", "GetStats"):
+        handlers[name] = grpc.unary_unary_rpc_method_handler(
+            getattr(servicer, name),
+            request_deserializer=lenient(getattr(pb, f"{name}Request")),
+            response_serializer=reply(name),
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)
+
+
+def service(buffer: DataBuffer) -> Service:
+    """What `start_server` needs to serve `buffer`."""
+    return Service(_add, DataBufferServicer(buffer), SERVICE)

@@ -1,0 +1,161 @@
+"""The data buffer's core: keyed batches, sample streams, budget and stats over one Redis,
+with no gRPC in sight (the servicer converts protos and calls this; tests call it in-process).
+
+It holds no state of its own beyond caches, so any number of instances can serve one Redis.
+Every public method turns Redis failures into typed errors (UNAVAILABLE, RESOURCE_EXHAUSTED).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from meshrl.api.common.v1 import tensor_pb2
+from meshrl.api.databuffer.v1 import databuffer_pb2 as pb
+from meshrl.common.codec import Batch, decode_batch, encode_batch
+from meshrl.databuffer.batches import BatchStore, PutResult, StoredBatch
+from meshrl.databuffer.config import DataBufferConfig
+from meshrl.databuffer.connection import RedisHandle, open_redis, redis_errors
+from meshrl.databuffer.indexes import Indexes
+from meshrl.databuffer.keys import BatchRef, KeySpace, check_name
+from meshrl.databuffer.ledger import Ledger
+from meshrl.databuffer.notify import CommitNotifier
+from meshrl.databuffer.streams import ReadResult, StreamStat, StreamStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Stats:
+    batches: int = 0
+    bytes: int = 0
+    streams: list[StreamStat] = field(default_factory=list)
+    drops_by_reason: dict[str, int] = field(default_factory=dict)
+    budget_bytes: int = 0
+    budget_entries: int = 0
+    used_bytes: int = 0  # everything the budget counts (all jobs, staged puts included)
+    used_entries: int = 0
+
+
+class DataBuffer:
+    """One service instance's view of the buffer. `DataBuffer.open(cfg)` connects (or starts Redis)."""
+
+    def __init__(self, cfg: DataBufferConfig, handle: RedisHandle) -> None:
+        self.cfg = cfg
+        self.handle = handle
+        client = handle.client
+        self.keys = KeySpace(cfg.redis.key_prefix)
+        self.ledger = Ledger(client, self.keys.ledger(), cfg.budget.max_bytes, cfg.budget.max_entries)
+        self.indexes = Indexes(client, self.keys)
+        self.notifier = CommitNotifier(client, self.keys.commit_channel())
+        self._io = ThreadPoolExecutor(max_workers=16, thread_name_prefix="databuffer-io")
+        self.batches = BatchStore(
+            client, self.keys, self.indexes, self.ledger, self.notifier, cfg.limits, cfg.batches, self._io
+        )
+        self.streams = StreamStore(client, self.keys, self.indexes, self.ledger, cfg.limits, cfg.streams)
+
+    @classmethod
+    def open(cls, cfg: DataBufferConfig) -> DataBuffer:
+        return cls(cfg, open_redis(cfg.redis))
+
+    def close(self) -> None:
+        """Stops background threads, closes Redis connections and stops an embedded Redis."""
+        self.notifier.close()
+        self._io.shutdown(wait=True, cancel_futures=True)
+        self.handle.close()
+
+    # --- keyed batches -------------------------------------------------------------------
+    def put_batch(
+        self,
+        ref: BatchRef,
+        header: tensor_pb2.BatchHeader,
+        frames: Iterable[Any],
+        *,
+        ttl_seconds: int = 0,
+        overwrite: bool = True,
+    ) -> PutResult:
+        with redis_errors(f"put of batch {ref}"):
+            return self.batches.put(ref, header, frames, ttl_seconds=ttl_seconds, overwrite=overwrite)
+
+    def open_batch(self, ref: BatchRef, *, wait_seconds: float = 0.0) -> StoredBatch:
+        """The batch's header now, its chunks as they are read (errors typed there too)."""
+        with redis_errors(f"get of batch {ref}"):
+            stored = self.batches.open(ref, wait_seconds=wait_seconds)
+        stored.chunks = self._typed(stored.chunks, f"get of batch {ref}")
+        return stored
+
+    @staticmethod
+    def _typed(chunks: Iterator[bytes], what: str) -> Iterator[bytes]:
+        with redis_errors(what):
+            yield from chunks
+
+    def put_columns(
+        self,
+        ref: BatchRef,
+        columns: Mapping[str, Any],
+        samples: Sequence[tensor_pb2.SampleMeta] = (),
+        attrs: Mapping[str, str] | None = None,
+        **kwargs: Any,
+    ) -> PutResult:
+        """In-process convenience: encodes columns (codec) and puts them in frames of the frame limit."""
+        header, views = encode_batch(columns, samples, attrs)
+        step = self.cfg.limits.max_frame_bytes
+        frames = (v[i : i + step] for v in views for i in range(0, v.nbytes, step))
+        return self.put_batch(ref, header, frames, **kwargs)
+
+    def get_batch(self, ref: BatchRef, *, wait_seconds: float = 0.0) -> Batch:
+        """In-process convenience: the whole batch decoded."""
+        stored = self.open_batch(ref, wait_seconds=wait_seconds)
+        return decode_batch(stored.header, b"".join(stored.chunks))
+
+    def delete_batch(self, ref: BatchRef) -> bool:
+        with redis_errors(f"delete of batch {ref}"):
+            return self.batches.delete(ref)
+
+    def list_batches(self, job_id: str, step: int = -1) -> list[BatchRef]:
+        with redis_errors(f"list of job '{job_id}'"):
+            return self.batches.list(job_id, step)
+
+    def delete_job(self, job_id: str) -> tuple[int, int]:
+        """Deletes every batch and stream of a job; returns (batches, streams) deleted."""
+        check_name(job_id, "job_id")
+        with redis_errors(f"delete of job '{job_id}'"):
+            batches = self.batches.delete_job(job_id)
+            streams = self.streams.delete_job(job_id)
+            self.indexes.remove_job(job_id)
+        return batches, streams
+
+    # --- sample streams --------------------------------------------------------------------
+    def append_groups(self, job_id: str, stream: str, groups: Sequence[pb.SampleGroup]) -> list[str]:
+        with redis_errors(f"append to stream '{stream}'"):
+            return self.streams.append(job_id, stream, groups)
+
+    def read_groups(self, job_id: str, stream: str, consumer_group: str, consumer: str, **kwargs: Any) -> ReadResult:
+        with redis_errors(f"read of stream '{stream}'"):
+            return self.streams.read(job_id, stream, consumer_group, consumer, **kwargs)
+
+    def ack_groups(self, job_id: str, stream: str, consumer_group: str, entry_ids: Sequence[str]) -> int:
+        with redis_errors(f"ack on stream '{stream}'"):
+            return self.streams.ack(job_id, stream, consumer_group, entry_ids)
+
+    # --- stats -------------------------------------------------------------------------------
+    def stats(self, job_id: str = "") -> Stats:
+        """Batches, bytes, per-stream lag and drops of one job ("" = every job), and the budget."""
+        if job_id:
+            check_name(job_id, "job_id")
+        with redis_errors("stats"):
+            out = Stats(budget_bytes=self.cfg.budget.max_bytes, budget_entries=self.cfg.budget.max_entries)
+            for job in [job_id] if job_id else self.indexes.jobs():
+                count, size = self.batches.usage(job)
+                streams, drops, _groups, held = self.streams.stats(job)
+                out.batches += count
+                out.bytes += size + held
+                out.streams += streams
+                for reason, n in drops.items():
+                    out.drops_by_reason[reason] = out.drops_by_reason.get(reason, 0) + n
+            usage = self.ledger.usage()
+            out.used_bytes, out.used_entries = usage.bytes, usage.entries
+        return out

@@ -1,0 +1,419 @@
+"""Sample streams for asynchronous training, on Redis Streams: producers append whole groups
+(all n samples of one prompt, with the weight version that produced them); consumers read
+through consumer groups with at-least-once delivery, explicit ack, redelivery of groups a dead
+consumer left unacked (XAUTOCLAIM after an idle timeout) and a staleness filter whose drops
+are acked and counted, never silent. Acked groups are trimmed once every consumer group has
+them, and groups older than the stream TTL are trimmed (counted as 'expired').
+Used by `DataBuffer` (meshrl.databuffer.store).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from meshrl.api.databuffer.v1 import databuffer_pb2 as pb
+from meshrl.common.codec import batch_from_proto
+from meshrl.common.errors import InvalidArgument, NotFound
+from meshrl.databuffer.config import LimitsConfig, StreamConfig
+from meshrl.databuffer.indexes import Indexes
+from meshrl.databuffer.keys import KeySpace, check_name
+from meshrl.databuffer.ledger import Ledger, now_ms
+
+ENTRY_ID_RE = re.compile(r"^\d{1,20}-\d{1,20}$")
+TTL_MARGIN_MS = 60_000
+RELEASE_IDLE_MS = 30 * 86400 * 1000  # an undelivered overflow entry: claimable by the next reader at once
+MAX_GROUPS_PER_READ = 10_000
+
+_IDS = """
+local function parse(id)
+  local ms, seq = string.match(id, '(%d+)-(%d+)')
+  return tonumber(ms), tonumber(seq)
+end
+local function less(a, b)
+  local am, as = parse(a)
+  local bm, bs = parse(b)
+  return am < bm or (am == bm and as < bs)
+end
+local function succ(id)
+  local ms, seq = string.match(id, '(%d+)-(%d+)')
+  return ms .. '-' .. (tonumber(seq) + 1)
+end
+local function fields(list)
+  local out = {}
+  for i = 1, #list, 2 do out[list[i]] = list[i + 1] end
+  return out
+end
+"""
+
+# KEYS: stream, meta. ARGV: ttl_ms, then (version, data, member, size) per group. Returns the entry ids.
+_APPEND = """
+local ids, total, latest = {}, 0, redis.call('HGET', KEYS[2], 'latest')
+for i = 2, #ARGV, 4 do
+  ids[#ids + 1] = redis.call('XADD', KEYS[1], '*', 'v', ARGV[i], 'd', ARGV[i + 1], 'r', ARGV[i + 2], 'n', ARGV[i + 3])
+  if not latest or tonumber(ARGV[i]) > tonumber(latest) then latest = ARGV[i] end
+  total = total + tonumber(ARGV[i + 3])
+end
+redis.call('HSET', KEYS[2], 'latest', latest)
+redis.call('HINCRBY', KEYS[2], 'appended', #ids)
+redis.call('HINCRBY', KEYS[2], 'bytes', total)
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+redis.call('PEXPIRE', KEYS[2], ARGV[1])
+return ids
+"""
+
+# KEYS: stream, meta. ARGV: now_ms, ttl_ms. Trims what every consumer group acked and what
+# outlived the TTL (acking it in every group, counted as 'expired'); returns the ledger members.
+_TRIM = (
+    _IDS
+    + """
+if redis.call('EXISTS', KEYS[1]) == 0 then return {} end
+local ttl_cut = (tonumber(ARGV[1]) - tonumber(ARGV[2])) .. '-0'
+local consumed = nil
+local groups = redis.call('XINFO', 'GROUPS', KEYS[1])
+for _, g in ipairs(groups) do
+  local info = fields(g)
+  local summary = redis.call('XPENDING', KEYS[1], info['name'])
+  local bound = succ(info['last-delivered-id'])
+  if summary[1] > 0 then bound = summary[2] end
+  if consumed == nil or less(bound, consumed) then consumed = bound end
+end
+if consumed == nil then consumed = '0-0' end
+for _, g in ipairs(groups) do
+  local name = fields(g)['name']
+  local old = redis.call('XPENDING', KEYS[1], name, '-', '(' .. ttl_cut, 100000)
+  for _, p in ipairs(old) do redis.call('XACK', KEYS[1], name, p[1]) end
+end
+local cut = consumed
+if less(consumed, ttl_cut) then cut = ttl_cut end
+local members, bytes, expired, start = {}, 0, 0, '-'
+while true do
+  local batch = redis.call('XRANGE', KEYS[1], start, '(' .. cut, 'COUNT', 500)
+  if #batch == 0 then break end
+  for _, e in ipairs(batch) do
+    local f = fields(e[2])
+    members[#members + 1] = f['r']
+    bytes = bytes + tonumber(f['n'])
+    if not less(e[1], consumed) then expired = expired + 1 end
+  end
+  start = '(' .. batch[#batch][1]
+end
+if #members > 0 then
+  redis.call('XTRIM', KEYS[1], 'MINID', cut)
+  redis.call('HINCRBY', KEYS[2], 'bytes', -bytes)
+end
+if expired > 0 then redis.call('HINCRBY', KEYS[2], 'drop:expired', expired) end
+return members
+"""
+)
+
+# KEYS: stream. ARGV: group, consumer, min_idle_ms, count. Returns {id, data, version, deliveries} per claimed group.
+_CLAIM = """
+local r = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], '0-0', 'COUNT', ARGV[4])
+local out = {}
+for _, e in ipairs(r[2]) do
+  if e and e[2] then
+    local f = {}
+    for i = 1, #e[2], 2 do f[e[2][i]] = e[2][i + 1] end
+    local p = redis.call('XPENDING', KEYS[1], ARGV[1], e[1], e[1], 1)
+    local deliveries = 1
+    if p[1] then deliveries = p[1][4] end
+    out[#out + 1] = {e[1], f['d'], f['v'], deliveries}
+  end
+end
+return out
+"""
+
+# KEYS: stream, meta. Returns the ledger members of every group, then deletes both keys.
+_DROP = """
+local members, start = {}, '-'
+while true do
+  local batch = redis.call('XRANGE', KEYS[1], start, '+', 'COUNT', 500)
+  if #batch == 0 then break end
+  for _, e in ipairs(batch) do
+    for i = 1, #e[2], 2 do if e[2][i] == 'r' then members[#members + 1] = e[2][i + 1] end end
+  end
+  start = '(' .. batch[#batch][1]
+end
+redis.call('DEL', KEYS[1], KEYS[2])
+return members
+"""
+
+# KEYS: stream. ARGV: last-delivered id. Counts the entries after it (lag, where XINFO has none).
+_LAG = """
+local n, start = 0, '(' .. ARGV[1]
+while true do
+  local batch = redis.call('XRANGE', KEYS[1], start, '+', 'COUNT', 1000)
+  if #batch == 0 then break end
+  n = n + #batch
+  start = '(' .. batch[#batch][1]
+end
+return n
+"""
+
+
+@dataclass
+class Delivered:
+    entry_id: str
+    group: pb.SampleGroup
+    delivery_count: int
+
+
+@dataclass
+class ReadResult:
+    groups: list[Delivered]
+    dropped_stale: int
+
+
+@dataclass(frozen=True)
+class StreamStat:
+    job_id: str
+    stream: str
+    consumer_group: str
+    length: int
+    pending: int
+    lag: int
+
+
+def _check_ids(ids: Sequence[str]) -> list[str]:
+    for i, entry_id in enumerate(ids):
+        if not ENTRY_ID_RE.match(entry_id):
+            raise InvalidArgument(
+                f"entry_ids[{i}] = {entry_id[:40]!r} is not a stream entry id ('<ms>-<seq>', as ReadGroups returns)",
+                field=f"entry_ids[{i}]",
+            )
+    return list(ids)
+
+
+class StreamStore:
+    def __init__(
+        self, client: Any, keys: KeySpace, indexes: Indexes, ledger: Ledger, limits: LimitsConfig, cfg: StreamConfig
+    ) -> None:
+        self.client = client
+        self.keys = keys
+        self.indexes = indexes
+        self.ledger = ledger
+        self.limits = limits
+        self.cfg = cfg
+        self._known_groups: set[tuple[str, str]] = set()
+        self._append = client.register_script(_APPEND)
+        self._trim = client.register_script(_TRIM)
+        self._claim = client.register_script(_CLAIM)
+        self._drop = client.register_script(_DROP)
+        self._lag = client.register_script(_LAG)
+
+    def _keys(self, job_id: str, stream: str) -> list[str]:
+        check_name(job_id, "job_id")
+        check_name(stream, "stream")
+        return [self.keys.stream(job_id, stream), self.keys.stream_meta(job_id, stream)]
+
+    # --- producers ---------------------------------------------------------------------
+    def check_groups(self, groups: Sequence[pb.SampleGroup]) -> list[bytes]:
+        """Validates every group before anything is written; returns them serialized."""
+        if not groups:
+            raise InvalidArgument("groups is empty; append at least one group", field="groups")
+        blobs, total = [], 0
+        for i, group in enumerate(groups):
+            where = f"groups[{i}]"
+            if not group.group_id or len(group.group_id) > 256:
+                raise InvalidArgument(f"{where}.group_id must be 1-256 characters", field=f"{where}.group_id")
+            if group.weight_version < 0:
+                raise InvalidArgument(
+                    f"{where}.weight_version = {group.weight_version} must be >= 0", field=f"{where}.weight_version"
+                )
+            try:
+                rows = batch_from_proto(group.batch).num_rows()
+            except InvalidArgument as exc:
+                raise InvalidArgument(f"{where}.batch.{exc.message}", field=f"{where}.batch") from None
+            if rows == 0:
+                raise InvalidArgument(f"{where}.batch has no rows; a group holds its n samples", field=f"{where}.batch")
+            blob = group.SerializeToString()
+            if len(blob) > self.limits.max_group_bytes:
+                raise InvalidArgument(
+                    f"{where} is {len(blob)} bytes, over limits.max_group_bytes = {self.limits.max_group_bytes}; "
+                    "put large tensors in a keyed batch and reference it",
+                    field=where,
+                )
+            total += len(blob)
+            blobs.append(blob)
+        if total > self.limits.max_request_bytes:
+            raise InvalidArgument(
+                f"groups add up to {total} bytes, over limits.max_request_bytes = {self.limits.max_request_bytes}; "
+                "append them in several calls",
+                field="groups",
+            )
+        return blobs
+
+    def append(self, job_id: str, stream: str, groups: Sequence[pb.SampleGroup]) -> list[str]:
+        keys = self._keys(job_id, stream)
+        blobs = self.check_groups(groups)
+        ttl_ms = self.cfg.ttl_seconds * 1000
+        members = {f"s:{job_id}:{stream}:{secrets.token_hex(8)}": len(b) for b in blobs}
+        self.ledger.reserve(members, now_ms() + ttl_ms + TTL_MARGIN_MS, f"{len(blobs)} groups for stream '{stream}'")
+        try:
+            self.indexes.add_stream(job_id, stream, ttl_ms + TTL_MARGIN_MS)
+            args: list[Any] = [ttl_ms + TTL_MARGIN_MS]
+            for group, blob, (member, size) in zip(groups, blobs, members.items()):
+                args += [group.weight_version, blob, member, size]
+            ids = [i.decode() for i in self._append(keys=keys, args=args)]
+        except BaseException:
+            self.ledger.release(list(members))
+            raise
+        self._trim_consumed(keys)
+        return ids
+
+    # --- consumers -----------------------------------------------------------------------
+    def _ensure_group(self, keys: list[str], job_id: str, stream: str, group: str) -> None:
+        if (keys[0], group) in self._known_groups:
+            return
+        try:
+            self.client.xgroup_create(keys[0], group, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        ttl_ms = self.cfg.ttl_seconds * 1000 + TTL_MARGIN_MS
+        if self.client.pttl(keys[0]) == -1:  # created just now by MKSTREAM
+            self.client.pexpire(keys[0], ttl_ms)
+        self.indexes.add_stream(job_id, stream, ttl_ms)
+        self._known_groups.add((keys[0], group))
+
+    def _min_version(self, meta: str, requested: int) -> int:
+        if self.cfg.max_version_lag is None:
+            return requested
+        latest = self.client.hget(meta, "latest")
+        return requested if latest is None else max(requested, int(latest) - self.cfg.max_version_lag)
+
+    def read(
+        self,
+        job_id: str,
+        stream: str,
+        group: str,
+        consumer: str,
+        *,
+        max_groups: int = 1,
+        block_seconds: float = 0.0,
+        min_weight_version: int = 0,
+        claim_idle_seconds: float = 0.0,
+    ) -> ReadResult:
+        keys = self._keys(job_id, stream)
+        check_name(group, "consumer_group")
+        check_name(consumer, "consumer")
+        count = max_groups or 1
+        if not 1 <= count <= MAX_GROUPS_PER_READ:
+            raise InvalidArgument(
+                f"max_groups = {max_groups} must be in [1, {MAX_GROUPS_PER_READ}]", field="max_groups"
+            )
+        if block_seconds < 0 or claim_idle_seconds < 0 or min_weight_version < 0:
+            raise InvalidArgument(
+                "block_seconds, claim_idle_seconds and min_weight_version must be >= 0",
+                field="block_seconds" if block_seconds < 0 else "claim_idle_seconds",
+            )
+        try:
+            return self._read(
+                keys, job_id, stream, group, consumer, count, block_seconds, min_weight_version, claim_idle_seconds
+            )
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            self._known_groups.discard((keys[0], group))  # the stream expired or was deleted meanwhile
+            return self._read(
+                keys, job_id, stream, group, consumer, count, block_seconds, min_weight_version, claim_idle_seconds
+            )
+
+    def _read(self, keys, job_id, stream, group, consumer, count, block_seconds, min_version, claim_idle) -> ReadResult:
+        self._ensure_group(keys, job_id, stream, group)
+        min_version = self._min_version(keys[1], min_version)
+        claim_ms = int((claim_idle or self.cfg.claim_idle_seconds) * 1000)
+        entries = [
+            (i.decode(), d, int(v), int(n))
+            for i, d, v, n in self._claim(keys=[keys[0]], args=[group, consumer, claim_ms, count])
+        ]
+        if len(entries) < count:
+            block = min(block_seconds, self.cfg.max_block_seconds)
+            block_ms = int(block * 1000) if block > 0 and not entries else None
+            reply = self.client.xreadgroup(group, consumer, {keys[0]: ">"}, count=count - len(entries), block=block_ms)
+            for _key, items in reply or []:
+                for entry_id, f in items:
+                    entries.append((entry_id.decode(), f.get(b"d"), int(f.get(b"v", -1)), 1))
+        delivered: list[Delivered] = []
+        stale: list[str] = []
+        overflow: list[str] = []
+        size = 0
+        for entry_id, data, version, deliveries in entries:
+            if version < min_version:
+                stale.append(entry_id)
+            elif delivered and size + len(data) > self.limits.max_request_bytes:
+                overflow.append(entry_id)
+            else:
+                size += len(data)
+                delivered.append(Delivered(entry_id, pb.SampleGroup.FromString(data), deliveries))
+        if overflow:  # over the reply limit: hand them back, claimable by the next read at once
+            self.client.xclaim(keys[0], group, consumer, 0, overflow, idle=RELEASE_IDLE_MS, justid=True)
+        if stale:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.xack(keys[0], group, *stale)
+            pipe.hincrby(keys[1], "drop:stale", len(stale))
+            pipe.execute()
+            self._trim_consumed(keys)
+        return ReadResult(delivered, len(stale))
+
+    def ack(self, job_id: str, stream: str, group: str, entry_ids: Sequence[str]) -> int:
+        keys = self._keys(job_id, stream)
+        check_name(group, "consumer_group")
+        ids = _check_ids(entry_ids)
+        if not ids:
+            return 0
+        try:
+            acked = int(self.client.xack(keys[0], group, *ids))
+        except redis.ResponseError as exc:
+            if "NOGROUP" in str(exc):
+                raise NotFound(
+                    f"consumer group '{group}' does not exist on stream '{stream}' of job '{job_id}'"
+                ) from None
+            raise
+        if acked:
+            self._trim_consumed(keys)
+        return acked
+
+    def _trim_consumed(self, keys: list[str]) -> None:
+        members = self._trim(keys=keys, args=[now_ms(), self.cfg.ttl_seconds * 1000])
+        self.ledger.release([m.decode() for m in members])
+
+    # --- jobs and stats ---------------------------------------------------------------------
+    def delete(self, job_id: str, stream: str) -> bool:
+        keys = self._keys(job_id, stream)
+        existed = bool(self.client.exists(keys[0]))
+        members = self._drop(keys=keys)
+        self.ledger.release([m.decode() for m in members])
+        self._known_groups = {k for k in self._known_groups if k[0] != keys[0]}
+        return existed
+
+    def delete_job(self, job_id: str) -> int:
+        return sum(self.delete(job_id, stream) for stream in self.indexes.streams(job_id))
+
+    def stats(self, job_id: str) -> tuple[list[StreamStat], dict[str, int], int, int]:
+        """Per (stream, consumer group) length / pending / lag, drops by reason, groups held and their bytes."""
+        out: list[StreamStat] = []
+        drops: dict[str, int] = {}
+        entries = held = 0
+        for stream in self.indexes.streams(job_id):
+            key, meta = self._keys(job_id, stream)
+            if not self.client.exists(key):
+                continue
+            length = int(self.client.xlen(key))
+            entries += length
+            info = {k.decode(): int(v) for k, v in self.client.hgetall(meta).items() if k != b"latest"}
+            held += info.get("bytes", 0)
+            for name, value in info.items():
+                if name.startswith("drop:"):
+                    drops[name[5:]] = drops.get(name[5:], 0) + value
+            for g in self.client.xinfo_groups(key):
+                lag = g.get("lag")
+                if lag is None:
+                    lag = int(self._lag(keys=[key], args=[g["last-delivered-id"]]))
+                out.append(StreamStat(job_id, stream, g["name"].decode(), length, int(g["pending"]), int(lag)))
+        return out, drops, entries, held

@@ -1,0 +1,162 @@
+"""Helpers for tests and benchmarks of the data buffer: free loopback ports, unique key
+prefixes, a snapshot of every key under a prefix (to prove a failed call changed nothing),
+an in-process service, and a three-node Redis Cluster on loopback ports.
+
+Used by tests/unit/databuffer, tests/integration/test_databuffer*.py and bench/databuffer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from meshrl.common.grpc_server import RunningServer, start_server
+from meshrl.databuffer.config import DataBufferConfig
+from meshrl.databuffer.server import service
+from meshrl.databuffer.store import DataBuffer
+
+SYSTEM_REDIS = "redis://127.0.0.1:6379/0"
+SYSTEM_REDIS_SERVER = "/usr/bin/redis-server"
+
+
+def free_port(also_free: int = 0) -> int:
+    """A free loopback port; with `also_free`, port + also_free must be free too (cluster bus)."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if not also_free:
+            return port
+        if port + also_free > 65535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + also_free))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free loopback port found")
+
+
+def unique_prefix(tag: str = "t") -> str:
+    return f"mdbtest-{tag}-{uuid.uuid4().hex[:10]}"
+
+
+def snapshot(client: redis.Redis, prefix: str) -> dict[bytes, bytes]:
+    """Every key under `prefix` (as laid out by KeySpace) with its DUMP: equal snapshots, equal stores."""
+    out = {}
+    for key in client.scan_iter(match="{" + prefix + ":*", count=1000):
+        value = client.dump(key)
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def delete_prefix(client: redis.Redis, prefix: str) -> None:
+    keys = list(client.scan_iter(match="{" + prefix + ":*", count=1000))
+    for i in range(0, len(keys), 500):
+        client.delete(*keys[i : i + 500])
+
+
+@contextlib.contextmanager
+def serving(cfg: DataBufferConfig) -> Iterator[tuple[DataBuffer, RunningServer]]:
+    """A DataBuffer and its gRPC server in this process, stopped on exit."""
+    buffer = DataBuffer.open(cfg)
+    running = start_server(cfg.server, [service(buffer)])
+    try:
+        yield buffer, running
+    finally:
+        running.stop(0)
+        buffer.close()
+
+
+def config(url: str | None, prefix: str, cluster: bool = False, **sections: Any) -> DataBufferConfig:
+    """A test config: server on a free port, `url` (None: embedded Redis) under `prefix`."""
+    data: dict[str, Any] = {"server": {"port": 0}, "redis": {"url": url, "key_prefix": prefix, "cluster": cluster}}
+    for name, values in sections.items():
+        data.setdefault(name, {}).update(values)
+    return DataBufferConfig.model_validate(data)
+
+
+class LocalCluster:
+    """Three redis-server processes in cluster mode on loopback ports, slots split between them."""
+
+    def __init__(self, nodes: int = 3, binary: str = SYSTEM_REDIS_SERVER) -> None:
+        self.binary = binary
+        self.dir = Path(tempfile.mkdtemp(prefix="mdb-cluster-"))
+        self.ports = [free_port(also_free=10000) for _ in range(nodes)]
+        self.procs: list[subprocess.Popen] = []
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.ports[0]}"
+
+    def start(self, timeout: float = 30.0) -> LocalCluster:
+        for port in self.ports:
+            node_dir = self.dir / str(port)
+            node_dir.mkdir()
+            args = [self.binary, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes"]
+            args += ["--cluster-config-file", "nodes.conf", "--dir", str(node_dir), "--save", "", "--appendonly", "no"]
+            args += ["--cluster-node-timeout", "5000", "--logfile", str(node_dir / "redis.log")]
+            self.procs.append(subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        clients = [redis.Redis(port=p, socket_timeout=5) for p in self.ports]
+        try:
+            self._until(lambda: all(c.ping() for c in clients), timeout, "nodes answering")
+            slots = 16384 // len(self.ports)
+            for i, c in enumerate(clients):
+                end = 16383 if i == len(clients) - 1 else (i + 1) * slots - 1
+                c.execute_command("CLUSTER", "ADDSLOTSRANGE", i * slots, end)
+            for port in self.ports[1:]:
+                clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", port)
+            self._until(
+                lambda: all(b"cluster_state:ok" in c.execute_command("CLUSTER", "INFO") for c in clients),
+                timeout,
+                "cluster_state:ok",
+            )
+        except BaseException:
+            self.stop()
+            raise
+        finally:
+            for c in clients:
+                c.close()
+        return self
+
+    @staticmethod
+    def _until(check: Any, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(redis.RedisError):
+                if check():
+                    return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"local Redis Cluster: no {what} within {timeout:.0f}s")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        self.procs = []
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

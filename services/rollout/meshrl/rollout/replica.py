@@ -1,0 +1,378 @@
+"""The rollout replica's core: one engine, its serving state, and the work the RPCs ask for.
+
+`server.py` converts protos and calls these methods; `__main__` builds the replica, loads the
+job's current weights, then registers it as serving. Generation of a prompt batch reads the
+prompts from the data buffer and writes one row per sample back to it (see batch_schema).
+No gRPC here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import numpy as np
+from meshrl.api.common.v1 import keys_pb2, tensor_pb2
+from meshrl.common import batch_schema as S
+from meshrl.common import telemetry
+from meshrl.common.codec import Batch, Ragged
+from meshrl.common.errors import FailedPrecondition, InvalidArgument, MeshrlError, Unavailable
+from meshrl.common.registry import DRAINING, PAUSED, SERVING, STALE, STARTING, ReplicaInfo
+from meshrl.common.telemetry import attributes as A
+from meshrl.rollout.engine import Engine
+from meshrl.rollout.types import (
+    CollectiveGroupSpec,
+    FinishReason,
+    GenerationRequest,
+    GenerationResult,
+    PauseMode,
+    SamplingParams,
+    TokenChunk,
+    WeightUpdateResult,
+)
+
+log = logging.getLogger(__name__)
+MAX_ABORT_RETRIES = 100
+
+
+@dataclass
+class BatchJob:
+    """GenerateBatch in domain terms: prompts [row_begin, row_end) of `input`, n samples each."""
+
+    input: keys_pb2.BatchKey
+    output: keys_pb2.BatchKey
+    sampling: SamplingParams
+    n: int = 1
+    job_id: str = ""
+    step: int = 0
+    row_begin: int = 0
+    row_end: int = 0  # both 0 = every prompt
+
+
+@dataclass
+class BatchStats:
+    samples: int
+    prompt_tokens: int
+    generated_tokens: int
+    seconds: float
+    min_weight_version: int
+    max_weight_version: int
+
+
+@dataclass
+class ReplicaStatus:
+    replica_id: str
+    engine: str
+    model_path: str
+    weight_version: int
+    state: str
+    queue_depth: int
+    running_requests: int
+    tokens_per_second: float
+    capacity: int
+    generated_tokens: int
+
+
+def sample_seed(seed: int | None, row: int, index: int) -> int | None:
+    """A distinct, reproducible seed per (prompt row, sample index), independent of how rows are split."""
+    if seed is None:
+        return None
+    return (int(seed) * 1_000_003 + row * 7919 + index) & 0x7FFF_FFFF_FFFF_FFFF
+
+
+class RolloutReplica:
+    def __init__(self, engine: Engine, *, replica_id: str, capacity: int, databuffer=None, buffer_wait_s: float = 30.0):
+        self.engine = engine
+        self.replica_id = replica_id
+        self.capacity = capacity
+        self.databuffer = databuffer  # meshrl.common.databuffer_client.DataBufferClient or None
+        self.buffer_wait_s = buffer_wait_s
+        self._state = STARTING
+        self._user_paused = False
+        self._active = 0
+        self._idle = threading.Condition()
+
+    # --- state ------------------------------------------------------------------------------
+    @property
+    def state(self) -> str:
+        if self._state == SERVING and self._user_paused:
+            return PAUSED
+        return self._state
+
+    def mark_serving(self) -> None:
+        if self._state in (STARTING, STALE):
+            self._state = SERVING
+
+    def start_draining(self) -> None:
+        self._state = DRAINING
+
+    def _enter(self) -> None:
+        state = self.state
+        if state in (STARTING, STALE, DRAINING):
+            why = {
+                STARTING: "is still loading its model or weights",
+                STALE: "serves stale weights until it is refitted",
+                DRAINING: "is draining before it stops",
+            }[state]
+            raise Unavailable(f"rollout replica {self.replica_id} {why}; send the request to another replica")
+        with self._idle:
+            self._active += 1
+
+    def _leave(self) -> None:
+        with self._idle:
+            self._active -= 1
+            self._idle.notify_all()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Waits until no generation call runs (drain); False when `timeout` passed first."""
+        deadline = time.monotonic() + timeout
+        with self._idle:
+            while self._active:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(left)
+        return True
+
+    def info(self, address: str) -> ReplicaInfo:
+        return ReplicaInfo(
+            replica_id=self.replica_id,
+            address=address,
+            engine=self.engine.name,
+            capacity=self.capacity,
+            weight_version=self.engine.weight_version,
+            state=self.state,
+            model_path=self.engine.model_path,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+        )
+
+    # --- generation -------------------------------------------------------------------------------
+    def _run(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        """Generates every request; a request aborted by a pause is regenerated once generation resumes."""
+        futures: list[Future[GenerationResult]] = [self.engine.submit(r) for r in requests]
+        results: list[GenerationResult] = []
+        for request, future in zip(requests, futures):
+            result = future.result()
+            retries = 0
+            while result.finish_reason == FinishReason.ABORT:
+                retries += 1
+                if retries > MAX_ABORT_RETRIES or not self.engine.health():
+                    raise Unavailable(f"request {request.request_id} was aborted {retries} times; retry elsewhere")
+                result = self.engine.submit(request).result()
+            results.append(result)
+        return results
+
+    def generate_batch(self, job: BatchJob) -> BatchStats:
+        if self.databuffer is None:
+            raise FailedPrecondition(
+                "this replica has no data buffer (databuffer_address is unset); start it with "
+                "--set databuffer_address=HOST:PORT"
+            )
+        if job.n < 1:
+            raise InvalidArgument(f"n = {job.n}: the samples per prompt must be >= 1")
+        job.sampling.validate()
+        self._enter()
+        try:
+            with telemetry.tracer().start_as_current_span(
+                "rollout.generate_batch",
+                attributes={A.REPLICA: self.replica_id, A.JOB_ID: job.job_id, A.STEP: job.step},
+            ) as span:
+                start = time.perf_counter()
+                batch = self.databuffer.get(job.input, wait_seconds=self.buffer_wait_s)
+                rows = self._rows(batch, job)
+                prompts: Ragged = batch[S.PROMPT_IDS]
+                if not isinstance(prompts, Ragged):
+                    raise InvalidArgument(f"input column '{S.PROMPT_IDS}' must be ragged int32 token ids")
+                requests = [
+                    GenerationRequest(
+                        prompt_ids=prompts.row(row).tolist(),
+                        sampling=job.sampling.with_seed(sample_seed(job.sampling.seed, row, k)),
+                        request_id=f"{job.job_id}/{job.step}/{row}/{k}",
+                    )
+                    for row in rows
+                    for k in range(job.n)
+                ]
+                for i, r in enumerate(requests):
+                    try:
+                        self.engine.validate(r)
+                    except InvalidArgument as exc:
+                        raise InvalidArgument(f"prompt row {rows[i // job.n]}: {exc.message}") from None
+                results = self._run(requests)
+                out, samples = self._output(batch, job, rows, results)
+                self.databuffer.put(job.output, out, samples=samples, overwrite=True)
+                stats = self._stats(results, time.perf_counter() - start)
+                span.set_attribute(A.REQUESTS, len(requests))
+                span.set_attribute(A.TOKENS, stats.generated_tokens)
+                telemetry.metrics().record_tokens(
+                    stats.generated_tokens, stats.seconds, phase="generate", replica=self.replica_id
+                )
+                return stats
+        finally:
+            self._leave()
+
+    @staticmethod
+    def _rows(batch: Batch, job: BatchJob) -> list[int]:
+        total = batch.num_rows()
+        begin, end = job.row_begin, job.row_end
+        if begin == 0 and end == 0:
+            end = total
+        if not (0 <= begin < end <= total):
+            raise InvalidArgument(
+                f"rows [{job.row_begin}, {job.row_end}) are not inside the input batch of {total} prompts; "
+                "give 0 <= row_begin < row_end <= number of prompts (or both 0 for all)"
+            )
+        return list(range(begin, end))
+
+    def _output(
+        self, batch: Batch, job: BatchJob, rows: list[int], results: list[GenerationResult]
+    ) -> tuple[dict[str, object], list[tensor_pb2.SampleMeta]]:
+        source_rows = [row for row in rows for _ in range(job.n)]
+        out: dict[str, object] = dict(batch.take(source_rows).columns)  # prompt_ids, answer, ... per sample
+        out[S.RESPONSE_IDS] = Ragged.from_rows([r.token_ids for r in results], dtype=np.int32)
+        out[S.ROLLOUT_LOGPROBS] = Ragged.from_rows([r.logprobs for r in results], dtype=np.float32)
+        out[S.RESPONSE_VERSIONS] = Ragged.from_rows([r.weight_versions for r in results], dtype=np.int64)
+        out[S.GROUP_INDEX] = np.asarray(source_rows, dtype=np.int64)
+        samples = []
+        for i, (row, result) in enumerate(zip(source_rows, results)):
+            group_id = f"{job.job_id}/{job.step}/{row}"
+            samples.append(
+                tensor_pb2.SampleMeta(
+                    job_id=job.job_id,
+                    step=job.step,
+                    group_id=group_id,
+                    index_in_group=i % job.n,
+                    weight_version=result.min_version,
+                    max_weight_version=result.max_version,
+                    finish_reason=int(result.finish_reason),
+                    sample_id=f"{group_id}/{i % job.n}",
+                )
+            )
+        return out, samples
+
+    @staticmethod
+    def _stats(results: list[GenerationResult], seconds: float) -> BatchStats:
+        return BatchStats(
+            samples=len(results),
+            prompt_tokens=sum(len(r.prompt_ids) for r in results),
+            generated_tokens=sum(len(r.token_ids) for r in results),
+            seconds=seconds,
+            min_weight_version=min((r.min_version for r in results), default=0),
+            max_weight_version=max((r.max_version for r in results), default=0),
+        )
+
+    def stream(self, request: GenerationRequest, prompt_text: str = "") -> Iterator[TokenChunk]:
+        """Streams one response (interactive / multi-turn); `prompt_text` is tokenized when no ids are given."""
+        if not request.prompt_ids and prompt_text:
+            request.prompt_ids = self.engine.tokenize(prompt_text)
+        self.engine.validate(request)
+        self._enter()
+        try:
+            yield from self.engine.stream(request)
+        finally:
+            self._leave()
+
+    # --- weights ----------------------------------------------------------------------------------
+    def _check_version(self, version: int) -> bool:
+        """Refuses a version older than the served one; True when `version` is newer (or this replica is stale)."""
+        current = self.engine.weight_version
+        if version < current or version < 0:
+            raise InvalidArgument(
+                f"weight version {version} is older than the version {current} this replica serves; "
+                "publish a newer version (versions only move forward)"
+            )
+        return version > current or self._state == STALE
+
+    def _weights_changed(self, result: WeightUpdateResult, transport: str) -> WeightUpdateResult:
+        if self._state == STALE:
+            self._state = SERVING
+        telemetry.metrics().set_weight_version(self.replica_id, result.version)
+        telemetry.metrics().record_weight_update(result.seconds, transport=transport, replica=self.replica_id)
+        return result
+
+    def update_weights_from_disk(
+        self,
+        path: str,
+        version: int,
+        *,
+        manifest_sha256: str = "",
+        staging_dir: str = "",
+        pause_mode: PauseMode = PauseMode.IN_PLACE,
+        flush_cache: bool = True,
+    ) -> WeightUpdateResult:
+        if not path:
+            raise InvalidArgument("weights.path is empty: give the folder of the published version")
+        if not self._check_version(version):
+            return WeightUpdateResult(version, 0.0, 0)
+        result = self.engine.update_weights_from_disk(
+            path,
+            version,
+            manifest_sha256=manifest_sha256,
+            staging_dir=staging_dir,
+            pause_mode=pause_mode,
+            flush_cache=flush_cache,
+        )
+        return self._weights_changed(result, "disk")
+
+    def init_weight_update_group(self, group: CollectiveGroupSpec) -> int:
+        return self.engine.init_weight_update_group(group)
+
+    def update_weights_from_distributed(
+        self,
+        group_name: str,
+        version: int,
+        *,
+        pause_mode: PauseMode = PauseMode.IN_PLACE,
+        flush_cache: bool = True,
+        timeout_seconds: float = 120.0,
+    ) -> WeightUpdateResult:
+        self._check_version(version)  # the same version is received again: the trainer is already sending it
+        try:
+            result = self.engine.update_weights_from_distributed(
+                group_name, version, pause_mode=pause_mode, flush_cache=flush_cache, timeout_seconds=timeout_seconds
+            )
+        except InvalidArgument:
+            raise  # refused before any tensor changed
+        except MeshrlError:
+            self._state = STALE  # part of the weights may be new: serve nothing until refitted
+            raise
+        return self._weights_changed(result, "distributed")
+
+    def destroy_weight_update_group(self, group_name: str) -> None:
+        self.engine.destroy_weight_update_group(group_name)
+
+    def weight_checksums(self, names: Sequence[str]) -> tuple[int, dict[str, str]]:
+        return self.engine.weight_checksums(names)
+
+    # --- control ------------------------------------------------------------------------------------
+    def pause(self, mode: PauseMode) -> int:
+        self._user_paused = True
+        return self.engine.pause(mode)
+
+    def continue_generation(self) -> None:
+        self.engine.continue_generation()
+        self._user_paused = False
+
+    def flush_cache(self) -> bool:
+        return self.engine.flush_cache()
+
+    def status(self) -> ReplicaStatus:
+        s = self.engine.status()
+        return ReplicaStatus(
+            replica_id=self.replica_id,
+            engine=s.engine,
+            model_path=s.model_path,
+            weight_version=s.weight_version,
+            state=self.state,
+            queue_depth=s.queue_depth,
+            running_requests=s.running_requests,
+            tokens_per_second=s.tokens_per_second,
+            capacity=self.capacity,
+            generated_tokens=s.generated_tokens,
+        )

@@ -1,0 +1,155 @@
+"""The Rollout gRPC servicer: converts protos at the edge and calls the replica core.
+
+Built by `__main__` around a `RolloutReplica`; typed errors raised by the core become status
+codes in meshrl.common.grpc_errors (bad input → INVALID_ARGUMENT, replica unavailable → UNAVAILABLE).
+"""
+
+from __future__ import annotations
+
+from meshrl.api.common.v1 import weights_pb2
+from meshrl.api.rollout.v1 import rollout_pb2 as pb
+from meshrl.api.rollout.v1 import rollout_pb2_grpc
+from meshrl.common.errors import InvalidArgument
+from meshrl.common.grpc_server import Service
+from meshrl.rollout.replica import BatchJob, RolloutReplica
+from meshrl.rollout.types import CollectiveGroupSpec, GenerationRequest, PauseMode, SamplingParams, new_request_id
+
+SERVICE_NAME = "meshrl.rollout.v1.Rollout"
+STATES = {
+    "starting": pb.REPLICA_STATE_STARTING,
+    "serving": pb.REPLICA_STATE_SERVING,
+    "paused": pb.REPLICA_STATE_PAUSED,
+    "stale": pb.REPLICA_STATE_STALE,
+    "draining": pb.REPLICA_STATE_DRAINING,
+}
+
+
+def pause_mode(value: int, default: PauseMode = PauseMode.IN_PLACE) -> PauseMode:
+    if value == weights_pb2.PAUSE_MODE_UNSPECIFIED:
+        return default
+    try:
+        return PauseMode(value)
+    except ValueError:
+        raise InvalidArgument(f"pause_mode = {value} is not a PauseMode (1 = abort, 2 = in place)") from None
+
+
+class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
+    def __init__(self, replica: RolloutReplica) -> None:
+        self.replica = replica
+
+    def GenerateBatch(self, request: pb.GenerateBatchRequest, context) -> pb.GenerateBatchResponse:
+        job = BatchJob(
+            input=request.input,
+            output=request.output,
+            sampling=SamplingParams.from_proto(request.sampling),
+            n=request.n or 1,
+            job_id=request.job_id,
+            step=request.step,
+            row_begin=request.row_begin,
+            row_end=request.row_end,
+        )
+        s = self.replica.generate_batch(job)
+        return pb.GenerateBatchResponse(
+            samples=s.samples,
+            prompt_tokens=s.prompt_tokens,
+            generated_tokens=s.generated_tokens,
+            seconds=s.seconds,
+            min_weight_version=s.min_weight_version,
+            max_weight_version=s.max_weight_version,
+        )
+
+    def GenerateStream(self, request: pb.GenerateRequest, context):
+        req = GenerationRequest(
+            prompt_ids=list(request.prompt_ids),
+            sampling=SamplingParams.from_proto(request.sampling),
+            request_id=request.request_id or new_request_id(),
+            session_id=request.session_id,
+        )
+        engine = self.replica.engine
+        decoded: list[int] = []
+        text = ""
+        for chunk in self.replica.stream(req, prompt_text=request.prompt_text):
+            decoded.extend(chunk.token_ids)
+            full = engine.detokenize(decoded) if decoded else ""
+            delta = ""
+            if not full.endswith("\ufffd"):  # wait for the rest of a multi-byte character
+                delta, text = full[len(text) :], full
+            yield pb.GenerateChunk(
+                token_ids=chunk.token_ids,
+                logprobs=chunk.logprobs,
+                weight_versions=chunk.weight_versions,
+                finish_reason=int(chunk.finish_reason or 0),
+                text=delta,
+            )
+
+    def UpdateWeightsFromDisk(self, request: pb.UpdateWeightsFromDiskRequest, context) -> pb.UpdateWeightsResponse:
+        w = request.weights
+        r = self.replica.update_weights_from_disk(
+            w.path,
+            w.version,
+            manifest_sha256=w.manifest_sha256,
+            staging_dir=w.local_staging_dir,
+            pause_mode=pause_mode(request.pause_mode),
+            flush_cache=request.flush_cache,
+        )
+        return pb.UpdateWeightsResponse(version=r.version, seconds=r.seconds, bytes=r.bytes)
+
+    def InitWeightUpdateGroup(self, request: pb.InitWeightUpdateGroupRequest, context):
+        g = request.group
+        spec = CollectiveGroupSpec(
+            master_address=g.master_address,
+            master_port=g.master_port,
+            world_size=g.world_size,
+            rank_offset=g.rank_offset,
+            group_name=g.group_name or "weight_update_group",
+            backend=g.backend or "gloo",
+            timeout_seconds=g.timeout_seconds or 120.0,
+        )
+        return pb.InitWeightUpdateGroupResponse(rank=self.replica.init_weight_update_group(spec))
+
+    def UpdateWeightsFromDistributed(self, request: pb.UpdateWeightsFromDistributedRequest, context):
+        r = self.replica.update_weights_from_distributed(
+            request.group_name or "weight_update_group",
+            request.version,
+            pause_mode=pause_mode(request.pause_mode),
+            flush_cache=request.flush_cache,
+            timeout_seconds=request.timeout_seconds or 120.0,
+        )
+        return pb.UpdateWeightsResponse(version=r.version, seconds=r.seconds, bytes=r.bytes)
+
+    def DestroyWeightUpdateGroup(self, request: pb.DestroyWeightUpdateGroupRequest, context):
+        self.replica.destroy_weight_update_group(request.group_name or "weight_update_group")
+        return pb.DestroyWeightUpdateGroupResponse()
+
+    def Pause(self, request: pb.PauseRequest, context) -> pb.PauseResponse:
+        return pb.PauseResponse(aborted_requests=self.replica.pause(pause_mode(request.mode)))
+
+    def Continue(self, request: pb.ContinueRequest, context) -> pb.ContinueResponse:
+        self.replica.continue_generation()
+        return pb.ContinueResponse()
+
+    def FlushCache(self, request: pb.FlushCacheRequest, context) -> pb.FlushCacheResponse:
+        return pb.FlushCacheResponse(flushed=self.replica.flush_cache())
+
+    def GetWeightChecksums(self, request: pb.GetWeightChecksumsRequest, context) -> weights_pb2.WeightChecksums:
+        version, sums = self.replica.weight_checksums(list(request.names))
+        return weights_pb2.WeightChecksums(version=version, sha256=sums)
+
+    def GetStatus(self, request: pb.GetStatusRequest, context) -> pb.RolloutStatus:
+        s = self.replica.status()
+        return pb.RolloutStatus(
+            replica_id=s.replica_id,
+            engine=s.engine,
+            model_path=s.model_path,
+            weight_version=s.weight_version,
+            state=STATES[s.state],
+            queue_depth=s.queue_depth,
+            running_requests=s.running_requests,
+            tokens_per_second=s.tokens_per_second,
+            capacity=s.capacity,
+            generated_tokens=s.generated_tokens,
+        )
+
+
+def service(replica: RolloutReplica) -> Service:
+    return Service(rollout_pb2_grpc.add_RolloutServicer_to_server, RolloutServicer(replica), SERVICE_NAME)

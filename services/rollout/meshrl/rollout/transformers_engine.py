@@ -1,0 +1,177 @@
+"""The embedded default engine: a `transformers` model on CPU or GPU, decoded with continuous batching.
+
+Built by `create_engine` for engine.kind = "transformers". Generation goes through the
+`ContinuousBatcher`; weight updates (disk or collective) are received and verified by
+`meshrl.common.weights`, then copied into the live parameters between two decoding steps.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future
+
+from meshrl.common.errors import FailedPrecondition, InvalidArgument
+from meshrl.rollout.batcher import ContinuousBatcher
+from meshrl.rollout.config import EngineConfig
+from meshrl.rollout.engine import ChunkCallback, Engine
+from meshrl.rollout.model_runner import HFModelRunner
+from meshrl.rollout.types import (
+    CollectiveGroupSpec,
+    EngineStatus,
+    GenerationRequest,
+    GenerationResult,
+    PauseMode,
+    WeightUpdateResult,
+)
+from meshrl.rollout.weight_receiver import WeightReceiver
+
+
+class TransformersEngine(Engine):
+    name = "transformers"
+
+    def __init__(self, config: EngineConfig) -> None:
+        t = config.transformers
+        self.runner = HFModelRunner(
+            config.model_path,
+            device=t.device,
+            dtype=t.dtype,
+            attn_implementation=t.attn_implementation,
+            context_length=config.context_length,
+            num_threads=t.num_threads,
+        )
+        self.batcher = ContinuousBatcher(
+            self.runner,
+            max_batch_size=config.max_batch_size,
+            max_admit_per_step=t.max_admit_per_step,
+            prefix_cache_tokens=t.prefix_cache_tokens,
+        )
+        self.receiver = WeightReceiver(self.runner.parameters_by_name, self.runner.device)
+        self._update_lock = threading.Lock()
+        self.batcher.start()
+
+    # --- facts ----------------------------------------------------------------------------------
+    @property
+    def model_path(self) -> str:
+        return self.runner.model_path
+
+    @property
+    def context_length(self) -> int:
+        return self.runner.context_length
+
+    @property
+    def vocab_size(self) -> int:
+        return self.runner.vocab_size
+
+    @property
+    def weight_version(self) -> int:
+        return self.batcher.version
+
+    # --- generation -------------------------------------------------------------------------------
+    def submit(self, request: GenerationRequest, on_chunk: ChunkCallback | None = None) -> Future[GenerationResult]:
+        self.validate(request)
+        bad = [t for t in request.sampling.stop_token_ids if t >= self.vocab_size]
+        if bad:
+            raise InvalidArgument(f"sampling.stop_token_ids {bad} are outside the vocabulary [0, {self.vocab_size})")
+        return self.batcher.submit(request, on_chunk)
+
+    def cancel(self, request_id: str) -> bool:
+        return self.batcher.cancel(request_id)
+
+    # --- weights ------------------------------------------------------------------------------------
+    def _install(self, tensors, version: int, pause_mode: PauseMode, flush_cache: bool) -> int:
+        """Pauses, copies `tensors` into the live parameters, bumps the version, flushes, continues."""
+        self.batcher.pause(pause_mode, reason="weights")
+        try:
+
+            def apply() -> int:
+                nbytes = self.receiver.apply(tensors)
+                self.batcher.version = version
+                if flush_cache:
+                    self.batcher.drop_cache()
+                return nbytes
+
+            return self.batcher.run_exclusive(apply)
+        finally:
+            self.batcher.resume(reason="weights")
+
+    def update_weights_from_disk(
+        self,
+        path: str,
+        version: int,
+        *,
+        manifest_sha256: str = "",
+        staging_dir: str = "",
+        pause_mode: PauseMode = PauseMode.IN_PLACE,
+        flush_cache: bool = True,
+    ) -> WeightUpdateResult:
+        with self._update_lock:
+            staged = self.receiver.read_disk(
+                path, version, manifest_sha256, staging_dir
+            )  # verified before anything changes
+            nbytes = self._install(staged.tensors, version, pause_mode, flush_cache)
+            return WeightUpdateResult(version, staged.seconds_total(), nbytes)
+
+    def init_weight_update_group(self, group: CollectiveGroupSpec) -> int:
+        return self.receiver.join_group(group)
+
+    def update_weights_from_distributed(
+        self,
+        group_name: str,
+        version: int,
+        *,
+        pause_mode: PauseMode = PauseMode.IN_PLACE,
+        flush_cache: bool = True,
+        timeout_seconds: float = 120.0,
+    ) -> WeightUpdateResult:
+        with self._update_lock:
+            staged = self.receiver.receive(group_name, version, timeout_seconds)
+            nbytes = self._install(staged.tensors, version, pause_mode, flush_cache)
+            return WeightUpdateResult(version, staged.seconds_total(), nbytes)
+
+    def destroy_weight_update_group(self, group_name: str) -> None:
+        self.receiver.leave_group(group_name)
+
+    def weight_checksums(self, names: Sequence[str] = ()) -> tuple[int, dict[str, str]]:
+        return self.batcher.run_exclusive(lambda: (self.batcher.version, self.receiver.checksums(names)))
+
+    # --- control ------------------------------------------------------------------------------------
+    def pause(self, mode: PauseMode = PauseMode.IN_PLACE) -> int:
+        return self.batcher.pause(mode, reason="user")
+
+    def continue_generation(self) -> None:
+        self.batcher.resume(reason="user")
+
+    def flush_cache(self) -> bool:
+        return self.batcher.flush()
+
+    def health(self) -> bool:
+        return self.batcher.alive
+
+    def status(self) -> EngineStatus:
+        b = self.batcher
+        return EngineStatus(
+            engine=self.name,
+            model_path=self.model_path,
+            weight_version=b.version,
+            queue_depth=b.queue_depth,
+            running_requests=b.running,
+            tokens_per_second=b.tokens_per_second(),
+            generated_tokens=b.generated_tokens,
+            paused=b.paused,
+            healthy=self.health(),
+        )
+
+    def tokenize(self, text: str) -> list[int]:
+        if self.runner.tokenizer is None:
+            raise FailedPrecondition(f"the model folder {self.model_path} has no tokenizer; send prompt_ids instead")
+        return list(self.runner.tokenizer.encode(text, add_special_tokens=False))
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        if self.runner.tokenizer is None:
+            return ""
+        return self.runner.tokenizer.decode(list(token_ids), skip_special_tokens=False)
+
+    def shutdown(self) -> None:
+        self.batcher.stop()
+        self.receiver.close()

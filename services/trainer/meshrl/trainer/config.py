@@ -1,0 +1,58 @@
+"""Typed configuration of the trainer service (`python -m meshrl.trainer --config FILE --set k=v`).
+
+Loaded by `__main__` through `meshrl.common.config.parse_service_args`; every section forbids
+unknown fields, so a misspelt key fails at start-up naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pydantic
+from meshrl.common.config import StrictModel
+from meshrl.common.grpc_server import ServerConfig
+from meshrl.common.telemetry import TelemetryConfig
+
+DEFAULT_PORT = 50052
+
+
+class DataParallelConfig(StrictModel):
+    size: int = pydantic.Field(1, ge=1, description="trainer ranks; rank 0 serves gRPC and starts the others")
+    backend: Literal["auto", "gloo", "nccl"] = pydantic.Field(
+        "auto", description="torch.distributed backend of the ranks: auto = nccl with CUDA, else gloo"
+    )
+    master_address: str = pydantic.Field("127.0.0.1", description="rendezvous address of the ranks (rank 0's host)")
+    master_port: int = pydantic.Field(0, ge=0, le=65535, description="rendezvous port; 0 = a free one")
+    start_timeout_seconds: float = pydantic.Field(300.0, gt=0, description="wait this long for every rank to join")
+
+
+class DefaultsConfig(StrictModel):
+    """Values used when a request leaves a field at zero / empty."""
+
+    micro_batch_tokens: int = pydantic.Field(4096, ge=1, description="padded tokens per micro-batch")
+    temperature: float = pydantic.Field(1.0, gt=0, description="logits / temperature before log-softmax")
+    bucket_bytes: int = pydantic.Field(512 << 20, ge=1 << 10, description="weight publication bucket size")
+    policy_loss: Literal["ppo", "gspo", "sft"] = "ppo"
+    clip_low: float = pydantic.Field(0.2, ge=0, lt=1)
+    clip_high: float | None = pydantic.Field(None, ge=0, description="None = clip_low (symmetric PPO)")
+    aggregation: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    value_clip: float = pydantic.Field(0.2, ge=0)
+    publish_timeout_seconds: float = pydantic.Field(300.0, gt=0, description="weight group join / broadcast deadline")
+
+
+class TrainerConfig(StrictModel):
+    server: ServerConfig = pydantic.Field(default_factory=lambda: ServerConfig(port=DEFAULT_PORT))
+    databuffer_address: str | None = pydantic.Field(
+        None, description="host:port of the data buffer that batches are read from and written to"
+    )
+    databuffer_wait_seconds: float = pydantic.Field(
+        30.0, ge=0, description="wait this long for an input batch to appear before NOT_FOUND"
+    )
+    data_parallel: DataParallelConfig = pydantic.Field(default_factory=DataParallelConfig)
+    defaults: DefaultsConfig = pydantic.Field(default_factory=DefaultsConfig)
+    atomic_steps: bool = pydantic.Field(
+        True, description="snapshot model+optimizer before multi-step train calls so a NaN rolls them all back"
+    )
+    torch_threads: int | None = pydantic.Field(None, ge=1, description="torch CPU threads (None = torch's default)")
+    telemetry: TelemetryConfig = pydantic.Field(default_factory=TelemetryConfig)

@@ -1,0 +1,125 @@
+"""Data-parallel trainer ranks: starting them, and the command bus rank 0 uses to drive the others.
+
+Rank 0 serves gRPC; every collective operation (load, log-probs, values, train, checkpoints) is first
+broadcast to ranks 1..N-1 as a JSON command over a gloo group, then run on every rank in the same
+order. Commands carry data-buffer keys and settings only: each rank reads the batch itself.
+Used by `meshrl.trainer.__main__` (rank 0), `meshrl.trainer.worker` (other ranks) and `service`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from meshrl.common.errors import Unavailable
+
+log = logging.getLogger(__name__)
+STOP = "__stop__"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def resolve_backend(backend: str) -> str:
+    if backend == "auto":
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    return backend
+
+
+def init_ranks(rank: int, world: int, address: str, port: int, backend: str, timeout_s: float) -> None:
+    """Joins the trainer's torch.distributed world (one process per rank; with CUDA, device = local rank)."""
+    backend = resolve_backend(backend)
+    if backend == "nccl":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://{address}:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+
+
+def spawn_workers(world: int, address: str, port: int, config_json: str) -> list[subprocess.Popen]:
+    """Starts ranks 1..world-1 as `python -m meshrl.trainer.worker` child processes."""
+    procs = []
+    for rank in range(1, world):
+        cmd = [sys.executable, "-m", "meshrl.trainer.worker", "--rank", str(rank), "--world", str(world)]
+        cmd += ["--master", f"{address}:{port}"]
+        env = {**os.environ, "MESHRL_TRAINER_CONFIG_JSON": config_json}
+        procs.append(subprocess.Popen(cmd, env=env))
+    return procs
+
+
+class CommandBus:
+    """Rank 0 broadcasts commands (JSON objects) to the other ranks, which run them in order.
+
+    Also agrees, before a command touches the model, that every rank is ready (e.g. read its batch):
+    `all_ok(ok)` is a collective AND, so one failing rank fails the command on all ranks without a hang.
+    """
+
+    def __init__(self) -> None:
+        self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
+        self.group = dist.new_group(backend="gloo")
+
+    def send(self, command: dict[str, Any]) -> None:
+        if self.rank != 0:
+            raise RuntimeError("only rank 0 sends commands")
+        self._broadcast(json.dumps(command).encode())
+
+    def _broadcast(self, data: bytes | None) -> bytes:
+        size = torch.tensor([len(data) if data is not None else 0], dtype=torch.int64)
+        dist.broadcast(size, src=0, group=self.group)
+        buf = (
+            torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            if data is not None
+            else torch.empty(int(size), dtype=torch.uint8)
+        )
+        dist.broadcast(buf, src=0, group=self.group)
+        return buf.numpy().tobytes()
+
+    def receive(self) -> dict[str, Any]:
+        return json.loads(self._broadcast(None))
+
+    def all_ok(self, ok: bool) -> bool:
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
+        return bool(flag.item())
+
+    def serve(self, run: Callable[[dict[str, Any]], Any]) -> None:
+        """Worker loop: run every command from rank 0 until the stop command."""
+        while True:
+            command = self.receive()
+            if command.get("op") == STOP:
+                return
+            try:
+                run(command)
+            except Exception as exc:  # noqa: BLE001 - rank 0 reports the error; this rank keeps serving
+                log.warning("rank %d: command %s failed: %s", self.rank, command.get("op"), exc)
+
+    def stop(self) -> None:
+        self.send({"op": STOP})
+
+
+def require_ok(bus: CommandBus | None, error: BaseException | None, what: str) -> None:
+    """Raises `error` (or Unavailable if another rank failed) unless every rank succeeded at `what`."""
+    ok = error is None
+    if bus is not None and bus.world > 1:
+        ok = bus.all_ok(ok)
+    if error is not None:
+        raise error
+    if not ok:
+        raise Unavailable(f"another trainer rank failed to {what}; see that rank's log")

@@ -1,0 +1,170 @@
+"""One train call of a role: mini-batch optimizer steps with gradient accumulation over micro-batches.
+
+Each mini-batch's loss is normalised by its global token / sequence count, so summing micro-batch
+gradients and all-reducing them over data-parallel ranks gives the full-batch gradient; then grad
+clipping, the LR schedule and one AdamW step. A non-finite loss or gradient restores the state from
+before the call. Called by `meshrl.trainer.core.TrainerCore.train_step`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from meshrl.common import batch_schema as S
+from meshrl.trainer.batching import SequenceBatch, collate
+from meshrl.trainer.forward import forward_logprobs, forward_values
+from meshrl.trainer.losses import LossConfig, loss_denominator, policy_objective, value_objective
+from meshrl.trainer.optim import allreduce_grads, lr_at, set_lr
+from meshrl.trainer.roles import NonFiniteLoss, RoleState, TrainResult
+
+PlanFn = Callable[[SequenceBatch, Sequence[int]], list[list[int]]]
+
+_PER_TOKEN_METRICS = {
+    "clipped": "clip_fraction",
+    "dual_clipped": "dual_clip_fraction",
+    "kl": "kl",
+    "entropy": "entropy",
+    "ratio": "ratio",
+    "tis_weight": "tis_weight",
+    "vf_clipped": "vf_clip_fraction",
+    "values": "values",
+}
+
+
+def needed_columns(cfg: LossConfig) -> list[str]:
+    """Per-token columns the objective cannot do without."""
+    if cfg.policy_loss == "value":
+        return [S.RETURNS]
+    needed = [] if cfg.policy_loss == "sft" else [S.ADVANTAGES]
+    if cfg.kl_coef:
+        needed.append(S.REF_LOGPROBS)
+    if cfg.tis_cap and cfg.policy_loss != "sft":
+        needed.append(S.ROLLOUT_LOGPROBS)
+    return needed
+
+
+def train_role(
+    state: RoleState,
+    batch: SequenceBatch,
+    cfg: LossConfig,
+    plan: PlanFn,
+    device: torch.device,
+    *,
+    mini_batches: int,
+    temperature: float,
+    lr_override: float,
+    atomic: bool,
+) -> TrainResult:
+    """`mini_batches` optimizer steps over consecutive row chunks of `batch`; metrics averaged over steps."""
+    snapshot = _snapshot(state) if atomic and mini_batches > 1 else None
+    totals: dict[str, float] = {}
+    state.model.train()
+    for chunk in np.array_split(np.arange(len(batch)), mini_batches):
+        try:
+            step = _one_step(state, batch, chunk, cfg, plan, device, temperature, lr_override)
+        except NonFiniteLoss:
+            if snapshot is not None:
+                _restore(state, snapshot)
+            raise
+        for k, v in step.items():
+            totals[k] = totals.get(k, 0.0) + v / mini_batches
+    tokens = int(batch.response_lengths.sum())
+    totals["tokens"] = float(tokens)
+    return TrainResult(totals, tokens, mini_batches)
+
+
+def _microbatch_loss(state, mb, cfg: LossConfig, denominator: float, temperature: float):
+    col = mb.columns.get
+    if cfg.policy_loss == "value":
+        values = forward_values(state.model, mb)
+        return value_objective(
+            cfg, mb.mask, denominator, values=values, returns=mb.columns[S.RETURNS], old_values=col(S.VALUES)
+        )
+    logp, ent = forward_logprobs(
+        state.model, mb, temperature=temperature, with_entropy=True, entropy_grad=cfg.entropy_coef > 0
+    )
+    return policy_objective(
+        cfg,
+        mb.mask,
+        denominator,
+        logprobs=logp,
+        old_logprobs=col(S.OLD_LOGPROBS),
+        advantages=col(S.ADVANTAGES),
+        ref_logprobs=col(S.REF_LOGPROBS),
+        rollout_logprobs=col(S.ROLLOUT_LOGPROBS),
+        entropy=ent,
+    )
+
+
+def _one_step(state, batch, chunk, cfg, plan, device, temperature, lr_override) -> dict[str, float]:
+    lengths = batch.response_lengths[chunk]
+    mask = np.arange(max(int(lengths.max()), 1))[None, :] < lengths[:, None]
+    denominator = loss_denominator(torch.from_numpy(mask.astype(np.float32)), cfg.aggregation)
+    params = [p for p in state.model.parameters() if p.requires_grad]
+    state.optimizer.zero_grad(set_to_none=False)
+    sums: dict[str, float] = {}
+    for rows in plan(batch, chunk.tolist()):
+        mb = collate(batch, rows, device, list(batch.token_columns))
+        loss, part = _microbatch_loss(state, mb, cfg, denominator, temperature)
+        loss.backward()
+        part["loss"] = float(loss.detach())
+        part["padded_tokens"] = float(mb.num_tokens)
+        part["sequence_tokens"] = float(batch.total_lengths[rows].sum())
+        for k, v in part.items():
+            sums[k] = sums.get(k, 0.0) + v
+    allreduce_grads(params)
+    sums = _allreduce_sums(sums, device)
+    norm = float(torch.nn.utils.clip_grad_norm_(params, state.optimizer_config.clip_grad or float("inf")))
+    if not (np.isfinite(sums.get("loss", 0.0)) and np.isfinite(norm)):
+        state.optimizer.zero_grad(set_to_none=False)
+        raise NonFiniteLoss(
+            f"train step of role {state.role!r} produced a non-finite loss ({sums.get('loss')}) or grad norm "
+            f"({norm}); the model and optimizer were left unchanged. Check the batch's advantages/log-probs "
+            "and lower the learning rate"
+        )
+    lr = lr_override if lr_override > 0 else lr_at(state.optimizer_config, state.train_steps)
+    set_lr(state.optimizer, lr)
+    state.optimizer.step()
+    state.train_steps += 1
+    return _step_metrics(sums, norm, lr)
+
+
+def _allreduce_sums(sums: dict[str, float], device: torch.device) -> dict[str, float]:
+    """Sums the metric sums over data-parallel ranks (every rank holds the same keys: same code path)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return sums
+    keys = sorted(sums)
+    buf = torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=device)
+    dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+    return dict(zip(keys, buf.tolist(), strict=True))
+
+
+def _step_metrics(sums: dict[str, float], norm: float, lr: float) -> dict[str, float]:
+    tokens = max(sums.get("tokens", 0.0), 1.0)
+    out = {"loss": sums.get("loss", 0.0), "grad_norm": norm, "lr": lr}
+    out["padding_fraction"] = 1.0 - sums.get("sequence_tokens", 0.0) / max(sums.get("padded_tokens", 1.0), 1.0)
+    for key, name in _PER_TOKEN_METRICS.items():
+        if key in sums:
+            out[name] = sums[key] / tokens
+    for key in ("pg_loss", "vf_loss"):
+        if key in sums:
+            out[key] = sums[key]
+    return out
+
+
+def _snapshot(state: RoleState) -> tuple[dict, dict, int]:
+    params = {n: p.detach().clone() for n, p in state.model.named_parameters()}
+    return params, copy.deepcopy(state.optimizer.state_dict()), state.train_steps
+
+
+def _restore(state: RoleState, snapshot: tuple[dict, dict, int]) -> None:
+    params, optim_state, steps = snapshot
+    with torch.no_grad():
+        for n, p in state.model.named_parameters():
+            p.copy_(params[n])
+    state.optimizer.load_state_dict(optim_state)
+    state.train_steps = steps
