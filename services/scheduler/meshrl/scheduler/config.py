@@ -23,6 +23,10 @@ class JobSection(StrictModel):
     seed: int = 0
     run_root: str = Field("runs", description="folder that holds one folder per run")
     step_timeout_seconds: float = Field(900.0, gt=0, description="deadline of one training step")
+    allowed_modules: list[str] = Field(
+        default_factory=lambda: ["meshrl"],
+        description="module prefixes that executable_refs, rewards and data generators may come from",
+    )
 
 
 class ModelSection(StrictModel):

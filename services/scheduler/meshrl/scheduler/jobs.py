@@ -85,7 +85,7 @@ class JobManager:
         progress: bool = False,
     ) -> JobRecord:  # fmt: skip
         cfg, raw = build_job_config(config_yaml, overrides)
-        workflow: Workflow = load_workflow_text(workflow_text, raw)
+        workflow: Workflow = load_workflow_text(workflow_text, raw, allowed_modules=cfg.job.allowed_modules)
         if resume_dir:
             run = RunDir(Path(resume_dir))
             job_id = job_id or run.root.name

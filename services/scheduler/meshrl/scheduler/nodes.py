@@ -22,9 +22,15 @@ from meshrl.scheduler.config import JobConfig
 from meshrl.scheduler.data import PromptEncoder, PromptSampler
 from meshrl.scheduler.executor import NodeResult, StepContext
 from meshrl.scheduler.fleet import RolloutFleet
-from meshrl.scheduler.rewards import RewardFn, import_ref, score
+from meshrl.scheduler.rewards import RewardFn, score
+from meshrl.scheduler.workflow import resolve_executable
 
 ROLE_OF = {"ACTOR": "actor", "REFERENCE": "reference", "CRITIC": "critic"}
+
+
+def enum_name(value: Any) -> str:
+    """NodeType.ROLLOUT -> "ROLLOUT" (plain strings pass through)."""
+    return str(getattr(value, "value", value))
 
 
 def loss_config(cfg: JobConfig, policy_loss: str | None = None) -> tpb.LossConfig:
@@ -73,7 +79,7 @@ class NodeHandlers:
         self.reward_fn = reward_fn
 
     def handler_for(self, node: Any) -> Callable[[Any, StepContext], NodeResult]:
-        kind, role = str(node.node_type), str(node.node_role)
+        kind, role = enum_name(node.node_type), enum_name(node.node_role)
         if kind == "DATA_LOAD":
             return self.data_load
         if kind == "ROLLOUT":
@@ -89,6 +95,9 @@ class NodeHandlers:
                 return self.user_compute
             return {"REWARD": self.reward, "ADVANTAGE": self.advantage, "DYNAMIC_SAMPLING": self.dynamic_sampling}[role]
         raise InvalidArgument(f"node '{node.node_id}': no handler for node_type {kind} / node_role {role}")
+
+    def _executable(self, node: Any) -> Callable:
+        return resolve_executable(node.executable_ref, self.cfg.job.allowed_modules, node.node_id)
 
     def _key(self, ctx: StepContext, node: Any):
         return batch_key(ctx.job_id, ctx.step, node.node_id)
@@ -125,7 +134,7 @@ class NodeHandlers:
     # -- COMPUTE -------------------------------------------------------------------------
     def reward(self, node: Any, ctx: StepContext) -> NodeResult:
         batch = self.buffer.get_many(ctx.input_keys(node.node_id))
-        fn = import_ref(node.executable_ref, f"node '{node.node_id}' executable_ref") if node.executable_ref else None
+        fn = self._executable(node) if node.executable_ref else None
         rows = batch.num_rows()
         prompts = [self.encoder.decode(batch[S.PROMPT_IDS].row(i)) for i in range(rows)]
         responses = [self.encoder.decode(batch[S.RESPONSE_IDS].row(i)) for i in range(rows)]
@@ -197,7 +206,7 @@ class NodeHandlers:
 
     def user_compute(self, node: Any, ctx: StepContext) -> NodeResult:
         """A user COMPUTE node: `fn(batch: Batch, config: dict) -> dict[str, array | Ragged]` of new columns."""
-        fn = import_ref(node.executable_ref, f"node '{node.node_id}' executable_ref")
+        fn = self._executable(node)
         batch = self.buffer.get_many(ctx.input_keys(node.node_id))
         out = fn(batch, dict(node.config))
         columns = out.columns if isinstance(out, Batch) else dict(out)
@@ -207,7 +216,7 @@ class NodeHandlers:
 
     # -- MODEL_* -------------------------------------------------------------------------
     def inference(self, node: Any, ctx: StepContext) -> NodeResult:
-        role = ROLE_OF[str(node.node_role)]
+        role = ROLE_OF[enum_name(node.node_role)]
         key = self._key(ctx, node)
         inputs = ctx.input_keys(node.node_id)
         if role == "critic":
@@ -218,7 +227,7 @@ class NodeHandlers:
         return NodeResult([key], {f"{node.node_id}/{k}": v for k, v in reply.metrics.items()})
 
     def train(self, node: Any, ctx: StepContext) -> NodeResult:
-        role = ROLE_OF[str(node.node_role)]
+        role = ROLE_OF[enum_name(node.node_role)]
         loss = loss_config(self.cfg, "value" if role == "critic" else None)
         t = self.cfg.trainer
         reply = self.trainer.train_step(

@@ -2,16 +2,17 @@
 
 A reward function takes `(prompts, responses, answers)` (lists of str of one length) and
 returns one float per response. Built-ins: `exact_match`, `math_verify` (the `math-verify`
-package), `format_boxed`; anything else is a `package.module:function` reference.
+package), `format_boxed`; anything else is a `package.module:function` reference from a module
+the job allows (`job.allowed_modules`).
 """
 
 from __future__ import annotations
 
-import importlib
 import re
 from collections.abc import Callable, Sequence
 
 from meshrl.common.errors import InvalidArgument
+from meshrl.scheduler.workflow import resolve_executable
 
 RewardFn = Callable[[Sequence[str], Sequence[str], Sequence[str]], Sequence[float]]
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
@@ -52,29 +53,13 @@ def format_boxed(prompts: Sequence[str], responses: Sequence[str], answers: Sequ
 BUILTIN: dict[str, RewardFn] = {"exact_match": exact_match, "math_verify": math_verify, "format_boxed": format_boxed}
 
 
-def import_ref(ref: str, what: str = "executable_ref") -> Callable:
-    """Imports `package.module:function`, with an error that says what is wrong and how to fix it."""
-    module_name, sep, attr = ref.partition(":")
-    if not sep or not module_name or not attr:
-        raise InvalidArgument(f"{what} {ref!r} must look like package.module:function")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise InvalidArgument(
-            f"{what} {ref!r}: cannot import module {module_name!r} ({exc}); is it installed?"
-        ) from exc
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise InvalidArgument(f"{what} {ref!r}: module {module_name!r} has no function {attr!r}")
-    return fn
-
-
-def resolve_reward(name: str) -> RewardFn:
+def resolve_reward(name: str, allowed_modules: Sequence[str] | None = None) -> RewardFn:
+    """A built-in reward by name, or a `package.module:function` from an allowed module."""
     if name in BUILTIN:
         return BUILTIN[name]
     if ":" not in name:
         raise InvalidArgument(f"unknown reward {name!r}: use one of {sorted(BUILTIN)} or package.module:function")
-    return import_ref(name, "reward")
+    return resolve_executable(name, allowed_modules, node_id="reward")
 
 
 def score(fn: RewardFn, prompts: Sequence[str], responses: Sequence[str], answers: Sequence[str]) -> list[float]:

@@ -22,10 +22,10 @@ import numpy as np
 from meshrl.api.trainer.v1 import trainer_pb2 as tpb
 from meshrl.common import batch_schema as S
 from meshrl.common import telemetry
-from meshrl.common.telemetry import attributes as A
 from meshrl.common.codec import Ragged
 from meshrl.common.databuffer_client import batch_key
 from meshrl.common.errors import Cancelled, DeadlineExceeded, InvalidArgument
+from meshrl.common.telemetry import attributes as A
 from meshrl.scheduler.config import JobConfig, OptimSection
 from meshrl.scheduler.data import DataPosition, PromptEncoder, PromptSampler, load_records
 from meshrl.scheduler.evaluation import evaluate
@@ -34,10 +34,11 @@ from meshrl.scheduler.executor import StepExecutor
 from meshrl.scheduler.nodes import NodeHandlers
 from meshrl.scheduler.progress import StepProgress
 from meshrl.scheduler.report import write_report
-from meshrl.scheduler.rewards import import_ref, resolve_reward
+from meshrl.scheduler.rewards import resolve_reward
 from meshrl.scheduler.rundir import RunDir
 from meshrl.scheduler.services import JobServices
 from meshrl.scheduler.weight_sync import WeightPublisher
+from meshrl.scheduler.workflow import resolve_executable
 from opentelemetry import context as otel_context
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,9 @@ class JobRunner:
         if missing:
             if not d.generator:
                 raise InvalidArgument(f"data files {missing} do not exist and data.generator is not set")
-            import_ref(d.generator, "data.generator")(str(Path(d.train).parent), self.cfg.job.seed)
+            resolve_executable(d.generator, self.cfg.job.allowed_modules, "data.generator")(
+                str(Path(d.train).parent), self.cfg.job.seed
+            )
 
     # -- checkpoints ---------------------------------------------------------------------
     def save_checkpoint(self, svc: JobServices, publisher: WeightPublisher, sampler: PromptSampler) -> None:
@@ -162,7 +165,7 @@ class JobRunner:
         eval_records = load_records(d.eval, d.prompt_key, d.answer_key)[: cfg.eval.max_prompts] if d.eval else []
         encoder = PromptEncoder(cfg.model.path, d.apply_chat_template, d.system_prompt)
         sampler = PromptSampler(records, d.shuffle_seed)
-        reward_fn = resolve_reward(cfg.algorithm.reward)
+        reward_fn = resolve_reward(cfg.algorithm.reward, cfg.job.allowed_modules)
         svc = JobServices(cfg, self.run, cfg.model.path)
         summary: dict = {"job_id": self.job_id, "run_dir": str(self.run.root)}
         started = time.monotonic()
@@ -248,14 +251,16 @@ class JobRunner:
                 svc.trainer.load_model("actor", cfg.model.path, cfg.model.dtype, None, cfg.job.seed)
                 self.step = svc.trainer.load_checkpoint("actor", str(Path(checkpoint) / "actor")).step
                 WeightPublisher(svc.trainer, cfg.weights, str(self.run.weights)).publish(svc.fleet.clients())
-            return self._eval(svc, encoder, records, resolve_reward(cfg.algorithm.reward))
+            return self._eval(svc, encoder, records, resolve_reward(cfg.algorithm.reward, cfg.job.allowed_modules))
         finally:
             svc.close()
 
     def _train_step(self, svc: JobServices, executor: StepExecutor, publisher: WeightPublisher) -> dict[str, float]:
         start = time.perf_counter()
         with telemetry.tracer().start_as_current_span(
-            A.step_span_name(self.step), context=otel_context.Context(), attributes={A.STEP: self.step, A.JOB_ID: self.job_id}
+            A.step_span_name(self.step),
+            context=otel_context.Context(),
+            attributes={A.STEP: self.step, A.JOB_ID: self.job_id},
         ):
             metrics = executor.run_step(self.job_id, self.step)
             result = publisher.publish(svc.fleet.clients())

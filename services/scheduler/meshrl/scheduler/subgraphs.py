@@ -143,11 +143,12 @@ def _fork_points(graph: TaskGraph, fork: str) -> list[SplitPoint]:
         if len(cl) < 2:
             continue
         reach = {c: graph.descendants(c) | {c} for c in cl}
-        shared: set[str] = set()
+        first: set[str] = set()  # for each pair of branches, the nodes where they first meet
         for i, a in enumerate(cl):
             for b in cl[i + 1 :]:
-                shared |= reach[a] & reach[b]
-        meets = tuple(n for n in graph.topological_order if n in shared and not set(graph.parents[n]) & shared)
+                both = reach[a] & reach[b]
+                first |= {n for n in both if not set(graph.parents[n]) & both}
+        meets = tuple(n for n in graph.topological_order if n in first)
         points.append(SplitPoint(SplitKind.DIVERGE, fork, tuple(cl), meets=meets))
     return points
 

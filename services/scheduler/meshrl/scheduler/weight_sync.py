@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from meshrl.api.common.v1 import weights_pb2 as wpb
 from meshrl.api.trainer.v1 import trainer_pb2 as tpb
 from meshrl.common import telemetry
-from meshrl.common.telemetry import attributes as A
 from meshrl.common.errors import DataLoss, MeshrlError
+from meshrl.common.telemetry import attributes as A
 from meshrl.scheduler.clients import RolloutClient, TrainerClient
 from meshrl.scheduler.config import WeightsSection
 
