@@ -94,7 +94,7 @@ def test_groups_older_than_the_stream_ttl_are_trimmed_and_counted(make_buffer):
 
 def test_a_reply_over_the_size_limit_hands_the_rest_back_at_once(make_buffer):
     buffer = make_buffer(limits={"max_request_bytes": 20_000})
-    ids = buffer.append_groups("job", "s", [group(str(i), 1, pad=2_000) for i in range(4)])  # ~8 KB each
+    ids = [i for n in range(4) for i in buffer.append_groups("job", "s", [group(str(n), 1, pad=2_000)])]  # ~8 KB each
     first = buffer.read_groups("job", "s", "train", "c1", max_groups=4)
     assert [d.entry_id for d in first.groups] == ids[:2]
     rest = buffer.read_groups("job", "s", "train", "c2", max_groups=4)  # default claim idle is 60 s

@@ -107,7 +107,12 @@ def test_ppo_fan_out_to_disjoint_exits_and_reconvergence():
     [
         (
             "dapo",
-            [("data_load", "rollout", "reward", "dynamic_sampling"), ("advantage",), ("old_logprob",), ("actor_train",)],
+            [
+                ("data_load", "rollout", "reward", "dynamic_sampling"),
+                ("advantage",),
+                ("old_logprob",),
+                ("actor_train",),
+            ],
             (
                 SplitPoint(D, "dynamic_sampling", ("advantage", "old_logprob"), meets=("actor_train",)),
                 SplitPoint(R, "actor_train", ("advantage", "old_logprob")),
@@ -139,9 +144,7 @@ def test_two_agents_fan_out_from_one_data_load(kit):
         ]
     split = split_irreducible(TaskGraph.from_workflow(kit.build(nodes)))
     assert split.chains() == [("data",), ("rollout_a", "reward_a", "train_a"), ("rollout_b", "reward_b", "train_b")]
-    assert split.points == (
-        SplitPoint(F, "data", ("rollout_a", "rollout_b"), exits=(("train_a",), ("train_b",))),
-    )
+    assert split.points == (SplitPoint(F, "data", ("rollout_a", "rollout_b"), exits=(("train_a",), ("train_b",))),)
     assert split.concurrent("s1", "s2")
 
 

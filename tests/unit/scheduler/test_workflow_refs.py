@@ -171,7 +171,11 @@ def test_executable_ref_format(kit):
 
 
 def test_executable_ref_import_can_be_skipped(kit):
-    kit.build(_with_ref(kit, "mrl_no_such_module_xyz:score"), allowed_modules=["mrl_no_such_module_xyz"], import_executables=False)
+    kit.build(
+        _with_ref(kit, "mrl_no_such_module_xyz:score"),
+        allowed_modules=["mrl_no_such_module_xyz"],
+        import_executables=False,
+    )
     with pytest.raises(WorkflowError):
         kit.build(_with_ref(kit, "mrl_no_such_module_xyz:score"), import_executables=False)
 

@@ -10,15 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _worker import LOSS, make_batch, run_steps
 from meshrl.common.codec import Ragged
 from meshrl.common.errors import DataLoss, FailedPrecondition, InvalidArgument
 from meshrl.trainer.core import NonFiniteLoss, TrainerCore
 from meshrl.trainer.losses import LossConfig
 from meshrl.trainer.optim import OptimizerConfig
 from transformers import AutoModelForCausalLM
-
-sys.path.insert(0, str(Path(__file__).parent))
-from _worker import LOSS, make_batch, run_steps  # noqa: E402
 
 WORKER = str(Path(__file__).parent / "_worker.py")
 

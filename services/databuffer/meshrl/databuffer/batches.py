@@ -33,16 +33,17 @@ TTL_MARGIN_MS = 60_000  # chunks outlive their manifest, so a live manifest neve
 IN_FLIGHT = 2  # chunk writes / reads overlapped with the network on the other side
 
 # KEYS: manifest, new chunks (ARGV[12] of them), old chunks.
-# ARGV: overwrite, expected_gen, gen, n, cb, bytes, header, created_ms, ttl_ms, chunk_ttl_ms, grace_ms, n_new, old_n
-# With a grace period the old generation stays readable a while and is named in 'pg'/'pn' (delete removes it).
+# ARGV: overwrite, expected_gen, gen, n, cb, bytes, header, created_ms, ttl_ms, chunk_ttl_ms, grace_ms, n_new, old_n,
+#       channel, tag. With a grace period the old generation stays readable a while, named in 'pg'/'pn' (delete
+#       removes it). Publishes the tag on the commit channel (waiting gets wake up).
 _COMMIT = """
 local cur = redis.call('HGET', KEYS[1], 'gen')
 if not cur then cur = '' end
-if ARGV[1] == '0' and cur ~= '' then return {'exists', cur} end
-if cur ~= ARGV[2] then return {'changed', cur} end
+if ARGV[1] == '0' and cur ~= '' then return {'exists', cur, ''} end
+if cur ~= ARGV[2] then return {'changed', cur, redis.call('HGET', KEYS[1], 'n') or '0'} end
 local n_new = tonumber(ARGV[12])
 for i = 2, 1 + n_new do
-  if redis.call('EXISTS', KEYS[i]) == 0 then return {'missing', KEYS[i]} end
+  if redis.call('EXISTS', KEYS[i]) == 0 then return {'missing', KEYS[i], ''} end
 end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'gen', ARGV[3], 'n', ARGV[4], 'cb', ARGV[5], 'bytes', ARGV[6], 'h', ARGV[7], 't', ARGV[8])
@@ -52,7 +53,8 @@ for i = 2, 1 + n_new do redis.call('PEXPIRE', KEYS[i], ARGV[10]) end
 for i = 2 + n_new, #KEYS do
   if tonumber(ARGV[11]) > 0 then redis.call('PEXPIRE', KEYS[i], ARGV[11]) else redis.call('DEL', KEYS[i]) end
 end
-return {'ok', cur}
+redis.call('PUBLISH', ARGV[14], ARGV[15])
+return {'ok', cur, ''}
 """
 
 # KEYS: manifest, chunks. ARGV: expected gen. Returns 1 deleted, 0 absent, -1 changed meanwhile.
@@ -164,8 +166,6 @@ class BatchStore:
         finally:
             if not committed:
                 self._discard(ref, gen, math.ceil(total / self.limits.chunk_bytes), member)
-        self.ledger.extend([member], now_ms() + ttl * 1000 + TTL_MARGIN_MS)
-        self.notifier.publish(self.keys.batch_tag(ref))
         return PutResult(total, count)
 
     def _stage(self, ref: BatchRef, gen: str, frames: Iterable[Any], total: int, staging_ms: int) -> int:
@@ -219,10 +219,11 @@ class BatchStore:
                     "start.header.total_bytes; send every tensor's bytes",
                     field="payload",
                 )
-            if buf:
-                flush(buf)
             while pending:
                 pending.popleft().result()
+            if buf:  # the last (or only) chunk: written from this thread, no hand-off
+                self.client.set(self.keys.chunk(ref, gen, count), buf, px=staging_ms)
+                count += 1
         finally:
             for future in pending:  # a failed put waits for its writes before deleting them
                 future.exception()
@@ -231,34 +232,39 @@ class BatchStore:
     def _commit_manifest(
         self, ref: BatchRef, gen: str, count: int, total: int, blob: bytes, ttl: int, overwrite: bool
     ) -> None:
+        """Swaps the manifest to the staged generation (first assuming a new key: one round trip)."""
         manifest = self.keys.manifest(ref)
         ttl_ms = ttl * 1000
         grace_ms = int(self.cfg.overwrite_grace_seconds * 1000)
         self.indexes.add_batch(ref, ttl_ms + TTL_MARGIN_MS)  # before the commit: a committed batch is listed
         new_keys = self.keys.chunks(ref, gen, count)
+        old_gen, old_n = "", 0
         for _attempt in range(16):
-            old_gen, old_n = self.client.hmget(manifest, "gen", "n")
-            old_gen = old_gen.decode() if old_gen else ""
-            old_keys = self.keys.chunks(ref, old_gen, int(old_n)) if old_gen else []
-            args = [int(overwrite), old_gen, gen, count, self.limits.chunk_bytes, total, blob, now_ms()]
-            args += [ttl_ms, ttl_ms + TTL_MARGIN_MS, grace_ms, count, int(old_n or 0)]
-            status, info = self._commit(keys=[manifest, *new_keys, *old_keys], args=args)
-            status, info = status.decode(), info.decode()
+            old_keys = self.keys.chunks(ref, old_gen, old_n) if old_gen else []
+            args = [int(overwrite), old_gen, gen, count, self.limits.chunk_bytes, total, blob, now_ms(), ttl_ms]
+            args += [
+                ttl_ms + TTL_MARGIN_MS,
+                grace_ms,
+                count,
+                old_n,
+                self.keys.commit_channel(),
+                self.keys.batch_tag(ref),
+            ]
+            status, current, current_n = (
+                x.decode() for x in self._commit(keys=[manifest, *new_keys, *old_keys], args=args)
+            )
             if status == "ok":
-                if old_gen:
-                    old_member = self.keys.batch_member(ref, old_gen)
-                    if grace_ms:
-                        self.ledger.extend([old_member], now_ms() + grace_ms)
-                    else:
-                        self.ledger.release([old_member])
+                old = self.keys.batch_member(ref, old_gen) if old_gen else None
+                self.ledger.settle(self.keys.batch_member(ref, gen), now_ms() + ttl_ms + TTL_MARGIN_MS, old, grace_ms)
                 return
             if status == "exists":
                 raise AlreadyExists(f"batch {ref} already exists; put with overwrite=True or delete it first")
             if status == "missing":
                 raise Aborted(
-                    f"batch {ref}: staged chunk {info} expired before the put completed "
+                    f"batch {ref}: staged chunk {current} expired before the put completed "
                     f"(batches.staging_ttl_seconds = {self.cfg.staging_ttl_seconds}); retry the put"
                 )
+            old_gen, old_n = current, int(current_n)  # 'changed': commit over the generation now there
         raise Aborted(f"batch {ref} kept changing under concurrent puts; retry the put")
 
     def _discard(self, ref: BatchRef, gen: str, count: int, member: str) -> None:
@@ -303,11 +309,11 @@ class BatchStore:
         return StoredBatch(ref, header, int(total), chunks)
 
     def _read_chunks(self, ref: BatchRef, gen: str, n: int, cb: int, total: int) -> Iterator[bytes]:
-        ahead: deque[Future] = deque()
+        """The chunks in order; the next one is fetched while the caller sends the current one."""
+        ahead: Future | None = None
         for i in range(n):
-            while len(ahead) < IN_FLIGHT and i + len(ahead) < n:
-                ahead.append(self._io.submit(self.client.get, self.keys.chunk(ref, gen, i + len(ahead))))
-            data = ahead.popleft().result()
+            data = ahead.result() if ahead is not None else self.client.get(self.keys.chunk(ref, gen, i))
+            ahead = self._io.submit(self.client.get, self.keys.chunk(ref, gen, i + 1)) if i + 1 < n else None
             expected = cb if i < n - 1 else total - cb * (n - 1)
             if data is None:
                 current = self.client.hget(self.keys.manifest(ref), "gen")

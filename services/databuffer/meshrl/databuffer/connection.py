@@ -21,11 +21,38 @@ from meshrl.databuffer.config import RedisConfig
 from meshrl.databuffer.embedded import EmbeddedRedis
 from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster
+from redis.connection import Encoder, PythonRespSerializer
 from redis.retry import Retry
 
 log = logging.getLogger(__name__)
 
 TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
+
+
+class _PythonPacker:
+    """Packs commands in Python, which hands large values to the socket as they are. (With hiredis
+    installed redis-py packs with hiredis, which copies them: measured 7-10x slower SETs of 4 MiB;
+    hiredis still parses the replies, 5x faster GETs of 4 MiB.)"""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        encoder = Encoder(kwargs.get("encoding", "utf-8"), kwargs.get("encoding_errors", "strict"), False)
+        kwargs.setdefault("command_packer", PythonRespSerializer(6000, encoder.encode))
+        super().__init__(*args, **kwargs)
+
+
+class FastConnection(_PythonPacker, redis.Connection):
+    pass
+
+
+class FastUnixConnection(_PythonPacker, redis.UnixDomainSocketConnection):
+    pass
+
+
+class FastSSLConnection(_PythonPacker, redis.SSLConnection):
+    pass
+
+
+CONNECTION_CLASSES = {"redis": FastConnection, "unix": FastUnixConnection, "rediss": FastSSLConnection}
 
 
 @dataclass
@@ -82,6 +109,7 @@ def open_redis(cfg: RedisConfig) -> RedisHandle:
         "retry": Retry(ExponentialBackoff(cap=2.0, base=0.05), cfg.retries),
         "retry_on_error": list(TRANSIENT),
         "health_check_interval": 30,
+        "connection_class": CONNECTION_CLASSES[url.partition("://")[0]],
     }
     if cfg.username:
         kwargs["username"] = cfg.username

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import redis
 from meshrl.common.errors import Unavailable
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +82,7 @@ class EmbeddedRedis:
         conf.write_text("".join(f'{k} "{v}"\n' if v == "" else f"{k} {v}\n" for k, v in self.settings.items()))
         self._proc = subprocess.Popen([self.binary, str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + timeout
-        client = redis.Redis(unix_socket_path=self.socket, socket_timeout=2)
+        client = self._client(2.0)
         try:
             while True:
                 if self._proc.poll() is not None:
@@ -99,6 +101,10 @@ class EmbeddedRedis:
             client.close()
         log.info("embedded redis-server (pid %d) on %s, data in %s", self._proc.pid, self.socket, self.data_dir)
         return self
+
+    def _client(self, timeout: float) -> redis.Redis:
+        """A client without redis-py's default retries (which would retry a SHUTDOWN's closed socket)."""
+        return redis.Redis(unix_socket_path=self.socket, socket_timeout=timeout, retry=Retry(NoBackoff(), 0))
 
     @property
     def pid(self) -> int | None:
@@ -120,7 +126,7 @@ class EmbeddedRedis:
         """Graceful SHUTDOWN (flushes the AOF), then removes the socket folder and an owned data folder."""
         if self._proc and self._proc.poll() is None:
             try:
-                client = redis.Redis(unix_socket_path=self.socket, socket_timeout=timeout)
+                client = self._client(timeout)
                 client.shutdown(nosave=True)
             except (redis.ConnectionError, redis.ResponseError):
                 pass

@@ -32,9 +32,12 @@ class Indexes:
         self.keys = keys
         self._add = client.register_script(_ADD)
 
+    def _add_job(self, job_id: str, ttl_ms: int) -> None:
+        self._add(keys=[self.keys.jobs()], args=["s", job_id, 0, ttl_ms])
+
     def add_batch(self, ref: BatchRef, ttl_ms: int) -> None:
         self._add(keys=[self.keys.job_batches(ref.job_id)], args=["z", ref.index_member(), ref.step, ttl_ms])
-        self._add(keys=[self.keys.jobs()], args=["s", ref.job_id, 0, ttl_ms])
+        self._add_job(ref.job_id, ttl_ms)
 
     def remove_batch(self, ref: BatchRef) -> None:
         self.client.zrem(self.keys.job_batches(ref.job_id), ref.index_member())
@@ -46,7 +49,7 @@ class Indexes:
 
     def add_stream(self, job_id: str, stream: str, ttl_ms: int) -> None:
         self._add(keys=[self.keys.job_streams(job_id)], args=["s", stream, 0, ttl_ms])
-        self._add(keys=[self.keys.jobs()], args=["s", job_id, 0, ttl_ms])
+        self._add_job(job_id, ttl_ms)
 
     def streams(self, job_id: str) -> list[str]:
         return sorted(_text(s) for s in self.client.smembers(self.keys.job_streams(job_id)))

@@ -76,6 +76,24 @@ for i = 2, #ARGV do redis.call('ZADD', KEYS[1], 'XX', ARGV[1], ARGV[i]) end
 return 1
 """
 
+# ARGV: member, expiry_ms, old member or '', old expiry_ms (0: release the old member)
+_SETTLE = """
+redis.call('ZADD', KEYS[1], 'XX', ARGV[2], ARGV[1])
+if ARGV[3] ~= '' then
+  if tonumber(ARGV[4]) > 0 then
+    redis.call('ZADD', KEYS[1], 'XX', ARGV[4], ARGV[3])
+  else
+    local s = redis.call('HGET', KEYS[2], ARGV[3])
+    if s then
+      if redis.call('HINCRBY', KEYS[3], 'bytes', '-' .. s) == 0 then redis.call('HDEL', KEYS[3], 'bytes') end
+      redis.call('HDEL', KEYS[2], ARGV[3])
+    end
+    redis.call('ZREM', KEYS[1], ARGV[3])
+  end
+end
+return 1
+"""
+
 # ARGV: now_ms
 _USAGE = (
     _PRUNE
@@ -105,6 +123,7 @@ class Ledger:
         self._release = client.register_script(_RELEASE)
         self._extend = client.register_script(_EXTEND)
         self._usage = client.register_script(_USAGE)
+        self._settle = client.register_script(_SETTLE)
 
     def reserve(self, sizes: Mapping[str, int], expiry_ms: int, what: str) -> None:
         """Counts `sizes` (member -> bytes) against the budget, or raises ResourceExhausted."""
@@ -131,6 +150,12 @@ class Ledger:
     def extend(self, members: Sequence[str], expiry_ms: int) -> None:
         if members:
             self._extend(keys=self._keys, args=[expiry_ms, *members])
+
+    def settle(self, member: str, expiry_ms: int, old_member: str | None, old_grace_ms: int) -> None:
+        """After a commit: `member` counts until `expiry_ms`; the replaced `old_member` until its grace
+        period ends (or is released now when there is none). One round trip."""
+        old_expiry = now_ms() + old_grace_ms if old_grace_ms > 0 else 0
+        self._settle(keys=self._keys, args=[member, expiry_ms, old_member or "", old_expiry])
 
     def usage(self) -> Usage:
         used, entries = self._usage(keys=self._keys, args=[now_ms()])

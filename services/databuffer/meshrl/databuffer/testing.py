@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import redis
-
 from meshrl.common.grpc_server import RunningServer, start_server
 from meshrl.databuffer.config import DataBufferConfig
 from meshrl.databuffer.server import service

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
 from meshrl.common.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, MeshrlError, Unavailable
 from meshrl.rollout.config import EngineConfig, HTTPEngineConfig
 from meshrl.rollout.engine import ChunkCallback, Engine
@@ -169,9 +168,13 @@ class HTTPEngine(Engine):
         return self._version
 
     # --- HTTP helpers -----------------------------------------------------------------------------
-    def post(self, path: str, body: dict[str, Any] | None = None, *, timeout: float | None = None, **kw) -> httpx.Response:
+    def post(
+        self, path: str, body: dict[str, Any] | None = None, *, timeout: float | None = None, **kw
+    ) -> httpx.Response:
         try:
-            reply = self.client.post(self.url + path, json=body, timeout=timeout or self.section.request_timeout_s, **kw)
+            reply = self.client.post(
+                self.url + path, json=body, timeout=timeout or self.section.request_timeout_s, **kw
+            )
         except httpx.TimeoutException as exc:
             raise DeadlineExceeded(f"{self.name} {path} did not answer in time: {exc}") from None
         except httpx.HTTPError as exc:

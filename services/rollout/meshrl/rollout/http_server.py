@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
 from meshrl.common.errors import DeadlineExceeded, InvalidArgument, Unavailable
 
 log = logging.getLogger(__name__)

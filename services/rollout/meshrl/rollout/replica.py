@@ -106,8 +106,13 @@ class RolloutReplica:
         return self._state
 
     def mark_serving(self) -> None:
-        if self._state in (STARTING, STALE):
+        """STARTING → SERVING once the model and the job's weights are loaded (a stale replica stays stale)."""
+        if self._state == STARTING:
             self._state = SERVING
+
+    def mark_stale(self) -> None:
+        """Takes no traffic until a weight update refits it."""
+        self._state = STALE
 
     def start_draining(self) -> None:
         self._state = DRAINING

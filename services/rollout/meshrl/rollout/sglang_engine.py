@@ -51,7 +51,7 @@ def finish_reason(value: Any) -> FinishReason | None:
     return FINISH.get(kind, FinishReason.STOP)
 
 
-class SGLangEngine(HTTPEngine, WeightRelay):
+class SGLangEngine(WeightRelay, HTTPEngine):
     name = "sglang"
 
     def __init__(self, config: EngineConfig) -> None:
@@ -152,3 +152,7 @@ class SGLangEngine(HTTPEngine, WeightRelay):
             self._version = version
         finally:
             self.continue_generation(reason="weights")
+
+    def shutdown(self) -> None:
+        HTTPEngine.shutdown(self)
+        self.close_relay()

@@ -52,7 +52,7 @@ def token_ids_of(choice: dict[str, Any]) -> list[int]:
     return out
 
 
-class VLLMEngine(HTTPEngine, WeightRelay):
+class VLLMEngine(WeightRelay, HTTPEngine):
     name = "vllm"
 
     def __init__(self, config: EngineConfig) -> None:
@@ -128,7 +128,9 @@ class VLLMEngine(HTTPEngine, WeightRelay):
     def rpc(self, method: str, *args: Any, timeout: float | None = None) -> list[Any]:
         """Calls a MeshrlWorkerExtension method on every worker; arguments travel as JSON strings."""
         body = {"method": method, "args": [json.dumps(a) for a in args], "timeout": timeout}
-        reply = self.check(self.post("/collective_rpc", body, timeout=(timeout or 600.0) + 30), f"collective_rpc {method}")
+        reply = self.check(
+            self.post("/collective_rpc", body, timeout=(timeout or 600.0) + 30), f"collective_rpc {method}"
+        )
         return list(reply.get("results") or [])
 
     # --- weights ----------------------------------------------------------------------------------
@@ -141,3 +143,7 @@ class VLLMEngine(HTTPEngine, WeightRelay):
                 self.flush_cache()
         finally:
             self.continue_generation(reason="weights")
+
+    def shutdown(self) -> None:
+        HTTPEngine.shutdown(self)
+        self.close_relay()

@@ -25,12 +25,17 @@ def _workflow_text(spec: str) -> tuple[str, Path | None]:
     return builtin_workflow_text(spec), None
 
 
-def _config_text(config: str | None, workflow_path: Path | None) -> str:
-    if config:
-        return Path(config).read_text()
-    if workflow_path is not None and (workflow_path.parent / "config.yaml").is_file():
-        return (workflow_path.parent / "config.yaml").read_text()
-    return ""
+def _config_text(configs: list[str], workflow_path: Path | None) -> str:
+    """The job config: the --config files merged in order (default: config.yaml beside the workflow)."""
+    import yaml
+    from meshrl.common.config import deep_merge, read_yaml
+
+    if not configs and workflow_path is not None and (workflow_path.parent / "config.yaml").is_file():
+        configs = [str(workflow_path.parent / "config.yaml")]
+    merged: dict = {}
+    for path in configs:
+        merged = deep_merge(merged, read_yaml(path))
+    return yaml.safe_dump(merged) if merged else ""
 
 
 def cmd_run(args) -> int:
@@ -161,7 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def with_overrides(p):
-        p.add_argument("--config", help="job config YAML (default: config.yaml beside the workflow)")
+        p.add_argument("--config", action="append", default=[], help="job config YAML, repeatable: later files "
+                       "override earlier ones (default: config.yaml beside the workflow)")  # fmt: skip
         p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
 
     p = sub.add_parser("run", help="run a workflow locally in the foreground")

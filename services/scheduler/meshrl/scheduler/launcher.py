@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from meshrl.common.errors import Unavailable
+from meshrl.scheduler.placement import create_worker_bundles, launch_pinned, worker_bundle
 from meshrl.scheduler.process import ServiceProcess
 
 log = logging.getLogger(__name__)
@@ -105,28 +105,30 @@ class RayLauncher:
                     _node_ip_address="127.0.0.1",
                     _temp_dir=tempfile.mkdtemp(prefix="meshrl-ray-"),
                 )
-        self.actor_cls = ray.remote(num_cpus=0)(_ServiceActorImpl)
+        self.actor_cls = ray.remote(_ServiceActorImpl)
         self.actors: dict[str, object] = {}
         self.groups: list[object] = []
         self.placements: dict[str, dict] = {}
 
     def start(self, specs: list[ServiceSpec]) -> dict[str, str]:
-        from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        bundles = [{"CPU": s.cpus, **({"GPU": s.gpus} if s.gpus else {})} for s in specs]
-        pg = placement_group(bundles, strategy=self.strategy)
-        if not self.ray.get(pg.ready(), timeout=self.timeout):
-            raise Unavailable(f"Ray could not place {bundles} with {self.strategy}; add resources or nodes")
-        self.groups.append(pg)
+        """One placement group per kind of bundle; bundles ordered by node and device (placement.py)."""
+        by_bundle: dict[tuple[float, float], list[ServiceSpec]] = {}
+        for spec in specs:
+            by_bundle.setdefault((spec.cpus, spec.gpus), []).append(spec)
         pending = {}
-        for index, spec in enumerate(specs):
-            actor = self.actor_cls.options(
-                name=f"meshrl-{spec.name}-{os.getpid()}",
-                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index),
-            ).remote(spec.service, spec.args, str(self.logs / f"{spec.name}.log"), child_env(spec.env))
-            self.actors[spec.name] = actor
-            pending[spec.name] = actor.start.remote(self.timeout)
+        for (cpus, gpus), group in by_bundle.items():
+            bundles = create_worker_bundles(
+                len(group), worker_bundle(cpus, gpus), self.strategy, timeout_s=self.timeout
+            )
+            self.groups.append(bundles)
+            for worker, spec in enumerate(group):
+                log_path = str(self.logs / f"{spec.name}.log")
+                actor = launch_pinned(
+                    self.actor_cls, bundles, worker, spec.service, spec.args, log_path, child_env(spec.env),
+                    name=f"meshrl-{spec.name}-{os.getpid()}", num_cpus=0, num_gpus=0,
+                )  # fmt: skip
+                self.actors[spec.name] = actor
+                pending[spec.name] = actor.start.remote(self.timeout)
         addresses = {}
         for name, ref in pending.items():
             try:
@@ -149,15 +151,13 @@ class RayLauncher:
             self.ray.kill(actor)
 
     def stop_all(self, grace: float = 10.0) -> None:
-        from ray.util.placement_group import remove_placement_group
-
         for name in list(self.actors)[::-1]:
             try:
                 self.stop(name, grace)
             except Exception as exc:  # noqa: BLE001 - keep stopping the others
                 log.warning("stopping %s: %s", name, exc)
-        for pg in self.groups:
-            remove_placement_group(pg)
+        for bundles in self.groups:
+            bundles.release()
         self.groups.clear()
         if self.owns_ray:
             self.ray.shutdown()

@@ -34,7 +34,21 @@ from meshrl.scheduler.taskgraph import TaskGraph
 from meshrl.scheduler.workflow import compute_catalog as cat
 from meshrl.scheduler.workflow.model import Node, NodeRole, NodeType, Workflow
 
-__all__ = ["ClusterSpec", "Placement", "Plan", "PlanError", "PlanOptions", "Strategy", "WorkerSlot", "plan_workflow"]
+__all__ = [
+    "DEFAULT_COSTS",
+    "ClusterSpec",
+    "CommGroup",
+    "CommMember",
+    "ModelPlan",
+    "Placement",
+    "Plan",
+    "PlanError",
+    "PlanOptions",
+    "Strategy",
+    "WorkerGroup",
+    "WorkerSlot",
+    "plan_workflow",
+]
 
 DEFAULT_COSTS: Mapping[str, float] = {"forward": 1.0, "train": 3.0, "rollout": 4.0}
 
@@ -331,7 +345,9 @@ def plan_workflow(workflow: Workflow, cluster: ClusterSpec, options: PlanOptions
         workers = assign_workers(counts, units, cluster, order)
     used = {w for ws in workers.values() for w in ws}
     idle = tuple(w for w in cluster.slots() if w not in used)
-    if idle:
+    if idle and not gid:
+        notes.append("the workflow uses no model: every worker is idle")
+    elif idle:
         notes.append(f"{len(idle)} worker(s) idle: no group's replica size fits them ({', '.join(map(str, idle))})")
     model_plans = []
     group_of = {k: g for g, keys in zip(gid, group_keys, strict=True) for k in keys}

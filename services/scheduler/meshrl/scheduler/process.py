@@ -20,8 +20,11 @@ from meshrl.common.grpc_server import EXIT_WITH_PARENT_ENV
 class ServiceProcess:
     """A child process running one meshrl service, with its log file and port file."""
 
-    def __init__(self, service: str, args: list[str], log_path: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, service: str, args: list[str], log_path: str, env: dict[str, str] | None = None, exit_with_parent=True
+    ) -> None:
         self.service = service
+        self.exit_with_parent = exit_with_parent
         self.args = args
         self.log_path = Path(log_path)
         self.env = env or {}
@@ -41,7 +44,8 @@ class ServiceProcess:
             f"server.port_file={self.port_file}",
         ]
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
-        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1", EXIT_WITH_PARENT_ENV: "1"}
+        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+        env[EXIT_WITH_PARENT_ENV] = "1" if self.exit_with_parent else "0"
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         log.close()
         deadline = time.monotonic() + timeout

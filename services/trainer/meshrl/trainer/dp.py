@@ -15,6 +15,8 @@ import os
 import socket
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -52,6 +54,20 @@ def init_ranks(rank: int, world: int, address: str, port: int, backend: str, tim
     )
 
 
+def exit_with_parent(interval: float = 1.0) -> None:
+    """Worker ranks: a daemon thread that ends this process when the rank-0 process that started it is gone."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(interval)
+            if os.getppid() != parent:
+                log.warning("rank 0 (pid %d) is gone: exiting", parent)
+                os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def spawn_workers(world: int, address: str, port: int, config_json: str) -> list[subprocess.Popen]:
     """Starts ranks 1..world-1 as `python -m meshrl.trainer.worker` child processes."""
     procs = []
@@ -73,7 +89,8 @@ class CommandBus:
     def __init__(self) -> None:
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
-        self.group = dist.new_group(backend="gloo")
+        # Workers wait in a broadcast for the next command, possibly for hours between steps.
+        self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(days=30))
 
     def send(self, command: dict[str, Any]) -> None:
         if self.rank != 0:

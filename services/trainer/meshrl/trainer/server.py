@@ -30,7 +30,12 @@ def role_name(value: int, field: str = "role") -> str:
 def key_dict(key: keys_pb2.BatchKey) -> Key:
     if not key.job_id or not key.node_id:
         raise InvalidArgument("a batch key needs job_id and node_id")
-    return {"job_id": key.job_id, "step": key.step, "node_id": key.node_id, "shard": key.shard if key.has_shard else None}
+    return {
+        "job_id": key.job_id,
+        "step": key.step,
+        "node_id": key.node_id,
+        "shard": key.shard if key.has_shard else None,
+    }
 
 
 def optimizer_dict(opt: pb.OptimizerConfig) -> dict | None:
@@ -136,7 +141,9 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
 
     def PublishWeights(self, request: pb.PublishWeightsRequest, context) -> pb.PublishWeightsResponse:
         if request.transport not in TRANSPORTS:
-            raise InvalidArgument("PublishWeights needs transport WEIGHT_TRANSPORT_DISK or WEIGHT_TRANSPORT_DISTRIBUTED")
+            raise InvalidArgument(
+                "PublishWeights needs transport WEIGHT_TRANSPORT_DISK or WEIGHT_TRANSPORT_DISTRIBUTED"
+            )
         out = self.service.publish(
             role_name(request.role or pb.ROLE_ACTOR),
             TRANSPORTS[request.transport],
@@ -155,7 +162,9 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
         )
         if out.disk is not None:
             reply.disk.CopyFrom(
-                weights_pb2.DiskWeights(path=out.disk.path, version=out.version, manifest_sha256=out.disk.manifest_sha256)
+                weights_pb2.DiskWeights(
+                    path=out.disk.path, version=out.version, manifest_sha256=out.disk.manifest_sha256
+                )
             )
         return reply
 

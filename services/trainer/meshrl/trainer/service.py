@@ -105,6 +105,7 @@ class TrainerService:
 
     def _compute_logprobs(self, role, inputs, output, with_entropy=False, temperature=0.0, micro_batch_tokens=0,
                           output_name="") -> dict[str, Any]:  # fmt: skip
+        self.core.role(role)  # fail fast (same on every rank) before waiting for the batch
         columns = self._read(inputs)
         result = self.core.compute_logprobs(
             role,
@@ -123,6 +124,7 @@ class TrainerService:
         return self._call("compute_values", inputs=list(inputs), output=output, micro_batch_tokens=micro_batch_tokens)
 
     def _compute_values(self, inputs, output, micro_batch_tokens=0) -> dict[str, Any]:
+        self.core.role("critic")
         columns = self._read(inputs)
         budget = micro_batch_tokens or self.cfg.defaults.micro_batch_tokens
         result = self.core.compute_values(columns, micro_batch_tokens=budget)
@@ -134,7 +136,10 @@ class TrainerService:
 
     def _train_step(self, role, inputs, loss, micro_batch_tokens=0, mini_batches=0, lr_override=0.0) -> dict[str, Any]:
         cfg = LossConfig(**loss)
+        self.core.role(role)
+        start = time.perf_counter()
         columns = self._read(inputs)
+        read = time.perf_counter() - start
         result = self.core.train_step(
             role,
             columns,
@@ -143,6 +148,8 @@ class TrainerService:
             mini_batches=mini_batches or 1,
             lr_override=lr_override,
         )
+        result.metrics["perf/read_seconds"] = read
+        result.metrics["perf/step_seconds"] = time.perf_counter() - start - read
         self.last_metrics = {f"{role}/{k}": v for k, v in result.metrics.items()}
         return {"metrics": result.metrics, "tokens": result.tokens, "optimizer_steps": result.optimizer_steps}
 

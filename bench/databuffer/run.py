@@ -1,0 +1,137 @@
+"""Put+get throughput of the data buffer service vs. raw redis-py SET/GET of the same bytes,
+side by side in one run on the same Redis, for 1 MiB, 64 MiB and 512 MiB batches.
+
+The raw side uses redis-py as the service does (hiredis reply parser, Python command packer,
+which sends large values without copying them). The service runs as its own process (`python -m meshrl.databuffer`), as deployed; the client
+and the raw redis-py calls run here. Each repeat alternates which side goes first; the
+figures are medians. Target: the service reaches >= 0.7 of raw.
+
+    .venv/bin/python bench/databuffer/run.py [--sizes 1 64 512] [--repeats 3] [--redis-url redis://127.0.0.1:6379/0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import redis
+from meshrl.common.databuffer_client import DataBufferClient, batch_key
+from meshrl.databuffer.connection import CONNECTION_CLASSES
+from meshrl.databuffer.testing import delete_prefix
+
+MiB = 1 << 20
+
+
+def start_service(redis_url: str, prefix: str, workdir: Path) -> tuple[subprocess.Popen, str]:
+    port_file = workdir / "port"
+    args = [sys.executable, "-m", "meshrl.databuffer", "--port", "0", "--set", f"server.port_file={port_file}"]
+    args += [
+        "--set",
+        f"redis.url={redis_url}",
+        "--set",
+        f"redis.key_prefix={prefix}",
+        "--set",
+        "budget.max_bytes=8589934592",
+    ]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=open(workdir / "service.log", "w"))
+    deadline = time.monotonic() + 60
+    while not port_file.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the service did not start: {(workdir / 'service.log').read_text()[-2000:]}")
+        time.sleep(0.05)
+    return proc, f"127.0.0.1:{port_file.read_text()}"
+
+
+def time_raw(client: redis.Redis, key: str, data: memoryview) -> tuple[float, float]:
+    t0 = time.perf_counter()
+    client.set(key, data)
+    t1 = time.perf_counter()
+    got = client.get(key)
+    t2 = time.perf_counter()
+    assert len(got) == data.nbytes
+    client.delete(key)
+    return t1 - t0, t2 - t1
+
+
+def time_service(client: DataBufferClient, step: int, data: np.ndarray) -> tuple[float, float]:
+    key = batch_key("bench", step, "payload")
+    t0 = time.perf_counter()
+    client.put(key, {"payload": data}, timeout=600)
+    t1 = time.perf_counter()
+    got = client.get(key, timeout=600)["payload"]
+    t2 = time.perf_counter()
+    assert got.nbytes == data.nbytes
+    client.delete(key)
+    return t1 - t0, t2 - t1
+
+
+def rates(size_mib: int, times: list[tuple[float, float]]) -> tuple[float, float, float]:
+    """Median MiB/s of put, of get, and of put+get (2 x size over both times)."""
+    put = statistics.median(size_mib / p for p, _ in times)
+    get = statistics.median(size_mib / g for _, g in times)
+    both = statistics.median(2 * size_mib / (p + g) for p, g in times)
+    return put, get, both
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 64, 512], help="batch sizes in MiB")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    args = parser.parse_args()
+
+    prefix = f"mdbbench-{uuid.uuid4().hex[:8]}"
+    # raw redis-py at its fastest: hiredis parses replies, values are sent without a packing copy (as the service does)
+    raw = redis.Redis.from_url(args.redis_url, connection_class=CONNECTION_CLASSES[args.redis_url.partition("://")[0]])
+    workdir = Path(tempfile.mkdtemp(prefix="mdb-bench-"))
+    proc, address = start_service(args.redis_url, prefix, workdir)
+    client = DataBufferClient(address)
+    client.wait_until_ready(30)
+    print(
+        f"redis {args.redis_url} (server {raw.info('server')['redis_version']}), service {address}, pid {os.getpid()}"
+    )
+    print(
+        f"{'size':>8} | {'raw put':>9} {'raw get':>9} {'raw p+g':>9} | {'svc put':>9} {'svc get':>9} {'svc p+g':>9} | ratio"
+    )
+    try:
+        step = 0
+        for size_mib in args.sizes:
+            data = np.random.default_rng(size_mib).integers(0, 256, size=size_mib * MiB, dtype=np.uint8)
+            view = memoryview(data)
+            time_raw(raw, f"{prefix}:raw", view[: min(view.nbytes, MiB)])  # warm connections
+            time_service(client, step, data[:MiB])
+            raw_t, svc_t = [], []
+            for rep in range(args.repeats):
+                for side in ("raw", "svc") if rep % 2 == 0 else ("svc", "raw"):
+                    step += 1
+                    if side == "raw":
+                        raw_t.append(time_raw(raw, f"{prefix}:raw", view))
+                    else:
+                        svc_t.append(time_service(client, step, data))
+
+            r, s = rates(size_mib, raw_t), rates(size_mib, svc_t)
+            print(
+                f"{size_mib:>5}MiB | {r[0]:>7.0f}MB {r[1]:>7.0f}MB {r[2]:>7.0f}MB | "
+                f"{s[0]:>7.0f}MB {s[1]:>7.0f}MB {s[2]:>7.0f}MB | {s[2] / r[2]:.2f}",
+                flush=True,
+            )
+            del data, view
+    finally:
+        client.close()
+        proc.terminate()
+        proc.wait(30)
+        delete_prefix(raw, prefix)
+        raw.delete(f"{prefix}:raw")
+    print("MB = MiB/s; p+g = 2 x size / (put time + get time), median over repeats")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,515 @@
+"""Collective transport: a weight-update group of trainer rank 0 and every replica rank.
+
+The trainer calls `WeightGroup.join(...).send(export, version)`; each replica rank calls
+`WeightGroup.join(...).receive(sink)` at the same time. Both sides are told the group by the
+scheduler (a CollectiveGroup per member, see group_plan.py). The trainer's rank 0 hosts a
+TCPStore at master_address:master_port; the group's backend (gloo or NCCL) is built from it
+without touching torch.distributed's default group.
+
+One update on the wire, in order (store keys under `meshrl/weights/<group>/`):
+  store  update/<seq> = version                        the sender starts update number <seq>
+  per bucket: broadcast int64[4] header [kind, meta bytes, payload bytes, 0],
+              broadcast the WeightBucketMeta bytes (uint8),
+              broadcast the payload: one flat uint8 buffer (kind FLAT, offsets from
+              buckets.layout) or one uint8 view per tensor in meta order (kind PER_TENSOR)
+  store  progress/<seq>/<rank> = bucket index            after each received bucket
+  end marker (kind END, meta.num_buckets = buckets sent), or ABORT when the export failed
+  store  ack/<seq>/<rank> = "ok" | "refused: <error>"    after the receiver's sink finished
+Receivers also beat `alive/<rank>` a few times a second, so after a failed step the sender
+can name the members that stopped (a SIGSTOPped or dead process) instead of guessing.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from meshrl.api.common.v1 import weights_pb2
+from meshrl.common.errors import Aborted, DataLoss, DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
+
+from . import dtypes
+from .buckets import DEFAULT_BUCKET_BYTES, as_buckets, bucket_specs, layout, pack, unpack
+from .errors import MembersUnresponsive, UpdateOutcome, UpdateRefused
+from .group_plan import GroupSpec
+from .sink import CallbackSink, WeightSink
+from .transport import Backend, CollectiveFailed, Deadline
+
+FLAT, PER_TENSOR, END, ABORT = 1, 2, 3, 4
+LAYOUTS = {"flat": FLAT, "per_tensor": PER_TENSOR}
+STORE_PREFIX = "meshrl/weights/"
+HEARTBEAT_S = 0.25
+
+
+@dataclass(frozen=True)
+class WeightGroupOptions:
+    """bucket_bytes: bucket size of `send` (512 MiB default, as slime).
+    layout: "flat" packs each bucket into one buffer (one broadcast per bucket); "per_tensor"
+        broadcasts each tensor from/into its own memory (no packing copies; SGLang's order).
+        Receivers follow whatever layout the sender uses.
+    init_timeout_s / op_timeout_s / ack_timeout_s: deadlines of joining, of each bucket's
+        metadata and data, and of the receivers' confirmation; None = the group's timeout_s.
+    grace_s: after a failed step, how long the sender watches heartbeats to name the culprits.
+    local_address: address this member's gloo transport binds (None: loopback when the master
+        is loopback, else GLOO_SOCKET_IFNAME or the host name's address).
+    keep_buffers: keep the packing/staging buffers between updates (first use of fresh memory
+        is slow; a long-lived group should keep them).
+    """
+
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    layout: str = "flat"
+    init_timeout_s: float | None = None
+    op_timeout_s: float | None = None
+    ack_timeout_s: float | None = None
+    grace_s: float = 1.5
+    local_address: str | None = None
+    keep_buffers: bool = True
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise InvalidArgument(f"weight group layout {self.layout!r} is not one of {sorted(LAYOUTS)}")
+        if self.bucket_bytes <= 0:
+            raise InvalidArgument(f"bucket_bytes must be positive, got {self.bucket_bytes}")
+        for name in ("init_timeout_s", "op_timeout_s", "ack_timeout_s"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise InvalidArgument(f"{name} must be > 0 seconds (or None for the group's timeout), got {value}")
+
+
+class WeightGroup:
+    """One member of a weight-update group. Create with `join`; the sender is rank 0."""
+
+    def __init__(self, spec: GroupSpec, rank: int, device: torch.device, options: WeightGroupOptions) -> None:
+        self.spec = spec
+        self.rank = rank
+        self.device = device
+        self.options = options
+        self.world_size = spec.world_size
+        self.broken = False
+        self._seq = 0
+        self._store: dist.Store | None = None
+        self._backend: Backend | None = None
+        self._buffers: dict[int, torch.Tensor] = {}
+        self._stop = threading.Event()
+
+    # ---------------------------------------------------------------- joining and leaving
+    @classmethod
+    def join(
+        cls,
+        spec: GroupSpec | weights_pb2.CollectiveGroup,
+        local_rank: int = 0,
+        device: str | torch.device | None = None,
+        options: WeightGroupOptions | None = None,
+    ) -> WeightGroup:
+        """Joins the group as rank `spec.rank_offset + local_rank`, blocking until every member
+        joined. Raises MembersUnresponsive (naming the missing ranks) after the init deadline,
+        Unavailable when the store cannot be hosted or reached, InvalidArgument for a bad spec."""
+        if not isinstance(spec, GroupSpec):
+            spec = GroupSpec.from_proto(spec)
+        options = options or WeightGroupOptions()
+        rank = spec.rank_offset + local_rank
+        if not 0 <= rank < spec.world_size:
+            raise InvalidArgument(
+                f"rank {rank} (offset {spec.rank_offset} + local {local_rank}) >= world {spec.world_size}"
+            )
+        group = cls(spec, rank, _device(spec.backend, device), options)
+        try:
+            group._connect(
+                Deadline(options.init_timeout_s or spec.timeout_s, f"joining weight group {spec.group_name!r}")
+            )
+        except BaseException:
+            group.destroy()
+            raise
+        return group
+
+    def _connect(self, deadline: Deadline) -> None:
+        s = self.spec
+        try:
+            tcp = dist.TCPStore(
+                s.master_address,
+                s.master_port,
+                None,
+                self.is_sender,
+                timedelta(seconds=deadline.seconds),
+                wait_for_workers=False,
+            )
+        except Exception as e:
+            where = f"{s.master_address}:{s.master_port}"
+            if self.is_sender:
+                raise Unavailable(
+                    f"cannot host weight group {s.group_name!r}'s store on {where} ({e}); use a free port"
+                ) from e
+            raise DeadlineExceeded(f"rank {self.rank} could not reach the trainer's store at {where} ({e})") from e
+        self._store = dist.PrefixStore(f"{STORE_PREFIX}{s.group_name}/", tcp)
+        self._store.set(f"joined/{self.rank}", "1")
+        missing = _await_keys(self._store, [f"joined/{r}" for r in range(s.world_size)], deadline)
+        if missing:
+            ranks = tuple(int(k.split("/")[1]) for k in missing)
+            raise MembersUnresponsive(
+                f"weight group {s.group_name!r}: ranks {list(ranks)} did not join within {deadline.seconds:.1f}s",
+                UpdateOutcome(version=-1, unresponsive=ranks),
+            )
+        if not self.is_sender:
+            threading.Thread(target=self._heartbeat, name="weights-heartbeat", daemon=True).start()
+        op_timeout = self.options.op_timeout_s or s.timeout_s
+        try:
+            self._backend = Backend(
+                s.backend, dist.PrefixStore("pg/", self._store), self.rank, s.world_size, self.device,
+                op_timeout, s.master_address, self.options.local_address,
+            )  # fmt: skip
+        except Exception as e:
+            raise DeadlineExceeded(f"{deadline.what}: creating the {s.backend} backend failed ({e})") from e
+
+    def _heartbeat(self) -> None:
+        """Advances alive/<rank> until destroy(); a frozen or dead process stops advancing it."""
+        s = self.spec
+        try:
+            tcp = dist.TCPStore(
+                s.master_address, s.master_port, None, False, timedelta(seconds=10), wait_for_workers=False
+            )
+            store = dist.PrefixStore(f"{STORE_PREFIX}{s.group_name}/", tcp)
+            beat = 0
+            while not self._stop.is_set():
+                beat += 1
+                store.set(f"alive/{self.rank}", str(beat))
+                self._stop.wait(HEARTBEAT_S)
+        except Exception:  # the trainer's store went away: the group is gone, nothing left to beat for
+            self._stop.set()
+
+    @property
+    def is_sender(self) -> bool:
+        return self.rank == 0
+
+    def destroy(self) -> None:
+        """Leaves the group (idempotent). Pending collectives are aborted; peers see them fail."""
+        self._stop.set()
+        if self._backend is not None:
+            self._backend.abort()
+            self._backend = None
+        self._store = None
+        self._buffers.clear()
+        self.broken = True
+
+    def __enter__(self) -> WeightGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
+
+    def _require(self, sender: bool) -> None:
+        if self._backend is None or self.broken:
+            raise FailedPrecondition(
+                f"weight group {self.spec.group_name!r} is unusable after a failed step; destroy it and join a fresh one"
+            )
+        if sender != self.is_sender:
+            raise FailedPrecondition(f"rank {self.rank} cannot {'send' if sender else 'receive'}: only rank 0 sends")
+
+    def _fail(self) -> None:
+        self.broken = True
+        if self._backend is not None:
+            self._backend.abort()
+
+    def _buffer(self, slot: int, nbytes: int) -> torch.Tensor:
+        buf = self._buffers.get(slot)
+        if buf is None or buf.numel() < nbytes:
+            buf = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+            if self.options.keep_buffers:
+                self._buffers[slot] = buf
+        return buf
+
+    # ---------------------------------------------------------------- sender
+    def send(
+        self,
+        tensors: Iterable[tuple[str, torch.Tensor]] | Iterable[list[tuple[str, torch.Tensor]]],
+        version: int,
+        *,
+        bucket_bytes: int | None = None,
+        layout_name: str | None = None,
+    ) -> UpdateOutcome:
+        """Broadcasts one complete weight version to every receiver and waits for their confirmation.
+
+        tensors: (HF name, tensor) pairs in export order (consumed lazily, bucketed by
+            bucket_bytes) or ready-made buckets. Receivers get them in this order.
+        Returns the outcome (every receiver acked). Raises MembersUnresponsive when a receiver
+        did not receive or confirm in time (the group is then unusable: destroy it, re-create
+        one without `outcome.failed`, and send again to the rest); UpdateRefused when receivers
+        answered but refused (the group stays usable); the export's own error after telling the
+        receivers to drop the update (the group stays usable).
+        """
+        self._require(sender=True)
+        kind = LAYOUTS[layout_name or self.options.layout]
+        buckets = as_buckets(tensors, bucket_bytes or self.options.bucket_bytes)
+        self._forget(self._seq)
+        self._seq += 1
+        seq, store, op = self._seq, self._store, self.options.op_timeout_s or self.spec.timeout_s
+        store.set(f"update/{seq}", str(version))
+        index, at_boundary = 0, True
+        try:
+            for index, bucket in enumerate(buckets):
+                specs = bucket_specs(bucket)
+                meta = weights_pb2.WeightBucketMeta(version=version, bucket_index=index, tensors=specs)
+                if kind == FLAT:
+                    _, total = layout(specs)
+                    payload = [pack(bucket, specs, self._buffer(0, total))]
+                else:
+                    total = sum(sp.nbytes for sp in specs)
+                    payload = [self._wire(t) for _, t in bucket if t.numel()]
+                at_boundary = False
+                self._send_header(kind, meta, total, Deadline(op, f"update {version}: bucket {index} metadata"))
+                self._backend.broadcast(payload, Deadline(op, f"update {version}: bucket {index} data"))
+                at_boundary = True
+            end = weights_pb2.WeightBucketMeta(version=version, bucket_index=index + 1, num_buckets=index + 1)
+            at_boundary = False
+            self._send_header(END, end, 0, Deadline(op, f"update {version}: end marker"))
+        except CollectiveFailed as e:
+            self._fail()
+            raise self._unresponsive(seq, version, str(e)) from e
+        except BaseException as e:
+            if not at_boundary:
+                self._fail()
+                raise
+            try:
+                self._send_header(ABORT, weights_pb2.WeightBucketMeta(version=version, bucket_index=index), 0,
+                                  Deadline(op, f"update {version}: abort marker"))  # fmt: skip
+            except CollectiveFailed as failed:
+                self._fail()
+                raise self._unresponsive(seq, version, f"{failed} (while aborting after: {e})") from e
+            raise
+        return self._await_acks(seq, version)
+
+    def _wire(self, tensor: torch.Tensor) -> torch.Tensor:
+        t = tensor.detach()
+        if t.device != self.device or not t.is_contiguous():
+            t = t.to(self.device).contiguous()
+        return t.reshape(-1).view(torch.uint8)
+
+    def _send_header(self, kind: int, meta: weights_pb2.WeightBucketMeta, payload: int, deadline: Deadline) -> None:
+        raw = meta.SerializeToString()
+        header = torch.tensor([kind, len(raw), payload, 0], dtype=torch.int64, device=self.device)
+        tensors = [header]
+        if raw:
+            tensors.append(torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(self.device))
+        self._backend.broadcast(tensors, deadline)
+
+    def _await_acks(self, seq: int, version: int) -> UpdateOutcome:
+        receivers = range(1, self.world_size)
+        deadline = Deadline(self.options.ack_timeout_s or self.spec.timeout_s, f"update {version}: confirmations")
+        missing = set(_await_keys(self._store, [f"ack/{seq}/{r}" for r in receivers], deadline))
+        acked, refused = [], {}
+        for r in receivers:
+            if f"ack/{seq}/{r}" not in missing:
+                answer = self._store.get(f"ack/{seq}/{r}").decode()
+                if answer == "ok":
+                    acked.append(r)
+                else:
+                    refused[r] = answer
+        unresponsive = tuple(int(k.split("/")[2]) for k in sorted(missing))
+        outcome = UpdateOutcome(version, tuple(acked), unresponsive, refused)
+        if unresponsive:
+            self._fail()
+            raise MembersUnresponsive(
+                f"update {version}: ranks {list(unresponsive)} did not confirm within {deadline.seconds:.1f}s "
+                f"(acked {list(acked)}, refused {refused}); take them out and re-create the group",
+                outcome,
+            )
+        if refused:
+            raise UpdateRefused(f"update {version}: refused by {refused}; those replicas are stale", outcome)
+        return outcome
+
+    def _unresponsive(self, seq: int, version: int, cause: str) -> MembersUnresponsive:
+        """Names the receivers that stopped: no heartbeat across the grace period, or behind the others."""
+        receivers = list(range(1, self.world_size))
+        before = {r: self._peek(f"alive/{r}") for r in receivers}
+        time.sleep(self.options.grace_s)
+        after = {r: self._peek(f"alive/{r}") for r in receivers}
+        progress = {r: int(self._peek(f"progress/{seq}/{r}") or -1) for r in receivers}
+        top = max(progress.values())
+        stopped = {r for r in receivers if after[r] is None or after[r] == before[r] or progress[r] < top}
+        suspects = tuple(sorted(stopped)) or tuple(receivers)
+        return MembersUnresponsive(
+            f"update {version} failed: {cause}; unresponsive ranks {list(suspects)} "
+            f"(bucket progress {progress}); take them out and re-create the group",
+            UpdateOutcome(version, unresponsive=suspects),
+        )
+
+    def _peek(self, key: str) -> str | None:
+        try:
+            return self._store.get(key).decode() if self._store.check([key]) else None
+        except Exception:  # the store itself failed: treat the key as absent
+            return None
+
+    def _forget(self, seq: int) -> None:
+        """Deletes the store keys of a finished update so a long job does not grow the store."""
+        if seq:
+            for key in [
+                f"update/{seq}",
+                *(f"{k}/{seq}/{r}" for k in ("progress", "ack") for r in range(1, self.world_size)),
+            ]:
+                self._store.delete_key(key)
+
+    # ---------------------------------------------------------------- receiver
+    def receive(
+        self,
+        apply_fn: WeightSink | Callable[[int, list[tuple[str, torch.Tensor]]], None],
+        timeout: float | None = None,
+    ) -> int:
+        """Receives one update into `apply_fn` (a WeightSink such as InPlaceSink, or a function
+        called per bucket with (version, [(name, tensor)])) and returns its version.
+
+        timeout: how long to wait for the trainer to start sending (default: the group's timeout);
+            every later step has the op deadline. Raises DeadlineExceeded when no update starts in
+            time (the group stays usable); the sink's own error when it refused (reported to the
+            sender; the group stays usable); Aborted when the trainer dropped the update;
+            DeadlineExceeded / Unavailable when the transfer failed (the group is then unusable).
+        """
+        self._require(sender=False)
+        sink = apply_fn if isinstance(apply_fn, WeightSink) else CallbackSink(apply_fn)
+        seq = self._seq + 1
+        start = Deadline(timeout or self.spec.timeout_s, f"rank {self.rank}: waiting for update {seq} to start")
+        if _await_keys(self._store, [f"update/{seq}"], start):
+            raise DeadlineExceeded(f"{start.what}: the trainer sent nothing within {start.seconds:.1f}s")
+        self._seq = seq
+        version = int(self._store.get(f"update/{seq}").decode())
+        refusal: Exception | None = None
+        try:
+            sink.begin(version)
+        except Exception as e:
+            refusal = e
+        try:
+            self._receive_buckets(seq, version, sink, refusal)
+        except _Refused as r:
+            refusal = r.error
+        except CollectiveFailed as e:
+            self._fail()
+            cls = DeadlineExceeded if e.timed_out else Unavailable
+            raise cls(
+                f"rank {self.rank}: update {version} failed ({e}); this replica may hold part of it: "
+                "mark it stale, destroy this group and refit it"
+            ) from e
+        if refusal is None:
+            try:
+                sink.end(version)
+            except Exception as e:
+                refusal = e
+        self._store.set(
+            f"ack/{seq}/{self.rank}", "ok" if refusal is None else f"refused: {type(refusal).__name__}: {refusal}"
+        )
+        if refusal is not None:
+            raise refusal
+        return version
+
+    def _receive_buckets(self, seq: int, version: int, sink: WeightSink, refusal: Exception | None) -> None:
+        op = self.options.op_timeout_s or self.spec.timeout_s
+        index = 0
+        while True:
+            kind, meta, payload = self._recv_header(Deadline(op, f"update {version}: bucket {index} metadata"))
+            if kind == ABORT:
+                raise Aborted(f"the trainer aborted update {version} after {index} buckets (its export failed)")
+            if meta.version != version or meta.bucket_index != index or kind not in (FLAT, PER_TENSOR, END):
+                self._fail()
+                raise DataLoss(f"update {version}: inconsistent stream (kind {kind}, meta {meta}); re-create the group")
+            if kind == END:
+                if meta.num_buckets != index:
+                    self._fail()
+                    raise DataLoss(f"update {version}: end marker says {meta.num_buckets} buckets, got {index}")
+                if refusal is not None:
+                    raise _Refused(refusal)
+                return
+            specs = list(meta.tensors)
+            offsets, total = layout(specs)
+            expected = total if kind == FLAT else sum(s.nbytes for s in specs)
+            if payload != expected:
+                self._fail()
+                raise DataLoss(f"update {version}: bucket {index} carries {payload} bytes, its specs need {expected}")
+            targets = None
+            if refusal is None and kind == PER_TENSOR:
+                try:
+                    targets = _fit(sink.targets(meta), specs, self.device)
+                except Exception as e:
+                    refusal = e
+            if targets is None:
+                buf = self._buffer(1, total)
+                if kind == FLAT:
+                    wire = [buf[:total]]
+                else:
+                    wire = [buf[o : o + s.nbytes] for o, s in zip(offsets, specs, strict=True) if s.nbytes]
+                tensors = unpack(buf, specs)
+            else:
+                wire = [t.reshape(-1).view(torch.uint8) for t in targets if t.numel()]
+                tensors = [(s.name, t) for s, t in zip(specs, targets, strict=True)]
+            self._backend.broadcast(wire, Deadline(op, f"update {version}: bucket {index} data"))
+            if refusal is None:
+                try:
+                    sink.apply(meta, tensors)
+                except Exception as e:
+                    refusal = e
+            self._store.set(f"progress/{seq}/{self.rank}", str(index))
+            index += 1
+
+    def _recv_header(self, deadline: Deadline) -> tuple[int, weights_pb2.WeightBucketMeta, int]:
+        header = torch.zeros(4, dtype=torch.int64, device=self.device)
+        self._backend.broadcast([header], deadline)
+        kind, nbytes, payload, _ = header.tolist()
+        raw = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        if nbytes:
+            self._backend.broadcast([raw], deadline)
+        try:
+            meta = weights_pb2.WeightBucketMeta.FromString(raw.cpu().numpy().tobytes())
+        except Exception as e:
+            self._fail()
+            raise DataLoss(f"unreadable bucket metadata ({e}); re-create the group") from e
+        return kind, meta, payload
+
+
+class _Refused(Exception):
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _fit(targets: list[torch.Tensor] | None, specs: list, device: torch.device) -> list[torch.Tensor] | None:
+    """The sink's direct targets if every one matches its spec exactly, else None (stage instead)."""
+    if targets is None or len(targets) != len(specs):
+        return None
+    for t, s in zip(targets, specs, strict=True):
+        if (
+            t.device != device
+            or not t.is_contiguous()
+            or t.dtype != dtypes.from_proto(s.dtype)
+            or list(t.shape) != list(s.shape)
+        ):
+            return None
+    return targets
+
+
+def _device(backend: str, device: str | torch.device | None) -> torch.device:
+    if backend == "gloo":
+        d = torch.device(device or "cpu")
+        if d.type != "cpu":
+            raise InvalidArgument(f"the gloo weight group works on CPU tensors, got device {d}; use backend 'nccl'")
+        return d
+    if not torch.cuda.is_available():
+        raise InvalidArgument("backend 'nccl' needs a CUDA device and none is visible; use backend 'gloo' on CPU")
+    d = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+    if d.type != "cuda":
+        raise InvalidArgument(f"backend 'nccl' needs a CUDA device, got {d}")
+    return d
+
+
+def _await_keys(store: dist.Store, keys: list[str], deadline: Deadline) -> list[str]:
+    """Waits until every key exists or the deadline passes; returns the keys still missing."""
+    delay = 0.002
+    while True:
+        try:
+            if store.check(keys):
+                return []
+            if deadline.expired():
+                return [k for k in keys if not store.check([k])]
+        except Exception as e:  # the trainer's store is gone
+            raise Unavailable(f"{deadline.what}: the weight group's store is unreachable ({e})") from e
+        time.sleep(min(delay, deadline.remaining()))
+        delay = min(delay * 2, 0.05)

@@ -1,0 +1,124 @@
+"""The process-group backend of one weight group: gloo (CPU) or NCCL (GPU), one code path.
+
+Built straight from a store (a PrefixStore over the trainer's TCPStore) as a standalone
+ProcessGroupGloo / ProcessGroupNCCL, so it never touches torch.distributed's default group
+that a service may already use for data parallelism. Every wait has a deadline; a failed or
+late collective leaves the backend unusable and it is aborted. Used by `collective.py`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import threading
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+
+class Deadline:
+    """A point in time a step must finish by; `what` names the step in error messages."""
+
+    def __init__(self, seconds: float, what: str) -> None:
+        self.seconds = seconds
+        self.what = what
+        self.end = time.monotonic() + seconds
+
+    def remaining(self) -> float:
+        return max(0.0, self.end - time.monotonic())
+
+    def expired(self) -> bool:
+        return time.monotonic() >= self.end
+
+
+class CollectiveFailed(Exception):
+    """A collective did not complete: `timed_out` when its deadline passed, else a peer failed."""
+
+    def __init__(self, message: str, timed_out: bool) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return address == "localhost"
+
+
+class Backend:
+    """One standalone c10d backend; broadcast() is the only collective the weight plane needs."""
+
+    def __init__(
+        self,
+        backend: str,
+        store: dist.Store,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        op_timeout_s: float,
+        master_address: str,
+        local_address: str | None,
+    ) -> None:
+        self.name = backend
+        self.device = device
+        timeout = timedelta(seconds=op_timeout_s)
+        if backend == "gloo":
+            opts = dist.ProcessGroupGloo._Options()
+            opts._timeout = timeout
+            if local_address is None and _is_loopback(master_address):
+                local_address = "127.0.0.1"  # every member is on this host: bind loopback
+            if local_address is not None:
+                opts._devices = [dist.ProcessGroupGloo.create_device(hostname=local_address)]
+            else:  # honours GLOO_SOCKET_IFNAME, else the host name's address
+                opts._devices = [dist.ProcessGroupGloo.create_default_device()]
+            self.pg = dist.ProcessGroupGloo(store, rank, world_size, opts)
+        else:
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = timeout
+            self.pg = dist.ProcessGroupNCCL(store, rank, world_size, opts)
+            self.pg.eager_connect_single_device(device)  # create the communicator now, within the join deadline
+
+    def broadcast(self, tensors: list[torch.Tensor], deadline: Deadline) -> None:
+        """Broadcasts each tensor from rank 0 (root sends, others receive in place), all within `deadline`."""
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
+        opts.rootTensor = 0
+        try:
+            works = [self.pg.broadcast([t], opts) for t in tensors]
+            for work in works:
+                left = deadline.remaining()
+                if left <= 0 and not work.is_completed():
+                    raise CollectiveFailed(f"{deadline.what}: not done within {deadline.seconds:.1f}s", True)
+                work.wait(timedelta(seconds=max(left, 0.001)))
+        except CollectiveFailed:
+            raise
+        except Exception as e:  # torch raises RuntimeError / DistBackendError with gloo's or NCCL's message
+            text = str(e)
+            timed_out = deadline.expired() or "timed out" in text.lower() or "timeout" in text.lower()
+            raise CollectiveFailed(
+                f"{deadline.what}: {text.splitlines()[0] if text else type(e).__name__}", timed_out
+            ) from e
+
+    def abort(self) -> None:
+        """Aborts pending collectives and drops the backend on a background thread.
+
+        Destroying a gloo group waits for its worker threads, which can sit in a stuck operation
+        until the backend's own timeout; the caller must not wait for that.
+        """
+        pg, self.pg = self.pg, None
+        if pg is None:
+            return
+        for method in ("abort", "shutdown"):
+            try:
+                getattr(pg, method)()
+                break
+            except Exception as e:  # not supported by this backend or torch version: try the next
+                log.debug("weight group backend %s() failed: %s", method, e)
+        holder = [pg]
+        del pg
+        threading.Thread(target=holder.clear, name="weights-backend-release", daemon=True).start()

@@ -1,0 +1,58 @@
+"""Process set-up shared by the trainer's entry points: the data-parallel world, the core, the data
+buffer client and the TrainerService of this rank. Called by `__main__` (rank 0) and `worker` (others).
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+
+from meshrl.trainer.config import TrainerConfig
+from meshrl.trainer.core import TrainerCore
+from meshrl.trainer.dp import CommandBus, free_port, init_ranks, spawn_workers
+from meshrl.trainer.service import TrainerService
+
+log = logging.getLogger(__name__)
+
+
+def make_service(cfg: TrainerConfig, bus: CommandBus | None) -> TrainerService:
+    core = TrainerCore(
+        micro_batch_tokens=cfg.defaults.micro_batch_tokens,
+        temperature=cfg.defaults.temperature,
+        atomic_steps=cfg.atomic_steps,
+    )
+    buffer = None
+    if cfg.databuffer_address:
+        from meshrl.common.databuffer_client import DataBufferClient
+
+        buffer = DataBufferClient(cfg.databuffer_address)
+    return TrainerService(cfg, core, buffer, bus)
+
+
+def build_service(cfg: TrainerConfig) -> tuple[TrainerService, list[subprocess.Popen]]:
+    """Rank 0: starts ranks 1..N-1 (when data_parallel.size > 1), joins the world, returns its service."""
+    dp = cfg.data_parallel
+    workers: list[subprocess.Popen] = []
+    bus = None
+    if dp.size > 1:
+        port = dp.master_port or free_port(dp.master_address)
+        workers = spawn_workers(dp.size, dp.master_address, port, cfg.model_dump_json())
+        init_ranks(0, dp.size, dp.master_address, port, dp.backend, dp.start_timeout_seconds)
+        bus = CommandBus()
+    return make_service(cfg, bus), workers
+
+
+def shutdown(trainer: TrainerService, workers: list[subprocess.Popen], grace: float = 30.0) -> None:
+    """Stops the worker ranks (stop command, then SIGTERM), closes the buffer client."""
+    try:
+        trainer.stop_workers()
+    except Exception as exc:  # noqa: BLE001 - shutting down regardless
+        log.warning("stopping trainer ranks: %s", exc)
+    for proc in workers:
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            proc.wait(10)
+    if trainer.buffer is not None:
+        trainer.buffer.close()

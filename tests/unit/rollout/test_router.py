@@ -1,0 +1,129 @@
+"""The rollout router over in-process replicas registered in Redis: spreading by outstanding work,
+groups and sessions kept on one replica, work of a stopped replica retried elsewhere, draining."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import numpy as np
+import pytest
+import redis
+from meshrl.common import batch_schema as S
+from meshrl.common.codec import Ragged
+from meshrl.common.databuffer_client import DataBufferClient, batch_key
+from meshrl.common.grpc_server import ServerConfig, start_server
+from meshrl.common.registry import Heartbeat, ReplicaRegistry
+from meshrl.common.rollout_router import RolloutRouter
+from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix
+from meshrl.rollout.replica import RolloutReplica
+from meshrl.rollout.server import service
+
+
+class LocalReplica:
+    """A replica server in this process (sharing one engine), registered with heartbeats."""
+
+    def __init__(self, rid: str, engine, buffer, registry: ReplicaRegistry) -> None:
+        self.replica = RolloutReplica(engine, replica_id=rid, capacity=8, databuffer=buffer, buffer_wait_s=5)
+        self.replica.mark_serving()
+        self.running = start_server(ServerConfig(port=0), [service(self.replica)])
+        self.heartbeat = Heartbeat(registry, lambda: self.replica.info(self.running.address), 0.2)
+        self.heartbeat.start()
+
+    def kill(self) -> None:
+        self.heartbeat.stop()
+        self.running.stop(0)
+
+
+@pytest.fixture(scope="module")
+def buffer():
+    prefix = unique_prefix("router")
+    with serving(config(SYSTEM_REDIS, prefix)) as (_, running):
+        client = DataBufferClient(running.address)
+        yield client
+        client.close()
+    delete_prefix(redis.Redis.from_url(SYSTEM_REDIS), prefix)
+
+
+@pytest.fixture
+def fleet(engine, buffer):
+    namespace = f"routertest-{uuid.uuid4().hex[:8]}"
+    registry = ReplicaRegistry(SYSTEM_REDIS, namespace=namespace, ttl_seconds=1.0)
+    replicas = [LocalReplica(f"r{i}", engine, buffer, registry) for i in range(3)]
+    router = RolloutRouter(registry=registry, databuffer=buffer, watch_interval_s=0.1, rpc_timeout_s=120)
+    router.wait_for_replicas(3, timeout=10)
+    yield router, replicas, registry
+    router.close()
+    for r in replicas:
+        r.kill()
+    client = redis.Redis.from_url(SYSTEM_REDIS)
+    for key in client.scan_iter(match=f"{namespace}:*"):
+        client.delete(key)
+
+
+def put_prompts(buffer, job: str, count: int):
+    key = batch_key(job, 0, "data")
+    rows = [[1 + i % 7, 2, 3 + i % 5] for i in range(count)]
+    buffer.put(key, {S.PROMPT_IDS: Ragged.from_rows(rows, dtype=np.int32)})
+    return key, rows
+
+
+def check_complete(batch, prompts: int, n: int) -> None:
+    pairs = sorted(zip(batch[S.GROUP_INDEX].tolist(), [m.index_in_group for m in batch.samples]))
+    assert pairs == [(p, k) for p in range(prompts) for k in range(n)]  # every sample once, none twice
+
+
+def test_batch_is_spread_and_groups_stay_together(fleet, buffer):
+    router, _, _ = fleet
+    source, _ = put_prompts(buffer, "spread", 12)
+    out = batch_key("spread", 0, "rollout")
+    result = router.generate_batch(source, out, {"temperature": 0.8, "max_tokens": 8, "seed": 3}, n=4, job_id="spread")
+    assert result.keys == [out] and result.samples == 48
+    assert len(result.samples_by_replica) >= 2
+    assert all(v % 4 == 0 for v in result.samples_by_replica.values())  # a group never splits
+    batch = buffer.get(out)
+    check_complete(batch, 12, 4)
+    assert batch[S.GROUP_INDEX].tolist() == sorted(batch[S.GROUP_INDEX].tolist())
+
+
+def test_sessions_stick_to_one_replica(fleet):
+    router, _, _ = fleet
+    seen = {
+        router.generate([1, 2, 3, t], sampling={"temperature": 0, "max_tokens": 3}, session_id="s1").replica_id
+        for t in range(5)
+    }
+    assert len(seen) == 1
+
+
+def test_work_of_a_stopped_replica_completes_elsewhere(fleet, buffer):
+    router, replicas, _ = fleet
+    source, _ = put_prompts(buffer, "kill", 24)
+    out = batch_key("kill", 0, "rollout")
+    holder = {}
+
+    def run():
+        holder["result"] = router.generate_batch(
+            source, out, {"temperature": 1.0, "max_tokens": 40, "ignore_eos": True}, n=2, chunk_prompts=2
+        )
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    while not any(r.calls for r in router.replicas() if r.replica_id == "r1"):
+        time.sleep(0.01)
+    replicas[1].kill()
+    thread.join(timeout=120)
+    result = holder["result"]
+    assert result.samples == 48 and result.retries >= 1
+    check_complete(buffer.get(out), 24, 2)
+
+
+def test_drain_stops_routing_to_a_replica(fleet, buffer):
+    router, _, registry = fleet
+    assert router.drain("r0", timeout=30)
+    deadline = time.monotonic() + 5
+    while registry.get("r0").state != "draining" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    source, _ = put_prompts(buffer, "drain", 8)
+    result = router.generate_batch(source, batch_key("drain", 0, "rollout"), {"max_tokens": 4}, n=1, chunk_prompts=1)
+    assert "r0" not in result.samples_by_replica and result.samples == 8

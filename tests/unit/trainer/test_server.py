@@ -1,0 +1,217 @@
+"""The Trainer gRPC service in-process: proto conversion, data-buffer keys, errors as status codes,
+checkpoints and weight publication (disk and a gloo broadcast to a receiver)."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import grpc
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from _worker import make_batch
+from meshrl.api.common.v1 import keys_pb2, tensor_pb2, weights_pb2
+from meshrl.api.trainer.v1 import trainer_pb2 as pb
+from meshrl.api.trainer.v1 import trainer_pb2_grpc
+from meshrl.common.codec import Batch, merge_batches
+from meshrl.common.errors import NotFound
+from meshrl.common.grpc_server import ServerConfig, start_server
+from meshrl.trainer.config import TrainerConfig
+from meshrl.trainer.core import TrainerCore
+from meshrl.trainer.dp import free_port
+from meshrl.trainer.publish import MANIFEST, GroupSpec, WeightGroup
+from meshrl.trainer.server import service
+from meshrl.trainer.service import TrainerService
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+
+class MemoryBuffer:
+    """The two data-buffer client calls the trainer makes, over a dict (NotFound like the real one)."""
+
+    def __init__(self) -> None:
+        self.batches: dict[tuple, Batch] = {}
+
+    @staticmethod
+    def _k(key: keys_pb2.BatchKey) -> tuple:
+        return key.job_id, key.step, key.node_id, key.shard if key.has_shard else None
+
+    def get_many(self, keys, *, wait_seconds=0.0, timeout=60.0) -> Batch:
+        for key in keys:
+            if self._k(key) not in self.batches:
+                raise NotFound(f"no batch {self._k(key)}")
+        return merge_batches(self.batches[self._k(k)] for k in keys)
+
+    def put(self, key, columns, **_) -> int:
+        self.batches[self._k(key)] = Batch(dict(columns))
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
+def key(node: str, step: int = 0) -> keys_pb2.BatchKey:
+    return keys_pb2.BatchKey(job_id="job", step=step, node_id=node)
+
+
+@pytest.fixture()
+def served(qwen2_dir):
+    cfg = TrainerConfig(server=ServerConfig(port=0))
+    buffer = MemoryBuffer()
+    trainer = TrainerService(cfg, TrainerCore(), buffer)
+    running = start_server(cfg.server, [service(trainer)])
+    channel = grpc.insecure_channel(running.address)
+    stub = trainer_pb2_grpc.TrainerStub(channel)
+    yield stub, buffer, trainer
+    channel.close()
+    running.stop(0)
+
+
+def load_actor(stub, qwen2_dir):
+    opt = pb.OptimizerConfig(lr=1e-3, warmup_steps=1)
+    return stub.LoadModel(pb.LoadModelRequest(role=pb.ROLE_ACTOR, model_path=str(qwen2_dir), optimizer=opt), timeout=60)
+
+
+def test_logprobs_train_status_through_grpc(served, qwen2_dir):
+    stub, buffer, trainer = served
+    reply = load_actor(stub, qwen2_dir)
+    assert reply.architecture == "Qwen2ForCausalLM" and reply.num_parameters > 0 and reply.vocab_size == 275
+    batch = make_batch(reply.vocab_size)
+    buffer.put(key("rollout"), {k: batch[k] for k in ("prompt_ids", "response_ids")})
+    buffer.put(key("adv"), {"advantages": batch["advantages"]})
+    req = pb.ComputeLogProbsRequest(
+        role=pb.ROLE_ACTOR, inputs=[key("rollout")], output=key("old"), output_name="old_logprobs", with_entropy=True
+    )
+    out = stub.ComputeLogProbs(req, timeout=60)
+    assert out.tokens == batch["response_ids"].offsets[-1]
+    written = buffer.batches[("job", 0, "old", None)].columns
+    assert set(written) == {"old_logprobs", "entropy"}
+    direct = trainer.core.compute_logprobs("actor", batch).values.values
+    np.testing.assert_allclose(written["old_logprobs"].values, direct, atol=1e-6)
+    train = pb.TrainStepRequest(
+        role=pb.ROLE_ACTOR,
+        inputs=[key("rollout"), key("adv"), key("old")],
+        loss=pb.LossConfig(clip_high=0.28),
+        mini_batches=2,
+    )
+    result = stub.TrainStep(train, timeout=120)
+    assert result.optimizer_steps == 2 and result.metrics["lr"] == pytest.approx(1e-3)
+    assert {"loss", "grad_norm", "clip_fraction", "entropy"} <= set(result.metrics)
+    status = stub.GetStatus(pb.GetStatusRequest(), timeout=10)
+    assert status.roles[0].train_steps == 2 and status.data_parallel_size == 1 and status.device == "cpu"
+    assert "actor/loss" in status.metrics
+
+
+def test_errors_map_to_status_codes(served, qwen2_dir, tmp_path):
+    stub, buffer, _ = served
+    req = pb.ComputeLogProbsRequest(role=pb.ROLE_ACTOR, inputs=[key("rollout")], output=key("o"))
+    with pytest.raises(grpc.RpcError) as err:
+        stub.ComputeLogProbs(req, timeout=10)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION  # no model loaded
+    load_actor(stub, qwen2_dir)
+    with pytest.raises(grpc.RpcError) as err:
+        stub.ComputeLogProbs(req, timeout=10)
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND  # the key is not in the buffer
+    bad = pb.LoadModelRequest(role=pb.ROLE_REFERENCE, model_path=str(tmp_path))
+    with pytest.raises(grpc.RpcError) as err:
+        stub.LoadModel(bad, timeout=10)
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND and "config.json" in err.value.details()
+    with pytest.raises(grpc.RpcError) as err:
+        stub.TrainStep(pb.TrainStepRequest(role=pb.ROLE_ACTOR, inputs=[key("x")], loss=pb.LossConfig(aggregation="x")))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "loss.aggregation" in err.value.details()
+
+
+def test_copy_from_and_checkpoint_rpcs(served, qwen2_dir, tmp_path):
+    stub, buffer, trainer = served
+    load_actor(stub, qwen2_dir)
+    batch = make_batch(275)
+    buffer.put(key("b"), batch)
+    stub.TrainStep(pb.TrainStepRequest(role=pb.ROLE_ACTOR, inputs=[key("b")], lr_override=0.01), timeout=60)
+    stub.LoadModel(pb.LoadModelRequest(role=pb.ROLE_REFERENCE, copy_from=pb.ROLE_ACTOR), timeout=60)
+    assert trainer.core.checksums("reference") == trainer.core.checksums("actor")  # the trained weights, not the dir's
+    path = str(tmp_path / "ckpt")
+    saved = stub.SaveCheckpoint(pb.SaveCheckpointRequest(role=pb.ROLE_ACTOR, path=path, step=3, data_state=b"pos"))
+    assert saved.bytes > 0
+    stub.TrainStep(pb.TrainStepRequest(role=pb.ROLE_ACTOR, inputs=[key("b")]), timeout=60)
+    loaded = stub.LoadCheckpoint(pb.LoadCheckpointRequest(role=pb.ROLE_ACTOR, path=path))
+    assert loaded.step == 3 and loaded.data_state == b"pos"
+    assert trainer.core.checksums("reference") == trainer.core.checksums("actor")
+
+
+def test_publish_to_disk_is_a_loadable_hf_folder(served, qwen2_dir, tmp_path):
+    stub, _, trainer = served
+    load_actor(stub, qwen2_dir)
+    root = tmp_path / "weights"
+    for version in (1, 2, 3):
+        req = pb.PublishWeightsRequest(
+            role=pb.ROLE_ACTOR, transport=weights_pb2.WEIGHT_TRANSPORT_DISK, version=version,
+            disk_root=str(root), keep_last=2, bucket_bytes=30_000,
+        )  # fmt: skip
+        reply = stub.PublishWeights(req, timeout=60)
+    assert sorted(p.name for p in root.iterdir()) == ["v000002", "v000003"]
+    assert reply.disk.path == str(root / "v000003") and reply.buckets > 1 and reply.bytes > 0
+    manifest = json.loads((root / "v000003" / MANIFEST).read_text())
+    assert manifest["version"] == 3 and manifest["checksums"] == dict(reply.checksums.sha256)
+    import hashlib
+
+    assert hashlib.sha256((root / "v000003" / MANIFEST).read_bytes()).hexdigest() == reply.disk.manifest_sha256
+    hf = AutoModelForCausalLM.from_pretrained(root / "v000003")
+    original = load_file(qwen2_dir / "model.safetensors")
+    for name, tensor in hf.state_dict().items():
+        if name in original:
+            assert torch.equal(tensor, original[name]), name
+    sums = stub.GetWeightChecksums(pb.GetWeightChecksumsRequest(role=pb.ROLE_ACTOR), timeout=10)
+    assert sums.version == 3 and dict(sums.sha256) == dict(reply.checksums.sha256)
+
+
+def _receive(spec: GroupSpec, out: dict) -> None:
+    """A minimal receiver of the broadcast protocol (what a rollout replica does)."""
+    group = WeightGroup(spec)
+    opts = dist.BroadcastOptions()
+    opts.rootRank = 0
+    received = {}
+    num_buckets, index = 1, 0
+    dtypes = {tensor_pb2.DTYPE_FLOAT32: torch.float32}
+    while index < num_buckets:
+        size = torch.zeros(1, dtype=torch.int64)
+        group.pg.broadcast([size], opts).wait()
+        raw = torch.empty(int(size), dtype=torch.uint8)
+        group.pg.broadcast([raw], opts).wait()
+        meta = weights_pb2.WeightBucketMeta.FromString(raw.numpy().tobytes())
+        for spec_t in meta.tensors:
+            t = torch.empty(list(spec_t.shape), dtype=dtypes[spec_t.dtype])
+            group.pg.broadcast([t], opts).wait()
+            received[spec_t.name] = t
+        num_buckets, index = meta.num_buckets, index + 1
+        out["version"] = meta.version
+    out["tensors"] = received
+
+
+def test_publish_over_a_gloo_group(served, qwen2_dir):
+    stub, _, trainer = served
+    load_actor(stub, qwen2_dir)
+    port = free_port()
+    group = weights_pb2.CollectiveGroup(
+        master_address="127.0.0.1", master_port=port, world_size=2, rank_offset=0, group_name="g", backend="gloo",
+        timeout_seconds=60,
+    )  # fmt: skip
+    out: dict = {}
+    receiver = threading.Thread(target=_receive, args=(GroupSpec("127.0.0.1", port, 2, 1, "g", "gloo", 60), out))
+    receiver.start()
+    assert stub.InitWeightUpdateGroup(pb.InitWeightUpdateGroupRequest(group=group), timeout=60).world_size == 2
+    req = pb.PublishWeightsRequest(
+        role=pb.ROLE_ACTOR, transport=weights_pb2.WEIGHT_TRANSPORT_DISTRIBUTED, version=5, group_name="g",
+        bucket_bytes=40_000,
+    )  # fmt: skip
+    reply = stub.PublishWeights(req, timeout=60)
+    receiver.join(60)
+    assert reply.buckets > 1 and out["version"] == 5
+    original = load_file(qwen2_dir / "model.safetensors")
+    assert set(out["tensors"]) == set(original)
+    assert all(torch.equal(out["tensors"][n], original[n]) for n in original)
+    stub.DestroyWeightUpdateGroup(pb.DestroyWeightUpdateGroupRequest(group_name="g"), timeout=10)
+    with pytest.raises(grpc.RpcError) as err:
+        stub.PublishWeights(req, timeout=10)
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
