@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -149,6 +150,7 @@ def main() -> None:
     finally:
         stop(trainer_proc)
         stop(buffer_proc)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

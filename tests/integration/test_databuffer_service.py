@@ -10,18 +10,26 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
 
 import grpc
 import numpy as np
 import pytest
 import redis
+
 from meshrl.api.common.v1 import tensor_pb2
 from meshrl.api.databuffer.v1 import databuffer_pb2 as pb
 from meshrl.common.codec import NUMPY_BY_DTYPE, Batch, Ragged, encode_batch
 from meshrl.common.databuffer_client import SERVICE, DataBufferClient, Group, batch_key, serialize_put_request
 from meshrl.common.errors import NotFound, ResourceExhausted
-from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, serving, snapshot, unique_prefix
+from meshrl.databuffer.testing import (
+    SYSTEM_REDIS,
+    config,
+    delete_prefix,
+    run_producers_and_consumers,
+    serving,
+    snapshot,
+    unique_prefix,
+)
 
 MiB = 1 << 20
 
@@ -222,50 +230,8 @@ def test_budget_exceeded_is_resource_exhausted_with_the_budget(system_redis):
 
 
 # --- streams under concurrency and failure -------------------------------------------------------
-def _run_producers_and_consumers(addresses: list[str], producers=8, consumers=8, per_producer=24):
-    expected = {f"p{p}-{i}" for p in range(producers) for i in range(per_producer)}
-    acks: Counter = Counter()
-    deliveries: Counter = Counter()
-    lock = threading.Lock()
-    errors: list[BaseException] = []
-
-    def produce(p: int) -> None:
-        client = DataBufferClient(addresses[p % len(addresses)])
-        try:
-            for i in range(0, per_producer, 3):
-                groups = [Group(f"p{p}-{j}", p, {"x": np.full((4, 2), j)}) for j in range(i, i + 3)]
-                client.append_groups("job", "s", groups)
-        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
-            errors.append(exc)
-        finally:
-            client.close()
-
-    def consume(c: int) -> None:
-        client = DataBufferClient(addresses[c % len(addresses)])
-        deadline = time.monotonic() + 90
-        try:
-            while time.monotonic() < deadline:
-                with lock:
-                    if sum(acks.values()) >= len(expected):
-                        return
-                result = client.read_groups("job", "s", "train", f"c{c}", max_groups=4, block_seconds=0.2)
-                for g in result.groups:
-                    assert g.batch["x"].shape == (4, 2) and g.weight_version == int(g.group_id[1:].split("-")[0])
-                    n = client.ack("job", "s", "train", [g.entry_id])
-                    with lock:
-                        deliveries[g.group_id] += 1
-                        acks[g.group_id] += n
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
-        finally:
-            client.close()
-
-    threads = [threading.Thread(target=produce, args=(p,)) for p in range(producers)]
-    threads += [threading.Thread(target=consume, args=(c,)) for c in range(consumers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+def _run_producers_and_consumers(addresses: list[str], **sizes) -> None:
+    expected, acks, deliveries, errors = run_producers_and_consumers(addresses, **sizes)
     assert not errors, errors
     assert set(acks) == expected and set(acks.values()) == {1}, "every group acked exactly once"
     assert set(deliveries.values()) == {1}, "no group delivered twice in a run where no consumer died"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import redis
+
 from meshrl.databuffer.store import DataBuffer
 from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, unique_prefix
 

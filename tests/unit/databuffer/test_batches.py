@@ -10,6 +10,7 @@ import time
 import ml_dtypes
 import numpy as np
 import pytest
+
 from meshrl.api.common.v1 import keys_pb2, tensor_pb2
 from meshrl.common.codec import NUMPY_BY_DTYPE, Ragged, encode_batch
 from meshrl.common.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted

@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+
 from meshrl.api.common.v1 import tensor_pb2
 from meshrl.api.databuffer.v1 import databuffer_pb2 as pb
 from meshrl.common.codec import Batch, Ragged, batch_from_proto, batch_to_proto

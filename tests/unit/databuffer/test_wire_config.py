@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from redis.cluster import key_slot
+
 from meshrl.api.databuffer.v1 import databuffer_pb2 as pb
 from meshrl.common.config import load_config
 from meshrl.common.databuffer_client import (
@@ -19,7 +21,6 @@ from meshrl.common.errors import ConfigError, InvalidArgument
 from meshrl.databuffer.config import DataBufferConfig
 from meshrl.databuffer.keys import BatchRef, KeySpace
 from meshrl.databuffer.wire import BadRequest, checked, deserialize_put, find_bad_utf8, lenient, split_put_stream
-from redis.cluster import key_slot
 
 
 @pytest.mark.parametrize("size", [0, 1, 127, 128, 300, 1 << 20])

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from meshrl.rollout.config import EngineConfig
 from meshrl.rollout.transformers_engine import TransformersEngine
 from meshrl.trainer.model_builder import build_small_model

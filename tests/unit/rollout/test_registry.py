@@ -9,6 +9,7 @@ import uuid
 
 import pytest
 import redis
+
 from meshrl.common.errors import DeadlineExceeded, InvalidArgument
 from meshrl.common.registry import DRAINING, SERVING, STARTING, CurrentWeights, Heartbeat, ReplicaInfo, ReplicaRegistry
 

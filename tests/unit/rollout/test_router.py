@@ -10,6 +10,7 @@ import uuid
 import numpy as np
 import pytest
 import redis
+
 from meshrl.common import batch_schema as S
 from meshrl.common.codec import Ragged
 from meshrl.common.databuffer_client import DataBufferClient, batch_key

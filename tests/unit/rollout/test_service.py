@@ -8,6 +8,7 @@ import grpc
 import numpy as np
 import pytest
 import redis
+
 from meshrl.api.rollout.v1 import rollout_pb2 as pb
 from meshrl.api.rollout.v1 import rollout_pb2_grpc
 from meshrl.common import batch_schema as S
@@ -156,7 +157,7 @@ def test_control_rpcs(stub):
     assert len(sums.sha256["model.norm.weight"]) == 64
     with pytest.raises(grpc.RpcError) as err:
         stub.GetWeightChecksums(pb.GetWeightChecksumsRequest(names=["nope"]), timeout=10)
-    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     chunks = list(
         stub.GenerateStream(
             pb.GenerateRequest(prompt_text="12+3=", sampling=pb.SamplingParams(max_tokens=3, temperature=0)), timeout=30

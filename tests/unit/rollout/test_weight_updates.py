@@ -4,20 +4,18 @@ bit-exact, in place, versioned per token; bad versions refused while the old wei
 from __future__ import annotations
 
 import socket
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
+
+from meshrl.common import weights as W
 from meshrl.common.errors import DataLoss, InvalidArgument
 from meshrl.rollout.replica import RolloutReplica
-from meshrl.rollout.types import CollectiveGroupSpec, GenerationRequest, PauseMode, SamplingParams
-from meshrl.rollout.weight_receiver import tensor_sha256
-from meshrl.trainer.export import tensor_sha256 as trainer_sha256
-from meshrl.trainer.publish import GroupSpec, WeightGroup, publish_to_disk
-from safetensors.torch import load_file
+from meshrl.rollout.types import GenerationRequest, PauseMode, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
@@ -30,14 +28,15 @@ def hf_tensors(model_dir: Path, scale: float, seed: int) -> dict[str, torch.Tens
 
 
 def publish(root: Path, model_dir: Path, version: int, tensors: dict[str, torch.Tensor]):
-    names = list(tensors)
-    buckets = [[(n, tensors[n]) for n in names[: len(names) // 2]], [(n, tensors[n]) for n in names[len(names) // 2 :]]]
-    sums = {n: trainer_sha256(t) for n, t in tensors.items()}
-    return publish_to_disk(buckets, root=root, version=version, model_path=model_dir, checksums=sums)
+    """What the trainer does: a versioned folder with the model's config beside the weights."""
+    extra = {name: (model_dir / name).read_bytes() for name in ("config.json", "generation_config.json")}
+    return W.write_version(
+        str(root), version, list(tensors.items()), extra_files=extra, bucket_bytes=20_000, fsync=False
+    )
 
 
 def live(engine) -> dict[str, torch.Tensor]:
-    return engine.runner.parameters_by_name()
+    return engine.runner.named_parameters()
 
 
 def test_disk_update_is_bit_exact_in_place_and_equals_a_fresh_engine(model_dir, tmp_path, new_engine):
@@ -52,7 +51,7 @@ def test_disk_update_is_bit_exact_in_place_and_equals_a_fresh_engine(model_dir, 
         assert torch.equal(params[name], t), name
     assert {n: t.data_ptr() for n, t in params.items()} == ptrs  # copied into the same storage
     version, sums = engine.weight_checksums()
-    assert version == 1 and sums and all(sums[n] == trainer_sha256(new[n]) for n in sums)
+    assert version == 1 and sums == W.tensor_checksums(new)  # the trainer's sample and hashes
     fresh = new_engine(Path(pub.path))
     prompt = [3, 1, 4, 1, 5]
     a = engine.generate([GenerationRequest(prompt, GREEDY)])[0]
@@ -86,7 +85,7 @@ def test_bad_updates_are_refused_and_the_old_weights_keep_serving(model_dir, tmp
     data = bytearray(shard.read_bytes())
     data[-10] ^= 0xFF
     shard.write_bytes(bytes(data))
-    with pytest.raises(DataLoss, match="corrupted"):
+    with pytest.raises(DataLoss, match="corrupt"):
         replica.update_weights_from_disk(good.path, 2)
     # manifest replaced
     other = publish(tmp_path / "w2", model_dir, 2, hf_tensors(model_dir, 0.05, seed=4))
@@ -98,7 +97,7 @@ def test_bad_updates_are_refused_and_the_old_weights_keep_serving(model_dir, tmp
     with pytest.raises(InvalidArgument, match="shape"):
         replica.update_weights_from_disk(publish(tmp_path / "w3", model_dir, 2, bad).path, 2)
     partial = dict(list(hf_tensors(model_dir, 0.0, seed=6).items())[:-2])
-    with pytest.raises(InvalidArgument, match="lacks"):
+    with pytest.raises(InvalidArgument, match="missing"):
         replica.update_weights_from_disk(publish(tmp_path / "w4", model_dir, 2, partial).path, 2)
     assert engine.weight_version == 0
     assert all(torch.equal(before[n], t) for n, t in live(engine).items())
@@ -121,25 +120,35 @@ def _free_port() -> int:
 def test_gloo_distributed_update_matches_the_trainer_bit_for_bit(model_dir, new_engine):
     engine = new_engine(model_dir)
     port = _free_port()
-    name = "test-weights"
+
+    def spec(rank: int) -> W.GroupSpec:
+        return W.GroupSpec("127.0.0.1", port, 2, rank, "test-weights", "gloo", 60.0)
+
     with ThreadPoolExecutor(2) as pool:
-        trainer_f = pool.submit(WeightGroup, GroupSpec("127.0.0.1", port, 2, 0, name, "gloo", 60.0))
-        rank = engine.init_weight_update_group(CollectiveGroupSpec("127.0.0.1", port, 2, 1, name, "gloo", 60.0))
+        trainer_f = pool.submit(W.WeightGroup.join, spec(0))
+        assert engine.init_weight_update_group(spec(1)) == 1
         trainer = trainer_f.result(timeout=60)
-    assert rank == 1
-    new = hf_tensors(model_dir, 0.05, seed=8)
-    names = list(new)
-    buckets = [[(n, new[n]) for n in names[:5]], [(n, new[n]) for n in names[5:]]]
-    ptrs = {n: t.data_ptr() for n, t in live(engine).items()}
-    sender = threading.Thread(target=trainer.send, args=(buckets, 2, 1))
-    sender.start()
-    result = engine.update_weights_from_distributed(name, 1, timeout_seconds=60)
-    sender.join(timeout=60)
-    assert result.version == 1 and engine.weight_version == 1
-    params = live(engine)
-    assert all(torch.equal(params[n], t) for n, t in new.items())
-    assert {n: t.data_ptr() for n, t in params.items()} == ptrs
-    _, sums = engine.weight_checksums(["model.norm.weight"])
-    assert sums["model.norm.weight"] == tensor_sha256(new["model.norm.weight"])
-    engine.destroy_weight_update_group(name)
-    trainer.close()
+    try:
+        for version, seed in ((1, 8), (2, 9)):  # two updates over one group
+            new = hf_tensors(model_dir, 0.05, seed=seed)
+            ptrs = {n: t.data_ptr() for n, t in live(engine).items()}
+            with ThreadPoolExecutor(1) as pool:
+                sent = pool.submit(trainer.send, list(new.items()), version, bucket_bytes=20_000)
+                result = engine.update_weights_from_distributed("test-weights", version, timeout_seconds=60)
+                sent.result(timeout=60)
+            assert result.version == version and engine.weight_version == version
+            params = live(engine)
+            assert all(torch.equal(params[n], t) for n, t in new.items())
+            assert {n: t.data_ptr() for n, t in params.items()} == ptrs
+            assert engine.weight_checksums()[1] == W.tensor_checksums(new)
+        # a version other than the announced one is refused, and the group stays usable
+        with ThreadPoolExecutor(1) as pool:
+            sent = pool.submit(trainer.send, list(hf_tensors(model_dir, 0.05, seed=10).items()), 4)
+            with pytest.raises(InvalidArgument, match="announced"):
+                engine.update_weights_from_distributed("test-weights", 3, timeout_seconds=60)
+            with pytest.raises(W.UpdateRefused):
+                sent.result(timeout=60)
+        assert engine.weight_version == 2
+    finally:
+        engine.destroy_weight_update_group("test-weights")
+        trainer.destroy()

@@ -8,7 +8,8 @@ import shutil
 import pytest
 import torch
 from meshrl.common.errors import InvalidArgument, NotFound
-from meshrl.trainer.export import checksum_sample, iter_hf_buckets, weight_checksums
+from meshrl.common.weights import sample_names, tensor_checksums
+from meshrl.trainer.export import iter_hf_buckets, weight_checksums
 from meshrl.trainer.hf_config import read_hf_config, spec_from_config
 from meshrl.trainer.hf_weights import iter_hf_tensors, load_hf_weights, read_hf_tensors
 from meshrl.trainer.model import build_gpt_model, ensure_parallel_state
@@ -140,15 +141,19 @@ def test_buckets_respect_the_size_bound(llama_dir):
 def test_checksums_sample_and_detect_changes(llama_dir):
     spec, model = _megatron(llama_dir)
     names = [n for n, _ in iter_hf_tensors(model, spec)]
-    sample = checksum_sample(names)
-    assert "model.embed_tokens.weight" in sample and "lm_head.weight" in sample
-    assert "model.layers.0.mlp.up_proj.weight" in sample and "model.layers.1.mlp.up_proj.weight" in sample
     first = weight_checksums(model, spec)
-    assert set(first) == set(sample) and weight_checksums(model, spec) == first
+    assert set(first) == set(sample_names(names)) and len(first) == 8  # the weight plane's fixed sample
+    assert weight_checksums(model, spec) == first
+    # the same hash a rollout replica computes over its HF tensors
+    exported = {n: t.clone() for n, t in iter_hf_tensors(model, spec)}  # copies: the export shares storage
+    assert first == tensor_checksums(exported, names=list(first))
     with torch.no_grad():
         model.decoder.final_layernorm.weight.add_(1e-3)
-    second = weight_checksums(model, spec)
-    assert second["model.norm.weight"] != first["model.norm.weight"]
-    assert second["model.embed_tokens.weight"] == first["model.embed_tokens.weight"]
+    second = weight_checksums(model, spec, ["model.norm.weight", "model.embed_tokens.weight"])
+    assert (
+        second["model.embed_tokens.weight"]
+        == tensor_checksums(exported, ["model.embed_tokens.weight"])["model.embed_tokens.weight"]
+    )
+    assert second["model.norm.weight"] != tensor_checksums(exported, ["model.norm.weight"])["model.norm.weight"]
     with pytest.raises(NotFound, match="'nope'"):
         weight_checksums(model, spec, ["nope"])

@@ -3,25 +3,23 @@ checkpoints and weight publication (disk and a gloo broadcast to a receiver)."""
 
 from __future__ import annotations
 
-import json
 import threading
 
 import grpc
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 from _worker import make_batch
-from meshrl.api.common.v1 import keys_pb2, tensor_pb2, weights_pb2
+from meshrl.api.common.v1 import keys_pb2, weights_pb2
 from meshrl.api.trainer.v1 import trainer_pb2 as pb
 from meshrl.api.trainer.v1 import trainer_pb2_grpc
 from meshrl.common.codec import Batch, merge_batches
 from meshrl.common.errors import NotFound
 from meshrl.common.grpc_server import ServerConfig, start_server
+from meshrl.common.weights import WeightGroup, list_versions, read_manifest, read_version, tensor_checksums
 from meshrl.trainer.config import TrainerConfig
 from meshrl.trainer.core import TrainerCore
 from meshrl.trainer.dp import free_port
-from meshrl.trainer.publish import MANIFEST, GroupSpec, WeightGroup
 from meshrl.trainer.server import service
 from meshrl.trainer.service import TrainerService
 from safetensors.torch import load_file
@@ -49,7 +47,7 @@ class MemoryBuffer:
         return 0
 
     def close(self) -> None:
-        pass
+        self.batches.clear()
 
 
 def key(node: str, step: int = 0) -> keys_pb2.BatchKey:
@@ -150,67 +148,59 @@ def test_publish_to_disk_is_a_loadable_hf_folder(served, qwen2_dir, tmp_path):
             disk_root=str(root), keep_last=2, bucket_bytes=30_000,
         )  # fmt: skip
         reply = stub.PublishWeights(req, timeout=60)
-    assert sorted(p.name for p in root.iterdir()) == ["v000002", "v000003"]
+    assert [v for v, _ in list_versions(str(root))] == [2, 3]
     assert reply.disk.path == str(root / "v000003") and reply.buckets > 1 and reply.bytes > 0
-    manifest = json.loads((root / "v000003" / MANIFEST).read_text())
-    assert manifest["version"] == 3 and manifest["checksums"] == dict(reply.checksums.sha256)
-    import hashlib
-
-    assert hashlib.sha256((root / "v000003" / MANIFEST).read_bytes()).hexdigest() == reply.disk.manifest_sha256
-    hf = AutoModelForCausalLM.from_pretrained(root / "v000003")
+    manifest, sha = read_manifest(reply.disk.path, reply.disk.manifest_sha256)
+    assert manifest.version == 3 and sha == reply.disk.manifest_sha256
+    # what a replica loads equals the trainer's export, and it is a loadable HF model folder
+    received = dict(read_version(reply.disk.path, reply.disk.manifest_sha256))
     original = load_file(qwen2_dir / "model.safetensors")
-    for name, tensor in hf.state_dict().items():
-        if name in original:
-            assert torch.equal(tensor, original[name]), name
+    assert set(received) == set(original) and all(torch.equal(received[n], original[n]) for n in original)
+    AutoModelForCausalLM.from_pretrained(reply.disk.path)
     sums = stub.GetWeightChecksums(pb.GetWeightChecksumsRequest(role=pb.ROLE_ACTOR), timeout=10)
     assert sums.version == 3 and dict(sums.sha256) == dict(reply.checksums.sha256)
-
-
-def _receive(spec: GroupSpec, out: dict) -> None:
-    """A minimal receiver of the broadcast protocol (what a rollout replica does)."""
-    group = WeightGroup(spec)
-    opts = dist.BroadcastOptions()
-    opts.rootRank = 0
-    received = {}
-    num_buckets, index = 1, 0
-    dtypes = {tensor_pb2.DTYPE_FLOAT32: torch.float32}
-    while index < num_buckets:
-        size = torch.zeros(1, dtype=torch.int64)
-        group.pg.broadcast([size], opts).wait()
-        raw = torch.empty(int(size), dtype=torch.uint8)
-        group.pg.broadcast([raw], opts).wait()
-        meta = weights_pb2.WeightBucketMeta.FromString(raw.numpy().tobytes())
-        for spec_t in meta.tensors:
-            t = torch.empty(list(spec_t.shape), dtype=dtypes[spec_t.dtype])
-            group.pg.broadcast([t], opts).wait()
-            received[spec_t.name] = t
-        num_buckets, index = meta.num_buckets, index + 1
-        out["version"] = meta.version
-    out["tensors"] = received
+    assert dict(sums.sha256) == tensor_checksums(received, names=list(sums.sha256))
+    stale = pb.PublishWeightsRequest(role=pb.ROLE_ACTOR, transport=weights_pb2.WEIGHT_TRANSPORT_DISK, version=1,
+                                     disk_root=str(root))  # fmt: skip
+    with pytest.raises(grpc.RpcError) as err:
+        stub.PublishWeights(stale, timeout=60)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # versions never go back
 
 
 def test_publish_over_a_gloo_group(served, qwen2_dir):
     stub, _, trainer = served
     load_actor(stub, qwen2_dir)
-    port = free_port()
     group = weights_pb2.CollectiveGroup(
-        master_address="127.0.0.1", master_port=port, world_size=2, rank_offset=0, group_name="g", backend="gloo",
-        timeout_seconds=60,
+        master_address="127.0.0.1", master_port=free_port(), world_size=2, rank_offset=0, group_name="g",
+        backend="gloo", timeout_seconds=60,
     )  # fmt: skip
-    out: dict = {}
-    receiver = threading.Thread(target=_receive, args=(GroupSpec("127.0.0.1", port, 2, 1, "g", "gloo", 60), out))
-    receiver.start()
+    received: dict = {}
+
+    def replica() -> None:  # what a rollout replica does: join as rank 1, receive one version
+        member_spec = weights_pb2.CollectiveGroup()
+        member_spec.CopyFrom(group)
+        member_spec.rank_offset = 1
+        member = WeightGroup.join(member_spec)
+        try:
+            received["version"] = member.receive(
+                lambda version, bucket: received.update({n: t.clone() for n, t in bucket})
+            )
+        finally:
+            member.destroy()
+
+    thread = threading.Thread(target=replica)
+    thread.start()
     assert stub.InitWeightUpdateGroup(pb.InitWeightUpdateGroupRequest(group=group), timeout=60).world_size == 2
     req = pb.PublishWeightsRequest(
         role=pb.ROLE_ACTOR, transport=weights_pb2.WEIGHT_TRANSPORT_DISTRIBUTED, version=5, group_name="g",
         bucket_bytes=40_000,
     )  # fmt: skip
     reply = stub.PublishWeights(req, timeout=60)
-    receiver.join(60)
-    assert reply.buckets > 1 and out["version"] == 5
+    thread.join(60)
+    assert reply.buckets > 1 and received.pop("version") == 5
     original = load_file(qwen2_dir / "model.safetensors")
-    assert set(out["tensors"]) == set(original)
-    assert all(torch.equal(out["tensors"][n], original[n]) for n in original)
+    assert set(received) == set(original)
+    assert all(torch.equal(received[n], original[n]) for n in original)
     stub.DestroyWeightUpdateGroup(pb.DestroyWeightUpdateGroupRequest(group_name="g"), timeout=10)
     with pytest.raises(grpc.RpcError) as err:
         stub.PublishWeights(req, timeout=10)

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 import grpc
 import numpy as np
+
 from meshrl.api.common.v1 import keys_pb2, tensor_pb2
 from meshrl.api.databuffer.v1 import databuffer_pb2 as pb
 from meshrl.api.databuffer.v1 import databuffer_pb2_grpc as pb_grpc

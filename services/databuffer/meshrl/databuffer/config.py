@@ -11,6 +11,7 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 import pydantic
+
 from meshrl.common.config import StrictModel
 from meshrl.common.grpc_server import ServerConfig
 from meshrl.common.telemetry import TelemetryConfig

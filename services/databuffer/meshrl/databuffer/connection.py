@@ -16,13 +16,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
-from meshrl.common.errors import ConfigError, ResourceExhausted, Unavailable
-from meshrl.databuffer.config import RedisConfig
-from meshrl.databuffer.embedded import EmbeddedRedis
 from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster
 from redis.connection import Encoder, PythonRespSerializer
 from redis.retry import Retry
+
+from meshrl.common.errors import ConfigError, ResourceExhausted, Unavailable
+from meshrl.databuffer.config import RedisConfig
+from meshrl.databuffer.embedded import EmbeddedRedis
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,10 @@ import time
 from pathlib import Path
 
 import redis
-from meshrl.common.errors import Unavailable
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+
+from meshrl.common.errors import Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,10 @@ class EmbeddedRedis:
 
     def _client(self, timeout: float) -> redis.Redis:
         """A client without redis-py's default retries (which would retry a SHUTDOWN's closed socket)."""
-        return redis.Redis(unix_socket_path=self.socket, socket_timeout=timeout, retry=Retry(NoBackoff(), 0))
+        password = self.settings.get("requirepass")
+        return redis.Redis(
+            unix_socket_path=self.socket, socket_timeout=timeout, retry=Retry(NoBackoff(), 0), password=password
+        )
 
     @property
     def pid(self) -> int | None:

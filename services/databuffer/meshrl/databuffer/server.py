@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import grpc
+
 from meshrl.api.databuffer.v1 import databuffer_pb2 as pb
 from meshrl.common.databuffer_client import SERVICE
 from meshrl.common.grpc_server import Service

@@ -9,6 +9,7 @@ Used by `DataBuffer` (meshrl.databuffer.store).
 
 from __future__ import annotations
 
+import functools
 import re
 import secrets
 from collections.abc import Sequence
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+
 from meshrl.api.databuffer.v1 import databuffer_pb2 as pb
 from meshrl.common.codec import batch_from_proto
 from meshrl.common.errors import InvalidArgument, NotFound
@@ -23,137 +25,12 @@ from meshrl.databuffer.config import LimitsConfig, StreamConfig
 from meshrl.databuffer.indexes import Indexes
 from meshrl.databuffer.keys import KeySpace, check_name
 from meshrl.databuffer.ledger import Ledger, now_ms
+from meshrl.databuffer.stream_scripts import APPEND, CLAIM, DROP, LAG, TRIM
 
 ENTRY_ID_RE = re.compile(r"^\d{1,20}-\d{1,20}$")
 TTL_MARGIN_MS = 60_000
 RELEASE_IDLE_MS = 30 * 86400 * 1000  # an undelivered overflow entry: claimable by the next reader at once
 MAX_GROUPS_PER_READ = 10_000
-
-_IDS = """
-local function parse(id)
-  local ms, seq = string.match(id, '(%d+)-(%d+)')
-  return tonumber(ms), tonumber(seq)
-end
-local function less(a, b)
-  local am, as = parse(a)
-  local bm, bs = parse(b)
-  return am < bm or (am == bm and as < bs)
-end
-local function succ(id)
-  local ms, seq = string.match(id, '(%d+)-(%d+)')
-  return ms .. '-' .. (tonumber(seq) + 1)
-end
-local function fields(list)
-  local out = {}
-  for i = 1, #list, 2 do out[list[i]] = list[i + 1] end
-  return out
-end
-"""
-
-# KEYS: stream, meta. ARGV: ttl_ms, then (version, data, member, size) per group. Returns the entry ids.
-_APPEND = """
-local ids, total, latest = {}, 0, redis.call('HGET', KEYS[2], 'latest')
-for i = 2, #ARGV, 4 do
-  ids[#ids + 1] = redis.call('XADD', KEYS[1], '*', 'v', ARGV[i], 'd', ARGV[i + 1], 'r', ARGV[i + 2], 'n', ARGV[i + 3])
-  if not latest or tonumber(ARGV[i]) > tonumber(latest) then latest = ARGV[i] end
-  total = total + tonumber(ARGV[i + 3])
-end
-redis.call('HSET', KEYS[2], 'latest', latest)
-redis.call('HINCRBY', KEYS[2], 'appended', #ids)
-redis.call('HINCRBY', KEYS[2], 'bytes', total)
-redis.call('PEXPIRE', KEYS[1], ARGV[1])
-redis.call('PEXPIRE', KEYS[2], ARGV[1])
-return ids
-"""
-
-# KEYS: stream, meta. ARGV: now_ms, ttl_ms. Trims what every consumer group acked and what
-# outlived the TTL (acking it in every group, counted as 'expired'); returns the ledger members.
-_TRIM = (
-    _IDS
-    + """
-if redis.call('EXISTS', KEYS[1]) == 0 then return {} end
-local ttl_cut = (tonumber(ARGV[1]) - tonumber(ARGV[2])) .. '-0'
-local consumed = nil
-local groups = redis.call('XINFO', 'GROUPS', KEYS[1])
-for _, g in ipairs(groups) do
-  local info = fields(g)
-  local summary = redis.call('XPENDING', KEYS[1], info['name'])
-  local bound = succ(info['last-delivered-id'])
-  if summary[1] > 0 then bound = summary[2] end
-  if consumed == nil or less(bound, consumed) then consumed = bound end
-end
-if consumed == nil then consumed = '0-0' end
-for _, g in ipairs(groups) do
-  local name = fields(g)['name']
-  local old = redis.call('XPENDING', KEYS[1], name, '-', '(' .. ttl_cut, 100000)
-  for _, p in ipairs(old) do redis.call('XACK', KEYS[1], name, p[1]) end
-end
-local cut = consumed
-if less(consumed, ttl_cut) then cut = ttl_cut end
-local members, bytes, expired, start = {}, 0, 0, '-'
-while true do
-  local batch = redis.call('XRANGE', KEYS[1], start, '(' .. cut, 'COUNT', 500)
-  if #batch == 0 then break end
-  for _, e in ipairs(batch) do
-    local f = fields(e[2])
-    members[#members + 1] = f['r']
-    bytes = bytes + tonumber(f['n'])
-    if not less(e[1], consumed) then expired = expired + 1 end
-  end
-  start = '(' .. batch[#batch][1]
-end
-if #members > 0 then
-  redis.call('XTRIM', KEYS[1], 'MINID', cut)
-  redis.call('HINCRBY', KEYS[2], 'bytes', -bytes)
-end
-if expired > 0 then redis.call('HINCRBY', KEYS[2], 'drop:expired', expired) end
-return members
-"""
-)
-
-# KEYS: stream. ARGV: group, consumer, min_idle_ms, count. Returns {id, data, version, deliveries} per claimed group.
-_CLAIM = """
-local r = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], '0-0', 'COUNT', ARGV[4])
-local out = {}
-for _, e in ipairs(r[2]) do
-  if e and e[2] then
-    local f = {}
-    for i = 1, #e[2], 2 do f[e[2][i]] = e[2][i + 1] end
-    local p = redis.call('XPENDING', KEYS[1], ARGV[1], e[1], e[1], 1)
-    local deliveries = 1
-    if p[1] then deliveries = p[1][4] end
-    out[#out + 1] = {e[1], f['d'], f['v'], deliveries}
-  end
-end
-return out
-"""
-
-# KEYS: stream, meta. Returns the ledger members of every group, then deletes both keys.
-_DROP = """
-local members, start = {}, '-'
-while true do
-  local batch = redis.call('XRANGE', KEYS[1], start, '+', 'COUNT', 500)
-  if #batch == 0 then break end
-  for _, e in ipairs(batch) do
-    for i = 1, #e[2], 2 do if e[2][i] == 'r' then members[#members + 1] = e[2][i + 1] end end
-  end
-  start = '(' .. batch[#batch][1]
-end
-redis.call('DEL', KEYS[1], KEYS[2])
-return members
-"""
-
-# KEYS: stream. ARGV: last-delivered id. Counts the entries after it (lag, where XINFO has none).
-_LAG = """
-local n, start = 0, '(' .. ARGV[1]
-while true do
-  local batch = redis.call('XRANGE', KEYS[1], start, '+', 'COUNT', 1000)
-  if #batch == 0 then break end
-  n = n + #batch
-  start = '(' .. batch[#batch][1]
-end
-return n
-"""
 
 
 @dataclass
@@ -200,11 +77,11 @@ class StreamStore:
         self.limits = limits
         self.cfg = cfg
         self._known_groups: set[tuple[str, str]] = set()
-        self._append = client.register_script(_APPEND)
-        self._trim = client.register_script(_TRIM)
-        self._claim = client.register_script(_CLAIM)
-        self._drop = client.register_script(_DROP)
-        self._lag = client.register_script(_LAG)
+        self._append = client.register_script(APPEND)
+        self._trim = client.register_script(TRIM)
+        self._claim = client.register_script(CLAIM)
+        self._drop = client.register_script(DROP)
+        self._lag = client.register_script(LAG)
 
     def _keys(self, job_id: str, stream: str) -> list[str]:
         check_name(job_id, "job_id")
@@ -312,19 +189,29 @@ class StreamStore:
                 "block_seconds, claim_idle_seconds and min_weight_version must be >= 0",
                 field="block_seconds" if block_seconds < 0 else "claim_idle_seconds",
             )
+        attempt = functools.partial(
+            self._read, keys, job_id, stream, group, consumer, count, block_seconds, min_weight_version
+        )
         try:
-            return self._read(
-                keys, job_id, stream, group, consumer, count, block_seconds, min_weight_version, claim_idle_seconds
-            )
+            return attempt(claim_idle_seconds)
         except redis.ResponseError as exc:
             if "NOGROUP" not in str(exc):
                 raise
             self._known_groups.discard((keys[0], group))  # the stream expired or was deleted meanwhile
-            return self._read(
-                keys, job_id, stream, group, consumer, count, block_seconds, min_weight_version, claim_idle_seconds
-            )
+            return attempt(claim_idle_seconds)
 
-    def _read(self, keys, job_id, stream, group, consumer, count, block_seconds, min_version, claim_idle) -> ReadResult:
+    def _read(
+        self,
+        keys: list[str],
+        job_id: str,
+        stream: str,
+        group: str,
+        consumer: str,
+        count: int,
+        block_seconds: float,
+        min_version: int,
+        claim_idle: float,
+    ) -> ReadResult:
         self._ensure_group(keys, job_id, stream, group)
         min_version = self._min_version(keys[1], min_version)
         claim_ms = int((claim_idle or self.cfg.claim_idle_seconds) * 1000)

@@ -12,13 +12,18 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import redis
+
+from meshrl.common.databuffer_client import DataBufferClient, Group
 from meshrl.common.grpc_server import RunningServer, start_server
 from meshrl.databuffer.config import DataBufferConfig
 from meshrl.databuffer.server import service
@@ -85,6 +90,59 @@ def config(url: str | None, prefix: str, cluster: bool = False, **sections: Any)
     for name, values in sections.items():
         data.setdefault(name, {}).update(values)
     return DataBufferConfig.model_validate(data)
+
+
+def run_producers_and_consumers(
+    addresses: list[str], producers: int = 8, consumers: int = 8, per_producer: int = 24, job: str = "job"
+) -> tuple[set[str], Counter, Counter, list[BaseException]]:
+    """Producer and consumer threads (each with its own client, spread over `addresses`) on stream
+    `s` of `job`; consumers ack each group on its own. Returns (expected group ids, acks per group,
+    deliveries per group, errors)."""
+    expected = {f"p{p}-{i}" for p in range(producers) for i in range(per_producer)}
+    acks: Counter = Counter()
+    deliveries: Counter = Counter()
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def produce(p: int) -> None:
+        client = DataBufferClient(addresses[p % len(addresses)])
+        try:
+            for i in range(0, per_producer, 3):
+                groups = [Group(f"p{p}-{j}", p, {"x": np.full((4, 2), j)}) for j in range(i, min(i + 3, per_producer))]
+                client.append_groups(job, "s", groups)
+        except BaseException as exc:  # noqa: BLE001 - returned to the caller
+            errors.append(exc)
+        finally:
+            client.close()
+
+    def consume(c: int) -> None:
+        client = DataBufferClient(addresses[c % len(addresses)])
+        deadline = time.monotonic() + 90
+        try:
+            while time.monotonic() < deadline:
+                with lock:
+                    if sum(acks.values()) >= len(expected):
+                        return
+                result = client.read_groups(job, "s", "train", f"c{c}", max_groups=4, block_seconds=0.2)
+                for g in result.groups:
+                    if g.batch["x"].shape != (4, 2) or g.weight_version != int(g.group_id[1:].split("-")[0]):
+                        raise AssertionError(f"group {g.group_id} arrived altered: {g}")
+                    n = client.ack(job, "s", "train", [g.entry_id])
+                    with lock:
+                        deliveries[g.group_id] += 1
+                        acks[g.group_id] += n
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=produce, args=(p,)) for p in range(producers)]
+    threads += [threading.Thread(target=consume, args=(c,)) for c in range(consumers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return expected, acks, deliveries, errors
 
 
 class LocalCluster:

@@ -14,6 +14,7 @@ from typing import Any
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
+
 from meshrl.api.databuffer.v1 import databuffer_pb2 as pb
 from meshrl.common.databuffer_client import encode_payload_frame, payload_of
 from meshrl.common.errors import InvalidArgument

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
+
 from meshrl.common.errors import Internal, Unavailable
 from meshrl.rollout.kv_batch import KVBatch, SeqKV
 from meshrl.rollout.model_runner import HFModelRunner
@@ -57,9 +58,11 @@ class ContinuousBatcher:
         max_batch_size: int = 64,
         max_admit_per_step: int = 64,
         prefix_cache_tokens: int = 65536,
+        max_prefill_tokens: int = 8192,
         initial_version: int = 0,
     ) -> None:
         self.runner = runner
+        self.max_prefill_tokens = max_prefill_tokens
         self.max_batch_size = max_batch_size
         self.max_admit_per_step = max_admit_per_step
         self.prefix = PrefixCache(prefix_cache_tokens)
@@ -188,25 +191,45 @@ class ContinuousBatcher:
         with self._lock:
             while self._waiting and len(admitted) < room:
                 admitted.append(self._waiting.popleft())
+        admitted = [seq for seq in admitted if not seq.future.done()]
         if not admitted:
             return
-        fresh: list[tuple[_Seq, SeqKV, torch.Tensor]] = []
-        joining: list[tuple[_Seq, SeqKV]] = []
+        # What to run: the whole prompt (fresh), or prompt + tokens but the pending one (KV flushed).
+        wanted = {id(seq): tuple(seq.prompt + (seq.tokens[:-1] if seq.recompute else [])) for seq in admitted}
+        flushed = {wanted[id(seq)] for seq in admitted if seq.recompute}
+        ready: dict[tuple[int, ...], tuple[SeqKV, torch.Tensor]] = {}
+        misses: list[tuple[int, ...]] = []
         for seq in admitted:
-            if seq.future.done():
+            tokens = wanted[id(seq)]
+            if tokens in ready or tokens in misses:
                 continue
+            hit = None if seq.recompute else self.prefix.lookup(tokens)
+            if hit is not None and hit.length == len(tokens) and hit.entry.logits is not None:
+                ready[tokens] = (hit.entry.kv, hit.entry.logits)
+            elif hit is not None:
+                ready[tokens] = self.runner.prefill(tokens, prefix=hit.entry.kv)
+                self.prefix.insert(tokens, *ready[tokens])
+            else:
+                misses.append(tokens)
+        for group in _by_token_budget(misses, self.max_prefill_tokens):
+            for tokens, (kv, logits) in zip(group, self.runner.prefill_many(group)):
+                ready[tokens] = (kv, logits)
+                if tokens not in flushed:
+                    self.prefix.insert(tokens, kv, logits)
+        joining: list[tuple[_Seq, SeqKV]] = []
+        fresh: list[tuple[_Seq, SeqKV, torch.Tensor]] = []
+        for seq in admitted:
+            kv, logits = ready[wanted[id(seq)]]
             if seq.recompute:
-                kv, _ = self.runner.prefill(seq.prompt + seq.tokens[:-1])
                 seq.recompute = False
                 joining.append((seq, kv))
-                continue
-            seq.admitted_version = self.version
-            kv, logits = self._prefill_prompt(seq.prompt)
-            fresh.append((seq, kv, logits))
+            else:
+                seq.admitted_version = self.version
+                fresh.append((seq, kv, logits))
         if fresh:
-            logits = torch.stack([lg for _, _, lg in fresh])
+            stacked = torch.stack([lg for _, _, lg in fresh])
             tokens, logprobs = sample(
-                logits, [s.request.sampling for s, _, _ in fresh], [s.generator for s, _, _ in fresh]
+                stacked, [s.request.sampling for s, _, _ in fresh], [s.generator for s, _, _ in fresh]
             )
             self._count(len(fresh))
             for (seq, kv, _), tok, lp in zip(fresh, tokens, logprobs):
@@ -215,14 +238,6 @@ class ContinuousBatcher:
         if joining:
             self._batch.append_rows([kv for _, kv in joining], [kv[0][0].shape[2] for _, kv in joining])
             self._rows.extend(seq for seq, _ in joining)
-
-    def _prefill_prompt(self, prompt: list[int]) -> tuple[SeqKV, torch.Tensor]:
-        hit = self.prefix.lookup(prompt)
-        if hit is not None and hit.length == len(prompt) and hit.entry.logits is not None:
-            return hit.entry.kv, hit.entry.logits
-        kv, logits = self.runner.prefill(prompt, prefix=hit.entry.kv if hit else None)
-        self.prefix.insert(prompt, kv, logits)
-        return kv, logits
 
     def _decode_step(self) -> None:
         pending = torch.tensor([seq.tokens[-1] for seq in self._rows], dtype=torch.long)
@@ -343,3 +358,19 @@ class ContinuousBatcher:
             self._rows = []
             self._batch = KVBatch.empty(self.runner.device)
         return True
+
+
+def _by_token_budget(prompts: list[tuple[int, ...]], budget: int) -> list[list[tuple[int, ...]]]:
+    """Splits prompts into groups whose padded size (rows x longest) stays within `budget` tokens."""
+    groups: list[list[tuple[int, ...]]] = []
+    current: list[tuple[int, ...]] = []
+    longest = 0
+    for p in sorted(prompts, key=len):
+        if current and (len(current) + 1) * max(longest, len(p)) > budget:
+            groups.append(current)
+            current, longest = [], 0
+        current.append(p)
+        longest = max(longest, len(p))
+    if current:
+        groups.append(current)
+    return groups

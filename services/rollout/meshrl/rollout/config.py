@@ -11,6 +11,7 @@ import socket
 from typing import Any, Literal
 
 import pydantic
+
 from meshrl.common.config import StrictModel
 from meshrl.common.grpc_server import ServerConfig
 from meshrl.common.telemetry import TelemetryConfig
@@ -23,6 +24,9 @@ class TransformersEngineConfig(StrictModel):
     dtype: Literal["float32", "bfloat16", "float16"] = pydantic.Field("float32", description="weights dtype")
     attn_implementation: str = pydantic.Field("sdpa", description="transformers attention kernel: sdpa or eager")
     max_admit_per_step: int = pydantic.Field(64, ge=1, description="most new requests prefilled between two steps")
+    max_prefill_tokens: int = pydantic.Field(
+        8192, ge=1, description="most (padded) prompt tokens prefilled in one forward pass"
+    )
     prefix_cache_tokens: int = pydantic.Field(
         65536,
         ge=0,

@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 
 from meshrl.common.errors import InvalidArgument
+from meshrl.common.weights import GroupSpec
 from meshrl.rollout.types import (
-    CollectiveGroupSpec,
     EngineStatus,
     GenerationRequest,
     GenerationResult,
@@ -114,7 +114,7 @@ class Engine(abc.ABC):
         """
 
     @abc.abstractmethod
-    def init_weight_update_group(self, group: CollectiveGroupSpec) -> int:
+    def init_weight_update_group(self, group: GroupSpec) -> int:
         """Joins the trainer's weight-update process group; returns this engine's first rank."""
 
     @abc.abstractmethod

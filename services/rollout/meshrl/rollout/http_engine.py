@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
 from meshrl.common.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, MeshrlError, Unavailable
 from meshrl.rollout.config import EngineConfig, HTTPEngineConfig
 from meshrl.rollout.engine import ChunkCallback, Engine

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
 from meshrl.common.errors import DeadlineExceeded, InvalidArgument, Unavailable
 
 log = logging.getLogger(__name__)

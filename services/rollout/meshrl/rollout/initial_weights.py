@@ -14,7 +14,7 @@ from meshrl.common.errors import FailedPrecondition
 from meshrl.common.registry import ReplicaRegistry
 from meshrl.rollout.replica import RolloutReplica
 from meshrl.rollout.types import PauseMode
-from meshrl.rollout.weight_receiver import newest_version, read_manifest
+from meshrl.rollout.weight_receiver import manifest_version, newest_version
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ def load_initial_weights(replica: RolloutReplica, path: str | None, registry: Re
         folder = newest_version(path)
         if folder is None:
             raise FailedPrecondition(f"weights.path {path} holds no complete weight version (vNNNNNN/manifest.json)")
-        target_path, target_version = str(folder), int(read_manifest(folder)["version"])
+        target_path, target_version = str(folder), manifest_version(folder)
     current = registry.current_weights() if registry is not None else None
     if current is not None and (target_version is None or current.version > target_version):
         if current.path:

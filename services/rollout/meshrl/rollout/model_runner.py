@@ -12,10 +12,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from meshrl.common.errors import ConfigError, InvalidArgument
-from meshrl.rollout.kv_batch import KVBatch, SeqKV
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 from transformers.cache_utils import DynamicCache
+
+from meshrl.common.errors import ConfigError, InvalidArgument
+from meshrl.rollout.kv_batch import KVBatch, SeqKV
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -116,6 +117,35 @@ class HFModelRunner:
         return kv, out.logits[0, -1].float()
 
     @torch.inference_mode()
+    def prefill_many(self, prompts: Sequence[Sequence[int]]) -> list[tuple[SeqKV, torch.Tensor]]:
+        """Runs several prompts in one left-padded forward; per prompt its unpadded cache and last logits."""
+        if len(prompts) == 1:
+            return [self.prefill(prompts[0])]
+        width = max(len(p) for p in prompts)
+        ids = torch.zeros(len(prompts), width, dtype=torch.long)
+        mask = torch.zeros(len(prompts), width, dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
+            mask[i, width - len(p) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self._cache_kw: DynamicCache()},
+        )
+        layers = _out_cache(out).layers
+        results = []
+        for i, p in enumerate(prompts):
+            start = width - len(p)
+            kv = [(layer.keys[i : i + 1, :, start:, :], layer.values[i : i + 1, :, start:, :]) for layer in layers]
+            results.append((kv, out.logits[i, -1].float()))
+        return results
+
+    @torch.inference_mode()
     def decode(self, batch: KVBatch, tokens: torch.Tensor) -> torch.Tensor:
         """Feeds one token per row ([B] long); grows the batch cache by one column; returns logits [B, V] fp32."""
         out = self.model(
@@ -130,7 +160,7 @@ class HFModelRunner:
         batch.advance()
         return out.logits[:, -1].float()
 
-    def parameters_by_name(self) -> dict[str, torch.Tensor]:
-        """Every tensor of the model under its Hugging Face checkpoint name (tied weights appear once per name)."""
-        named = dict(self.model.state_dict(keep_vars=True))
-        return {name: t.data if isinstance(t, torch.nn.Parameter) else t for name, t in named.items()}
+    def named_parameters(self) -> dict[str, torch.Tensor]:
+        """Every parameter under its Hugging Face checkpoint name; a tied lm_head appears once (as the
+        embedding), as in the checkpoint and the trainer's export."""
+        return {name: p.data for name, p in self.model.named_parameters()}

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
 from meshrl.rollout.kv_batch import SeqKV
 
 

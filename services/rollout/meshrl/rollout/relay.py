@@ -16,18 +16,16 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from meshrl.common.errors import FailedPrecondition, NotFound
-from meshrl.rollout.types import CollectiveGroupSpec, PauseMode, WeightUpdateResult
-from meshrl.rollout.weight_receiver import (
-    MANIFEST,
-    WeightReceiver,
-    checksum_sample,
-    read_disk,
-    read_manifest,
-    tensor_sha256,
-)
 from safetensors import safe_open
 from safetensors.torch import save_file
+
+from meshrl.common import weights as W
+from meshrl.common.errors import FailedPrecondition
+from meshrl.rollout.types import PauseMode, WeightUpdateResult
+from meshrl.rollout.weight_receiver import (
+    WeightReceiver,
+    read_disk,
+)
 
 MODEL_FILES = ("config.json", "generation_config.json")
 
@@ -61,11 +59,10 @@ class WeightRelay(abc.ABC):
             start = time.perf_counter()
             self.load_folder(staged.folder, version, pause_mode, flush_cache)
             self._loaded_folder = staged.folder
-            manifest = read_manifest(staged.folder)
-            nbytes = sum(_nbytes(t) for t in manifest.get("tensors", []))
+            nbytes = sum(p.stat().st_size for p in Path(staged.folder).glob("*.safetensors"))
             return WeightUpdateResult(version, staged.seconds + time.perf_counter() - start, nbytes)
 
-    def init_weight_update_group(self, group: CollectiveGroupSpec) -> int:
+    def init_weight_update_group(self, group: W.GroupSpec) -> int:
         return self._relay_receiver.join_group(group)
 
     def update_weights_from_distributed(
@@ -78,7 +75,7 @@ class WeightRelay(abc.ABC):
         timeout_seconds: float = 120.0,
     ) -> WeightUpdateResult:
         with self._relay_lock:
-            staged = self._relay_receiver.receive(group_name, version, timeout_seconds)
+            staged = self._relay_receiver.receive_tensors(group_name, version, timeout_seconds)
             start = time.perf_counter()
             folder = self._relay_dir / f"v{version:06d}"
             if folder.exists():
@@ -108,32 +105,21 @@ class WeightRelay(abc.ABC):
                 "none were loaded since start (it serves the model folder's weights)"
             )
         files = _tensor_files(Path(folder))
-        wanted = list(names) or checksum_sample(files)
-        out = {}
+        wanted = list(names) or W.sample_names(files)
+        tensors = {}
         for name in wanted:
-            if name not in files:
-                raise NotFound(f"no tensor named {name!r} in the loaded weights {folder}")
-            with safe_open(str(Path(folder) / files[name]), framework="pt") as f:
-                out[name] = tensor_sha256(f.get_tensor(name))
-        return getattr(self, "weight_version", 0), out
+            if name in files:
+                with safe_open(str(Path(folder) / files[name]), framework="pt") as f:
+                    tensors[name] = f.get_tensor(name)
+        return getattr(self, "weight_version", 0), W.tensor_checksums(tensors, wanted)
 
     def close_relay(self) -> None:
         self._relay_receiver.close()
         shutil.rmtree(self._relay_dir, ignore_errors=True)
 
 
-def _nbytes(entry: dict) -> int:
-    sizes = {"float32": 4, "bfloat16": 2, "float16": 2}
-    n = sizes.get(entry.get("dtype", "float32"), 4)
-    for d in entry.get("shape", []):
-        n *= int(d)
-    return n
-
-
 def _tensor_files(folder: Path) -> dict[str, str]:
-    """{tensor name: file} of a folder (from its manifest, else by opening every safetensors file)."""
-    if (folder / MANIFEST).is_file():
-        return {t["name"]: t["file"] for t in read_manifest(folder).get("tensors", [])}
+    """{tensor name: file} of a folder's safetensors files."""
     out = {}
     for path in sorted(folder.glob("*.safetensors")):
         with safe_open(str(path), framework="pt") as f:

@@ -18,6 +18,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 import numpy as np
+
 from meshrl.api.common.v1 import keys_pb2, tensor_pb2
 from meshrl.common import batch_schema as S
 from meshrl.common import telemetry
@@ -25,9 +26,9 @@ from meshrl.common.codec import Batch, Ragged
 from meshrl.common.errors import FailedPrecondition, InvalidArgument, MeshrlError, Unavailable
 from meshrl.common.registry import DRAINING, PAUSED, SERVING, STALE, STARTING, ReplicaInfo
 from meshrl.common.telemetry import attributes as A
+from meshrl.common.weights import GroupSpec
 from meshrl.rollout.engine import Engine
 from meshrl.rollout.types import (
-    CollectiveGroupSpec,
     FinishReason,
     GenerationRequest,
     GenerationResult,
@@ -325,7 +326,7 @@ class RolloutReplica:
         )
         return self._weights_changed(result, "disk")
 
-    def init_weight_update_group(self, group: CollectiveGroupSpec) -> int:
+    def init_weight_update_group(self, group: GroupSpec) -> int:
         return self.engine.init_weight_update_group(group)
 
     def update_weights_from_distributed(

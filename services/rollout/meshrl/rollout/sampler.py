@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+
 from meshrl.rollout.types import SamplingParams
 
 
@@ -22,40 +23,43 @@ def make_generator(params: SamplingParams, device: torch.device) -> torch.Genera
     return gen
 
 
-def _truncate(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Masks (to -inf) what top-k / top-p remove from one row of temperature-scaled logits [V]."""
-    if top_k and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        # Drop a token when the mass before it already reaches top_p (the first token is always kept).
-        drop_sorted = (torch.cumsum(probs, dim=-1) - probs) >= top_p
-        drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
+def _truncated(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Masks (to -inf) what per-row top-k ([B] long, 0 = off) and top-p ([B], 1 = off) remove from [B, V]."""
+    vocab = scaled.shape[-1]
+    sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
+    rank = torch.arange(vocab, device=scaled.device)[None, :]
+    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab))
+    drop = rank >= k[:, None]
+    probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
+    # Drop a token when the mass before it already reaches top_p (the first token is always kept).
+    drop |= (torch.cumsum(probs, dim=-1) - probs) >= top_p[:, None]
+    return scaled.masked_fill(torch.zeros_like(drop).scatter(1, order, drop), float("-inf"))
 
 
 def sample(
     logits: torch.Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None]
 ) -> tuple[list[int], list[float]]:
     """logits [B, V] fp32 → (token per row, its log-prob per row)."""
-    temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=logits.device)
+    device = logits.device
+    temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=device)
     scaled = logits / temps[:, None]
     logprobs = torch.log_softmax(scaled, dim=-1)
-    tokens: list[int] = []
-    greedy_rows = [i for i, p in enumerate(params) if p.greedy]
-    chosen = torch.empty(len(params), dtype=torch.long, device=logits.device)
-    if greedy_rows:
-        idx = torch.tensor(greedy_rows, device=logits.device)
-        chosen[idx] = torch.argmax(logits[idx], dim=-1)
-    for i, p in enumerate(params):
-        if p.greedy:
-            continue
-        row = _truncate(scaled[i], p.top_k, p.top_p)
-        probs = torch.softmax(row, dim=-1)
-        chosen[i] = torch.multinomial(probs, 1, generator=generators[i])[0]
+    chosen = torch.argmax(logits, dim=-1)
+    sampled = [i for i, p in enumerate(params) if not p.greedy]
+    if sampled:
+        idx = torch.tensor(sampled, device=device)
+        top_k = torch.tensor([params[i].top_k for i in sampled], device=device)
+        top_p = torch.tensor([params[i].top_p for i in sampled], device=device)
+        rows = scaled[idx]
+        if bool((top_k > 0).any()) or bool((top_p < 1).any()):
+            rows = _truncated(rows, top_k, top_p)
+        probs = torch.softmax(rows, dim=-1)
+        free = [j for j, i in enumerate(sampled) if generators[i] is None]
+        if free:
+            picks = torch.multinomial(probs[free], 1)[:, 0]
+            chosen[idx[free]] = picks
+        for j, i in enumerate(sampled):
+            if generators[i] is not None:  # seeded: its own generator, reproducible whatever the batch
+                chosen[i] = torch.multinomial(probs[j], 1, generator=generators[i])[0]
     picked = logprobs.gather(1, chosen[:, None])[:, 0]
-    tokens = chosen.tolist()
-    return tokens, picked.tolist()
+    return chosen.tolist(), picked.tolist()

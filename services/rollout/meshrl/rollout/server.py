@@ -11,8 +11,9 @@ from meshrl.api.rollout.v1 import rollout_pb2 as pb
 from meshrl.api.rollout.v1 import rollout_pb2_grpc
 from meshrl.common.errors import InvalidArgument
 from meshrl.common.grpc_server import Service
+from meshrl.common.weights import GroupSpec
 from meshrl.rollout.replica import BatchJob, RolloutReplica
-from meshrl.rollout.types import CollectiveGroupSpec, GenerationRequest, PauseMode, SamplingParams, new_request_id
+from meshrl.rollout.types import GenerationRequest, PauseMode, SamplingParams, new_request_id
 
 SERVICE_NAME = "meshrl.rollout.v1.Rollout"
 STATES = {
@@ -95,16 +96,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         return pb.UpdateWeightsResponse(version=r.version, seconds=r.seconds, bytes=r.bytes)
 
     def InitWeightUpdateGroup(self, request: pb.InitWeightUpdateGroupRequest, context):
-        g = request.group
-        spec = CollectiveGroupSpec(
-            master_address=g.master_address,
-            master_port=g.master_port,
-            world_size=g.world_size,
-            rank_offset=g.rank_offset,
-            group_name=g.group_name or "weight_update_group",
-            backend=g.backend or "gloo",
-            timeout_seconds=g.timeout_seconds or 120.0,
-        )
+        spec = GroupSpec.from_proto(request.group)
         return pb.InitWeightUpdateGroupResponse(rank=self.replica.init_weight_update_group(spec))
 
     def UpdateWeightsFromDistributed(self, request: pb.UpdateWeightsFromDistributedRequest, context):

@@ -8,23 +8,24 @@ Built by `create_engine` for engine.kind = "transformers". Generation goes throu
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 
 from meshrl.common.errors import FailedPrecondition, InvalidArgument
+from meshrl.common.weights import GroupSpec
 from meshrl.rollout.batcher import ContinuousBatcher
 from meshrl.rollout.config import EngineConfig
 from meshrl.rollout.engine import ChunkCallback, Engine
 from meshrl.rollout.model_runner import HFModelRunner
 from meshrl.rollout.types import (
-    CollectiveGroupSpec,
     EngineStatus,
     GenerationRequest,
     GenerationResult,
     PauseMode,
     WeightUpdateResult,
 )
-from meshrl.rollout.weight_receiver import WeightReceiver
+from meshrl.rollout.weight_receiver import WeightReceiver, read_disk
 
 
 class TransformersEngine(Engine):
@@ -45,8 +46,9 @@ class TransformersEngine(Engine):
             max_batch_size=config.max_batch_size,
             max_admit_per_step=t.max_admit_per_step,
             prefix_cache_tokens=t.prefix_cache_tokens,
+            max_prefill_tokens=t.max_prefill_tokens,
         )
-        self.receiver = WeightReceiver(self.runner.parameters_by_name, self.runner.device)
+        self.receiver = WeightReceiver(self.runner.named_parameters, self.runner.device)
         self._update_lock = threading.Lock()
         self.batcher.start()
 
@@ -79,22 +81,6 @@ class TransformersEngine(Engine):
         return self.batcher.cancel(request_id)
 
     # --- weights ------------------------------------------------------------------------------------
-    def _install(self, tensors, version: int, pause_mode: PauseMode, flush_cache: bool) -> int:
-        """Pauses, copies `tensors` into the live parameters, bumps the version, flushes, continues."""
-        self.batcher.pause(pause_mode, reason="weights")
-        try:
-
-            def apply() -> int:
-                nbytes = self.receiver.apply(tensors)
-                self.batcher.version = version
-                if flush_cache:
-                    self.batcher.drop_cache()
-                return nbytes
-
-            return self.batcher.run_exclusive(apply)
-        finally:
-            self.batcher.resume(reason="weights")
-
     def update_weights_from_disk(
         self,
         path: str,
@@ -105,14 +91,26 @@ class TransformersEngine(Engine):
         pause_mode: PauseMode = PauseMode.IN_PLACE,
         flush_cache: bool = True,
     ) -> WeightUpdateResult:
+        """Stages and verifies the whole version while generating, then pauses only for the copy."""
         with self._update_lock:
-            staged = self.receiver.read_disk(
-                path, version, manifest_sha256, staging_dir
-            )  # verified before anything changes
-            nbytes = self._install(staged.tensors, version, pause_mode, flush_cache)
-            return WeightUpdateResult(version, staged.seconds_total(), nbytes)
+            staged = read_disk(path, version, manifest_sha256, staging_dir)
+            start = time.perf_counter()
+            self.batcher.pause(pause_mode, reason="weights")
+            try:
 
-    def init_weight_update_group(self, group: CollectiveGroupSpec) -> int:
+                def install() -> int:
+                    nbytes = self.receiver.apply(staged.tensors, self.batcher.version, version)
+                    self.batcher.version = version
+                    if flush_cache:
+                        self.batcher.drop_cache()
+                    return nbytes
+
+                nbytes = self.batcher.run_exclusive(install)
+            finally:
+                self.batcher.resume(reason="weights")
+            return WeightUpdateResult(version, staged.seconds + time.perf_counter() - start, nbytes)
+
+    def init_weight_update_group(self, group: GroupSpec) -> int:
         return self.receiver.join_group(group)
 
     def update_weights_from_distributed(
@@ -124,10 +122,24 @@ class TransformersEngine(Engine):
         flush_cache: bool = True,
         timeout_seconds: float = 120.0,
     ) -> WeightUpdateResult:
+        """Pauses, receives every bucket straight into the parameters, flushes (by policy), continues."""
         with self._update_lock:
-            staged = self.receiver.receive(group_name, version, timeout_seconds)
-            nbytes = self._install(staged.tensors, version, pause_mode, flush_cache)
-            return WeightUpdateResult(version, staged.seconds_total(), nbytes)
+            self.receiver.group(group_name)  # NotFound before pausing anything
+            start = time.perf_counter()
+            self.batcher.pause(pause_mode, reason="weights")
+            try:
+                # Paused: the batcher runs no forward pass, so the parameters may change under it.
+                nbytes = self.receiver.receive_into_model(group_name, self.batcher.version, version, timeout_seconds)
+
+                def bump() -> None:
+                    self.batcher.version = version
+                    if flush_cache:
+                        self.batcher.drop_cache()
+
+                self.batcher.run_exclusive(bump)
+            finally:
+                self.batcher.resume(reason="weights")
+            return WeightUpdateResult(version, time.perf_counter() - start, nbytes)
 
     def destroy_weight_update_group(self, group_name: str) -> None:
         self.receiver.leave_group(group_name)

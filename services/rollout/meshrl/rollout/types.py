@@ -197,16 +197,3 @@ class WeightUpdateResult:
     version: int
     seconds: float
     bytes: int
-
-
-@dataclass(frozen=True)
-class CollectiveGroupSpec:
-    """The weight-update process group: trainer rank 0 plus every replica's ranks (see weights.proto)."""
-
-    master_address: str
-    master_port: int
-    world_size: int
-    rank_offset: int
-    group_name: str = "weight_update_group"
-    backend: str = "gloo"
-    timeout_seconds: float = 120.0

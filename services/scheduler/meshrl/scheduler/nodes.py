@@ -129,7 +129,7 @@ class NodeHandlers:
             top_p=r.top_p,
             max_tokens=int(node.config.get("max_tokens", r.max_tokens)),
         )
-        return NodeResult(keys, metrics)
+        return NodeResult(keys, metrics, rewrites_rows=True)  # one row per sample from here on
 
     # -- COMPUTE -------------------------------------------------------------------------
     def reward(self, node: Any, ctx: StepContext) -> NodeResult:

@@ -177,10 +177,13 @@ class JobRunner:
                 svc.trainer.load_model(role, cfg.model.path, cfg.model.dtype, optimizer_proto(opt), cfg.job.seed)
             publisher = WeightPublisher(svc.trainer, cfg.weights, str(self.run.weights))
             resumed = resume and self.restore(svc, publisher, sampler)
-            if resumed or cfg.warmup.steps:
-                if not resumed:
-                    self.warmup(svc, encoder, records)
-                publisher.publish(svc.fleet.clients())
+            if not resumed and cfg.warmup.steps:
+                self.warmup(svc, encoder, records)
+            # Replicas may have served another job: start above every version they report, and make
+            # them serve exactly the trainer's weights before anything is generated.
+            served = [c.status().weight_version for c in svc.fleet.clients()]
+            publisher.version = max([publisher.version, *served])
+            publisher.publish(svc.fleet.clients())
             if not resumed:
                 summary["eval_step0"] = self._eval(svc, encoder, eval_records, reward_fn).get("eval/accuracy")
             handlers = NodeHandlers(cfg, svc.buffer, svc.trainer, svc.fleet, encoder, sampler, reward_fn)

@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 def telemetry_args(cfg: JobConfig, run: RunDir, name: str) -> list[str]:
     t = cfg.telemetry
     args = ["--set", f"telemetry.exporter={t.exporter}", "--set", f"telemetry.sample_ratio={t.sample_ratio}"]
+    args += ["--set", f"telemetry.instance={name}"]
     if t.exporter == "file":
         args += ["--set", f"telemetry.path={run.traces / (name + '.jsonl')}"]
     return args

@@ -7,6 +7,7 @@ without members that stop answering).
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +32,11 @@ class PublishResult:
     bytes: int
     stale: list[str] = field(default_factory=list)
     disk: wpb.DiskWeights | None = None
+
+
+def _submit(pool: ThreadPoolExecutor, fn, *args):
+    """Runs `fn` in the pool inside the caller's trace context (threads do not inherit it)."""
+    return pool.submit(contextvars.copy_context().run, fn, *args)
 
 
 def _free_port() -> int:
@@ -99,8 +105,8 @@ class WeightPublisher:
             )
 
         with ThreadPoolExecutor(len(replicas) + 1) as pool:
-            trainer_f = pool.submit(self.trainer.init_weight_group, group(0), timeout + 10)
-            futures = [pool.submit(r.init_weight_group, group(i + 1), timeout + 10) for i, r in enumerate(replicas)]
+            trainer_f = _submit(pool, self.trainer.init_weight_group, group(0), timeout + 10)
+            futures = [_submit(pool, r.init_weight_group, group(i + 1), timeout + 10) for i, r in enumerate(replicas)]
             trainer_f.result()
             for f in futures:
                 f.result()
@@ -130,12 +136,12 @@ class WeightPublisher:
         with ThreadPoolExecutor(len(replicas) + 1) as pool:
             # Receivers join first (they block in the broadcast), then the trainer sends.
             receivers = {
-                r.address: pool.submit(
-                    r.update_from_distributed, name, version, PAUSE[self.cfg.pause_mode], flush, timeout
+                r.address: _submit(
+                    pool, r.update_from_distributed, name, version, PAUSE[self.cfg.pause_mode], flush, timeout
                 )
                 for r in replicas
             }
-            sent = pool.submit(self.trainer.publish, req, timeout + 10)
+            sent = _submit(pool, self.trainer.publish, req, timeout + 10)
             failed = []
             for address, future in receivers.items():
                 try:
@@ -167,8 +173,13 @@ class WeightPublisher:
                 flush = self.cfg.flush_cache != "never"
                 with ThreadPoolExecutor(max(1, len(replicas))) as pool:
                     futures = {
-                        r.address: pool.submit(
-                            r.update_from_disk, reply.disk, PAUSE[self.cfg.pause_mode], flush, self.cfg.timeout_seconds
+                        r.address: _submit(
+                            pool,
+                            r.update_from_disk,
+                            reply.disk,
+                            PAUSE[self.cfg.pause_mode],
+                            flush,
+                            self.cfg.timeout_seconds,
                         )
                         for r in replicas
                     }

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 
 import torch
+
 from meshrl.common import telemetry
 from meshrl.common.config import parse_service_args
 from meshrl.common.grpc_server import start_server, wait_for_termination
@@ -30,7 +31,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     logging.basicConfig(level=logging.INFO, format=telemetry.LOG_FORMAT, stream=sys.stderr)
     telemetry.install_log_correlation()
-    telemetry.setup_telemetry("meshrl-trainer", cfg.telemetry)
+    telemetry.setup_telemetry("trainer", cfg.telemetry)
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
     trainer, workers = build_service(cfg)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
 from meshrl.common import batch_schema as S
 from meshrl.common.codec import Ragged
 from meshrl.common.errors import InvalidArgument

@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from meshrl.common.errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound
 from safetensors.torch import load_file, save_file
+
+from meshrl.common.errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound
 
 FORMAT = "meshrl-trainer-checkpoint/1"
 COMPLETE = "COMPLETE"

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Literal
 
 import pydantic
+
 from meshrl.common.config import StrictModel
 from meshrl.common.grpc_server import ServerConfig
 from meshrl.common.telemetry import TelemetryConfig
@@ -38,7 +39,6 @@ class DefaultsConfig(StrictModel):
     aggregation: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     value_clip: float = pydantic.Field(0.2, ge=0)
-    publish_timeout_seconds: float = pydantic.Field(300.0, gt=0, description="weight group join / broadcast deadline")
 
 
 class TrainerConfig(StrictModel):

@@ -13,6 +13,7 @@ from collections.abc import Iterator, Mapping
 import numpy as np
 import torch
 import torch.distributed as dist
+
 from meshrl.common.codec import Ragged
 from meshrl.common.errors import FailedPrecondition, InvalidArgument
 from meshrl.trainer import checkpoint as ckpt

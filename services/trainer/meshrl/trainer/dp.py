@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
 from meshrl.common.errors import Unavailable
 
 log = logging.getLogger(__name__)

@@ -7,6 +7,7 @@ Called by `meshrl.trainer.core` for log-prob / value inference and inside train 
 from __future__ import annotations
 
 import torch
+
 from meshrl.trainer.batching import MicroBatch
 
 

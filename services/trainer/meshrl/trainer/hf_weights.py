@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+
 from meshrl.common.errors import DataLoss, InvalidArgument, NotFound
 from meshrl.trainer.hf_config import ModelSpec
-from safetensors import safe_open
 
 VALUE_HEAD = "score.weight"  # HF name of the critic's [1, hidden] value head (as in *ForTokenClassification)
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)

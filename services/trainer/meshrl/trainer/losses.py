@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
 from meshrl.common.errors import ConfigError
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")

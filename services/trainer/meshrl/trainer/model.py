@@ -13,6 +13,7 @@ from megatron.core import parallel_state, tensor_parallel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.models.gpt.gpt_model import GPTModel
 from megatron.core.transformer.transformer_config import TransformerConfig
+
 from meshrl.common.errors import FailedPrecondition, InvalidArgument
 from meshrl.trainer import megatron_compat
 from meshrl.trainer.hf_config import ModelSpec

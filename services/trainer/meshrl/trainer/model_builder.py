@@ -16,7 +16,6 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
-from meshrl.common.errors import InvalidArgument
 from transformers import (
     AutoModelForCausalLM,
     GenerationConfig,
@@ -24,6 +23,8 @@ from transformers import (
     Qwen2Config,
     Qwen2Tokenizer,
 )
+
+from meshrl.common.errors import InvalidArgument
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"

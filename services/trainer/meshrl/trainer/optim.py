@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from meshrl.common.errors import ConfigError
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from meshrl.common.errors import ConfigError
 
 DECAY_STYLES = ("constant", "linear", "cosine")
 

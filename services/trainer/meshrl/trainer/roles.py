@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+
 from meshrl.common.codec import Ragged
 from meshrl.common.errors import InvalidArgument
 from meshrl.trainer.hf_config import ModelSpec

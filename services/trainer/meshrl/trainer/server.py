@@ -12,7 +12,6 @@ from meshrl.api.trainer.v1 import trainer_pb2_grpc
 from meshrl.common.errors import InvalidArgument
 from meshrl.common.grpc_server import Service
 from meshrl.trainer.config import DefaultsConfig
-from meshrl.trainer.publish import GroupSpec
 from meshrl.trainer.service import Key, TrainerService
 
 SERVICE_NAME = "meshrl.trainer.v1.Trainer"
@@ -123,17 +122,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
         return pb.LoadCheckpointResponse(step=step, data_state=data_state)
 
     def InitWeightUpdateGroup(self, request, context) -> pb.InitWeightUpdateGroupResponse:
-        g = request.group
-        spec = GroupSpec(
-            master_address=g.master_address,
-            master_port=g.master_port,
-            world_size=g.world_size,
-            rank=g.rank_offset,
-            name=g.group_name,
-            backend=g.backend or "gloo",
-            timeout_seconds=g.timeout_seconds or self.service.cfg.defaults.publish_timeout_seconds,
-        )
-        return pb.InitWeightUpdateGroupResponse(world_size=self.service.join_group(spec))
+        return pb.InitWeightUpdateGroupResponse(world_size=self.service.join_group(request.group))
 
     def DestroyWeightUpdateGroup(self, request, context) -> pb.DestroyWeightUpdateGroupResponse:
         self.service.destroy_group(request.group_name)

@@ -12,20 +12,26 @@ import base64
 import dataclasses
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from meshrl.api.common.v1 import weights_pb2
 from meshrl.common import batch_schema as S
-from meshrl.common.errors import FailedPrecondition
+from meshrl.common.errors import FailedPrecondition, NotFound
+from meshrl.common.weights import WeightGroup, write_version
 from meshrl.trainer.config import TrainerConfig
 from meshrl.trainer.core import TrainerCore
 from meshrl.trainer.dp import CommandBus, require_ok
-from meshrl.trainer.export import count_hf_buckets
 from meshrl.trainer.losses import LossConfig
 from meshrl.trainer.optim import OptimizerConfig
-from meshrl.trainer.publish import DiskPublication, GroupSpec, WeightGroups, publish_to_disk
 
 Key = dict[str, Any]  # {"job_id": str, "step": int, "node_id": str, "shard": int | None}
+# Copied into every published version so engines can (re)load it as a Hugging Face model folder.
+MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+               "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt", "tokenizer.model")  # fmt: skip
 COLLECTIVE = ("load_model", "compute_logprobs", "compute_values", "train_step", "save_checkpoint", "load_checkpoint")
 
 
@@ -36,7 +42,27 @@ class Published:
     buckets: int
     seconds: float
     checksums: dict[str, str]
-    disk: DiskPublication | None = None
+    disk: weights_pb2.DiskWeights | None = None
+
+
+class _Counter:
+    """Passes buckets through, counting them and their tensor bytes."""
+
+    def __init__(self, buckets: Iterable[list]) -> None:
+        self._buckets = buckets
+        self.buckets = 0
+        self.bytes = 0
+
+    def __iter__(self) -> Iterator[list]:
+        for bucket in self._buckets:
+            self.buckets += 1
+            self.bytes += sum(t.numel() * t.element_size() for _, t in bucket)
+            yield bucket
+
+
+def _model_files(model_path: str) -> dict[str, bytes]:
+    root = Path(model_path)
+    return {name: (root / name).read_bytes() for name in MODEL_FILES if (root / name).is_file()}
 
 
 class TrainerService:
@@ -45,7 +71,7 @@ class TrainerService:
         self.core = core
         self.buffer = buffer  # meshrl.common.databuffer_client.DataBufferClient, or None
         self.bus = bus
-        self.groups = WeightGroups()
+        self.groups: dict[str, WeightGroup] = {}
         self.last_metrics: dict[str, float] = {}
         self._lock = threading.Lock()
 
@@ -115,10 +141,20 @@ class TrainerService:
             micro_batch_tokens=micro_batch_tokens or self.cfg.defaults.micro_batch_tokens,
         )
         out = {output_name or "logprobs": result.values}
+        metrics: dict[str, float] = {}
         if result.entropy is not None:
             out[S.ENTROPY] = result.entropy
+            if result.entropy.values.size:
+                metrics["entropy"] = float(result.entropy.values.mean())
+        rollout = columns.get(S.ROLLOUT_LOGPROBS)
+        same_tokens = rollout is not None and rollout.values.size == result.values.values.size
+        if role == "actor" and same_tokens and rollout.values.size:
+            # How far the rollout engine's log-probs are from the trainer's for the same tokens.
+            gap = np.abs(np.asarray(rollout.values, np.float64) - np.asarray(result.values.values, np.float64))
+            metrics["logprob_mismatch_mean"] = float(gap.mean())
+            metrics["logprob_mismatch_max"] = float(gap.max())
         self._write(output, out)
-        return {"tokens": result.tokens, "micro_batches": result.micro_batches}
+        return {"tokens": result.tokens, "micro_batches": result.micro_batches, "metrics": metrics}
 
     def compute_values(self, inputs: Sequence[Key], output: Key, micro_batch_tokens: int = 0) -> dict[str, Any]:
         return self._call("compute_values", inputs=list(inputs), output=output, micro_batch_tokens=micro_batch_tokens)
@@ -177,36 +213,44 @@ class TrainerService:
         with self._lock:
             return self.core.role(role).weight_version, self.core.checksums(role)
 
-    def join_group(self, spec: GroupSpec) -> int:
-        self.groups.join(spec)
-        return spec.world_size
+    def join_group(self, group: weights_pb2.CollectiveGroup) -> int:
+        """Joins (as rank 0, hosting the rendezvous) a weight-update group; blocks until all members joined."""
+        old = self.groups.pop(group.group_name, None)
+        if old is not None:
+            old.destroy()
+        joined = WeightGroup.join(group)
+        self.groups[group.group_name] = joined
+        return joined.world_size
 
     def destroy_group(self, name: str) -> None:
-        self.groups.destroy(name)
+        group = self.groups.pop(name, None)
+        if group is not None:
+            group.destroy()
 
     def publish(self, role: str, transport: str, version: int, *, disk_root: str = "", keep_last: int = 0,
                 bucket_bytes: int = 0, group_name: str = "") -> Published:  # fmt: skip
-        """Publishes the role's weights as `version` to disk or over a joined weight group."""
+        """Publishes the role's weights as `version`: a versioned folder under `disk_root`, or a broadcast
+        over the joined group `group_name` (every receiver confirms, else MembersUnresponsive / UpdateRefused)."""
         bucket_bytes = bucket_bytes or self.cfg.defaults.bucket_bytes
         with self._lock:
             state = self.core.role(role)
             start = time.perf_counter()
             sums = self.core.checksums(role)
-            buckets = self.core.iter_hf_buckets(role, bucket_bytes)
+            counter = _Counter(self.core.iter_hf_buckets(role, bucket_bytes))
+            disk = None
             if transport == "disk":
                 if not disk_root:
                     raise FailedPrecondition("disk publication needs disk_root (the folder of versions)")
-                disk = publish_to_disk(
-                    buckets, root=disk_root, version=version, model_path=state.model_path,
-                    checksums=sums, keep_last=keep_last,
+                disk = write_version(
+                    disk_root, version, counter, keep_last, bucket_bytes=bucket_bytes,
+                    extra_files=_model_files(state.model_path), overwrite=True,
                 )  # fmt: skip
-                nbytes, count = disk.bytes, disk.buckets
             else:
-                group = self.groups.get(group_name)
-                count = count_hf_buckets(state.model, state.spec, bucket_bytes, value_head=state.value_head)
-                nbytes, disk = group.send(buckets, count, version), None
+                if group_name not in self.groups:
+                    raise NotFound(f"no weight group {group_name!r} (joined: {sorted(self.groups)}); join it first")
+                self.groups[group_name].send(counter, version, bucket_bytes=bucket_bytes)
             state.weight_version = version
-            return Published(version, nbytes, count, time.perf_counter() - start, sums, disk)
+            return Published(version, counter.bytes, counter.buckets, time.perf_counter() - start, sums, disk)
 
     def status(self) -> dict[str, Any]:
         return {**self.core.status(), "metrics": dict(self.last_metrics)}

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 import torch.distributed as dist
+
 from meshrl.common import batch_schema as S
 from meshrl.trainer.batching import SequenceBatch, collate
 from meshrl.trainer.forward import forward_logprobs, forward_values

@@ -13,6 +13,7 @@ import sys
 
 import torch
 import torch.distributed as dist
+
 from meshrl.trainer.config import TrainerConfig
 from meshrl.trainer.dp import CommandBus, exit_with_parent, init_ranks
 from meshrl.trainer.runtime import make_service

@@ -95,6 +95,7 @@ class WeightGroup:
         self._backend: Backend | None = None
         self._buffers: dict[int, torch.Tensor] = {}
         self._stop = threading.Event()
+        self._beater: threading.Thread | None = None
 
     # ---------------------------------------------------------------- joining and leaving
     @classmethod
@@ -154,7 +155,8 @@ class WeightGroup:
                 UpdateOutcome(version=-1, unresponsive=ranks),
             )
         if not self.is_sender:
-            threading.Thread(target=self._heartbeat, name="weights-heartbeat", daemon=True).start()
+            self._beater = threading.Thread(target=self._heartbeat, name="weights-heartbeat", daemon=True)
+            self._beater.start()
         op_timeout = self.options.op_timeout_s or s.timeout_s
         try:
             self._backend = Backend(
@@ -188,8 +190,14 @@ class WeightGroup:
         """Leaves the group (idempotent). Pending collectives are aborted; peers see them fail."""
         self._stop.set()
         if self._backend is not None:
-            self._backend.abort()
+            if self.broken:
+                self._backend.abort()
+            else:
+                self._backend.close()
             self._backend = None
+        if self._beater is not None:
+            self._beater.join(timeout=2 * HEARTBEAT_S)
+            self._beater = None
         self._store = None
         self._buffers.clear()
         self.broken = True

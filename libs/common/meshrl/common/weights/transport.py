@@ -104,6 +104,10 @@ class Backend:
                 f"{deadline.what}: {text.splitlines()[0] if text else type(e).__name__}", timed_out
             ) from e
 
+    def close(self) -> None:
+        """Releases an idle backend now (its worker threads exit at once)."""
+        self.pg = None
+
     def abort(self) -> None:
         """Aborts pending collectives and drops the backend on a background thread.
 
