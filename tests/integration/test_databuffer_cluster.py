@@ -26,7 +26,9 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def services(cluster):
-    cfg = config(cluster.url, unique_prefix("cluster"), cluster=True, limits={"chunk_bytes": MiB})
+    cfg = config(
+        cluster.url, unique_prefix("cluster"), cluster=True, limits={"chunk_bytes": MiB}, batches={"poll_seconds": 5.0}
+    )
     with serving(cfg) as (buffer_a, a), serving(cfg) as (_, b):
         clients = DataBufferClient(a.address), DataBufferClient(b.address)
         yield buffer_a, clients
@@ -58,8 +60,10 @@ def test_round_trip_wait_list_and_delete_across_instances(services):
     a.put(batch_key("rt", 0, "rollout", shard=1), {"data": data, "rows": np.arange(5 * MiB + 3, dtype=np.int8)})
     assert b.get(batch_key("rt", 0, "rollout", shard=1))["data"].tobytes() == data.tobytes()
     timer = threading.Timer(0.3, a.put, args=(batch_key("rt", 1, "late"), {"x": np.arange(4)}))
+    start = time.monotonic()
     timer.start()
     assert np.array_equal(b.get(batch_key("rt", 1, "late"), wait_seconds=10)["x"], np.arange(4))
+    assert time.monotonic() - start < 2.5, "the commit notification crossed the cluster and the instances"
     assert [(k.step, k.node_id) for k in b.list("rt")] == [(0, "rollout"), (1, "late")]
     assert a.delete_job("rt") == (2, 0) and b.list("rt") == []
 

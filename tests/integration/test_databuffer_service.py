@@ -107,6 +107,20 @@ def test_get_many_merges_upstream_batches_by_column(service):
         client.get(batch_key("job", 3, "reward"))
 
 
+def test_get_many_concatenates_the_shards_of_one_node_in_shard_order(service):
+    client, _, _ = service
+    client.put(batch_key("job", 4, "rollout", shard=1), {"ids": np.array([2, 3])})
+    client.put(batch_key("job", 4, "rollout", shard=0), {"ids": np.array([0, 1])})
+    client.put(batch_key("job", 4, "reward"), {"rewards": np.arange(4, dtype=np.float32)})
+    keys = [
+        batch_key("job", 4, "rollout", shard=1),
+        batch_key("job", 4, "reward"),
+        batch_key("job", 4, "rollout", shard=0),
+    ]
+    merged = client.get_many(keys)
+    assert merged["ids"].tolist() == [0, 1, 2, 3] and merged["rewards"].tolist() == [0, 1, 2, 3]
+
+
 @pytest.mark.slow
 def test_one_gib_round_trip_is_bit_exact(system_redis):
     prefix = unique_prefix("gib")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,8 @@ import pytest
 from meshrl.rollout.config import EngineConfig
 from meshrl.rollout.transformers_engine import TransformersEngine
 from meshrl.trainer.model_builder import build_small_model
+
+sys.path.insert(0, str(Path(__file__).parent))  # the tests share _rollout_fake_servers.py
 
 
 @pytest.fixture(scope="session")

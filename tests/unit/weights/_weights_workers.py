@@ -7,7 +7,6 @@ where the test drives several phases, waits for commands on its own queue.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import time
 
@@ -122,7 +121,7 @@ def frozen_sender(plan, disk_root, commands, results) -> None:
 
 
 def frozen_receiver(plan, replica_id, freeze, commands, results) -> None:
-    """Replica: receives v1; during v2 the `freeze` one stops itself (SIGSTOP) after its first bucket."""
+    """Replica: receives v1; during v2 the `freeze` one waits in its sink while the test stops it."""
     from meshrl.common.weights import InPlaceSink, WeightGroup, WeightGroupOptions, load_version
     from meshrl.common.weights.sink import WeightSink
 
@@ -131,9 +130,9 @@ def frozen_receiver(plan, replica_id, freeze, commands, results) -> None:
     class FreezingSink(InPlaceSink):
         def begin(self, version: int) -> None:
             super().begin(version)
-            if freeze and version == 2:  # stop inside the update, before its first 16 MB bucket
-                results.put((replica_id, "freezing", os.getpid()))
-                os.kill(os.getpid(), signal.SIGSTOP)
+            if freeze and version == 2:  # inside the update, before its first 16 MB bucket:
+                results.put((replica_id, "freezing", os.getpid()))  # the test SIGSTOPs us now
+                commands.get(timeout=120)  # ... and lets us go on after SIGCONT
 
     sink: WeightSink = FreezingSink(params, 0)
     opts = WeightGroupOptions(init_timeout_s=120)

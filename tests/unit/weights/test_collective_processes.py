@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import _weights_workers as workers
 import pytest
@@ -57,6 +56,7 @@ def test_frozen_replica_is_named_and_the_others_continue(members, tmp_path):
     assert members.get("r1", "v1") and members.get("r2", "v1")
 
     pid = members.get("r2", "freezing")
+    os.kill(pid, signal.SIGSTOP)
     elapsed, unresponsive, message = members.get("sender", "v2")
     assert unresponsive == (2,), message
     assert elapsed < timeout + 1.5 + 6.0, f"the failed update took {elapsed:.1f}s, over its deadline"
@@ -74,8 +74,8 @@ def test_frozen_replica_is_named_and_the_others_continue(members, tmp_path):
 
     # the frozen replica wakes up: its update failed, it is stale, and a refit from disk fixes it
     os.kill(pid, signal.SIGCONT)
+    commands["r2"].put("continue")
     kind, served, touched = members.get("r2", "v2")
     assert kind in ("Unavailable", "DeadlineExceeded") and served == 1
     commands["r2"].put(("refit", disk))
     assert members.get("r2", "final") == (2, True)
-    time.sleep(0)  # all members report before they exit; the fixture reaps them

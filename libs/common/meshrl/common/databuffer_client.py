@@ -21,7 +21,15 @@ import numpy as np
 from meshrl.api.common.v1 import keys_pb2, tensor_pb2
 from meshrl.api.databuffer.v1 import databuffer_pb2 as pb
 from meshrl.api.databuffer.v1 import databuffer_pb2_grpc as pb_grpc
-from meshrl.common.codec import Batch, batch_from_proto, batch_to_proto, decode_batch, encode_batch, merge_batches
+from meshrl.common.codec import (
+    Batch,
+    batch_from_proto,
+    batch_to_proto,
+    concat_batches,
+    decode_batch,
+    encode_batch,
+    merge_batches,
+)
 from meshrl.common.errors import DataLoss, InvalidArgument, from_rpc_error
 from meshrl.common.grpc_channel import ChannelConfig, call, open_channel, wait_until_serving
 
@@ -240,12 +248,19 @@ class DataBufferClient:
         return decode_batch(header, buf)
 
     def get_many(self, keys: Sequence[keys_pb2.BatchKey], *, wait_seconds: float = 0.0, timeout: float = 60.0) -> Batch:
-        """The batches of several upstream nodes (same rows), merged by column."""
-        if len(keys) <= 1:
-            return merge_batches(self.get(k, wait_seconds=wait_seconds, timeout=timeout) for k in keys)
+        """The batches of several upstream nodes (same rows), merged by column. The shards of one
+        node's output (same job, step and node) are first concatenated row-wise in shard order."""
+        if not keys:
+            return Batch()
         with ThreadPoolExecutor(max_workers=min(len(keys), 8)) as pool:
             batches = list(pool.map(lambda k: self.get(k, wait_seconds=wait_seconds, timeout=timeout), keys))
-        return merge_batches(batches)
+        by_node: dict[tuple[str, int, str], list[tuple[int, Batch]]] = {}
+        for key, batch in zip(keys, batches):
+            by_node.setdefault((key.job_id, key.step, key.node_id), []).append(
+                (key.shard if key.has_shard else -1, batch)
+            )
+        nodes = [concat_batches([b for _, b in sorted(parts, key=lambda p: p[0])]) for parts in by_node.values()]
+        return merge_batches(nodes)
 
     def delete(self, key: keys_pb2.BatchKey, *, timeout: float = 30.0) -> bool:
         return call(self._stub.DeleteBatch, pb.DeleteBatchRequest(key=key), timeout=timeout).deleted

@@ -42,15 +42,15 @@ class _PythonPacker:
 
 
 class FastConnection(_PythonPacker, redis.Connection):
-    pass
+    """TCP (redis://)."""
 
 
 class FastUnixConnection(_PythonPacker, redis.UnixDomainSocketConnection):
-    pass
+    """Unix socket (unix://)."""
 
 
 class FastSSLConnection(_PythonPacker, redis.SSLConnection):
-    pass
+    """TLS (rediss://)."""
 
 
 CONNECTION_CLASSES = {"redis": FastConnection, "unix": FastUnixConnection, "rediss": FastSSLConnection}

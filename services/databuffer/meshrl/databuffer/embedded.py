@@ -7,6 +7,7 @@ it too, to get a Redis they can kill and restart.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -89,11 +90,9 @@ class EmbeddedRedis:
                 if self._proc.poll() is not None:
                     err = self._proc.stderr.read().decode(errors="replace") if self._proc.stderr else ""
                     raise Unavailable(f"embedded redis-server exited at start ({err.strip()}); see {self.log_tail()}")
-                try:
-                    if client.ping():
+                with contextlib.suppress(redis.ConnectionError, redis.BusyLoadingError, FileNotFoundError):
+                    if client.ping():  # not listening yet / still loading the AOF: try again shortly
                         break
-                except (redis.ConnectionError, redis.BusyLoadingError, FileNotFoundError):
-                    pass
                 if time.monotonic() > deadline:
                     self.kill()
                     raise Unavailable(f"embedded redis-server did not answer within {timeout:.0f}s; {self.log_tail()}")
@@ -129,11 +128,10 @@ class EmbeddedRedis:
     def stop(self, timeout: float = 10.0) -> None:
         """Graceful SHUTDOWN (flushes the AOF), then removes the socket folder and an owned data folder."""
         if self._proc and self._proc.poll() is None:
-            try:
-                client = self._client(timeout)
+            client = self._client(timeout)
+            with contextlib.suppress(redis.ConnectionError, redis.ResponseError):  # the server closes the socket
                 client.shutdown(nosave=True)
-            except (redis.ConnectionError, redis.ResponseError):
-                pass
+            client.close()
             try:
                 self._proc.wait(timeout)
             except subprocess.TimeoutExpired:

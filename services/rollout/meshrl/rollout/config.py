@@ -54,7 +54,9 @@ class HTTPEngineConfig(StrictModel):
 
 
 class EngineConfig(StrictModel):
-    kind: Literal["transformers", "sglang", "vllm"] = pydantic.Field("transformers", description="which engine")
+    kind: Literal["transformers", "sglang", "vllm"] = pydantic.Field(
+        "transformers", description="one of transformers (embedded default), sglang, vllm"
+    )
     model_path: str = pydantic.Field(description="a Hugging Face model folder")
     context_length: int | None = pydantic.Field(
         None, ge=2, description="most prompt + response tokens (default: the model's max_position_embeddings)"
@@ -99,7 +101,7 @@ class RolloutConfig(StrictModel):
         ge=1,
         description="sequences this replica serves at once, the routers' weight (default engine.max_batch_size)",
     )
-    engine: EngineConfig
+    engine: EngineConfig = pydantic.Field(description="the engine and its model: engine.model_path is required")
     registry: RegistryConfig = pydantic.Field(default_factory=RegistryConfig)
     weights: InitialWeightsConfig = pydantic.Field(default_factory=InitialWeightsConfig)
     databuffer_address: str | None = pydantic.Field(

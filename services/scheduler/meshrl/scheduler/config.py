@@ -82,7 +82,6 @@ class AlgorithmSection(StrictModel):
     lam: float = 1.0
     loss: LossSection = Field(default_factory=LossSection)
     reward: str = Field("exact_match", description="built-in reward name or package.module:function")
-    dynamic_sampling: bool = Field(False, description="drop groups whose rewards are all equal (DAPO)")
 
 
 class OptimSection(StrictModel):

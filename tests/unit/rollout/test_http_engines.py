@@ -1,0 +1,160 @@
+"""The SGLang and vLLM adapters against fake servers that replay the documented payloads: streamed
+tokens, log-probs, finish reasons and weight versions; pause / continue / abort; weight updates from a
+published folder; refusals; server flags. The adapters run the same code a GPU host runs (URL mode)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from _rollout_fake_servers import FakeSGLang, FakeVLLM, logprob, token
+from safetensors.torch import load_file
+
+from meshrl.common import weights as W
+from meshrl.common.errors import InvalidArgument
+from meshrl.rollout.config import EngineConfig
+from meshrl.rollout.http_server import check_known_flags, cli_flags
+from meshrl.rollout.sglang_engine import SGLangEngine
+from meshrl.rollout.types import FinishReason, GenerationRequest, PauseMode, SamplingParams
+from meshrl.rollout.vllm_engine import VLLMEngine
+
+
+def expected(prompt, n):
+    return [token(prompt, k) for k in range(n)], [logprob(k) for k in range(n)]
+
+
+@pytest.fixture
+def published(model_dir, tmp_path):
+    tensors = sorted(load_file(str(model_dir / "model.safetensors")).items())
+    extra = {"config.json": (model_dir / "config.json").read_bytes()}
+    return W.write_version(str(tmp_path / "weights"), 1, tensors, extra_files=extra, fsync=False)
+
+
+@pytest.fixture(params=[False, True], ids=["cumulative", "incremental"])
+def sglang(request, model_dir):
+    fake = FakeSGLang(incremental=request.param)
+    engine = SGLangEngine(EngineConfig(kind="sglang", model_path=str(model_dir), sglang={"url": fake.url}))
+    yield fake, engine
+    engine.shutdown()
+    fake.close()
+
+
+def test_sglang_generation_payloads(sglang):
+    fake, engine = sglang
+    prompts = [[1, 2, 3], [4, 5], [9]]
+    params = SamplingParams(temperature=0.5, top_p=0.9, top_k=0, max_tokens=6, seed=7, stop_token_ids=(250,))
+    results = engine.generate([GenerationRequest(p, params) for p in prompts])
+    for prompt, result in zip(prompts, results):
+        ids, lps = expected(prompt, 6)
+        assert result.token_ids == ids and result.logprobs == pytest.approx(lps)
+        assert result.finish_reason == FinishReason.LENGTH and result.weight_versions == [0] * 6
+    body = fake.calls("/generate")[0]
+    assert body["return_logprob"] is True and body["stream"] is True and body["input_ids"] in prompts
+    sp = body["sampling_params"]
+    assert sp["max_new_tokens"] == 6 and sp["temperature"] == 0.5 and sp["top_k"] == -1
+    assert sp["sampling_seed"] == 7 and sp["stop_token_ids"] == [250] and sp["no_stop_trim"] is True
+    stop_at = token([1, 2, 3], 2)
+    stopped = engine.generate([GenerationRequest([1, 2, 3], SamplingParams(max_tokens=6, stop_token_ids=(stop_at,)))])[
+        0
+    ]
+    assert stopped.finish_reason == FinishReason.STOP and stopped.token_ids[-1] == stop_at
+    status = engine.status()
+    assert status.engine == "sglang" and status.generated_tokens == 21 and status.healthy
+
+
+def test_sglang_weight_update_from_disk_pauses_in_place_and_stamps_the_version(sglang, published):
+    fake, engine = sglang
+    running = engine.submit(GenerationRequest([1, 2], SamplingParams(max_tokens=40)))
+    time.sleep(0.1)
+    result = engine.update_weights_from_disk(published.path, 1, manifest_sha256=published.manifest_sha256)
+    assert result.version == 1 and engine.weight_version == 1
+    out = running.result(timeout=30)
+    assert out.weight_versions[0] == 0 and out.weight_versions[-1] == 1 and len(out.token_ids) == 40
+    update = fake.calls("/update_weights_from_disk")[0]
+    assert update["model_path"] == published.path and update["weight_version"] == "1"
+    assert update["abort_all_requests"] is False
+    order = [
+        p
+        for _, p, _ in fake.requests
+        if p in ("/pause_generation", "/update_weights_from_disk", "/continue_generation")
+    ]
+    assert order == ["/pause_generation", "/update_weights_from_disk", "/continue_generation"]
+    assert fake.calls("/pause_generation")[0] == {"mode": "in_place"}
+    version, sums = engine.weight_checksums(["model.norm.weight"])
+    assert version == 1 and len(sums["model.norm.weight"]) == 64
+
+
+def test_sglang_refusals_keep_the_old_version(sglang, published, tmp_path):
+    fake, engine = sglang
+    with pytest.raises(InvalidArgument, match="older|announced"):
+        engine.update_weights_from_disk(published.path, 3)
+    bad = tmp_path / "bad" / "v000001"
+    bad.parent.mkdir()
+    import shutil
+
+    shutil.copytree(published.path, bad)
+    with pytest.raises(InvalidArgument, match="shape mismatch"):
+        engine.update_weights_from_disk(str(bad), 1)
+    assert engine.weight_version == 0
+    assert fake.calls("/continue_generation")  # generation resumed after the refusal
+
+
+def test_sglang_abort_pause(sglang):
+    fake, engine = sglang
+    running = engine.submit(GenerationRequest([3], SamplingParams(max_tokens=200)))
+    time.sleep(0.1)
+    assert engine.pause(PauseMode.ABORT) == 1
+    assert running.result(timeout=30).finish_reason == FinishReason.ABORT
+    fake.aborted.clear()
+    engine.continue_generation()
+    assert (
+        engine.generate([GenerationRequest([3], SamplingParams(max_tokens=2))])[0].finish_reason == FinishReason.LENGTH
+    )
+
+
+@pytest.fixture(params=[True, False], ids=["token_ids", "token_id_strings"])
+def vllm(request, model_dir):
+    fake = FakeVLLM(token_ids_field=request.param)
+    engine = VLLMEngine(EngineConfig(kind="vllm", model_path=str(model_dir), vllm={"url": fake.url}))
+    yield fake, engine
+    engine.shutdown()
+    fake.close()
+
+
+def test_vllm_generation_payloads(vllm):
+    fake, engine = vllm
+    result = engine.generate([GenerationRequest([7, 8], SamplingParams(temperature=0, max_tokens=5))])[0]
+    ids, lps = expected([7, 8], 5)
+    assert result.token_ids == ids and result.logprobs == pytest.approx(lps)
+    assert result.finish_reason == FinishReason.LENGTH
+    body = fake.calls("/v1/completions")[0]
+    assert body["prompt"] == [7, 8] and body["logprobs"] == 0 and body["stream"] is True
+    assert body["return_token_ids"] is True and body["return_tokens_as_token_ids"] is True and body["top_k"] == -1
+
+
+def test_vllm_in_place_update_continues_requests_from_their_tokens(vllm, published):
+    fake, engine = vllm
+    prompt = [1, 1]
+    running = engine.submit(GenerationRequest(prompt, SamplingParams(max_tokens=60)))
+    time.sleep(0.15)
+    engine.update_weights_from_disk(published.path, 1, pause_mode=PauseMode.IN_PLACE, flush_cache=True)
+    out = running.result(timeout=30)
+    assert len(out.token_ids) == 60 and out.weight_versions[0] == 0 and out.weight_versions[-1] == 1
+    first, second = fake.calls("/v1/completions")[:2]
+    made = len(second["prompt"]) - len(prompt)
+    assert second["prompt"] == prompt + out.token_ids[:made] and second["max_tokens"] == 60 - made
+    assert out.weight_versions == [0] * made + [1] * (60 - made)
+    rpc = fake.calls("/collective_rpc")[0]
+    assert rpc["method"] == "meshrl_load_folder" and rpc["args"] == [f'"{published.path}"']
+    assert fake.calls("/reset_prefix_cache")
+    assert engine.weight_version == 1
+
+
+def test_server_flags():
+    assert cli_flags({"tp_size": 2, "trust_remote_code": True, "enable_x": False, "dp": [1, 2]}) == [
+        "--tp-size", "2", "--trust-remote-code", "--dp", "1", "2",
+    ]  # fmt: skip
+    with pytest.raises(InvalidArgument, match="did you mean 'tp_size'"):
+        check_known_flags({"tp_sise": 2}, ["tp_size", "mem_fraction_static"], "sglang")
+    with pytest.raises(InvalidArgument, match="flag name"):
+        cli_flags({"bad key!": 1})
