@@ -340,7 +340,7 @@ class WeightGroup:
         suspects = tuple(sorted(stopped)) or tuple(receivers)
         return MembersUnresponsive(
             f"update {version} failed: {cause}; unresponsive ranks {list(suspects)} "
-            f"(bucket progress {progress}); take them out and re-create the group",
+            f"(buckets received {progress}, heartbeats {before} -> {after}); take them out and re-create the group",
             UpdateOutcome(version, unresponsive=suspects),
         )
 
