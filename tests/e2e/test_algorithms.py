@@ -26,7 +26,9 @@ def metrics_of(record) -> list[dict]:
     ],
 )
 def test_algorithm_runs_through_the_services(tiny_task, tmp_path, workflow, sections):
-    record = run_job(workflow, job_config(tiny_task, tmp_path, rollout={"replicas": 2, "n": 2, "max_tokens": 6}, **sections))
+    record = run_job(
+        workflow, job_config(tiny_task, tmp_path, rollout={"replicas": 2, "n": 2, "max_tokens": 6}, **sections)
+    )
     assert record.state == spb.JOB_STATE_SUCCEEDED, record.error
     steps = metrics_of(record)
     assert [m["step"] for m in steps] == [1, 2]
