@@ -3,7 +3,7 @@
 1. Batched decoding: 64 requests submitted at once vs the same 64 one after another (same engine).
 2. Generated tokens/s through the service (a replica process, GenerateBatch over the data buffer,
    through the router) vs the same engine called in-process. Target: service / in-process >= 0.9.
-3. Throughput of 1 vs 2 replica processes (each with one torch thread) on the same batch.
+3. Throughput of 1 vs 2 replica processes on the same batch (every engine uses --threads torch threads).
 Every request generates exactly --max-tokens tokens (ignore_eos), so token counts are equal.
 
 Run: .venv/bin/python bench/rollout/run.py [--prompts 64] [--max-tokens 64] [--repeats 3]
@@ -83,6 +83,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--hidden-size", type=int, default=64)
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads of every engine (in-process and replicas)"
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-rollout-"))
     model = build_small_model(work / "model", hidden_size=args.hidden_size, num_layers=2, max_position_embeddings=512)
@@ -90,10 +93,12 @@ def main() -> None:
     batch = prompts(args.prompts)
     tokens = args.prompts * args.max_tokens
     print(f"model: hidden {args.hidden_size}, 2 layers; {args.prompts} prompts x {args.max_tokens} tokens; "
-          f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")  # fmt: skip
+          f"{args.threads} torch thread(s) per engine; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")  # fmt: skip
 
     # 1. batched vs sequential, in-process
-    engine = TransformersEngine(EngineConfig(model_path=str(model), max_batch_size=args.prompts))
+    engine = TransformersEngine(
+        EngineConfig(model_path=str(model), max_batch_size=args.prompts, transformers={"num_threads": args.threads})
+    )
     engine.generate([GenerationRequest(p, sampling) for p in batch[:4]])  # warm-up
     concurrent, sequential, inproc = [], [], []
     for _ in range(args.repeats):
@@ -114,7 +119,7 @@ def main() -> None:
         proto = {"temperature": 1.0, "max_tokens": args.max_tokens, "ignore_eos": True}
         try:
             # 2. through the service vs in-process (alternating, the in-process engine idle meanwhile)
-            procs.append(start_replica("r0", model, running.address, namespace, None, work, args.prompts))
+            procs.append(start_replica("r0", model, running.address, namespace, args.threads, work, args.prompts))
             registry.wait_for(lambda rs: any(r.replica_id == "r0" and r.state == SERVING for r in rs), timeout=300)
             router = RolloutRouter(registry=registry, databuffer=client)
             router.generate_batch(source, batch_key("bench", 0, "warm"), {**proto, "max_tokens": 4})
@@ -132,24 +137,31 @@ def main() -> None:
             stop(procs)
             procs.clear()
 
-            # 3. one vs two replica processes, one torch thread each
-            one, two = [], []
-            procs.append(start_replica("a0", model, running.address, namespace, 1, work, args.prompts))
-            registry.wait_for(lambda rs: any(r.replica_id == "a0" and r.state == SERVING for r in rs), timeout=300)
-            router = RolloutRouter(registry=registry, databuffer=client)
-            router.wait_for_replicas(1, 30)
-            router.generate_batch(source, batch_key("bench", 2, "warm"), {**proto, "max_tokens": 4})
-            for i in range(args.repeats):
-                one.append(timed(lambda i=i: router.generate_batch(source, batch_key("bench", 2, f"one{i}"), proto)))
-            procs.append(start_replica("a1", model, running.address, namespace, 1, work, args.prompts))
-            router.wait_for_replicas(2, 300)
-            router.generate_batch(source, batch_key("bench", 3, "warm"), {**proto, "max_tokens": 4})
-            for i in range(args.repeats):
-                two.append(timed(lambda i=i: router.generate_batch(source, batch_key("bench", 3, f"two{i}"), proto)))
-            t1, t2 = statistics.median(one), statistics.median(two)
+            # 3. one vs two replica processes: both run; runs alternate between a router over one and over both
+            for rid in ("a0", "a1"):
+                procs.append(start_replica(rid, model, running.address, namespace, args.threads, work, args.prompts))
+            ready = registry.wait_for(
+                lambda rs: {r.replica_id for r in rs if r.state == SERVING} >= {"a0", "a1"}, timeout=300
+            )
+            address = {r.replica_id: r.address for r in ready}
+            routers = {
+                1: RolloutRouter(addresses=[address["a0"]], databuffer=client, default_capacity=args.prompts),
+                2: RolloutRouter(
+                    addresses=[address["a0"], address["a1"]], databuffer=client, default_capacity=args.prompts
+                ),
+            }
+            for n, r in routers.items():
+                r.generate_batch(source, batch_key("bench", 2, f"warm{n}"), {**proto, "max_tokens": 4})
+            times: dict[int, list[float]] = {1: [], 2: []}
+            for i in range(2 * args.repeats):
+                for n in (1, 2) if i % 2 == 0 else (2, 1):
+                    key = batch_key("bench", 3, f"r{n}-{i}")
+                    times[n].append(timed(lambda n=n, key=key: routers[n].generate_batch(source, key, proto)))
+            t1, t2 = statistics.median(times[1]), statistics.median(times[2])
             print(f"[3] 1 replica: {tokens / t1:.0f} tokens/s   2 replicas: {tokens / t2:.0f} tokens/s   "
                   f"ratio {t1 / t2:.2f}x")  # fmt: skip
-            router.close()
+            for r in routers.values():
+                r.close()
         finally:
             stop(procs)
             client.close()

@@ -128,3 +128,20 @@ def test_drain_stops_routing_to_a_replica(fleet, buffer):
     source, _ = put_prompts(buffer, "drain", 8)
     result = router.generate_batch(source, batch_key("drain", 0, "rollout"), {"max_tokens": 4}, n=1, chunk_prompts=1)
     assert "r0" not in result.samples_by_replica and result.samples == 8
+
+
+def test_a_fixed_address_list_can_be_changed(fleet, buffer):
+    _, replicas, _ = fleet
+    addresses = [r.running.address for r in replicas]
+    router = RolloutRouter(addresses=addresses, databuffer=buffer, default_capacity=4)
+    try:
+        source, _ = put_prompts(buffer, "static", 6)
+        out = batch_key("static", 0, "rollout")
+        first = router.generate_batch(source, out, {"max_tokens": 3}, n=2, chunk_prompts=1)
+        assert len(first.samples_by_replica) >= 2
+        router.set_addresses(addresses[:1])
+        second = router.generate_batch(source, out, {"max_tokens": 3}, n=2, chunk_prompts=1, merge=False)
+        assert set(second.samples_by_replica) == {addresses[0]} and len(second.keys) == 6
+        assert [k.shard for k in second.keys] == list(range(6))
+    finally:
+        router.close()

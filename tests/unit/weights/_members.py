@@ -34,7 +34,9 @@ class Members:
             try:
                 who, what, payload = self.results.get(timeout=max(0.1, deadline - time.monotonic()))
             except queue.Empty:
-                raise AssertionError(f"{role} did not report {event!r} within {timeout}s; got {list(self._seen)}") from None
+                raise AssertionError(
+                    f"{role} did not report {event!r} within {timeout}s; got {list(self._seen)}"
+                ) from None
             if what == "error":
                 raise AssertionError(f"member {who} failed:\n{payload}")
             self._seen[(who, what)] = payload

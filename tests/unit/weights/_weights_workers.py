@@ -47,12 +47,14 @@ def _all_checksums(params) -> dict[str, str]:
 
 # ---------------------------------------------------------------------------- happy path
 def happy_sender(plan, results) -> None:
-    """v1 (flat, many buckets), v2 (per-tensor), v1 again (refused: older), v3 (one bucket)."""
+    """v1 (flat, many buckets), v2 (per-tensor: matrices direct, vectors coalesced), v1 again
+    (refused: older), v3 (one bucket)."""
     from meshrl.common.weights import UpdateRefused, WeightGroup, WeightGroupOptions
 
-    group = WeightGroup.join(plan.sender, options=WeightGroupOptions(bucket_bytes=4096, init_timeout_s=120))
+    opts = WeightGroupOptions(bucket_bytes=4096, init_timeout_s=120, coalesce_bytes=256)
+    group = WeightGroup.join(plan.sender, options=opts)
     try:
-        out = [group.send(iter(make_tensors(1)), 1).acked]
+        out = [group.send(iter(make_tensors(1)), 1, layout_name="flat").acked]
         out.append(group.send(make_tensors(2), 2, layout_name="per_tensor").acked)
         try:
             group.send(make_tensors(1), 1)

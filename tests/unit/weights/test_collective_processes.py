@@ -9,6 +9,7 @@ import signal
 import _weights_workers as workers
 import pytest
 from _members import Members
+
 from meshrl.common.weights import GroupPlan, write_version
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields
 
 import redis
+
 from meshrl.common.errors import DeadlineExceeded, InvalidArgument, Unavailable
 
 log = logging.getLogger(__name__)

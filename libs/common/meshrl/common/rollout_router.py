@@ -10,6 +10,7 @@ its range to an output shard, and the shards are concatenated into the output ke
 from __future__ import annotations
 
 import collections
+import contextvars
 import difflib
 import logging
 import math
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+
 from meshrl.api.common.v1 import keys_pb2
 from meshrl.api.rollout.v1 import rollout_pb2 as pb
 from meshrl.api.rollout.v1 import rollout_pb2_grpc
@@ -139,8 +141,13 @@ class RolloutRouter:
             self._watcher = registry.watch(self._sync, interval=watch_interval_s)
 
     # --- membership -------------------------------------------------------------------------------
-    def _sync(self, infos: list[ReplicaInfo]) -> None:
-        """Adopts a registry listing: new replicas get a channel, gone ones are closed (their work retried)."""
+    def set_addresses(self, addresses: Sequence[str]) -> None:
+        """Without a registry: the fleet is exactly these addresses from now on (a removed one gets no new work)."""
+        infos = [ReplicaInfo(replica_id=a, address=a, capacity=self.default_capacity, state=SERVING) for a in addresses]
+        self._sync(infos, complete=True)
+
+    def _sync(self, infos: list[ReplicaInfo], complete: bool = False) -> None:
+        """Adopts a full listing: new replicas get a channel, gone ones are closed (their work retried)."""
         with self._lock:
             seen = set()
             for info in infos:
@@ -159,7 +166,7 @@ class RolloutRouter:
                     r.state = info.state
                 if r.failed_at and info.updated_at and info.updated_at > time.time() - 1.0 and info.state == SERVING:
                     r.failed_at = 0.0  # it heartbeats again
-            if self.registry is not None:
+            if self.registry is not None or complete:
                 for rid in [rid for rid in self._replicas if rid not in seen]:
                     gone = self._replicas.pop(rid)
                     if gone.calls == 0 and gone.channel is not None:
@@ -269,7 +276,7 @@ class RolloutRouter:
                 chunk_prompts = num_prompts
             else:
                 cap = min(r.capacity for r in live)
-                chunk_prompts = max(1, min(math.ceil(num_prompts / (2 * len(live))), max(1, cap // n)))
+                chunk_prompts = max(1, min(math.ceil(num_prompts / len(live)), max(1, cap // n)))
         chunks = [
             _Chunk(i, b, min(b + chunk_prompts, num_prompts))
             for i, b in enumerate(range(0, num_prompts, chunk_prompts))
@@ -319,7 +326,8 @@ class RolloutRouter:
                 return
 
         with ThreadPoolExecutor(max_workers=min(len(chunks), 64), thread_name_prefix="router") as pool:
-            for future in [pool.submit(run, c) for c in chunks]:
+            # each chunk's RPC runs inside the caller's trace context (pool threads do not inherit it)
+            for future in [pool.submit(contextvars.copy_context().run, run, c) for c in chunks]:
                 future.result()
         ordered = [replies[c.index] for c in chunks]
         result.samples = sum(r.samples for r in ordered)

@@ -13,6 +13,8 @@ import sys
 import threading
 from collections.abc import Sequence
 
+from grpc_health.v1 import health_pb2
+
 from meshrl.common import telemetry
 from meshrl.common.config import parse_service_args
 from meshrl.common.grpc_server import EXIT_WITH_PARENT_ENV, RunningServer, start_server
@@ -89,6 +91,8 @@ def serve(cfg: RolloutConfig) -> None:
         _wait_for_stop()
         log.info("draining: in-flight generation gets up to %.0fs", cfg.drain_timeout_s)
         replica.start_draining()
+        for name in ["", *running.names]:  # load balancers and probes stop sending work too
+            running.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         if heartbeat is not None:
             heartbeat.beat()  # routers stop sending work now
         if not replica.wait_idle(cfg.drain_timeout_s):
@@ -113,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     logging.basicConfig(level=logging.INFO, format=telemetry.LOG_FORMAT, stream=sys.stderr)
     telemetry.install_log_correlation()
-    telemetry.setup_telemetry("meshrl-rollout", cfg.telemetry, instance=cfg.replica_id)
+    telemetry.setup_telemetry("rollout", cfg.telemetry, instance=cfg.replica_id)
     serve(cfg)
 
 

@@ -32,7 +32,13 @@ class TransformersEngineConfig(StrictModel):
         ge=0,
         description="tokens of prompt KV kept for reuse by a group's samples and a session's turns; 0 = off",
     )
-    num_threads: int | None = pydantic.Field(None, ge=1, description="torch CPU threads (None = torch's default)")
+    num_threads: int | None = pydantic.Field(
+        1,
+        ge=1,
+        description="torch CPU threads of this replica process (None = torch's default, one per core). 1 by "
+        "default: a replica shares its host with the trainer and other replicas, and oversubscribed threads "
+        "made decoding ~10x slower on a busy 2-core host (bench/rollout); raise it on a dedicated CPU host",
+    )
 
 
 class HTTPEngineConfig(StrictModel):
@@ -47,7 +53,6 @@ class HTTPEngineConfig(StrictModel):
     )
     env: dict[str, str] = pydantic.Field(default_factory=dict, description="extra environment of the launched server")
     api_key: str | None = pydantic.Field(None, description="bearer token of the server's admin endpoints")
-    ranks: int = pydantic.Field(1, ge=1, description="ranks this server adds to the weight-update group (its TP size)")
     startup_timeout_s: float = pydantic.Field(900.0, gt=0, description="wait this long for the server's health")
     request_timeout_s: float = pydantic.Field(600.0, gt=0, description="deadline of one generate request")
     log_file: str | None = pydantic.Field(None, description="where the launched server's output goes")

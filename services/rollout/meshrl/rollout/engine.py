@@ -69,7 +69,7 @@ class Engine(abc.ABC):
         futures = [self.submit(r) for r in requests]
         return [f.result(timeout=timeout) for f in futures]
 
-    def stream(self, request: GenerationRequest, timeout: float | None = None) -> Iterator[TokenChunk]:
+    def stream(self, request: GenerationRequest) -> Iterator[TokenChunk]:
         """Yields the chunks of one request as they are produced; the last one has a finish_reason."""
         chunks: queue.Queue[TokenChunk] = queue.Queue()
         future = self.submit(request, on_chunk=chunks.put)

@@ -225,7 +225,6 @@ class HTTPEngine(Engine):
         try:
             finish = self._generate(run)
         except MeshrlError as exc:
-            finish = None
             self._forget(run)
             run.future.set_exception(exc)
             return

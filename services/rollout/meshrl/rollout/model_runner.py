@@ -1,7 +1,7 @@
 """Runs a Hugging Face causal LM for the transformers engine: prefill one prompt, decode a batch.
 
 Owned by `TransformersEngine`; only its batcher thread calls `prefill` / `decode`, so the model
-is never used by two threads at once. Weight updates go through `parameters_by_name` and copy
+is never used by two threads at once. Weight updates go through `named_parameters` and copy
 into the existing tensors (no re-allocation), so the KV batch and every reference stay valid.
 """
 

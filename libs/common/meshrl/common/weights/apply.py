@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 import torch
+
 from meshrl.common.errors import InvalidArgument
 
 MAX_LISTED = 8  # problems named in one error message

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain
 
 import torch
+
 from meshrl.api.common.v1 import tensor_pb2
 from meshrl.common.errors import InvalidArgument
 

@@ -12,6 +12,7 @@ import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 
 import torch
+
 from meshrl.api.common.v1 import weights_pb2
 from meshrl.common.errors import DataLoss, InvalidArgument
 

@@ -8,10 +8,7 @@ without touching torch.distributed's default group.
 
 One update on the wire, in order (store keys under `meshrl/weights/<group>/`):
   store  update/<seq> = version                        the sender starts update number <seq>
-  per bucket: broadcast int64[4] header [kind, meta bytes, payload bytes, 0],
-              broadcast the WeightBucketMeta bytes (uint8),
-              broadcast the payload: one flat uint8 buffer (kind FLAT, offsets from
-              buckets.layout) or one uint8 view per tensor in meta order (kind PER_TENSOR)
+  per bucket: header, WeightBucketMeta and tensors as described in wire.py
   store  progress/<seq>/<rank> = bucket index            after each received bucket
   end marker (kind END, meta.num_buckets = buckets sent), or ABORT when the export failed
   store  ack/<seq>/<rank> = "ok" | "refused: <error>"    after the receiver's sink finished
@@ -21,6 +18,7 @@ can name the members that stopped (a SIGSTOPped or dead process) instead of gues
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -29,28 +27,41 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
 from meshrl.api.common.v1 import weights_pb2
 from meshrl.common.errors import Aborted, DataLoss, DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
 
-from . import dtypes
-from .buckets import DEFAULT_BUCKET_BYTES, as_buckets, bucket_specs, layout, pack, unpack
+from .buckets import DEFAULT_BUCKET_BYTES, as_buckets, bucket_specs
 from .errors import MembersUnresponsive, UpdateOutcome, UpdateRefused
 from .group_plan import GroupSpec
 from .sink import CallbackSink, WeightSink
-from .transport import Backend, CollectiveFailed, Deadline
+from .transport import Backend, CollectiveFailed, Deadline, await_keys, device_for
+from .wire import (
+    ABORT,
+    BUCKET,
+    DEFAULT_COALESCE_BYTES,
+    END,
+    FLAT_THRESHOLD,
+    BucketLayout,
+    fit_targets,
+    recv_header,
+    send_header,
+)
 
-FLAT, PER_TENSOR, END, ABORT = 1, 2, 3, 4
-LAYOUTS = {"flat": FLAT, "per_tensor": PER_TENSOR}
+LAYOUTS = ("flat", "per_tensor")
 STORE_PREFIX = "meshrl/weights/"
 HEARTBEAT_S = 0.25
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class WeightGroupOptions:
     """bucket_bytes: bucket size of `send` (512 MiB default, as slime).
-    layout: "flat" packs each bucket into one buffer (one broadcast per bucket); "per_tensor"
-        broadcasts each tensor from/into its own memory (no packing copies; SGLang's order).
-        Receivers follow whatever layout the sender uses.
+    layout: "per_tensor" broadcasts each tensor of at least `coalesce_bytes` straight from the
+        sender's memory into the receiver's parameter (no copies) and the smaller ones packed in
+        one buffer per bucket; "flat" packs the whole bucket into one buffer (one broadcast per
+        bucket, two copies). Receivers follow whatever layout the sender uses.
     init_timeout_s / op_timeout_s / ack_timeout_s: deadlines of joining, of each bucket's
         metadata and data, and of the receivers' confirmation; None = the group's timeout_s.
     grace_s: after a failed step, how long the sender watches heartbeats to name the culprits.
@@ -61,7 +72,8 @@ class WeightGroupOptions:
     """
 
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
-    layout: str = "flat"
+    layout: str = "per_tensor"
+    coalesce_bytes: int = DEFAULT_COALESCE_BYTES
     init_timeout_s: float | None = None
     op_timeout_s: float | None = None
     ack_timeout_s: float | None = None
@@ -74,6 +86,10 @@ class WeightGroupOptions:
             raise InvalidArgument(f"weight group layout {self.layout!r} is not one of {sorted(LAYOUTS)}")
         if self.bucket_bytes <= 0:
             raise InvalidArgument(f"bucket_bytes must be positive, got {self.bucket_bytes}")
+        if self.coalesce_bytes < 0:
+            raise InvalidArgument(
+                f"coalesce_bytes must be >= 0 (0 sends every tensor on its own), got {self.coalesce_bytes}"
+            )
         for name in ("init_timeout_s", "op_timeout_s", "ack_timeout_s"):
             value = getattr(self, name)
             if value is not None and not value > 0:
@@ -117,7 +133,7 @@ class WeightGroup:
             raise InvalidArgument(
                 f"rank {rank} (offset {spec.rank_offset} + local {local_rank}) >= world {spec.world_size}"
             )
-        group = cls(spec, rank, _device(spec.backend, device), options)
+        group = cls(spec, rank, device_for(spec.backend, device), options)
         try:
             group._connect(
                 Deadline(options.init_timeout_s or spec.timeout_s, f"joining weight group {spec.group_name!r}")
@@ -147,7 +163,7 @@ class WeightGroup:
             raise DeadlineExceeded(f"rank {self.rank} could not reach the trainer's store at {where} ({e})") from e
         self._store = dist.PrefixStore(f"{STORE_PREFIX}{s.group_name}/", tcp)
         self._store.set(f"joined/{self.rank}", "1")
-        missing = _await_keys(self._store, [f"joined/{r}" for r in range(s.world_size)], deadline)
+        missing = await_keys(self._store, [f"joined/{r}" for r in range(s.world_size)], deadline)
         if missing:
             ranks = tuple(int(k.split("/")[1]) for k in missing)
             raise MembersUnresponsive(
@@ -249,7 +265,7 @@ class WeightGroup:
         receivers to drop the update (the group stays usable).
         """
         self._require(sender=True)
-        kind = LAYOUTS[layout_name or self.options.layout]
+        threshold = self._threshold(layout_name or self.options.layout)
         buckets = as_buckets(tensors, bucket_bytes or self.options.bucket_bytes)
         self._forget(self._seq)
         self._seq += 1
@@ -260,19 +276,16 @@ class WeightGroup:
             for index, bucket in enumerate(buckets):
                 specs = bucket_specs(bucket)
                 meta = weights_pb2.WeightBucketMeta(version=version, bucket_index=index, tensors=specs)
-                if kind == FLAT:
-                    _, total = layout(specs)
-                    payload = [pack(bucket, specs, self._buffer(0, total))]
-                else:
-                    total = sum(sp.nbytes for sp in specs)
-                    payload = [self._wire(t) for _, t in bucket if t.numel()]
+                lay = BucketLayout.of(specs, threshold)
+                payload = lay.sender_wire(bucket, lambda n: self._buffer(0, n), self._as_wire)
                 at_boundary = False
-                self._send_header(kind, meta, total, Deadline(op, f"update {version}: bucket {index} metadata"))
-                self._backend.broadcast(payload, Deadline(op, f"update {version}: bucket {index} data"))
+                what = f"update {version}: bucket {index}"
+                send_header(self._backend, BUCKET, meta, lay.payload, threshold, Deadline(op, f"{what} metadata"))
+                self._backend.broadcast(payload, Deadline(op, f"{what} data"))
                 at_boundary = True
             end = weights_pb2.WeightBucketMeta(version=version, bucket_index=index + 1, num_buckets=index + 1)
             at_boundary = False
-            self._send_header(END, end, 0, Deadline(op, f"update {version}: end marker"))
+            send_header(self._backend, END, end, 0, 0, Deadline(op, f"update {version}: end marker"))
         except CollectiveFailed as e:
             self._fail()
             raise self._unresponsive(seq, version, str(e)) from e
@@ -281,32 +294,30 @@ class WeightGroup:
                 self._fail()
                 raise
             try:
-                self._send_header(ABORT, weights_pb2.WeightBucketMeta(version=version, bucket_index=index), 0,
-                                  Deadline(op, f"update {version}: abort marker"))  # fmt: skip
+                abort = weights_pb2.WeightBucketMeta(version=version, bucket_index=index)
+                send_header(self._backend, ABORT, abort, 0, 0, Deadline(op, f"update {version}: abort marker"))
             except CollectiveFailed as failed:
                 self._fail()
                 raise self._unresponsive(seq, version, f"{failed} (while aborting after: {e})") from e
             raise
         return self._await_acks(seq, version)
 
-    def _wire(self, tensor: torch.Tensor) -> torch.Tensor:
+    def _threshold(self, layout_name: str) -> int:
+        if layout_name not in LAYOUTS:
+            raise InvalidArgument(f"weight group layout {layout_name!r} is not one of {sorted(LAYOUTS)}")
+        return FLAT_THRESHOLD if layout_name == "flat" else self.options.coalesce_bytes
+
+    def _as_wire(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A uint8 view of a tensor sent on its own: the tensor's own memory when it can be."""
         t = tensor.detach()
         if t.device != self.device or not t.is_contiguous():
             t = t.to(self.device).contiguous()
         return t.reshape(-1).view(torch.uint8)
 
-    def _send_header(self, kind: int, meta: weights_pb2.WeightBucketMeta, payload: int, deadline: Deadline) -> None:
-        raw = meta.SerializeToString()
-        header = torch.tensor([kind, len(raw), payload, 0], dtype=torch.int64, device=self.device)
-        tensors = [header]
-        if raw:
-            tensors.append(torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(self.device))
-        self._backend.broadcast(tensors, deadline)
-
     def _await_acks(self, seq: int, version: int) -> UpdateOutcome:
         receivers = range(1, self.world_size)
         deadline = Deadline(self.options.ack_timeout_s or self.spec.timeout_s, f"update {version}: confirmations")
-        missing = set(_await_keys(self._store, [f"ack/{seq}/{r}" for r in receivers], deadline))
+        missing = set(await_keys(self._store, [f"ack/{seq}/{r}" for r in receivers], deadline))
         acked, refused = [], {}
         for r in receivers:
             if f"ack/{seq}/{r}" not in missing:
@@ -329,18 +340,24 @@ class WeightGroup:
         return outcome
 
     def _unresponsive(self, seq: int, version: int, cause: str) -> MembersUnresponsive:
-        """Names the receivers that stopped: no heartbeat across the grace period, or behind the others."""
+        """Names the receivers that stopped answering. A receiver is responsive when, during the
+        grace period, its heartbeat advances or it reports its own failure of this update (it
+        timed out waiting, or saw the sender abort); the others, and any behind the rest in
+        buckets received, are unresponsive. If that singles out nobody, every receiver is suspect."""
         receivers = list(range(1, self.world_size))
         before = {r: self._peek(f"alive/{r}") for r in receivers}
         time.sleep(self.options.grace_s)
         after = {r: self._peek(f"alive/{r}") for r in receivers}
+        failed = {r: self._peek(f"failed/{seq}/{r}") for r in receivers}
         progress = {r: int(self._peek(f"progress/{seq}/{r}") or -1) for r in receivers}
         top = max(progress.values())
-        stopped = {r for r in receivers if after[r] is None or after[r] == before[r] or progress[r] < top}
+        beating = {r for r in receivers if after[r] is not None and after[r] != before[r]}
+        stopped = {r for r in receivers if (r not in beating and failed[r] is None) or progress[r] < top}
         suspects = tuple(sorted(stopped)) or tuple(receivers)
+        reports = {r: f for r, f in failed.items() if f}
         return MembersUnresponsive(
-            f"update {version} failed: {cause}; unresponsive ranks {list(suspects)} "
-            f"(buckets received {progress}, heartbeats {before} -> {after}); take them out and re-create the group",
+            f"update {version} failed: {cause}; unresponsive ranks {list(suspects)} (buckets received {progress}, "
+            f"heartbeats {before} -> {after}, receivers' reports {reports}); take them out and re-create the group",
             UpdateOutcome(version, unresponsive=suspects),
         )
 
@@ -378,7 +395,7 @@ class WeightGroup:
         sink = apply_fn if isinstance(apply_fn, WeightSink) else CallbackSink(apply_fn)
         seq = self._seq + 1
         start = Deadline(timeout or self.spec.timeout_s, f"rank {self.rank}: waiting for update {seq} to start")
-        if _await_keys(self._store, [f"update/{seq}"], start):
+        if await_keys(self._store, [f"update/{seq}"], start):
             raise DeadlineExceeded(f"{start.what}: the trainer sent nothing within {start.seconds:.1f}s")
         self._seq = seq
         version = int(self._store.get(f"update/{seq}").decode())
@@ -393,6 +410,7 @@ class WeightGroup:
             refusal = r.error
         except CollectiveFailed as e:
             self._fail()
+            self._report_failure(seq, str(e))
             cls = DeadlineExceeded if e.timed_out else Unavailable
             raise cls(
                 f"rank {self.rank}: update {version} failed ({e}); this replica may hold part of it: "
@@ -410,16 +428,25 @@ class WeightGroup:
             raise refusal
         return version
 
+    def _report_failure(self, seq: int, cause: str) -> None:
+        """Tells the sender this rank is alive but lost the update (best effort: the store may be gone)."""
+        try:
+            self._store.set(f"failed/{seq}/{self.rank}", cause[:500])
+        except Exception as e:  # the trainer's store went away with the trainer
+            log.debug("rank %d could not report its failure: %s", self.rank, e)
+
     def _receive_buckets(self, seq: int, version: int, sink: WeightSink, refusal: Exception | None) -> None:
         op = self.options.op_timeout_s or self.spec.timeout_s
         index = 0
         while True:
-            kind, meta, payload = self._recv_header(Deadline(op, f"update {version}: bucket {index} metadata"))
+            what = f"update {version}: bucket {index}"
+            kind, raw, payload, threshold = recv_header(self._backend, Deadline(op, f"{what} metadata"))
+            meta = self._parse(raw, what)
             if kind == ABORT:
                 raise Aborted(f"the trainer aborted update {version} after {index} buckets (its export failed)")
-            if meta.version != version or meta.bucket_index != index or kind not in (FLAT, PER_TENSOR, END):
+            if meta.version != version or meta.bucket_index != index or kind not in (BUCKET, END):
                 self._fail()
-                raise DataLoss(f"update {version}: inconsistent stream (kind {kind}, meta {meta}); re-create the group")
+                raise DataLoss(f"{what}: inconsistent stream (kind {kind}, meta {meta}); re-create the group")
             if kind == END:
                 if meta.num_buckets != index:
                     self._fail()
@@ -427,29 +454,19 @@ class WeightGroup:
                 if refusal is not None:
                     raise _Refused(refusal)
                 return
-            specs = list(meta.tensors)
-            offsets, total = layout(specs)
-            expected = total if kind == FLAT else sum(s.nbytes for s in specs)
-            if payload != expected:
+            lay = BucketLayout.of(list(meta.tensors), threshold)
+            if payload != lay.payload:
                 self._fail()
-                raise DataLoss(f"update {version}: bucket {index} carries {payload} bytes, its specs need {expected}")
+                raise DataLoss(f"{what} carries {payload} bytes, its specs need {lay.payload}")
             targets = None
-            if refusal is None and kind == PER_TENSOR:
+            if refusal is None and lay.direct:
                 try:
-                    targets = _fit(sink.targets(meta), specs, self.device)
+                    targets = fit_targets(sink.targets(meta), lay, self.device)
                 except Exception as e:
                     refusal = e
-            if targets is None:
-                buf = self._buffer(1, total)
-                if kind == FLAT:
-                    wire = [buf[:total]]
-                else:
-                    wire = [buf[o : o + s.nbytes] for o, s in zip(offsets, specs, strict=True) if s.nbytes]
-                tensors = unpack(buf, specs)
-            else:
-                wire = [t.reshape(-1).view(torch.uint8) for t in targets if t.numel()]
-                tensors = [(s.name, t) for s, t in zip(specs, targets, strict=True)]
-            self._backend.broadcast(wire, Deadline(op, f"update {version}: bucket {index} data"))
+            staging = self._buffer(1, lay.staging_bytes(targets is not None))
+            wire, tensors = lay.receiver_wire(staging, targets)
+            self._backend.broadcast(wire, Deadline(op, f"{what} data"))
             if refusal is None:
                 try:
                     sink.apply(meta, tensors)
@@ -458,66 +475,15 @@ class WeightGroup:
             self._store.set(f"progress/{seq}/{self.rank}", str(index))
             index += 1
 
-    def _recv_header(self, deadline: Deadline) -> tuple[int, weights_pb2.WeightBucketMeta, int]:
-        header = torch.zeros(4, dtype=torch.int64, device=self.device)
-        self._backend.broadcast([header], deadline)
-        kind, nbytes, payload, _ = header.tolist()
-        raw = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-        if nbytes:
-            self._backend.broadcast([raw], deadline)
+    def _parse(self, raw: bytes, what: str) -> weights_pb2.WeightBucketMeta:
         try:
-            meta = weights_pb2.WeightBucketMeta.FromString(raw.cpu().numpy().tobytes())
+            return weights_pb2.WeightBucketMeta.FromString(raw)
         except Exception as e:
             self._fail()
-            raise DataLoss(f"unreadable bucket metadata ({e}); re-create the group") from e
-        return kind, meta, payload
+            raise DataLoss(f"{what}: unreadable bucket metadata ({e}); re-create the group") from e
 
 
 class _Refused(Exception):
     def __init__(self, error: Exception) -> None:
         super().__init__(str(error))
         self.error = error
-
-
-def _fit(targets: list[torch.Tensor] | None, specs: list, device: torch.device) -> list[torch.Tensor] | None:
-    """The sink's direct targets if every one matches its spec exactly, else None (stage instead)."""
-    if targets is None or len(targets) != len(specs):
-        return None
-    for t, s in zip(targets, specs, strict=True):
-        if (
-            t.device != device
-            or not t.is_contiguous()
-            or t.dtype != dtypes.from_proto(s.dtype)
-            or list(t.shape) != list(s.shape)
-        ):
-            return None
-    return targets
-
-
-def _device(backend: str, device: str | torch.device | None) -> torch.device:
-    if backend == "gloo":
-        d = torch.device(device or "cpu")
-        if d.type != "cpu":
-            raise InvalidArgument(f"the gloo weight group works on CPU tensors, got device {d}; use backend 'nccl'")
-        return d
-    if not torch.cuda.is_available():
-        raise InvalidArgument("backend 'nccl' needs a CUDA device and none is visible; use backend 'gloo' on CPU")
-    d = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
-    if d.type != "cuda":
-        raise InvalidArgument(f"backend 'nccl' needs a CUDA device, got {d}")
-    return d
-
-
-def _await_keys(store: dist.Store, keys: list[str], deadline: Deadline) -> list[str]:
-    """Waits until every key exists or the deadline passes; returns the keys still missing."""
-    delay = 0.002
-    while True:
-        try:
-            if store.check(keys):
-                return []
-            if deadline.expired():
-                return [k for k in keys if not store.check([k])]
-        except Exception as e:  # the trainer's store is gone
-            raise Unavailable(f"{deadline.what}: the weight group's store is unreachable ({e})") from e
-        time.sleep(min(delay, deadline.remaining()))
-        delay = min(delay * 2, 0.05)

@@ -20,12 +20,14 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
+import torch
+
 from meshrl.api.common.v1 import weights_pb2
 from meshrl.common.errors import AlreadyExists, DataLoss, InvalidArgument, NotFound
 
 from .buckets import DEFAULT_BUCKET_BYTES, NamedTensor, as_buckets
 from .manifest import MANIFEST_NAME, ExtraFile, Manifest, sha256_hex
-from .safetensors_io import read_file, write_file
+from .safetensors_io import copy_file_into, read_file, verify_file, write_file
 
 INDEX_NAME = "model.safetensors.index.json"
 _VERSION_DIR = re.compile(r"^v(\d{6,})$")
@@ -234,6 +236,16 @@ class VersionReader:
     def __iter__(self) -> Iterator[NamedTensor]:
         for file, entries in self.manifest.tensors.items():
             yield from read_file(os.path.join(self.path, file), entries, self.manifest.files[file], self.verify)
+
+    def verify_all(self) -> None:
+        """Checks every file against the manifest (sizes, headers, sha256) without keeping the data."""
+        for file, entries in self.manifest.tensors.items():
+            verify_file(os.path.join(self.path, file), entries, self.manifest.files[file])
+
+    def copy_into(self, targets: Mapping[str, torch.Tensor]) -> None:
+        """Reads every tensor straight into `targets[name]` (same dtype and shape; check first)."""
+        for file, entries in self.manifest.tensors.items():
+            copy_file_into(os.path.join(self.path, file), entries, self.manifest.files[file], dict(targets))
 
     def _check_extra_files(self) -> None:
         for extra in self.manifest.extra_files:

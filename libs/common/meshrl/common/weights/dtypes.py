@@ -10,6 +10,7 @@ import math
 from collections.abc import Sequence
 
 import torch
+
 from meshrl.api.common.v1 import tensor_pb2
 from meshrl.common.errors import InvalidArgument
 

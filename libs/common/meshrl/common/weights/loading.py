@@ -13,10 +13,11 @@ import uuid
 from collections.abc import Mapping
 
 import torch
+
 from meshrl.api.common.v1 import weights_pb2
 from meshrl.common.errors import InvalidArgument, MeshrlError
 
-from .apply import apply_to_state
+from .apply import MAX_LISTED, check_version, find_problems, missing_names, refuse
 from .disk import _TMP_PREFIX, gc_versions, read_manifest, read_version
 from .manifest import MANIFEST_NAME
 
@@ -25,7 +26,8 @@ def stage_to_local(path: str, local_dir: str, expected_manifest_sha256: str | No
     """Copies a published version folder into `local_dir` (atomically) and returns the copy's path.
 
     A copy already there with the same manifest is reused. Checksums are verified when the copy
-    is read, not here (the copy is not fsynced: a torn copy fails verification and is re-staged). Older staged versions beyond `keep_last` are removed (0 keeps all).
+    is read, not here (the copy is not fsynced: a torn copy fails verification and is re-staged).
+    Older staged versions beyond `keep_last` are removed (0 keeps all).
     Raises NotFound / DataLoss / InvalidArgument like `read_manifest`.
     """
     manifest, sha = read_manifest(path, expected_manifest_sha256)
@@ -65,8 +67,14 @@ def load_version(
     current_version: int,
     verify: bool = True,
 ) -> int:
-    """Reads a published version (staging it first when DiskWeights.local_staging_dir is set)
-    and copies it into `named_params` in place, all or nothing. Returns the new version."""
+    """Loads a published version into `named_params` in place, all or nothing; returns its version.
+
+    Stages it first when DiskWeights.local_staging_dir is set. Then the manifest is checked
+    against the parameters (names, dtypes, shapes, none missing) and every file against the
+    manifest (sizes, headers, sha256); only then is each tensor read straight into its
+    parameter, without a staging copy of the model. Raises like `apply_to_state` and
+    `read_version`; on any of those errors no parameter has been touched.
+    """
     if isinstance(weights, str):
         weights = weights_pb2.DiskWeights(path=weights)
     path = weights.path
@@ -75,5 +83,15 @@ def load_version(
     reader = read_version(path, weights.manifest_sha256 or None, verify)
     if weights.version and reader.version != weights.version:
         raise InvalidArgument(f"{path} holds version {reader.version}, but version {weights.version} was announced")
-    apply_to_state(named_params, reader, current_version, reader.version)
+    check_version(current_version, reader.version)
+    specs = [(e.name, e.dtype, e.shape) for entries in reader.manifest.tensors.values() for e in entries]
+    problems, seen = find_problems(named_params, specs)
+    missing = missing_names(named_params, seen)
+    if missing:
+        problems.append(f"{len(missing)} parameter(s) missing from the update, e.g. {missing[:MAX_LISTED]}")
+    if problems:
+        raise refuse(reader.version, problems)
+    if verify:
+        reader.verify_all()
+    reader.copy_into(named_params)
     return reader.version

@@ -15,17 +15,20 @@ import hashlib
 import json
 import os
 import struct
+import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import BinaryIO
 
 import torch
+
 from meshrl.common.errors import DataLoss
 
 from . import dtypes
 
 HEADER_ALIGN = 64  # data section starts at a multiple of this many bytes
-READ_CHUNK = 64 * 1024**2
+READ_CHUNK = 16 * 1024**2
 MAX_HEADER = 100 * 1024**2
 
 
@@ -110,24 +113,35 @@ def read_header(path: str, f) -> tuple[int, dict]:
     return 8 + n, header
 
 
-def read_file(
-    path: str, entries: Sequence[FileEntry], file_bytes: int, verify: bool = True
-) -> list[tuple[str, torch.Tensor]]:
-    """Reads a file the manifest describes, checks its header against `entries` and (if verify)
-    every tensor's sha256. Returns (name, tensor) views of one CPU buffer, in `entries` order.
-
-    Raises DataLoss for a missing, truncated, or altered file.
-    """
+def _open_checked(path: str, entries: Sequence[FileEntry], file_bytes: int) -> tuple[BinaryIO, int]:
+    """Opens a weight file whose size and header match the manifest; returns it and its data start."""
     try:
         size = os.path.getsize(path)
     except OSError as e:
         raise DataLoss(f"{path}: weight file is missing ({e}); the version folder is incomplete") from e
     if size != file_bytes:
         raise DataLoss(f"{path}: file has {size} bytes, the manifest says {file_bytes}: truncated or altered")
-    with open(path, "rb") as f:
+    f = open(path, "rb")  # noqa: SIM115 - handed to the caller, which closes it
+    try:
         start, header = read_header(path, f)
         _check_header(path, header, entries, size - start)
-        buffer = torch.empty(size - start, dtype=torch.uint8)
+    except BaseException:
+        f.close()
+        raise
+    return f, start
+
+
+def read_file(
+    path: str, entries: Sequence[FileEntry], file_bytes: int, verify: bool = True
+) -> list[tuple[str, torch.Tensor]]:
+    """Reads a file the manifest describes, checks its header against `entries` and (if verify)
+    every tensor's sha256. Returns (name, tensor) views of one new CPU buffer, in `entries` order.
+
+    Raises DataLoss for a missing, truncated, or altered file.
+    """
+    f, start = _open_checked(path, entries, file_bytes)
+    with f:
+        buffer = torch.empty(file_bytes - start, dtype=torch.uint8)
         view = memoryview(buffer.numpy())
         hashers = {e.name: hashlib.sha256() for e in entries} if verify else {}
         by_begin = sorted(entries, key=lambda e: e.begin)
@@ -137,25 +151,120 @@ def read_file(
             while done < len(view):
                 got = f.readinto(view[done : done + READ_CHUNK])
                 if not got:
-                    raise DataLoss(f"{path}: file ended at byte {start + done} of {size} while reading")
+                    raise DataLoss(f"{path}: file ended at byte {start + done} while reading")
                 if verify:
                     jobs.append(pool.submit(_hash_range, view, by_begin, hashers, done, done + got))
                 done += got
             for job in jobs:
                 job.result()
-    for e in entries:
-        if verify and hashers[e.name].hexdigest() != e.sha256:
-            raise DataLoss(f"{path}: tensor {e.name!r} does not match its sha256 in the manifest; the file is corrupt")
+    if verify:
+        _compare(path, entries, hashers)
     return [(e.name, _tensor(buffer, e)) for e in entries]
 
 
-def _hash_range(view: memoryview, entries: Sequence[FileEntry], hashers: dict, lo: int, hi: int) -> None:
-    """Feeds bytes [lo, hi) of the data section to the hashers of the tensors they belong to."""
+def verify_file(path: str, entries: Sequence[FileEntry], file_bytes: int) -> None:
+    """Checks a file's size, header and every tensor's sha256 without keeping its data: it is
+    read through two reused chunk buffers, each hashed on a worker while the other is filled."""
+    f, start = _open_checked(path, entries, file_bytes)
+    hashers = {e.name: hashlib.sha256() for e in entries}
+    by_begin = sorted(entries, key=lambda e: e.begin)
+    chunks = [_CHUNKS.take(), _CHUNKS.take()]
+    try:
+        with f, ThreadPoolExecutor(max_workers=1, thread_name_prefix="weights-hash") as pool:
+            pending: list[Future[None] | None] = [None, None]
+            done, k, total = 0, 0, file_bytes - start
+            while done < total:
+                if pending[k] is not None:
+                    pending[k].result()  # the chunk is free again once its bytes are hashed
+                view = memoryview(chunks[k].numpy())[: min(READ_CHUNK, total - done)]
+                got = f.readinto(view)
+                if not got:
+                    raise DataLoss(f"{path}: file ended at byte {start + done} while reading")
+                pending[k] = pool.submit(_hash_range, view, by_begin, hashers, done, done + got, done)
+                done, k = done + got, 1 - k
+            for job in pending:
+                if job is not None:
+                    job.result()
+    finally:
+        for chunk in chunks:
+            _CHUNKS.give(chunk)
+    _compare(path, entries, hashers)
+
+
+def copy_file_into(path: str, entries: Sequence[FileEntry], file_bytes: int, targets: dict[str, torch.Tensor]) -> None:
+    """Reads each tensor of a (verified) file straight into its target's memory: `readinto` for a
+    contiguous CPU target, through a reused chunk for a GPU one, via a temporary otherwise."""
+    f, start = _open_checked(path, entries, file_bytes)
+    chunk = _CHUNKS.take()
+    try:
+        with f:
+            for e in sorted(entries, key=lambda e: e.begin):
+                target = targets[e.name].detach()  # raw bytes in place: no autograd involved
+                if e.end == e.begin:
+                    continue
+                f.seek(start + e.begin)
+                if target.is_contiguous() and target.device.type == "cpu":
+                    _read_exact(f, memoryview(dtypes.as_bytes(target).numpy()), path)
+                elif target.is_contiguous():
+                    flat = target.view(-1).view(torch.uint8)
+                    for lo in range(0, e.end - e.begin, READ_CHUNK):
+                        n = min(READ_CHUNK, e.end - e.begin - lo)
+                        _read_exact(f, memoryview(chunk.numpy())[:n], path)
+                        flat[lo : lo + n].copy_(chunk[:n])
+                else:
+                    temp = torch.empty(e.shape, dtype=e.dtype)
+                    _read_exact(f, memoryview(dtypes.as_bytes(temp).numpy()), path)
+                    target.copy_(temp)
+    finally:
+        _CHUNKS.give(chunk)
+
+
+def _read_exact(f: BinaryIO, view: memoryview, path: str) -> None:
+    done = 0
+    while done < len(view):
+        got = f.readinto(view[done:])
+        if not got:
+            raise DataLoss(f"{path}: file ended while copying it into the parameters; refit this replica")
+        done += got
+
+
+def _compare(path: str, entries: Sequence[FileEntry], hashers: dict) -> None:
+    for e in entries:
+        if hashers[e.name].hexdigest() != e.sha256:
+            raise DataLoss(f"{path}: tensor {e.name!r} does not match its sha256 in the manifest; the file is corrupt")
+
+
+class _ChunkPool:
+    """Reused READ_CHUNK-byte CPU buffers: first use of fresh memory is slow, so they are kept."""
+
+    def __init__(self, keep: int = 4) -> None:
+        self._free: list[torch.Tensor] = []
+        self._keep = keep
+        self._lock = threading.Lock()
+
+    def take(self) -> torch.Tensor:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        return torch.empty(READ_CHUNK, dtype=torch.uint8)
+
+    def give(self, chunk: torch.Tensor) -> None:
+        with self._lock:
+            if len(self._free) < self._keep:
+                self._free.append(chunk)
+
+
+_CHUNKS = _ChunkPool()
+
+
+def _hash_range(view: memoryview, entries: Sequence[FileEntry], hashers: dict, lo: int, hi: int, base: int = 0) -> None:
+    """Feeds bytes [lo, hi) of the data section (held in `view` from offset `base`) to the
+    hashers of the tensors they belong to."""
     first = bisect.bisect_right([e.end for e in entries], lo)
     for e in entries[first:]:
         if e.begin >= hi:
             break
-        hashers[e.name].update(view[max(e.begin, lo) : min(e.end, hi)])
+        hashers[e.name].update(view[max(e.begin, lo) - base : min(e.end, hi) - base])
 
 
 def _tensor(buffer: torch.Tensor, e: FileEntry) -> torch.Tensor:

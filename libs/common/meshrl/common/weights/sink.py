@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 
 import torch
+
 from meshrl.api.common.v1 import weights_pb2
 
 from . import dtypes

@@ -1,0 +1,127 @@
+"""What one bucket looks like on the collective: its header, and which bytes travel how.
+
+Used by `collective.py` on both sides. Every bucket is announced by an int64[4] header
+[kind, metadata bytes, payload bytes, coalesce threshold] and its WeightBucketMeta bytes. Then
+the tensors smaller than the threshold travel packed in one flat buffer (offsets from
+`buckets.layout`, in meta order), and each larger tensor travels on its own, straight from the
+sender's tensor into the receiver's parameter when the receiver's sink offers it (no copies).
+The "flat" layout is the same with an infinite threshold: one packed buffer per bucket.
+The threshold rides in the header, so receivers always follow the sender's choice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from meshrl.api.common.v1 import tensor_pb2, weights_pb2
+
+from . import dtypes
+from .buckets import Bucket, align_up, layout, pack, unpack
+from .transport import Backend, Deadline
+
+BUCKET, END, ABORT = 1, 3, 4
+FLAT_THRESHOLD = 1 << 62  # everything coalesced: one broadcast per bucket
+DEFAULT_COALESCE_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class BucketLayout:
+    """specs: the bucket's tensors in meta order. packed: indices of tensors coalesced into one
+    buffer of packed_total bytes; direct: indices sent one by one, staged (when the receiver has
+    no direct target) at direct_offsets after the packed part; payload: bytes on the wire."""
+
+    specs: Sequence[tensor_pb2.TensorSpec]
+    packed: tuple[int, ...]
+    direct: tuple[int, ...]
+    packed_total: int
+    direct_offsets: tuple[int, ...]
+    staging_total: int
+    payload: int
+
+    @staticmethod
+    def of(specs: Sequence[tensor_pb2.TensorSpec], threshold: int) -> BucketLayout:
+        packed = tuple(i for i, s in enumerate(specs) if s.nbytes < threshold or s.nbytes == 0)
+        direct = tuple(i for i, s in enumerate(specs) if not (s.nbytes < threshold or s.nbytes == 0))
+        _, packed_total = layout([specs[i] for i in packed])
+        offsets, end = [], align_up(packed_total)
+        for i in direct:
+            offsets.append(end)
+            end = align_up(end + specs[i].nbytes)
+        payload = packed_total + sum(specs[i].nbytes for i in direct)
+        return BucketLayout(specs, packed, direct, packed_total, tuple(offsets), end, payload)
+
+    def sender_wire(
+        self, bucket: Bucket, buffer: Callable[[int], torch.Tensor], as_wire: Callable[[torch.Tensor], torch.Tensor]
+    ) -> list[torch.Tensor]:
+        """The uint8 tensors the sender broadcasts, in order (packing the small tensors first)."""
+        wire = []
+        if self.packed_total:
+            packed = [bucket[i] for i in self.packed]
+            wire.append(pack(packed, [self.specs[i] for i in self.packed], buffer(self.packed_total)))
+        wire.extend(as_wire(bucket[i][1]) for i in self.direct)
+        return wire
+
+    def receiver_wire(
+        self, staging: torch.Tensor, targets: Sequence[torch.Tensor] | None
+    ) -> tuple[list[torch.Tensor], list[tuple[str, torch.Tensor]]]:
+        """The uint8 tensors to receive into (mirroring sender_wire) and the named tensors they fill."""
+        named: list[tuple[str, torch.Tensor] | None] = [None] * len(self.specs)
+        wire = []
+        region = staging[: self.packed_total]
+        if self.packed_total:
+            wire.append(region)
+        for i, item in zip(self.packed, unpack(region, [self.specs[i] for i in self.packed]), strict=True):
+            named[i] = item
+        for i, offset in zip(self.direct, self.direct_offsets, strict=True):
+            spec = self.specs[i]
+            if targets is not None:
+                tensor = targets[i]
+            else:
+                dtype = dtypes.from_proto(spec.dtype, f"tensor {spec.name!r}")
+                tensor = staging[offset : offset + spec.nbytes].view(dtype).view(tuple(spec.shape))
+            wire.append(tensor.reshape(-1).view(torch.uint8))
+            named[i] = (spec.name, tensor)
+        return wire, named  # type: ignore[return-value]
+
+    def staging_bytes(self, direct_targets: bool) -> int:
+        return self.packed_total if direct_targets else self.staging_total
+
+
+def fit_targets(
+    targets: Sequence[torch.Tensor] | None, lay: BucketLayout, device: torch.device
+) -> Sequence[torch.Tensor] | None:
+    """A sink's direct targets if each one sent directly matches its spec exactly, else None."""
+    if targets is None or len(targets) != len(lay.specs):
+        return None
+    for i in lay.direct:
+        t, s = targets[i], lay.specs[i]
+        if t.device != device or not t.is_contiguous() or t.dtype != dtypes.from_proto(s.dtype):
+            return None
+        if list(t.shape) != list(s.shape):
+            return None
+    return targets
+
+
+def send_header(
+    backend: Backend, kind: int, meta: weights_pb2.WeightBucketMeta, payload: int, threshold: int, deadline: Deadline
+) -> None:
+    raw = meta.SerializeToString()
+    header = torch.tensor([kind, len(raw), payload, threshold], dtype=torch.int64, device=backend.device)
+    tensors = [header]
+    if raw:
+        tensors.append(torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(backend.device))
+    backend.broadcast(tensors, deadline)
+
+
+def recv_header(backend: Backend, deadline: Deadline) -> tuple[int, bytes, int, int]:
+    """(kind, WeightBucketMeta bytes, payload bytes, coalesce threshold) of the next bucket."""
+    header = torch.zeros(4, dtype=torch.int64, device=backend.device)
+    backend.broadcast([header], deadline)
+    kind, nbytes, payload, threshold = header.tolist()
+    raw = torch.empty(max(nbytes, 0), dtype=torch.uint8, device=backend.device)
+    if nbytes > 0:
+        backend.broadcast([raw], deadline)
+    return kind, raw.cpu().numpy().tobytes(), payload, threshold

@@ -1,0 +1,171 @@
+"""Collective transport in one process (sender and receiver on threads, gloo over loopback):
+deadlines, aborts, refusals and the default process group left alone."""
+
+from __future__ import annotations
+
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+import torch.distributed as dist
+from _weights_workers import equal, free_port, make_tensors, zeros_like
+
+from meshrl.common.errors import Aborted, DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
+from meshrl.common.weights import (
+    CallbackSink,
+    GroupPlan,
+    InPlaceSink,
+    MembersUnresponsive,
+    UpdateRefused,
+    WeightGroup,
+    WeightGroupOptions,
+)
+
+
+@pytest.fixture
+def pool():
+    with ThreadPoolExecutor(max_workers=2) as p:
+        yield p
+
+
+def pair(pool, timeout=10.0, **options):
+    plan = GroupPlan.build([("r", 1)], "127.0.0.1", free_port(), "t", "gloo", timeout)
+    opts = WeightGroupOptions(**options)
+    receiver = pool.submit(WeightGroup.join, plan.replica_spec("r"), options=opts)
+    sender = WeightGroup.join(plan.sender, options=opts)
+    return sender, receiver.result(30)
+
+
+def test_update_and_default_group_untouched(pool):
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # a service's own DP group
+    try:
+        sender, receiver = pair(pool, bucket_bytes=1024)
+        params = zeros_like(make_tensors(1))
+        got = pool.submit(receiver.receive, InPlaceSink(params, 0))
+        assert sender.send(make_tensors(1), 1).acked == (1,)
+        assert got.result(30) == 1 and equal(params, make_tensors(1))
+        assert dist.get_world_size() == 1 and dist.get_rank() == 0
+        with pytest.raises(FailedPrecondition, match="only rank 0 sends"):
+            receiver.send(make_tensors(1), 2)
+        with pytest.raises(FailedPrecondition, match="only rank 0 sends"):
+            sender.receive(lambda v, b: None)
+        sender.destroy()
+        receiver.destroy()
+        with pytest.raises(FailedPrecondition, match="unusable"):
+            sender.send(make_tensors(1), 2)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_member_that_never_joins_is_named_within_the_deadline():
+    plan = GroupPlan.build([("r", 1)], "127.0.0.1", free_port(), "t", "gloo", 30.0)
+    start = time.monotonic()
+    with pytest.raises(MembersUnresponsive, match="did not join") as err:
+        WeightGroup.join(plan.sender, options=WeightGroupOptions(init_timeout_s=1.0))
+    assert err.value.outcome.unresponsive == (1,) and time.monotonic() - start < 5
+
+
+def test_trainer_store_unreachable_or_port_taken():
+    plan = GroupPlan.build([("r", 1)], "127.0.0.1", free_port(), "t", "gloo", 1.0)
+    with pytest.raises(DeadlineExceeded, match="could not reach"):
+        WeightGroup.join(plan.replica_spec("r"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy = GroupPlan.build([("r", 1)], "127.0.0.1", s.getsockname()[1], "t", "gloo", 1.0)
+        with pytest.raises(Unavailable, match="free port"):
+            WeightGroup.join(busy.sender)
+    with pytest.raises(InvalidArgument, match="nccl"):
+        WeightGroup.join(plan.sender.__class__(**{**plan.sender.__dict__, "backend": "nccl"}), device="cpu")
+
+
+def test_no_update_started_is_a_deadline_and_the_group_stays_usable(pool):
+    sender, receiver = pair(pool)
+    with pytest.raises(DeadlineExceeded, match="sent nothing"):
+        receiver.receive(lambda v, b: None, timeout=0.5)
+    got = {}
+    future = pool.submit(receiver.receive, CallbackSink(lambda v, b: got.update({n: t.clone() for n, t in b})))
+    sender.send(make_tensors(2), 2, layout_name="per_tensor")
+    assert future.result(30) == 2 and equal(got, make_tensors(2))
+    sender.destroy()
+    receiver.destroy()
+
+
+def test_export_failure_aborts_cleanly_and_the_group_stays_usable(pool):
+    sender, receiver = pair(pool, bucket_bytes=1024)
+    sink = InPlaceSink(zeros_like(make_tensors(1)), 0)
+
+    def broken_export():
+        yield from make_tensors(1)[:3]
+        raise RuntimeError("gather failed on tp rank 1")
+
+    future = pool.submit(receiver.receive, sink)
+    with pytest.raises(RuntimeError, match="gather failed"):
+        sender.send(broken_export(), 1)
+    with pytest.raises(Aborted, match="aborted update 1"):
+        future.result(30)
+    assert sink.touched and sink.version == 0  # partly applied: the replica must not serve it as v1
+    future = pool.submit(receiver.receive, sink)
+    assert sender.send(make_tensors(1), 1).acked == (1,) and future.result(30) == 1
+    assert equal(sink.named_params, make_tensors(1)) and sink.version == 1
+    sender.destroy()
+    receiver.destroy()
+
+
+def test_refusal_is_reported_to_the_sender_and_the_group_stays_usable(pool):
+    sender, receiver = pair(pool)
+    params = zeros_like(make_tensors(1))
+    sink = InPlaceSink({n: p for n, p in params.items() if n != "lm_head.weight"}, 0)  # a model without lm_head
+    future = pool.submit(receiver.receive, sink)
+    with pytest.raises(UpdateRefused) as err:
+        sender.send(make_tensors(1), 1)
+    assert list(err.value.outcome.refused) == [1] and "unknown tensor 'lm_head.weight'" in err.value.outcome.refused[1]
+    with pytest.raises(InvalidArgument):
+        future.result(30)
+    future = pool.submit(receiver.receive, lambda v, b: None)
+    assert sender.send(make_tensors(2), 2).acked == (1,) and future.result(30) == 2
+    sender.destroy()
+    receiver.destroy()
+
+
+def test_a_receiver_that_does_not_confirm_in_time_is_named(pool):
+    sender, receiver = pair(pool, ack_timeout_s=1.0)
+
+    class SlowToFinish(CallbackSink):
+        def end(self, version: int) -> None:  # e.g. post-processing weights after the last bucket
+            time.sleep(3.0)
+            super().end(version)
+
+    future = pool.submit(receiver.receive, SlowToFinish(lambda v, b: None))
+    start = time.monotonic()
+    with pytest.raises(MembersUnresponsive, match="did not confirm") as err:
+        sender.send(make_tensors(1), 1)
+    assert err.value.outcome.unresponsive == (1,) and time.monotonic() - start < 6
+    assert sender.broken
+    with pytest.raises(FailedPrecondition, match="unusable"):
+        sender.send(make_tensors(1), 2)
+    assert future.result(30) == 1  # the slow one still finished; the scheduler refits or re-groups it
+    sender.destroy()
+    receiver.destroy()
+
+
+def test_a_trainer_that_goes_away_mid_update_fails_the_receiver(pool):
+    sender, receiver = pair(pool, op_timeout_s=2.0, bucket_bytes=1024)
+    sink = InPlaceSink(zeros_like(make_tensors(1)), 0)
+    future = pool.submit(receiver.receive, sink)
+    big = [(n, torch.zeros_like(t)) for n, t in make_tensors(1)]
+
+    def stalls():
+        yield from big[:2]
+        sender._fail()  # the trainer process dies between two buckets
+        yield from big[2:]
+
+    with pytest.raises(Exception):  # noqa: B017 - the sender side fails in whatever way its backend reports
+        sender.send(stalls(), 1)
+    with pytest.raises((Unavailable, DeadlineExceeded), match="mark it stale"):
+        future.result(30)
+    assert receiver.broken and sink.touched
+    sender.destroy()
+    receiver.destroy()
