@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -143,11 +144,14 @@ def test_checkpoint_resume_is_bit_identical_in_a_new_process(core, qwen2_dir, tm
     assert size > 0 and (path / "COMPLETE").exists()
     expected = run_steps(core, make_batch(core.role("actor").spec.vocab_size, seed=1), steps=1)
     out = tmp_path / "resume.json"
+    # the same number of intra-op threads on both sides, or float reductions differ in the last bits
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
     proc = subprocess.run(
         [sys.executable, WORKER, "resume", str(qwen2_dir), str(path), str(out)],
         capture_output=True,
         text=True,
         timeout=300,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(out.read_text())
