@@ -61,7 +61,9 @@ def stale_files(expected: Path, actual: Path) -> list[str]:
     return sorted(
         str(n)
         for n in names
-        if not (expected / n).exists() or not (actual / n).exists() or not filecmp.cmp(expected / n, actual / n, shallow=False)
+        if not (expected / n).exists()
+        or not (actual / n).exists()
+        or not filecmp.cmp(expected / n, actual / n, shallow=False)
     )
 
 

@@ -31,9 +31,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from meshrl.trainer.model_builder import build_small_model  # noqa: E402
-
 from examples.countdown import make_data, reward  # noqa: E402
+from meshrl.trainer.model_builder import build_small_model  # noqa: E402
 
 
 @dataclass
@@ -182,102 +181,125 @@ def evaluate(model, task: Task, recipe: Recipe, batch: int = 256) -> float:
     return correct / len(task.eval)
 
 
-def sft(model, task: Task, recipe: Recipe, rng: random.Random) -> list[float]:
+def make_optimizer(model, recipe: Recipe) -> torch.optim.AdamW:
+    """One AdamW for warm-up and RL, like the trainer's actor (betas 0.9/0.999, no weight decay, clip 1.0)."""
+    return torch.optim.AdamW(model.parameters(), lr=recipe.sft_lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+
+
+def optimizer_step(model, opt, loss: torch.Tensor, lr: float) -> float:
+    for group in opt.param_groups:
+        group["lr"] = lr
+    opt.zero_grad()
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return float(norm)
+
+
+class Batches:
+    """Deterministic epochs over the train rows, consumed in order."""
+
+    def __init__(self, rows: list[dict], rng: random.Random) -> None:
+        self.rows, self.rng = rows, rng
+        self.order: list[int] = []
+
+    def next(self, size: int) -> list[dict]:
+        if len(self.order) < size:
+            fresh = list(range(len(self.rows)))
+            self.rng.shuffle(fresh)
+            self.order += fresh
+        take, self.order = self.order[:size], self.order[size:]
+        return [self.rows[i] for i in take]
+
+
+def sft(model, opt, task: Task, recipe: Recipe, batches: Batches) -> list[float]:
+    """Supervised warm-up at a constant lr on (prompt, solution + EOS); loss on the response tokens."""
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=recipe.sft_lr, weight_decay=0.0, betas=(0.9, 0.98))
     losses = []
-    order = list(range(len(task.train)))
-    rng.shuffle(order)
-    pos = 0
-    for step in range(recipe.sft_steps):
-        if pos + recipe.sft_batch > len(order):
-            rng.shuffle(order)
-            pos = 0
-        rows = [task.train[i] for i in order[pos : pos + recipe.sft_batch]]
-        pos += recipe.sft_batch
-        for g in opt.param_groups:  # linear warm-up over the first 10% of steps
-            g["lr"] = recipe.sft_lr * min(1.0, (step + 1) / max(1, recipe.sft_steps // 10))
-        logp, rmask = token_logprobs(model, [r["prompt_ids"] for r in rows], [r["solution_ids"] for r in rows], task.pad)
+    for _ in range(recipe.sft_steps):
+        rows = batches.next(recipe.sft_batch)
+        logp, rmask = token_logprobs(
+            model, [r["prompt_ids"] for r in rows], [r["solution_ids"] for r in rows], task.pad
+        )
         loss = -(logp * rmask).sum() / rmask.sum()
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        optimizer_step(model, opt, loss, recipe.sft_lr)
         losses.append(loss.item())
     return losses
 
 
-def grpo(model, task: Task, recipe: Recipe, rng: random.Random, clock: Clock, log) -> dict:
+def rollout(model, task: Task, recipe: Recipe, rows: list[dict]) -> dict:
+    """n samples per prompt, rewards, group-normalised advantages (rows of a group are consecutive)."""
+    model.eval()
+    prompts = [r["prompt_ids"] for r in rows for _ in range(recipe.n)]
+    answers = [r["answer"] for r in rows for _ in range(recipe.n)]
+    responses = generate(model, task, prompts, temperature=recipe.temperature, max_tokens=recipe.max_tokens)
+    texts = [decode(task, x) for x in responses]
+    rewards = torch.tensor([reward.score_one(t, a, recipe.format_reward) for t, a in zip(texts, answers)])
+    grouped = rewards.view(-1, recipe.n)
+    adv = ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-6)).view(-1)
+    return {
+        "prompts": prompts,
+        "responses": responses,
+        "rewards": rewards,
+        "advantages": adv,
+        "accuracy": sum(reward.is_correct(t, a) for t, a in zip(texts, answers)) / len(texts),
+        "length": sum(len(r) for r in responses) / len(responses),
+    }
+
+
+def ppo_update(model, opt, ref, task: Task, recipe: Recipe, batch: dict) -> dict:
+    """Old (and reference) log-probs, then `mini_batches` PPO-clip steps over consecutive row chunks, token-mean."""
+    prompts, responses, adv = batch["prompts"], batch["responses"], batch["advantages"]
+    with torch.no_grad():
+        old_logp, rmask = token_logprobs(model, prompts, responses, task.pad)
+        ref_logp = token_logprobs(ref, prompts, responses, task.pad)[0] if ref is not None else None
+    model.train()
+    clip_frac, kls, norms = [], [], []
+    for chunk in torch.arange(len(prompts)).chunk(recipe.mini_batches):
+        lo, hi = int(chunk[0]), int(chunk[-1]) + 1
+        logp, _ = token_logprobs(model, prompts[lo:hi], responses[lo:hi], task.pad)
+        logp = F.pad(logp, (0, old_logp.shape[1] - logp.shape[1]))
+        m = rmask[lo:hi]
+        ratio = torch.exp(logp - old_logp[lo:hi])
+        a = adv[lo:hi, None]
+        loss_tok = -torch.minimum(ratio * a, ratio.clamp(1 - recipe.clip, 1 + recipe.clip) * a)
+        if ref_logp is not None:
+            d = ref_logp[lo:hi] - logp
+            kl = torch.exp(d) - d - 1  # k3
+            loss_tok = loss_tok + recipe.kl_coef * kl
+            kls.append(((kl * m).sum() / m.sum()).item())
+        norms.append(optimizer_step(model, opt, (loss_tok * m).sum() / m.sum(), recipe.rl_lr))
+        clip_frac.append((((ratio - 1).abs() > recipe.clip).float() * m).sum().item() / m.sum().item())
+    return {
+        "clip_fraction": sum(clip_frac) / len(clip_frac),
+        "kl": sum(kls) / len(kls) if kls else 0.0,
+        "grad_norm": sum(norms) / len(norms),
+    }
+
+
+def grpo(model, opt, task: Task, recipe: Recipe, batches: Batches, clock: Clock, log) -> dict:
     ref = None
     if recipe.kl_coef > 0:
         ref = AutoModelForCausalLM.from_config(model.config)
         ref.load_state_dict(model.state_dict())
         ref.eval()
-    opt = torch.optim.AdamW(model.parameters(), lr=recipe.rl_lr, weight_decay=0.0, betas=(0.9, 0.99))
-    order = list(range(len(task.train)))
-    rng.shuffle(order)
-    pos = 0
     curve, evals = [], []
     with clock.phase("eval"):
         evals.append((0, evaluate(model, task, recipe)))
     log(f"  rl step 0 eval acc {evals[-1][1]:.3f}")
     for step in range(1, recipe.rl_steps + 1):
-        if pos + recipe.prompts_per_step > len(order):
-            rng.shuffle(order)
-            pos = 0
-        rows = [task.train[i] for i in order[pos : pos + recipe.prompts_per_step]]
-        pos += recipe.prompts_per_step
-        rollout = clock.phase("rollout")
-        rollout.__enter__()
-        model.eval()
-        prompts = [r["prompt_ids"] for r in rows for _ in range(recipe.n)]
-        answers = [r["answer"] for r in rows for _ in range(recipe.n)]
-        responses = generate(model, task, prompts, temperature=recipe.temperature, max_tokens=recipe.max_tokens)
-        texts = [decode(task, x) for x in responses]
-        rewards = torch.tensor([reward.score_one(t, a, recipe.format_reward) for t, a in zip(texts, answers)])
-        acc = sum(reward.is_correct(t, a) for t, a in zip(texts, answers)) / len(texts)
-        grouped = rewards.view(-1, recipe.n)
-        adv = ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-6)).view(-1)
-        rollout.__exit__(None, None, None)
-
-        train = clock.phase("train")
-        train.__enter__()
-        with torch.no_grad():
-            old_logp, rmask = token_logprobs(model, prompts, responses, task.pad)
-            ref_logp = token_logprobs(ref, prompts, responses, task.pad)[0] if ref is not None else None
-        model.train()
-        idx = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(recipe.seed * 100003 + step))
-        clip_frac, kl_val = [], []
-        for chunk in idx.chunk(recipe.mini_batches):
-            ci = chunk.tolist()
-            logp, m = token_logprobs(model, [prompts[i] for i in ci], [responses[i] for i in ci], task.pad)
-            w = old_logp.shape[1]
-            logp = F.pad(logp, (0, w - logp.shape[1]))
-            m = rmask[chunk]
-            ratio = torch.exp(logp - old_logp[chunk])
-            a = adv[chunk][:, None]
-            pg = -torch.minimum(ratio * a, ratio.clamp(1 - recipe.clip, 1 + recipe.clip) * a)
-            loss_tok = pg
-            if ref_logp is not None:
-                d = ref_logp[chunk] - logp
-                kl = torch.exp(d) - d - 1
-                loss_tok = loss_tok + recipe.kl_coef * kl
-                kl_val.append(((kl * m).sum() / m.sum()).item())
-            loss = (loss_tok * m).sum() / m.sum()
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            clip_frac.append((((ratio - 1).abs() > recipe.clip).float() * m).sum().item() / m.sum().item())
-        train.__exit__(None, None, None)
-        resp_len = sum(len(r) for r in responses) / len(responses)
-        curve.append({"step": step, "reward": rewards.mean().item(), "acc": acc, "len": resp_len})
+        with clock.phase("rollout"):
+            batch = rollout(model, task, recipe, batches.next(recipe.prompts_per_step))
+        with clock.phase("train"):
+            stats = ppo_update(model, opt, ref, task, recipe, batch)
+        curve.append({"step": step, "reward": batch["rewards"].mean().item(), "length": batch["length"], **stats})
         if step % recipe.eval_every == 0 or step == recipe.rl_steps:
             with clock.phase("eval"):
                 evals.append((step, evaluate(model, task, recipe)))
             log(
-                f"  rl step {step} reward {rewards.mean():.3f} len {resp_len:.1f} clip {sum(clip_frac) / len(clip_frac):.3f}"
-                f"{' kl %.4f' % (sum(kl_val) / len(kl_val)) if kl_val else ''} eval acc {evals[-1][1]:.3f}"
+                f"  rl step {step} reward {curve[-1]['reward']:.3f} len {batch['length']:.1f}"
+                f" clip {stats['clip_fraction']:.3f} kl {stats['kl']:.4f} grad {stats['grad_norm']:.2f}"
+                f" eval acc {evals[-1][1]:.3f}"
             )
     return {"curve": curve, "evals": evals}
 
@@ -305,10 +327,12 @@ def run(recipe: Recipe, log=print) -> dict:
     n_params = sum(p.numel() for p in model.parameters())
     with clock.phase("eval_init"):
         acc_init = evaluate(model, task, recipe)
+    opt = make_optimizer(model, recipe)
+    batches = Batches(task.train, rng)
     with clock.phase("sft"):
-        losses = sft(model, task, recipe, rng)
+        losses = sft(model, opt, task, recipe, batches)
     log(f"  params {n_params}, sft loss {losses[0]:.3f} -> {losses[-1]:.3f} in {clock.wall['sft']:.1f}s")
-    rl = grpo(model, task, recipe, rng, clock, log)
+    rl = grpo(model, opt, task, recipe, batches, clock, log)
     result = {
         "recipe": asdict(recipe),
         "params": n_params,

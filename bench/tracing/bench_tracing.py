@@ -5,6 +5,9 @@ A synthetic training step runs against two real gRPC server processes (one trace
 makes ~60 spans across two processes like a small meshrl step. Steps alternate off/on in pairs (order
 flipped every pair) and the medians are compared. Also prints the per-span and per-call cost.
 The issue's target is a ratio <= 1.03. Run: .venv/bin/python bench/tracing/bench_tracing.py
+
+`--job` measures a real GRPO job instead: two jobs with their own services, tracing on (file) and off,
+whose steps take turns (bench/tracing/job_pair.py). Run: .venv/bin/python bench/tracing/bench_tracing.py --job
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from concurrent import futures
 from pathlib import Path
 
 import grpc
+
 from meshrl.common.telemetry import (
     TelemetryConfig,
     client_interceptors,
@@ -31,6 +35,9 @@ from meshrl.common.telemetry import (
     tracer,
 )
 from meshrl.common.telemetry.attributes import NODE_ID, STEP, node_span_name, step_span_name
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import job_pair  # noqa: E402  (bench/tracing/job_pair.py, beside this script)
 
 SERVICE = "meshrl.bench.Work"
 PAYLOAD = b"x" * (256 * 1024)
@@ -119,7 +126,12 @@ def main() -> None:
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--trace-file", help=argparse.SUPPRESS)
     p.add_argument("--port-file", help=argparse.SUPPRESS)
+    p.add_argument("--job", action="store_true", help="measure a real GRPO job (tracing on vs off) instead")
+    job_pair.add_arguments(p)
     args = p.parse_args()
+    if args.job:
+        job_pair.run(args)
+        return
     if args.serve:
         serve(args.trace_file, args.port_file)
         return

@@ -24,6 +24,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import torch
+
 from meshrl.api.trainer.v1 import trainer_pb2 as pb
 from meshrl.api.trainer.v1 import trainer_pb2_grpc
 from meshrl.common.codec import Ragged

@@ -13,6 +13,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.proto.trace.v1 import trace_pb2
+
 from meshrl.common.telemetry import (
     TelemetryConfig,
     client_interceptors,
@@ -22,8 +25,6 @@ from meshrl.common.telemetry import (
     tracer,
 )
 from meshrl.common.telemetry.attributes import NODE_ID, STEP
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
-from opentelemetry.proto.trace.v1 import trace_pb2
 
 OTEL_VARS = (
     "OTEL_SDK_DISABLED",

@@ -4,6 +4,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
+
 from meshrl.api.common.v1 import tensor_pb2 as pb
 from meshrl.common.codec import (
     NUMPY_BY_DTYPE,

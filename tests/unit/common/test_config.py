@@ -2,6 +2,7 @@
 
 import pydantic
 import pytest
+
 from meshrl.common.config import StrictModel, load_config, parse_overrides
 from meshrl.common.errors import ConfigError
 

@@ -5,6 +5,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
 from meshrl.common import errors
 from meshrl.common.grpc_channel import call, open_channel, wait_until_serving
 from meshrl.common.grpc_server import ServerConfig, Service, start_server

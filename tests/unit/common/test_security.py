@@ -4,6 +4,7 @@ TLS (a plaintext client fails), mutual TLS (a client certificate from another CA
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from meshrl.common.errors import ConfigError, Unauthenticated
 from meshrl.common.grpc_channel import ChannelConfig, call, open_channel
 from meshrl.common.grpc_server import ServerConfig, Service, start_server

@@ -13,6 +13,7 @@ import grpc
 import pytest
 from _deploy_lib import DEPLOY, SECRET_FILES
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
 from meshrl.common.security import TLSConfig, channel_credentials, server_credentials
 
 SCRIPT = DEPLOY / "gen-dev-secrets.sh"

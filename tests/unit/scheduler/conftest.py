@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from meshrl.scheduler.workflow import Workflow, WorkflowError, load_workflow_data, load_workflow_text
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from meshrl.scheduler.subgraphs import SplitKind, SplitPoint, split_irreducible
 from meshrl.scheduler.taskgraph import TaskGraph, find_cycle
 from meshrl.scheduler.workflow import load_builtin

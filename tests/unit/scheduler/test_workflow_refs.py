@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+
 from meshrl.common.errors import NotFound
 from meshrl.scheduler.workflow import (
     NodeType,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from meshrl.common.errors import InvalidArgument
 from meshrl.scheduler.workflow import NodeRole, NodeType, WorkflowError, load_workflow_text
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
 from meshrl.common.errors import InvalidArgument
 from meshrl.common.grpc_errors import ErrorMappingInterceptor
 from meshrl.common.telemetry import TelemetryConfig, server_interceptor, setup_telemetry, shutdown_telemetry, tracer

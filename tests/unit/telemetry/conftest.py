@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from meshrl.common.telemetry import TelemetryConfig, setup_telemetry, shutdown_telemetry
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from meshrl.common.telemetry import TelemetryConfig, setup_telemetry, shutdown_telemetry
 
 _OTEL_VARS = (
     "OTEL_SDK_DISABLED",

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from opentelemetry.sdk.trace import sampling
+
 from meshrl.common.errors import ConfigError
 from meshrl.common.telemetry import TelemetryConfig, build_sampler, resolve_config
-from opentelemetry.sdk.trace import sampling
 
 
 def test_defaults_trace_nothing():

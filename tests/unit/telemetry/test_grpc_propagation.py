@@ -13,9 +13,10 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from opentelemetry.trace import SpanKind, StatusCode
+
 from meshrl.common.errors import InvalidArgument, from_rpc_error
 from meshrl.common.telemetry import SpanRecord, client_interceptors, read_span_file, tracer
-from opentelemetry.trace import SpanKind, StatusCode
 
 SERVER_SCRIPT = Path(__file__).with_name("_trace_server.py")
 SERVICE = "meshrl.test.Echo"

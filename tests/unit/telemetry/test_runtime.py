@@ -8,6 +8,10 @@ import logging
 import urllib.request
 
 import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
 from meshrl.common.errors import ConfigError
 from meshrl.common.telemetry import (
     TelemetryConfig,
@@ -26,9 +30,6 @@ from meshrl.common.telemetry import (
     tracing_enabled,
 )
 from meshrl.common.telemetry.attributes import NODE_ID, STEP, node_span_name, step_span_name
-from opentelemetry import trace
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 
 def test_file_exporter_round_trip(tmp_path):

@@ -11,6 +11,7 @@ import json
 import sys
 
 import numpy as np
+
 from meshrl.common.codec import Ragged
 
 

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from meshrl.trainer.model_builder import build_small_model
 
 sys.path.insert(0, str(Path(__file__).parent))  # the tests share _worker.py (also run as a subprocess)

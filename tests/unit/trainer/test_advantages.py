@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from meshrl.common.advantages import (
     broadcast_to_tokens,
     discounted_returns,

@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 import torch
 from _worker import LOSS, make_batch, run_steps
+from transformers import AutoModelForCausalLM
+
 from meshrl.common.codec import Ragged
 from meshrl.common.errors import DataLoss, FailedPrecondition, InvalidArgument
 from meshrl.trainer.core import NonFiniteLoss, TrainerCore
 from meshrl.trainer.losses import LossConfig
 from meshrl.trainer.optim import OptimizerConfig
-from transformers import AutoModelForCausalLM
 
 WORKER = str(Path(__file__).parent / "_worker.py")
 

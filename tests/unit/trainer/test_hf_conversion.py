@@ -7,14 +7,15 @@ import shutil
 
 import pytest
 import torch
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM
+
 from meshrl.common.errors import InvalidArgument, NotFound
 from meshrl.common.weights import sample_names, tensor_checksums
 from meshrl.trainer.export import iter_hf_buckets, weight_checksums
 from meshrl.trainer.hf_config import read_hf_config, spec_from_config
 from meshrl.trainer.hf_weights import iter_hf_tensors, load_hf_weights, read_hf_tensors
 from meshrl.trainer.model import build_gpt_model, ensure_parallel_state
-from safetensors.torch import save_file
-from transformers import AutoModelForCausalLM
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from meshrl.common.errors import ConfigError
 from meshrl.trainer.losses import (
     LossConfig,

@@ -8,10 +8,11 @@ import sys
 
 import pytest
 import torch
-from meshrl.common.errors import InvalidArgument
-from meshrl.trainer.model_builder import IM_END, IM_START, PAD_TOKEN, build_small_model, build_tokenizer
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from meshrl.common.errors import InvalidArgument
+from meshrl.trainer.model_builder import IM_END, IM_START, PAD_TOKEN, build_small_model, build_tokenizer
 
 
 def _ids(encoded) -> list[int]:

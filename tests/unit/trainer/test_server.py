@@ -10,6 +10,9 @@ import numpy as np
 import pytest
 import torch
 from _worker import make_batch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
 from meshrl.api.common.v1 import keys_pb2, weights_pb2
 from meshrl.api.trainer.v1 import trainer_pb2 as pb
 from meshrl.api.trainer.v1 import trainer_pb2_grpc
@@ -22,8 +25,6 @@ from meshrl.trainer.core import TrainerCore
 from meshrl.trainer.dp import free_port
 from meshrl.trainer.server import service
 from meshrl.trainer.service import TrainerService
-from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM
 
 
 class MemoryBuffer:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from _procs import ServiceProc
 from _worker import LOSS, make_batch, run_steps
+
 from meshrl.api.trainer.v1 import trainer_pb2 as pb
 from meshrl.api.trainer.v1 import trainer_pb2_grpc
 from meshrl.common.databuffer_client import DataBufferClient, batch_key

@@ -59,6 +59,24 @@ def test_update_and_default_group_untouched(pool):
         dist.destroy_process_group()
 
 
+ODD = [("empty", torch.zeros(0, 3)), ("flag", torch.tensor([True, False, True])), ("i8", torch.arange(-3, 3, dtype=torch.int8)),
+       ("strided", torch.arange(64.0).view(8, 8).t()), ("big", torch.arange(4096, dtype=torch.int32).view(64, 64))]  # fmt: skip
+
+
+@pytest.mark.parametrize("layout, coalesce", [("per_tensor", 0), ("per_tensor", 256), ("flat", 0)])
+@pytest.mark.parametrize("direct", [True, False])
+def test_every_dtype_and_layout_arrives_bit_exact(pool, layout, coalesce, direct):
+    sender, receiver = pair(pool, coalesce_bytes=coalesce, bucket_bytes=8192)
+    params = {n: torch.zeros_like(t).contiguous() for n, t in ODD}
+    pointers = {n: p.data_ptr() for n, p in params.items()}
+    future = pool.submit(receiver.receive, InPlaceSink(params, 0, direct=direct))
+    assert sender.send(ODD, 1, layout_name=layout).acked == (1,)
+    assert future.result(30) == 1 and equal(params, ODD)
+    assert {n: p.data_ptr() for n, p in params.items()} == pointers
+    sender.destroy()
+    receiver.destroy()
+
+
 def test_a_member_that_never_joins_is_named_within_the_deadline():
     plan = GroupPlan.build([("r", 1)], "127.0.0.1", free_port(), "t", "gloo", 30.0)
     start = time.monotonic()

@@ -63,6 +63,14 @@ def test_load_version_copies_in_place_without_reallocating(tmp_path):
     assert {n: p.data_ptr() for n, p in params.items()} == pointers
 
 
+def test_load_version_into_strided_parameters(tmp_path):
+    tensors = [("w", torch.arange(12.0).view(3, 4)), ("b", torch.arange(3.0))]
+    disk = write_version(str(tmp_path), 1, tensors)
+    params = {"w": torch.zeros(4, 3).t(), "b": torch.zeros(3)}  # a transposed view, as some engines hold
+    assert load_version(params, disk, 0) == 1
+    assert torch.equal(params["w"], tensors[0][1]) and torch.equal(params["b"], tensors[1][1])
+
+
 def test_corrupted_file_is_refused_and_old_weights_kept(tmp_path):
     publish(tmp_path, 1)
     params = zeros_like(make_tensors(1))

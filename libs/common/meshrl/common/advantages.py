@@ -9,6 +9,7 @@ e.g. `Ragged(values, offsets)` from `meshrl.common.codec`). Outputs are float32.
 from __future__ import annotations
 
 import numpy as np
+
 from meshrl.common.errors import InvalidArgument
 
 

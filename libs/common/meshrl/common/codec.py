@@ -16,6 +16,7 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
+
 from meshrl.api.common.v1 import tensor_pb2 as pb
 from meshrl.common.errors import InvalidArgument
 

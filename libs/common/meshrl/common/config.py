@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import pydantic
 import yaml
+
 from meshrl.common.errors import ConfigError
 
 T = TypeVar("T", bound=pydantic.BaseModel)

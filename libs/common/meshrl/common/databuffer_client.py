@@ -10,6 +10,7 @@ errors of meshrl.common.errors (InvalidArgument, NotFound, ResourceExhausted, ..
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -252,8 +253,12 @@ class DataBufferClient:
         node's output (same job, step and node) are first concatenated row-wise in shard order."""
         if not keys:
             return Batch()
+        # Each read runs in a copy of the caller's context, so its span joins the caller's trace.
+        contexts = [contextvars.copy_context() for _ in keys]
         with ThreadPoolExecutor(max_workers=min(len(keys), 8)) as pool:
-            batches = list(pool.map(lambda k: self.get(k, wait_seconds=wait_seconds, timeout=timeout), keys))
+            batches = list(
+                pool.map(lambda c, k: c.run(self.get, k, wait_seconds=wait_seconds, timeout=timeout), contexts, keys)
+            )
         by_node: dict[tuple[str, int, str], list[tuple[int, Batch]]] = {}
         for key, batch in zip(keys, batches):
             by_node.setdefault((key.job_id, key.step, key.node_id), []).append(

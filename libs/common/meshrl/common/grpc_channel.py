@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import grpc
 import pydantic
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from meshrl.common import telemetry
 from meshrl.common.config import StrictModel
 from meshrl.common.errors import DeadlineExceeded, Unavailable, from_rpc_error

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 
 import grpc
+
 from meshrl.common.errors import MeshrlError
 
 log = logging.getLogger(__name__)

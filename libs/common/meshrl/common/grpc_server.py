@@ -21,6 +21,7 @@ import grpc
 import pydantic
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+
 from meshrl.common import telemetry
 from meshrl.common.config import StrictModel
 from meshrl.common.grpc_errors import ErrorMappingInterceptor

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import grpc
 import pydantic
+
 from meshrl.common.config import StrictModel
 from meshrl.common.errors import ConfigError
 

@@ -6,14 +6,17 @@ codes in meshrl.common.grpc_errors (bad input → INVALID_ARGUMENT, replica unav
 
 from __future__ import annotations
 
+from opentelemetry import trace
+
 from meshrl.api.common.v1 import weights_pb2
 from meshrl.api.rollout.v1 import rollout_pb2 as pb
 from meshrl.api.rollout.v1 import rollout_pb2_grpc
 from meshrl.common.errors import InvalidArgument
 from meshrl.common.grpc_server import Service
+from meshrl.common.telemetry import attributes as A
 from meshrl.common.weights import GroupSpec
 from meshrl.rollout.replica import BatchJob, RolloutReplica
-from meshrl.rollout.types import GenerationRequest, PauseMode, SamplingParams, new_request_id
+from meshrl.rollout.types import GenerationRequest, PauseMode, SamplingParams, WeightUpdateResult, new_request_id
 
 SERVICE_NAME = "meshrl.rollout.v1.Rollout"
 STATES = {
@@ -34,6 +37,13 @@ def pause_mode(value: int, default: PauseMode = PauseMode.IN_PLACE) -> PauseMode
         raise InvalidArgument(f"pause_mode = {value} is not a PauseMode (1 = abort, 2 = in place)") from None
 
 
+def _tag_span(attributes: dict) -> None:
+    """Adds `attributes` to the current (server) span, when one records."""
+    span = trace.get_current_span()
+    if span.is_recording():
+        span.set_attributes(attributes)
+
+
 class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
     def __init__(self, replica: RolloutReplica) -> None:
         self.replica = replica
@@ -50,6 +60,12 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             row_end=request.row_end,
         )
         s = self.replica.generate_batch(job)
+        _tag_span({
+            A.REPLICA: self.replica.replica_id,
+            A.REQUESTS: s.samples,
+            A.TOKENS: s.generated_tokens,
+            A.WEIGHT_VERSION: s.max_weight_version,
+        })  # fmt: skip
         return pb.GenerateBatchResponse(
             samples=s.samples,
             prompt_tokens=s.prompt_tokens,
@@ -93,7 +109,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             pause_mode=pause_mode(request.pause_mode),
             flush_cache=request.flush_cache,
         )
-        return pb.UpdateWeightsResponse(version=r.version, seconds=r.seconds, bytes=r.bytes)
+        return self._applied(r, "disk")
 
     def InitWeightUpdateGroup(self, request: pb.InitWeightUpdateGroupRequest, context):
         spec = GroupSpec.from_proto(request.group)
@@ -107,6 +123,17 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             flush_cache=request.flush_cache,
             timeout_seconds=request.timeout_seconds or 120.0,
         )
+        return self._applied(r, "distributed")
+
+    def _applied(self, r: WeightUpdateResult, transport: str) -> pb.UpdateWeightsResponse:
+        """The reply to a weight update; the server span gets the version, bytes and apply time."""
+        _tag_span({
+            A.REPLICA: self.replica.replica_id,
+            A.TRANSPORT: transport,
+            A.WEIGHT_VERSION: r.version,
+            A.BYTES: r.bytes,
+            A.APPLY_SECONDS: r.seconds,
+        })  # fmt: skip
         return pb.UpdateWeightsResponse(version=r.version, seconds=r.seconds, bytes=r.bytes)
 
     def DestroyWeightUpdateGroup(self, request: pb.DestroyWeightUpdateGroupRequest, context):

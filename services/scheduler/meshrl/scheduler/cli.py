@@ -28,6 +28,7 @@ def _workflow_text(spec: str) -> tuple[str, Path | None]:
 def _config_text(configs: list[str], workflow_path: Path | None) -> str:
     """The job config: the --config files merged in order (default: config.yaml beside the workflow)."""
     import yaml
+
     from meshrl.common.config import deep_merge, read_yaml
 
     if not configs and workflow_path is not None and (workflow_path.parent / "config.yaml").is_file():

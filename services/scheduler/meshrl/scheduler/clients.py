@@ -81,8 +81,8 @@ class TrainerClient:
     def init_weight_group(self, group: weights_pb2.CollectiveGroup, timeout: float):
         return call(self.stub.InitWeightUpdateGroup, tpb.InitWeightUpdateGroupRequest(group=group), timeout=timeout)
 
-    def destroy_weight_group(self, name: str) -> None:
-        call(self.stub.DestroyWeightUpdateGroup, tpb.DestroyWeightUpdateGroupRequest(group_name=name), timeout=60)
+    def destroy_weight_group(self, name: str, timeout: float = 60.0) -> None:
+        call(self.stub.DestroyWeightUpdateGroup, tpb.DestroyWeightUpdateGroupRequest(group_name=name), timeout=timeout)
 
     def publish(self, req: tpb.PublishWeightsRequest, timeout: float) -> tpb.PublishWeightsResponse:
         return call(self.stub.PublishWeights, req, timeout=timeout)
@@ -120,14 +120,15 @@ class RolloutClient:
         )
         return call(self.stub.UpdateWeightsFromDistributed, req, timeout=timeout + 10)
 
-    def destroy_weight_group(self, name: str) -> None:
-        call(self.stub.DestroyWeightUpdateGroup, rpb.DestroyWeightUpdateGroupRequest(group_name=name), timeout=60)
+    def destroy_weight_group(self, name: str, timeout: float = 60.0) -> None:
+        req = rpb.DestroyWeightUpdateGroupRequest(group_name=name)
+        call(self.stub.DestroyWeightUpdateGroup, req, timeout=timeout, wait_for_ready=False)
 
     def checksums(self, names: Sequence[str] = ()) -> weights_pb2.WeightChecksums:
         return call(self.stub.GetWeightChecksums, rpb.GetWeightChecksumsRequest(names=names), timeout=60)
 
-    def status(self) -> rpb.RolloutStatus:
-        return call(self.stub.GetStatus, rpb.GetStatusRequest(), timeout=30)
+    def status(self, timeout: float = 30.0) -> rpb.RolloutStatus:
+        return call(self.stub.GetStatus, rpb.GetStatusRequest(), timeout=timeout, wait_for_ready=False)
 
     def close(self) -> None:
         self.channel.close()

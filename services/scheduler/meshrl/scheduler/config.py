@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Literal
 
 import pydantic
+
 from meshrl.common.config import StrictModel
 from meshrl.common.grpc_server import ServerConfig
 from meshrl.common.telemetry import TelemetryConfig

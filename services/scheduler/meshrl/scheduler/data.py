@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from meshrl.common.errors import InvalidArgument, NotFound
 
 

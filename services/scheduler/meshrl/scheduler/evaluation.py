@@ -5,6 +5,7 @@ scored by the job's reward; run before RL (step 0), every K steps and at the end
 from __future__ import annotations
 
 import numpy as np
+
 from meshrl.common import batch_schema as S
 from meshrl.common.codec import Ragged
 from meshrl.common.databuffer_client import DataBufferClient, batch_key

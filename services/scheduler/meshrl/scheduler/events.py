@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from google.protobuf import json_format
+
 from meshrl.api.scheduler.v1 import scheduler_pb2 as pb
 
 

@@ -17,12 +17,13 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from opentelemetry.trace import Status, StatusCode
+
 from meshrl.api.common.v1 import keys_pb2
 from meshrl.api.scheduler.v1 import scheduler_pb2 as spb
 from meshrl.common import telemetry
 from meshrl.common.telemetry import attributes as A
 from meshrl.scheduler.events import EventLog
-from opentelemetry.trace import Status, StatusCode
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,9 @@ class StepExecutor:
 
     def _run_node(self, node: Any, ctx: StepContext) -> NodeResult:
         attrs = {A.NODE_ID: node.node_id, A.NODE_TYPE: str(node.node_type), A.NODE_ROLE: str(node.node_role)}
-        with telemetry.tracer().start_as_current_span(A.node_span_name(node.node_id), attributes=attrs) as span:
+        with telemetry.tracer().start_as_current_span(
+            A.node_span_name(node.node_id), attributes=attrs, record_exception=False, set_status_on_exception=False
+        ) as span:  # the failure is recorded once, below
             start = time.perf_counter()
             self.events.node(ctx.step, node.node_id, spb.NODE_STATE_RUNNING)
             try:

@@ -17,12 +17,28 @@ class RolloutFleet:
         self.timeout = timeout
         self.router = RolloutRouter(addresses=addresses, databuffer=buffer, rpc_timeout_s=timeout)
         self._clients = {a: RolloutClient(a, timeout) for a in addresses}
+        self._stale: set[str] = set()  # missed a weight update: no traffic until refitted
 
     def addresses(self) -> list[str]:
         return list(self._clients)
 
     def clients(self) -> list[RolloutClient]:
-        return list(self._clients.values())
+        """Replicas that serve the current weights (stale ones excluded)."""
+        return [c for a, c in self._clients.items() if a not in self._stale]
+
+    def stale(self) -> list[RolloutClient]:
+        return [self._clients[a] for a in self._stale if a in self._clients]
+
+    def mark_stale(self, address: str) -> None:
+        self._stale.add(address)
+        self._route()
+
+    def mark_fresh(self, address: str) -> None:
+        self._stale.discard(address)
+        self._route()
+
+    def _route(self) -> None:
+        self.router.set_addresses([a for a in self._clients if a not in self._stale])
 
     def client_for(self, address: str) -> RolloutClient:
         """A client of a replica that may not take traffic yet (e.g. before its first refit)."""
@@ -30,13 +46,14 @@ class RolloutFleet:
 
     def add(self, address: str) -> None:
         self._clients.setdefault(address, RolloutClient(address, self.timeout))
-        self.router.set_addresses(list(self._clients))
+        self._route()
 
     def remove(self, address: str, drain_timeout: float = 120.0) -> None:
         """Stops routing to the replica and waits for its work in flight to finish."""
         self.router.drain(address, drain_timeout)
         client = self._clients.pop(address, None)
-        self.router.set_addresses(list(self._clients))
+        self._stale.discard(address)
+        self._route()
         if client is not None:
             client.close()
 

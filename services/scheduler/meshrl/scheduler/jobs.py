@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+
 from meshrl.api.scheduler.v1 import scheduler_pb2 as spb
 from meshrl.common.config import deep_merge, parse_overrides
 from meshrl.common.errors import FailedPrecondition, InvalidArgument, MeshrlError, NotFound

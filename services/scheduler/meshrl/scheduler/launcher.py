@@ -30,9 +30,10 @@ class ServiceSpec:
 
 
 def child_env(extra: dict[str, str]) -> dict[str, str]:
-    """Services use every core by default (Ray would give its workers OMP_NUM_THREADS=1)."""
+    """Services use every core by default (Ray would give its workers OMP_NUM_THREADS=1); idle OpenMP
+    threads sleep instead of spinning, so colocated services do not steal each other's cores."""
     threads = str(os.cpu_count() or 1)
-    return {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, **extra}
+    return {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "OMP_WAIT_POLICY": "PASSIVE", **extra}
 
 
 class ProcessLauncher:

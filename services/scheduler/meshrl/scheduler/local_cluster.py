@@ -1,10 +1,11 @@
 """`meshrl up` / `meshrl down`: a local set of independent service processes for development.
 
-`up` starts a data buffer (embedded Redis unless --redis-url), a trainer, N rollout replicas
-and a scheduler service, each its own process that outlives the command, and writes their
-addresses to STATE_DIR/services.json plus a job-config overlay (STATE_DIR/services.yaml) that
-points a job at them: `meshrl submit WORKFLOW --config job.yaml --config .meshrl/services.yaml`.
-`down` stops them (SIGTERM, then SIGKILL).
+`up` starts a data buffer (embedded Redis unless --redis-url), then a trainer, N rollout
+replicas and a scheduler service side by side, each its own process that outlives the command,
+and writes their addresses to STATE_DIR/services.json plus a job-config overlay
+(STATE_DIR/services.yaml) that points a job at them:
+`meshrl submit WORKFLOW --config job.yaml --config .meshrl/services.yaml`.
+`down` stops them (SIGTERM, then SIGKILL), checking first that each pid still runs that service.
 """
 
 from __future__ import annotations
@@ -13,17 +14,40 @@ import argparse
 import json
 import os
 import signal
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 import yaml
+
+from meshrl.common.errors import MeshrlError
 from meshrl.scheduler.process import ServiceProcess
 
 
-def _start(state: Path, service: str, name: str, args: list[str], timeout: float) -> dict:
-    proc = ServiceProcess(service, args, str(state / "logs" / f"{name}.log"), exit_with_parent=False)
-    address = proc.start(timeout)
-    return {"name": name, "service": service, "address": address, "pid": proc.pid}
+def _start_together(state: Path, items: list[tuple[str, str, list[str]]], timeout: float) -> list[dict]:
+    """Starts (service, name, args) processes side by side; stops them all if any fails or we are interrupted."""
+    procs = [
+        (name, ServiceProcess(service, args, str(state / "logs" / f"{name}.log"), exit_with_parent=False))
+        for service, name, args in items
+    ]
+    pool = ThreadPoolExecutor(max_workers=len(procs), thread_name_prefix="meshrl-up")
+    futures = [pool.submit(proc.start, timeout) for _, proc in procs]
+    try:
+        addresses = [f.result() for f in futures]
+    except BaseException:
+        for _, proc in procs:  # a failed start stops itself; the others are told to stop here
+            proc.stop(grace=5)
+        wait(futures)  # a start racing the stop above ends promptly once its process is gone
+        for _, proc in procs:
+            proc.stop(grace=5)
+        raise
+    finally:
+        pool.shutdown(wait=False)
+    return [
+        {"name": name, "service": proc.service, "address": address, "pid": proc.pid}
+        for (name, proc), address in zip(procs, addresses)
+    ]
 
 
 def up(args) -> int:
@@ -34,23 +58,25 @@ def up(args) -> int:
     state.mkdir(parents=True, exist_ok=True)
     redis = ["--set", f"redis.url={args.redis_url}"] if args.redis_url else [
         "--set", f"redis.embedded.data_dir={state / 'redis'}"]  # fmt: skip
-    started = []
+    started: list[dict] = []
     try:
-        buffer = _start(state, "databuffer", "databuffer", redis, args.timeout)
-        started.append(buffer)
-        with_buffer = ["--set", f"databuffer_address={buffer['address']}"]
-        started.append(_start(state, "trainer", "trainer", with_buffer, args.timeout))
+        started += _start_together(state, [("databuffer", "databuffer", redis)], args.timeout)
+        with_buffer = ["--set", f"databuffer_address={started[0]['address']}"]
+        rest = [("trainer", "trainer", with_buffer)]
         for i in range(args.replicas):
             replica = [*with_buffer, "--set", f"engine.model_path={args.model}", "--set", f"replica_id=rollout-{i}"]
-            started.append(_start(state, "rollout", f"rollout-{i}", replica, args.timeout))
-        started.append(_start(state, "scheduler", "scheduler", ["--set", f"run_root={state / 'runs'}"], args.timeout))
-    except Exception:
+            rest.append(("rollout", f"rollout-{i}", replica))
+        # --port 0: a free port, so several local clusters (and tests) can run side by side
+        rest.append(("scheduler", "scheduler", ["--port", "0", "--set", f"run_root={state / 'runs'}"]))
+        started += _start_together(state, rest, args.timeout)
+    except BaseException:
         _stop_all(started)
         raise
     (state / "services.json").write_text(json.dumps(started, indent=2))
     by_name = {s["name"]: s["address"] for s in started}
     overlay = {
-        "services": {"databuffer": by_name["databuffer"]},
+        # the services run already: the job only connects (no Ray cluster, no launched processes)
+        "services": {"databuffer": by_name["databuffer"], "use_ray": False},
         "trainer": {"address": by_name["trainer"]},
         "rollout": {"replicas": 0, "addresses": [a for n, a in by_name.items() if n.startswith("rollout-")]},
     }
@@ -62,22 +88,37 @@ def up(args) -> int:
     return 0
 
 
+def _runs_service(entry: dict) -> bool:
+    """Whether entry's pid still runs `python -m meshrl.<service>` (a pid may be reused after a crash or reboot)."""
+    try:
+        argv = Path(f"/proc/{entry['pid']}/cmdline").read_bytes().split(b"\0")
+    except FileNotFoundError:
+        if not Path("/proc/self").exists():  # no procfs (macOS): trust the recorded pid
+            try:
+                os.kill(entry["pid"], 0)
+            except ProcessLookupError:
+                return False
+            return True
+        return False
+    except PermissionError:
+        return False
+    return f"meshrl.{entry['service']}".encode() in argv
+
+
 def _stop_all(services: list[dict], grace: float = 15.0) -> None:
-    for s in reversed(services):
+    """SIGTERM to each service still running, then SIGKILL to the process group of any left after `grace`."""
+    running = [s for s in reversed(services) if _runs_service(s)]
+    for s in running:
         try:
             os.kill(s["pid"], signal.SIGTERM)
         except ProcessLookupError:
             continue
     deadline = time.monotonic() + grace
-    for s in services:
-        while time.monotonic() < deadline:
-            try:
-                os.kill(s["pid"], 0)
-            except ProcessLookupError:
-                break
+    for s in running:
+        while time.monotonic() < deadline and _runs_service(s):
             time.sleep(0.1)
-        else:
-            try:
+        if _runs_service(s):
+            try:  # each service leads its own session: this also ends its children (embedded redis-server)
                 os.killpg(s["pid"], signal.SIGKILL)
             except ProcessLookupError:
                 pass
@@ -90,10 +131,13 @@ def down(args) -> int:
         print(f"nothing to stop: {path} does not exist")
         return 0
     services = json.loads(path.read_text())
+    gone = [s["name"] for s in services if not _runs_service(s)]
     _stop_all(services)
     path.unlink()
     (state / "services.yaml").unlink(missing_ok=True)
-    print(f"stopped {len(services)} services")
+    print(
+        f"stopped {len(services) - len(gone)} services" + (f" ({', '.join(gone)} had already exited)" if gone else "")
+    )
     return 0
 
 
@@ -106,4 +150,8 @@ def local_main(argv: list[str]) -> int:
         parser.add_argument("--redis-url", help="use this Redis instead of an embedded one")
         parser.add_argument("--timeout", type=float, default=180.0)
     args = parser.parse_args(argv[1:])
-    return up(args) if argv[0] == "up" else down(args)
+    try:
+        return up(args) if argv[0] == "up" else down(args)
+    except MeshrlError as exc:
+        print(f"meshrl {argv[0]}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2

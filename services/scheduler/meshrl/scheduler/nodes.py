@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
 from meshrl.api.trainer.v1 import trainer_pb2 as tpb
 from meshrl.common import advantages as adv
 from meshrl.common import batch_schema as S

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import ray
-from meshrl.common.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
-from meshrl.scheduler.apportion import ClusterSpec
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from meshrl.common.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from meshrl.scheduler.apportion import ClusterSpec
 
 
 class BundleStrategy(str, enum.Enum):

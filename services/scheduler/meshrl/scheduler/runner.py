@@ -19,12 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from opentelemetry import context as otel_context
+
 from meshrl.api.trainer.v1 import trainer_pb2 as tpb
 from meshrl.common import batch_schema as S
 from meshrl.common import telemetry
 from meshrl.common.codec import Ragged
 from meshrl.common.databuffer_client import batch_key
-from meshrl.common.errors import Cancelled, DeadlineExceeded, InvalidArgument
+from meshrl.common.errors import Cancelled, DeadlineExceeded, InvalidArgument, MeshrlError, Unavailable
 from meshrl.common.telemetry import attributes as A
 from meshrl.scheduler.config import JobConfig, OptimSection
 from meshrl.scheduler.data import DataPosition, PromptEncoder, PromptSampler, load_records
@@ -39,7 +41,6 @@ from meshrl.scheduler.rundir import RunDir
 from meshrl.scheduler.services import JobServices
 from meshrl.scheduler.weight_sync import WeightPublisher
 from meshrl.scheduler.workflow import resolve_executable
-from opentelemetry import context as otel_context
 
 log = logging.getLogger(__name__)
 
@@ -258,6 +259,18 @@ class JobRunner:
         finally:
             svc.close()
 
+    def _refit_stale(self, svc: JobServices, publisher: WeightPublisher) -> None:
+        """A stale replica that answers again is refitted (disk) to the current version before it serves."""
+        for client in svc.fleet.stale():
+            try:
+                client.status(timeout=2.0)
+                publisher.refit_from_disk(client)
+            except MeshrlError as exc:
+                self.events.log(f"replica {client.address} still stale: {exc}")
+                continue
+            svc.fleet.mark_fresh(client.address)
+            self.events.log(f"replica {client.address} refitted to weight version {publisher.version}")
+
     def _train_step(self, svc: JobServices, executor: StepExecutor, publisher: WeightPublisher) -> dict[str, float]:
         start = time.perf_counter()
         with telemetry.tracer().start_as_current_span(
@@ -265,14 +278,22 @@ class JobRunner:
             context=otel_context.Context(),
             attributes={A.STEP: self.step, A.JOB_ID: self.job_id},
         ):
+            self._refit_stale(svc, publisher)
             metrics = executor.run_step(self.job_id, self.step)
             result = publisher.publish(svc.fleet.clients())
+            for address in result.stale:
+                svc.fleet.mark_stale(address)
+                self.events.log(f"replica {address} missed weight version {result.version}: stale, no traffic")
+            if not svc.fleet.clients():
+                raise Unavailable(
+                    f"no rollout replica serves weight version {result.version} (stale: {result.stale}); "
+                    "see the replicas' logs in the run folder"
+                )
+            metrics["buffer/bytes"] = float(svc.buffer.stats(self.job_id).bytes)
+            for key in svc.buffer.list(self.job_id, self.step):
+                svc.buffer.delete(key)
         metrics.update({"weights/version": result.version, "weights/seconds": result.seconds,
                         "weights/bytes": result.bytes, "weights/stale_replicas": len(result.stale)})  # fmt: skip
-        stats = svc.buffer.stats(self.job_id)
-        metrics["buffer/bytes"] = float(stats.bytes)
-        for key in svc.buffer.list(self.job_id, self.step):
-            svc.buffer.delete(key)
         metrics["time/step"] = time.perf_counter() - start
         self.run.log_metrics(self.step, metrics)
         self.events.metrics(self.step, metrics)

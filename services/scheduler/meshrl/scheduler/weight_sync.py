@@ -39,6 +39,31 @@ def _submit(pool: ThreadPoolExecutor, fn, *args):
     return pool.submit(contextvars.copy_context().run, fn, *args)
 
 
+def _failed(futures: dict, what: str) -> dict[str, MeshrlError]:
+    """Waits for every future; returns the keys (addresses) whose call raised, with the error."""
+    failed = {}
+    for address, future in futures.items():
+        try:
+            future.result()
+        except MeshrlError as exc:
+            log.error("%s could not %s: %s", address, what, exc)
+            failed[address] = exc
+    return failed
+
+
+def _unresponsive(failures: dict[str, MeshrlError], replicas: list[RolloutClient]) -> list[str]:
+    """Of the replicas that missed an update, those that do not answer a status call within 2 s
+    (frozen, dead, partitioned). The others failed because of them and are tried again."""
+    by_address = {r.address: r for r in replicas}
+    silent = []
+    for address in failures:
+        try:
+            by_address[address].status(timeout=2.0)
+        except MeshrlError:
+            silent.append(address)
+    return silent or list(failures)
+
+
 def _free_port() -> int:
     import socket
 
@@ -82,20 +107,23 @@ class WeightPublisher:
         replica.update_from_disk(self.last_disk, PAUSE[self.cfg.pause_mode], flush, self.cfg.timeout_seconds)
 
     # -- distributed --------------------------------------------------------------------
-    def _ensure_group(self, replicas: list[RolloutClient]) -> str:
+    def _ensure_group(self, replicas: list[RolloutClient]) -> tuple[str, dict[str, MeshrlError]]:
+        """The weight-update group of the trainer and `replicas`, built anew when the members changed.
+        Returns its name and the replicas that did not join in time (the group is then not built)."""
         members = tuple(r.address for r in replicas)
         if self._group and members == self._group_members:
-            return self._group
+            return self._group, {}
         if self._group:
             self._destroy_group(replicas)
         self._generation += 1
         name = f"meshrl-weights-{self._generation}"
         port = _free_port()
+        host = self.trainer.address.rsplit(":", 1)[0]  # rank 0 (the trainer) hosts the rendezvous
         timeout = self.cfg.timeout_seconds
 
         def group(offset: int) -> wpb.CollectiveGroup:
             return wpb.CollectiveGroup(
-                master_address="127.0.0.1",
+                master_address=host,
                 master_port=port,
                 world_size=1 + len(replicas),
                 rank_offset=offset,
@@ -106,23 +134,31 @@ class WeightPublisher:
 
         with ThreadPoolExecutor(len(replicas) + 1) as pool:
             trainer_f = _submit(pool, self.trainer.init_weight_group, group(0), timeout + 10)
-            futures = [_submit(pool, r.init_weight_group, group(i + 1), timeout + 10) for i, r in enumerate(replicas)]
-            trainer_f.result()
-            for f in futures:
-                f.result()
+            joins = {
+                r.address: _submit(pool, r.init_weight_group, group(i + 1), timeout + 10)
+                for i, r in enumerate(replicas)
+            }
+            missing = _failed(joins, f"join weight group {name}")
+            host_failed = _failed({self.trainer.address: trainer_f}, f"host weight group {name}")
         self._group, self._group_members = name, members
-        return name
+        if missing or host_failed:
+            self._destroy_group([r for r in replicas if r.address not in missing])
+            return name, missing or {r.address: host_failed[self.trainer.address] for r in replicas}
+        return name, {}
 
     def _destroy_group(self, replicas: list[RolloutClient]) -> None:
         name, self._group, self._group_members = self._group, None, ()
         for client in [self.trainer, *replicas]:
-            try:
-                client.destroy_weight_group(name)
+            try:  # short: a member that does not answer is being left out anyway
+                client.destroy_weight_group(name, timeout=5.0)
             except MeshrlError as exc:
                 log.warning("destroying weight group %s on %s: %s", name, client.address, exc)
 
-    def _publish_distributed(self, version: int, replicas: list[RolloutClient]) -> tuple[int, list[str]]:
-        name = self._ensure_group(replicas)
+    def _send_once(self, version: int, replicas: list[RolloutClient]) -> tuple[int, dict[str, MeshrlError]]:
+        """One broadcast of `version` to the group of `replicas`: (bytes sent, replicas that missed it)."""
+        name, missing = self._ensure_group(replicas)
+        if missing:
+            return 0, missing
         flush = self.cfg.flush_cache != "never"
         timeout = self.cfg.timeout_seconds
         req = tpb.PublishWeightsRequest(
@@ -142,21 +178,27 @@ class WeightPublisher:
                 for r in replicas
             }
             sent = _submit(pool, self.trainer.publish, req, timeout + 10)
-            failed = []
-            for address, future in receivers.items():
-                try:
-                    future.result()
-                except MeshrlError as exc:
-                    log.error("replica %s missed weight version %d: %s", address, version, exc)
-                    failed.append(address)
-            try:
-                reply = sent.result()
-            except MeshrlError:
-                reply = None
-        if failed or reply is None:
-            self._destroy_group(replicas)
-            return 0, failed or [r.address for r in replicas]
-        return reply.bytes, []
+            failed = _failed(receivers, f"receive weight version {version}")
+            sender = _failed({self.trainer.address: sent}, f"send weight version {version}")
+        if failed or sender:
+            self._destroy_group(replicas)  # a broken group is never reused
+            return 0, failed or {r.address: sender[self.trainer.address] for r in replicas}
+        return sent.result().bytes, {}
+
+    def _publish_distributed(self, version: int, replicas: list[RolloutClient]) -> tuple[int, list[str]]:
+        """Broadcasts `version`; a replica that does not join or answer in time is left out (stale) and
+        the others get the version over a fresh group without it, within the same call."""
+        live, stale = list(replicas), []
+        for _attempt in range(3):
+            nbytes, failures = self._send_once(version, live)
+            if not failures:
+                return nbytes, stale
+            out = _unresponsive(failures, live)
+            stale += out
+            live = [r for r in live if r.address not in out]
+            if not live:
+                break
+        return 0, stale + [r.address for r in live]
 
     # -- both ---------------------------------------------------------------------------
     def publish(self, replicas: list[RolloutClient]) -> PublishResult:
@@ -164,7 +206,7 @@ class WeightPublisher:
         start = time.perf_counter()
         with telemetry.tracer().start_as_current_span(
             "weights.publish",
-            attributes={"meshrl.weights.transport": self.cfg.transport, "meshrl.weights.version": version},
+            attributes={A.TRANSPORT: self.cfg.transport, A.WEIGHT_VERSION: version},
         ) as span:
             stale: list[str] = []
             if self.cfg.transport == "disk":

@@ -56,3 +56,4 @@ class TrainResult:
     metrics: dict[str, float]
     tokens: int
     optimizer_steps: int
+    micro_batches: int = 0  # forward/backward passes on this rank, over all optimizer steps

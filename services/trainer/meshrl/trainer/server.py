@@ -6,11 +6,14 @@ meshrl.common.grpc_errors (bad input -> INVALID_ARGUMENT, unknown key -> NOT_FOU
 
 from __future__ import annotations
 
+from opentelemetry import trace
+
 from meshrl.api.common.v1 import keys_pb2, weights_pb2
 from meshrl.api.trainer.v1 import trainer_pb2 as pb
 from meshrl.api.trainer.v1 import trainer_pb2_grpc
 from meshrl.common.errors import InvalidArgument
 from meshrl.common.grpc_server import Service
+from meshrl.common.telemetry import attributes as A
 from meshrl.trainer.config import DefaultsConfig
 from meshrl.trainer.service import Key, TrainerService
 
@@ -60,6 +63,18 @@ def loss_dict(loss: pb.LossConfig, role: str, d: DefaultsConfig) -> dict:
     }
 
 
+def tag_span(attributes: dict) -> None:
+    """Adds `attributes` to the current (server) span, when one records."""
+    span = trace.get_current_span()
+    if span.is_recording():
+        span.set_attributes(attributes)
+
+
+def _compute_reply(out: dict) -> pb.ComputeResponse:
+    tag_span({A.TOKENS: out["tokens"], A.MICRO_BATCHES: out["micro_batches"]})
+    return pb.ComputeResponse(**out)
+
+
 class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
     def __init__(self, service: TrainerService) -> None:
         self.service = service
@@ -91,13 +106,13 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
             micro_batch_tokens=request.micro_batch_tokens,
             output_name=request.output_name,
         )
-        return pb.ComputeResponse(**out)
+        return _compute_reply(out)
 
     def ComputeValues(self, request: pb.ComputeValuesRequest, context) -> pb.ComputeResponse:
         out = self.service.compute_values(
             [key_dict(k) for k in request.inputs], key_dict(request.output), request.micro_batch_tokens
         )
-        return pb.ComputeResponse(**out)
+        return _compute_reply(out)
 
     def TrainStep(self, request: pb.TrainStepRequest, context) -> pb.TrainStepResponse:
         role = role_name(request.role)
@@ -109,6 +124,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
             mini_batches=request.mini_batches,
             lr_override=request.lr_override,
         )
+        tag_span({A.TOKENS: out["tokens"], A.MICRO_BATCHES: out.pop("micro_batches")})
         return pb.TrainStepResponse(**out)
 
     def SaveCheckpoint(self, request: pb.SaveCheckpointRequest, context) -> pb.SaveCheckpointResponse:
@@ -142,6 +158,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
             bucket_bytes=request.bucket_bytes,
             group_name=request.group_name,
         )
+        tag_span({A.TRANSPORT: TRANSPORTS[request.transport], A.WEIGHT_VERSION: out.version, A.BYTES: out.bytes})
         reply = pb.PublishWeightsResponse(
             version=out.version,
             bytes=out.bytes,

@@ -187,7 +187,8 @@ class TrainerService:
         result.metrics["perf/read_seconds"] = read
         result.metrics["perf/step_seconds"] = time.perf_counter() - start - read
         self.last_metrics = {f"{role}/{k}": v for k, v in result.metrics.items()}
-        return {"metrics": result.metrics, "tokens": result.tokens, "optimizer_steps": result.optimizer_steps}
+        return {"metrics": result.metrics, "tokens": result.tokens, "optimizer_steps": result.optimizer_steps,
+                "micro_batches": result.micro_batches}  # fmt: skip
 
     def save_checkpoint(self, role: str, path: str, step: int, data_state: bytes = b"") -> int:
         encoded = base64.b64encode(data_state).decode()

@@ -63,10 +63,17 @@ def train_role(
     """`mini_batches` optimizer steps over consecutive row chunks of `batch`; metrics averaged over steps."""
     snapshot = _snapshot(state) if atomic and mini_batches > 1 else None
     totals: dict[str, float] = {}
+    planned: list[int] = []
+
+    def counted(b: SequenceBatch, rows: Sequence[int]) -> list[list[int]]:
+        plans = plan(b, rows)
+        planned.append(len(plans))
+        return plans
+
     state.model.train()
     for chunk in np.array_split(np.arange(len(batch)), mini_batches):
         try:
-            step = _one_step(state, batch, chunk, cfg, plan, device, temperature, lr_override)
+            step = _one_step(state, batch, chunk, cfg, counted, device, temperature, lr_override)
         except NonFiniteLoss:
             if snapshot is not None:
                 _restore(state, snapshot)
@@ -75,7 +82,7 @@ def train_role(
             totals[k] = totals.get(k, 0.0) + v / mini_batches
     tokens = int(batch.response_lengths.sum())
     totals["tokens"] = float(tokens)
-    return TrainResult(totals, tokens, mini_batches)
+    return TrainResult(totals, tokens, mini_batches, sum(planned))
 
 
 def _microbatch_loss(state, mb, cfg: LossConfig, denominator: float, temperature: float):

@@ -20,6 +20,7 @@ TOKENS = "meshrl.tokens"  # int: tokens generated or processed
 MICRO_BATCHES = "meshrl.micro_batches"  # int
 WEIGHT_VERSION = "meshrl.weight_version"  # int
 TRANSPORT = "meshrl.transport"  # str: weight transport, "disk" or "distributed"
+APPLY_SECONDS = "meshrl.apply_seconds"  # float: seconds a rollout replica took to apply new weights
 
 STEP_SPAN_PREFIX = "step "
 NODE_SPAN_PREFIX = "node "

@@ -13,9 +13,10 @@ from collections.abc import Mapping
 from typing import Literal
 
 import pydantic
+from opentelemetry.sdk.trace import sampling
+
 from meshrl.common.config import StrictModel
 from meshrl.common.errors import ConfigError
-from opentelemetry.sdk.trace import sampling
 
 TraceExporter = Literal["file", "otlp", "otlp-http", "console", "none"]
 MetricsExporter = Literal["otlp", "otlp-http", "console", "none"]

@@ -14,12 +14,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import grpc
-from meshrl.common.errors import MeshrlError
-from meshrl.common.telemetry import runtime
-from meshrl.common.telemetry.config import DEFAULT_UNTRACED_ROOT_SERVICES
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from meshrl.common.errors import MeshrlError
+from meshrl.common.telemetry import runtime
+from meshrl.common.telemetry.config import DEFAULT_UNTRACED_ROOT_SERVICES
 
 _untraced: tuple[int, frozenset[str]] = (-1, frozenset(DEFAULT_UNTRACED_ROOT_SERVICES))
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from opentelemetry import metrics as otel_metrics
+
 from meshrl.common.telemetry import runtime
 from meshrl.common.telemetry.attributes import NODE_ID, NODE_TYPE, REPLICA, TRANSPORT
-from opentelemetry import metrics as otel_metrics
 
 # Histogram buckets in seconds: from a 5 ms RPC to a 10 min step.
 SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)

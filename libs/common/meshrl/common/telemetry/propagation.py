@@ -11,10 +11,11 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from meshrl.common.telemetry import runtime
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind
+
+from meshrl.common.telemetry import runtime
 
 
 def inject_context(context: Context | None = None) -> dict[str, str]:

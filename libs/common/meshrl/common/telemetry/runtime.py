@@ -14,9 +14,6 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from meshrl.common.errors import ConfigError
-from meshrl.common.telemetry.config import TelemetryConfig, build_sampler, resolve_config
-from meshrl.common.telemetry.span_file import JsonlSpanExporter
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
@@ -28,6 +25,10 @@ from opentelemetry.sdk.trace.export import (
     SimpleSpanProcessor,
     SpanExporter,
 )
+
+from meshrl.common.errors import ConfigError
+from meshrl.common.telemetry.config import TelemetryConfig, build_sampler, resolve_config
+from meshrl.common.telemetry.span_file import JsonlSpanExporter
 
 log = logging.getLogger(__name__)
 

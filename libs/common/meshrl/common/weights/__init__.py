@@ -5,9 +5,12 @@ meshrl-common lists only as the optional `torch` extra, so nothing outside this 
 import it. Public API:
 
 disk:        write_version, read_version, load_version, stage_to_local, gc_versions, list_versions
+             (disk.py, loading.py; file format in safetensors_io.py and manifest.py)
 apply:       apply_to_state (all-or-nothing, in place), InPlaceSink / CallbackSink / WeightSink
 collective:  WeightGroup.join(...).send(...) / .receive(...), WeightGroupOptions,
              GroupSpec, GroupPlan (rank offsets, re-planning), MembersUnresponsive, UpdateRefused
+             (collective.py; bucket wire format in wire.py, store keys in rendezvous.py,
+             backends and deadlines in transport.py)
 checksums:   tensor_checksums, sample_names, compare_checksums, to_proto
 """
 

@@ -6,24 +6,17 @@ scheduler (a CollectiveGroup per member, see group_plan.py). The trainer's rank 
 TCPStore at master_address:master_port; the group's backend (gloo or NCCL) is built from it
 without touching torch.distributed's default group.
 
-One update on the wire, in order (store keys under `meshrl/weights/<group>/`):
-  store  update/<seq> = version                        the sender starts update number <seq>
-  per bucket: header, WeightBucketMeta and tensors as described in wire.py
-  store  progress/<seq>/<rank> = bucket index            after each received bucket
-  end marker (kind END, meta.num_buckets = buckets sent), or ABORT when the export failed
-  store  ack/<seq>/<rank> = "ok" | "refused: <error>"    after the receiver's sink finished
-Receivers also beat `alive/<rank>` a few times a second, so after a failed step the sender
-can name the members that stopped (a SIGSTOPped or dead process) instead of guessing.
+One update: the sender announces it in the store, then broadcasts each bucket (header,
+WeightBucketMeta, tensors; see wire.py) and an end marker (or an abort marker when its export
+failed); each receiver records its progress and finally confirms or refuses (rendezvous.py).
+Every step has a deadline; a failed step leaves the group unusable (destroy it, join a fresh
+one), and the sender's error names the members that stopped answering.
 """
 
 from __future__ import annotations
 
-import logging
-import threading
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -34,8 +27,9 @@ from meshrl.common.errors import Aborted, DataLoss, DeadlineExceeded, FailedPrec
 from .buckets import DEFAULT_BUCKET_BYTES, as_buckets, bucket_specs
 from .errors import MembersUnresponsive, UpdateOutcome, UpdateRefused
 from .group_plan import GroupSpec
+from .rendezvous import Rendezvous
 from .sink import CallbackSink, WeightSink
-from .transport import Backend, CollectiveFailed, Deadline, await_keys, device_for
+from .transport import Backend, CollectiveFailed, Deadline, device_for
 from .wire import (
     ABORT,
     BUCKET,
@@ -49,10 +43,6 @@ from .wire import (
 )
 
 LAYOUTS = ("flat", "per_tensor")
-STORE_PREFIX = "meshrl/weights/"
-HEARTBEAT_S = 0.25
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -107,11 +97,9 @@ class WeightGroup:
         self.world_size = spec.world_size
         self.broken = False
         self._seq = 0
-        self._store: dist.Store | None = None
+        self._rdv: Rendezvous | None = None
         self._backend: Backend | None = None
         self._buffers: dict[int, torch.Tensor] = {}
-        self._stop = threading.Event()
-        self._beater: threading.Thread | None = None
 
     # ---------------------------------------------------------------- joining and leaving
     @classmethod
@@ -145,58 +133,18 @@ class WeightGroup:
 
     def _connect(self, deadline: Deadline) -> None:
         s = self.spec
-        try:
-            tcp = dist.TCPStore(
-                s.master_address,
-                s.master_port,
-                None,
-                self.is_sender,
-                timedelta(seconds=deadline.seconds),
-                wait_for_workers=False,
-            )
-        except Exception as e:
-            where = f"{s.master_address}:{s.master_port}"
-            if self.is_sender:
-                raise Unavailable(
-                    f"cannot host weight group {s.group_name!r}'s store on {where} ({e}); use a free port"
-                ) from e
-            raise DeadlineExceeded(f"rank {self.rank} could not reach the trainer's store at {where} ({e})") from e
-        self._store = dist.PrefixStore(f"{STORE_PREFIX}{s.group_name}/", tcp)
-        self._store.set(f"joined/{self.rank}", "1")
-        missing = await_keys(self._store, [f"joined/{r}" for r in range(s.world_size)], deadline)
-        if missing:
-            ranks = tuple(int(k.split("/")[1]) for k in missing)
-            raise MembersUnresponsive(
-                f"weight group {s.group_name!r}: ranks {list(ranks)} did not join within {deadline.seconds:.1f}s",
-                UpdateOutcome(version=-1, unresponsive=ranks),
-            )
+        self._rdv = Rendezvous(s, self.rank, deadline)
+        self._rdv.join(deadline)
         if not self.is_sender:
-            self._beater = threading.Thread(target=self._heartbeat, name="weights-heartbeat", daemon=True)
-            self._beater.start()
+            self._rdv.start_heartbeat()
         op_timeout = self.options.op_timeout_s or s.timeout_s
         try:
             self._backend = Backend(
-                s.backend, dist.PrefixStore("pg/", self._store), self.rank, s.world_size, self.device,
+                s.backend, dist.PrefixStore("pg/", self._rdv.store), self.rank, s.world_size, self.device,
                 op_timeout, s.master_address, self.options.local_address,
             )  # fmt: skip
         except Exception as e:
             raise DeadlineExceeded(f"{deadline.what}: creating the {s.backend} backend failed ({e})") from e
-
-    def _heartbeat(self) -> None:
-        """Advances alive/<rank> until destroy(); a frozen or dead process stops advancing it."""
-        s = self.spec
-        try:
-            tcp = dist.TCPStore(
-                s.master_address, s.master_port, None, False, timedelta(seconds=10), wait_for_workers=False
-            )
-            store = dist.PrefixStore(f"{STORE_PREFIX}{s.group_name}/", tcp)
-            beat = 0
-            while not self._stop.is_set():
-                beat += 1
-                store.set(f"alive/{self.rank}", str(beat))
-                self._stop.wait(HEARTBEAT_S)
-        except Exception:  # the trainer's store went away: the group is gone, nothing left to beat for
-            self._stop.set()
 
     @property
     def is_sender(self) -> bool:
@@ -204,17 +152,15 @@ class WeightGroup:
 
     def destroy(self) -> None:
         """Leaves the group (idempotent). Pending collectives are aborted; peers see them fail."""
-        self._stop.set()
+        if self._rdv is not None:
+            self._rdv.close()
         if self._backend is not None:
             if self.broken:
                 self._backend.abort()
             else:
                 self._backend.close()
             self._backend = None
-        if self._beater is not None:
-            self._beater.join(timeout=2 * HEARTBEAT_S)
-            self._beater = None
-        self._store = None
+        self._rdv = None
         self._buffers.clear()
         self.broken = True
 
@@ -267,10 +213,12 @@ class WeightGroup:
         self._require(sender=True)
         threshold = self._threshold(layout_name or self.options.layout)
         buckets = as_buckets(tensors, bucket_bytes or self.options.bucket_bytes)
-        self._forget(self._seq)
+        receivers = range(1, self.world_size)
+        if self._seq:
+            self._rdv.forget(self._seq, receivers)
         self._seq += 1
-        seq, store, op = self._seq, self._store, self.options.op_timeout_s or self.spec.timeout_s
-        store.set(f"update/{seq}", str(version))
+        seq, op = self._seq, self.options.op_timeout_s or self.spec.timeout_s
+        self._rdv.announce(seq, version)
         index, at_boundary = 0, True
         try:
             for index, bucket in enumerate(buckets):
@@ -315,24 +263,14 @@ class WeightGroup:
         return t.reshape(-1).view(torch.uint8)
 
     def _await_acks(self, seq: int, version: int) -> UpdateOutcome:
-        receivers = range(1, self.world_size)
         deadline = Deadline(self.options.ack_timeout_s or self.spec.timeout_s, f"update {version}: confirmations")
-        missing = set(await_keys(self._store, [f"ack/{seq}/{r}" for r in receivers], deadline))
-        acked, refused = [], {}
-        for r in receivers:
-            if f"ack/{seq}/{r}" not in missing:
-                answer = self._store.get(f"ack/{seq}/{r}").decode()
-                if answer == "ok":
-                    acked.append(r)
-                else:
-                    refused[r] = answer
-        unresponsive = tuple(int(k.split("/")[2]) for k in sorted(missing))
+        acked, refused, unresponsive = self._rdv.await_acks(seq, range(1, self.world_size), deadline)
         outcome = UpdateOutcome(version, tuple(acked), unresponsive, refused)
         if unresponsive:
             self._fail()
             raise MembersUnresponsive(
                 f"update {version}: ranks {list(unresponsive)} did not confirm within {deadline.seconds:.1f}s "
-                f"(acked {list(acked)}, refused {refused}); take them out and re-create the group",
+                f"(acked {acked}, refused {refused}); take them out and re-create the group",
                 outcome,
             )
         if refused:
@@ -340,41 +278,12 @@ class WeightGroup:
         return outcome
 
     def _unresponsive(self, seq: int, version: int, cause: str) -> MembersUnresponsive:
-        """Names the receivers that stopped answering. A receiver is responsive when, during the
-        grace period, its heartbeat advances or it reports its own failure of this update (it
-        timed out waiting, or saw the sender abort); the others, and any behind the rest in
-        buckets received, are unresponsive. If that singles out nobody, every receiver is suspect."""
-        receivers = list(range(1, self.world_size))
-        before = {r: self._peek(f"alive/{r}") for r in receivers}
-        time.sleep(self.options.grace_s)
-        after = {r: self._peek(f"alive/{r}") for r in receivers}
-        failed = {r: self._peek(f"failed/{seq}/{r}") for r in receivers}
-        progress = {r: int(self._peek(f"progress/{seq}/{r}") or -1) for r in receivers}
-        top = max(progress.values())
-        beating = {r for r in receivers if after[r] is not None and after[r] != before[r]}
-        stopped = {r for r in receivers if (r not in beating and failed[r] is None) or progress[r] < top}
-        suspects = tuple(sorted(stopped)) or tuple(receivers)
-        reports = {r: f for r, f in failed.items() if f}
+        suspects, evidence = self._rdv.diagnose(seq, range(1, self.world_size), self.options.grace_s)
         return MembersUnresponsive(
-            f"update {version} failed: {cause}; unresponsive ranks {list(suspects)} (buckets received {progress}, "
-            f"heartbeats {before} -> {after}, receivers' reports {reports}); take them out and re-create the group",
+            f"update {version} failed: {cause}; unresponsive ranks {list(suspects)} ({evidence}); "
+            "take them out and re-create the group",
             UpdateOutcome(version, unresponsive=suspects),
         )
-
-    def _peek(self, key: str) -> str | None:
-        try:
-            return self._store.get(key).decode() if self._store.check([key]) else None
-        except Exception:  # the store itself failed: treat the key as absent
-            return None
-
-    def _forget(self, seq: int) -> None:
-        """Deletes the store keys of a finished update so a long job does not grow the store."""
-        if seq:
-            for key in [
-                f"update/{seq}",
-                *(f"{k}/{seq}/{r}" for k in ("progress", "ack") for r in range(1, self.world_size)),
-            ]:
-                self._store.delete_key(key)
 
     # ---------------------------------------------------------------- receiver
     def receive(
@@ -395,10 +304,10 @@ class WeightGroup:
         sink = apply_fn if isinstance(apply_fn, WeightSink) else CallbackSink(apply_fn)
         seq = self._seq + 1
         start = Deadline(timeout or self.spec.timeout_s, f"rank {self.rank}: waiting for update {seq} to start")
-        if await_keys(self._store, [f"update/{seq}"], start):
+        version = self._rdv.await_announcement(seq, start)
+        if version is None:
             raise DeadlineExceeded(f"{start.what}: the trainer sent nothing within {start.seconds:.1f}s")
         self._seq = seq
-        version = int(self._store.get(f"update/{seq}").decode())
         refusal: Exception | None = None
         try:
             sink.begin(version)
@@ -410,7 +319,7 @@ class WeightGroup:
             refusal = r.error
         except CollectiveFailed as e:
             self._fail()
-            self._report_failure(seq, str(e))
+            self._rdv.report_failure(seq, str(e))
             cls = DeadlineExceeded if e.timed_out else Unavailable
             raise cls(
                 f"rank {self.rank}: update {version} failed ({e}); this replica may hold part of it: "
@@ -421,19 +330,10 @@ class WeightGroup:
                 sink.end(version)
             except Exception as e:
                 refusal = e
-        self._store.set(
-            f"ack/{seq}/{self.rank}", "ok" if refusal is None else f"refused: {type(refusal).__name__}: {refusal}"
-        )
+        self._rdv.ack(seq, refusal)
         if refusal is not None:
             raise refusal
         return version
-
-    def _report_failure(self, seq: int, cause: str) -> None:
-        """Tells the sender this rank is alive but lost the update (best effort: the store may be gone)."""
-        try:
-            self._store.set(f"failed/{seq}/{self.rank}", cause[:500])
-        except Exception as e:  # the trainer's store went away with the trainer
-            log.debug("rank %d could not report its failure: %s", self.rank, e)
 
     def _receive_buckets(self, seq: int, version: int, sink: WeightSink, refusal: Exception | None) -> None:
         op = self.options.op_timeout_s or self.spec.timeout_s
@@ -472,7 +372,7 @@ class WeightGroup:
                     sink.apply(meta, tensors)
                 except Exception as e:
                     refusal = e
-            self._store.set(f"progress/{seq}/{self.rank}", str(index))
+            self._rdv.progress(seq, index)
             index += 1
 
     def _parse(self, raw: bytes, what: str) -> weights_pb2.WeightBucketMeta:

@@ -3,19 +3,19 @@
 Used by `disk.py` (one file per bucket). Files are standard safetensors (any HF loader reads
 them): an 8-byte little-endian header length, a JSON header, then the tensors back to back.
 Tensors are written largest itemsize first so every tensor is naturally aligned, straight from
-the tensor's memory (no serialised copy), and hashed on a worker thread while they are written.
-Reading fills one buffer per file and hashes each chunk while the next one is read; the
-tensors handed back are views of that buffer.
+the tensor's memory (no serialised copy), and hashed on worker threads while they are written.
+Reading hashes each chunk while the next one is read; `read_file` hands back views of one
+buffer per file, `verify_file` + `copy_file_into` check a file and then read it straight into
+existing parameters.
 """
 
 from __future__ import annotations
 
-import bisect
-import hashlib
 import json
 import os
 import struct
 import threading
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -26,6 +26,7 @@ import torch
 from meshrl.common.errors import DataLoss
 
 from . import dtypes
+from .hashing import WORKERS, TensorHashers, sha256_many
 
 HEADER_ALIGN = 64  # data section starts at a multiple of this many bytes
 READ_CHUNK = 16 * 1024**2
@@ -50,10 +51,6 @@ def _cpu_bytes(tensor: torch.Tensor) -> memoryview:
     return memoryview(dtypes.as_bytes(tensor).numpy())
 
 
-def _sha256(view: memoryview) -> str:
-    return hashlib.sha256(view).hexdigest()
-
-
 def write_file(
     path: str, named_tensors: Sequence[tuple[str, torch.Tensor]], fsync: bool = True
 ) -> tuple[list[FileEntry], int]:
@@ -75,12 +72,12 @@ def write_file(
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-(8 + len(raw)) % HEADER_ALIGN)
     hashes: list[Future[str]] = []
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="weights-hash") as pool, open(path, "wb") as f:
+    with ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="weights-hash") as pool, open(path, "wb") as f:
         f.write(struct.pack("<Q", len(raw)))
         f.write(raw)
-        for _, tensor, _, _ in placed:
+        for _, tensor, _, _ in placed:  # each tensor is hashed on a worker while it is written
             view = _cpu_bytes(tensor)
-            hashes.append(pool.submit(_sha256, view))
+            hashes.extend(sha256_many([view], pool))
             f.write(view)
         f.flush()
         if fsync:
@@ -140,55 +137,50 @@ def read_file(
     Raises DataLoss for a missing, truncated, or altered file.
     """
     f, start = _open_checked(path, entries, file_bytes)
-    with f:
-        buffer = torch.empty(file_bytes - start, dtype=torch.uint8)
-        view = memoryview(buffer.numpy())
-        hashers = {e.name: hashlib.sha256() for e in entries} if verify else {}
-        by_begin = sorted(entries, key=lambda e: e.begin)
-        jobs: list[Future[None]] = []
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="weights-hash") as pool:
-            done = 0
-            while done < len(view):
-                got = f.readinto(view[done : done + READ_CHUNK])
-                if not got:
-                    raise DataLoss(f"{path}: file ended at byte {start + done} while reading")
-                if verify:
-                    jobs.append(pool.submit(_hash_range, view, by_begin, hashers, done, done + got))
-                done += got
-            for job in jobs:
-                job.result()
+    buffer = torch.empty(file_bytes - start, dtype=torch.uint8)
+    view = memoryview(buffer.numpy())
+    with f, TensorHashers(entries) as hashers:
+        done = 0
+        while done < len(view):
+            got = f.readinto(view[done : done + READ_CHUNK])
+            if not got:
+                raise DataLoss(f"{path}: file ended at byte {start + done} while reading")
+            if verify:
+                hashers.feed(view, done, done + got)  # hashed on workers while the next chunk is read
+            done += got
+        digests = hashers.digests()
     if verify:
-        _compare(path, entries, hashers)
+        _compare(path, entries, digests)
     return [(e.name, _tensor(buffer, e)) for e in entries]
 
 
 def verify_file(path: str, entries: Sequence[FileEntry], file_bytes: int) -> None:
     """Checks a file's size, header and every tensor's sha256 without keeping its data: it is
-    read through two reused chunk buffers, each hashed on a worker while the other is filled."""
+    read through a few reused chunk buffers, each hashed on workers while the next is filled."""
     f, start = _open_checked(path, entries, file_bytes)
-    hashers = {e.name: hashlib.sha256() for e in entries}
-    by_begin = sorted(entries, key=lambda e: e.begin)
-    chunks = [_CHUNKS.take(), _CHUNKS.take()]
+    in_flight: deque[tuple[torch.Tensor, list[Future[None]]]] = deque()
+    free = [_CHUNKS.take() for _ in range(WORKERS + 1)]
     try:
-        with f, ThreadPoolExecutor(max_workers=1, thread_name_prefix="weights-hash") as pool:
-            pending: list[Future[None] | None] = [None, None]
-            done, k, total = 0, 0, file_bytes - start
+        with f, TensorHashers(entries) as hashers:
+            done, total = 0, file_bytes - start
             while done < total:
-                if pending[k] is not None:
-                    pending[k].result()  # the chunk is free again once its bytes are hashed
-                view = memoryview(chunks[k].numpy())[: min(READ_CHUNK, total - done)]
+                if not free:
+                    chunk, jobs = in_flight.popleft()
+                    for job in jobs:
+                        job.result()  # the chunk is free again once its bytes are hashed
+                    free.append(chunk)
+                chunk = free.pop()
+                view = memoryview(chunk.numpy())[: min(READ_CHUNK, total - done)]
                 got = f.readinto(view)
                 if not got:
                     raise DataLoss(f"{path}: file ended at byte {start + done} while reading")
-                pending[k] = pool.submit(_hash_range, view, by_begin, hashers, done, done + got, done)
-                done, k = done + got, 1 - k
-            for job in pending:
-                if job is not None:
-                    job.result()
+                in_flight.append((chunk, hashers.feed(view, done, done + got, base=done)))
+                done += got
+            digests = hashers.digests()
     finally:
-        for chunk in chunks:
+        for chunk in [*free, *(c for c, _ in in_flight)]:
             _CHUNKS.give(chunk)
-    _compare(path, entries, hashers)
+    _compare(path, entries, digests)
 
 
 def copy_file_into(path: str, entries: Sequence[FileEntry], file_bytes: int, targets: dict[str, torch.Tensor]) -> None:
@@ -228,16 +220,16 @@ def _read_exact(f: BinaryIO, view: memoryview, path: str) -> None:
         done += got
 
 
-def _compare(path: str, entries: Sequence[FileEntry], hashers: dict) -> None:
+def _compare(path: str, entries: Sequence[FileEntry], digests: dict[str, str]) -> None:
     for e in entries:
-        if hashers[e.name].hexdigest() != e.sha256:
+        if digests[e.name] != e.sha256:
             raise DataLoss(f"{path}: tensor {e.name!r} does not match its sha256 in the manifest; the file is corrupt")
 
 
 class _ChunkPool:
     """Reused READ_CHUNK-byte CPU buffers: first use of fresh memory is slow, so they are kept."""
 
-    def __init__(self, keep: int = 4) -> None:
+    def __init__(self, keep: int = 8) -> None:
         self._free: list[torch.Tensor] = []
         self._keep = keep
         self._lock = threading.Lock()
@@ -255,16 +247,6 @@ class _ChunkPool:
 
 
 _CHUNKS = _ChunkPool()
-
-
-def _hash_range(view: memoryview, entries: Sequence[FileEntry], hashers: dict, lo: int, hi: int, base: int = 0) -> None:
-    """Feeds bytes [lo, hi) of the data section (held in `view` from offset `base`) to the
-    hashers of the tensors they belong to."""
-    first = bisect.bisect_right([e.end for e in entries], lo)
-    for e in entries[first:]:
-        if e.begin >= hi:
-            break
-        hashers[e.name].update(view[max(e.begin, lo) - base : min(e.end, hi) - base])
 
 
 def _tensor(buffer: torch.Tensor, e: FileEntry) -> torch.Tensor:

@@ -136,6 +136,7 @@ class Backend:
 
 
 def device_for(backend: str, device: str | torch.device | None) -> torch.device:
+    """The device a member's broadcast tensors live on: CPU for gloo, a CUDA device for NCCL."""
     if backend == "gloo":
         d = torch.device(device or "cpu")
         if d.type != "cpu":

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import yaml
+
 from meshrl.scheduler.workflow.errors import Problem
 
 _ANY_REF = re.compile(r"\$\$\{|\$\{([^}]*)\}")

@@ -14,6 +14,7 @@ from typing import Any
 
 import pydantic
 import yaml
+
 from meshrl.scheduler.workflow.checks import close_match, workflow_problems
 from meshrl.scheduler.workflow.errors import Problem, WorkflowError
 from meshrl.scheduler.workflow.executables import default_allowed_modules

@@ -1,0 +1,160 @@
+"""The weight group's side channel: the trainer's TCPStore and the keys members leave in it.
+
+Used by `collective.py`. Everything a member must tell the others outside the broadcasts goes
+through here, under `meshrl/weights/<group>/`:
+  joined/<rank>              the member is in (everyone waits for all before the backend starts)
+  update/<seq> = version     the sender starts update number <seq>
+  progress/<seq>/<rank>      the last bucket this receiver got
+  failed/<seq>/<rank>        this receiver is alive but lost the update (timed out, sender gone)
+  ack/<seq>/<rank>           "ok" or "refused: <error>" once its sink finished
+  alive/<rank>               a counter the receiver's heartbeat thread advances a few times a second
+so after a failed step the sender can name the members that stopped instead of guessing.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from meshrl.common.errors import DeadlineExceeded, Unavailable
+
+from .errors import MembersUnresponsive, UpdateOutcome
+from .group_plan import GroupSpec
+from .transport import Deadline, await_keys
+
+STORE_PREFIX = "meshrl/weights/"
+HEARTBEAT_S = 0.25
+
+
+class Rendezvous:
+    """One member's connection to its group's store (rank 0 hosts it)."""
+
+    def __init__(self, spec: GroupSpec, rank: int, deadline: Deadline) -> None:
+        self.spec = spec
+        self.rank = rank
+        self._stop = threading.Event()
+        self._beater: threading.Thread | None = None
+        self.store = self._connect(rank == 0, deadline.seconds)
+
+    def _connect(self, host: bool, timeout_s: float) -> dist.PrefixStore:
+        s = self.spec
+        try:
+            tcp = dist.TCPStore(
+                s.master_address, s.master_port, None, host, timedelta(seconds=timeout_s), wait_for_workers=False
+            )
+        except Exception as e:
+            where = f"{s.master_address}:{s.master_port}"
+            if host:
+                raise Unavailable(
+                    f"cannot host weight group {s.group_name!r}'s store on {where} ({e}); use a free port"
+                ) from e
+            raise DeadlineExceeded(f"rank {self.rank} could not reach the trainer's store at {where} ({e})") from e
+        return dist.PrefixStore(f"{STORE_PREFIX}{s.group_name}/", tcp)
+
+    # ------------------------------------------------------------------------ membership
+    def join(self, deadline: Deadline) -> None:
+        """Announces this rank and waits for every other; raises MembersUnresponsive naming the missing."""
+        self.store.set(f"joined/{self.rank}", "1")
+        missing = await_keys(self.store, [f"joined/{r}" for r in range(self.spec.world_size)], deadline)
+        if missing:
+            ranks = tuple(int(k.split("/")[1]) for k in missing)
+            raise MembersUnresponsive(
+                f"weight group {self.spec.group_name!r}: ranks {list(ranks)} did not join within {deadline.seconds:.1f}s",
+                UpdateOutcome(version=-1, unresponsive=ranks),
+            )
+
+    def start_heartbeat(self) -> None:
+        self._beater = threading.Thread(target=self._heartbeat, name="weights-heartbeat", daemon=True)
+        self._beater.start()
+
+    def _heartbeat(self) -> None:
+        """Advances alive/<rank> until close(), on a connection of its own."""
+        try:
+            store = self._connect(False, 10.0)
+            beat = 0
+            while not self._stop.is_set():
+                beat += 1
+                store.set(f"alive/{self.rank}", str(beat))
+                self._stop.wait(HEARTBEAT_S)
+        except Exception:  # the trainer's store went away: the group is gone, nothing left to beat for
+            self._stop.set()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._beater is not None:
+            self._beater.join(timeout=2 * HEARTBEAT_S)
+            self._beater = None
+
+    # ------------------------------------------------------------------------ one update
+    def announce(self, seq: int, version: int) -> None:
+        self.store.set(f"update/{seq}", str(version))
+
+    def await_announcement(self, seq: int, deadline: Deadline) -> int | None:
+        """The version of update <seq> once the sender starts it; None if it did not start in time."""
+        if await_keys(self.store, [f"update/{seq}"], deadline):
+            return None
+        return int(self.store.get(f"update/{seq}").decode())
+
+    def progress(self, seq: int, index: int) -> None:
+        self.store.set(f"progress/{seq}/{self.rank}", str(index))
+
+    def report_failure(self, seq: int, cause: str) -> None:
+        """Best effort: the store may be gone with the trainer."""
+        try:
+            self.store.set(f"failed/{seq}/{self.rank}", cause[:500])
+        except Exception:  # nobody left to tell
+            self._stop.set()
+
+    def ack(self, seq: int, refusal: BaseException | None) -> None:
+        answer = "ok" if refusal is None else f"refused: {type(refusal).__name__}: {refusal}"
+        self.store.set(f"ack/{seq}/{self.rank}", answer)
+
+    def await_acks(
+        self, seq: int, receivers: Sequence[int], deadline: Deadline
+    ) -> tuple[list[int], dict[int, str], tuple[int, ...]]:
+        """(ranks that confirmed, ranks that refused -> why, ranks that did not answer in time)."""
+        keys = [f"ack/{seq}/{r}" for r in receivers]
+        missing = set(await_keys(self.store, keys, deadline))
+        acked, refused = [], {}
+        for r, key in zip(receivers, keys, strict=True):
+            if key not in missing:
+                answer = self.store.get(key).decode()
+                if answer == "ok":
+                    acked.append(r)
+                else:
+                    refused[r] = answer
+        return acked, refused, tuple(r for r, key in zip(receivers, keys, strict=True) if key in missing)
+
+    def diagnose(self, seq: int, receivers: Sequence[int], grace_s: float) -> tuple[tuple[int, ...], str]:
+        """The receivers that stopped answering during update <seq>, and the evidence.
+
+        Responsive: its heartbeat advances during the grace period, or it reported its own
+        failure of this update. Unresponsive: the others, and any behind the rest in buckets
+        received. If that singles out nobody, every receiver is suspect.
+        """
+        before = {r: self._peek(f"alive/{r}") for r in receivers}
+        time.sleep(grace_s)
+        after = {r: self._peek(f"alive/{r}") for r in receivers}
+        failed = {r: self._peek(f"failed/{seq}/{r}") for r in receivers}
+        progress = {r: int(self._peek(f"progress/{seq}/{r}") or -1) for r in receivers}
+        top = max(progress.values())
+        beating = {r for r in receivers if after[r] is not None and after[r] != before[r]}
+        stopped = {r for r in receivers if (r not in beating and failed[r] is None) or progress[r] < top}
+        reports = {r: f for r, f in failed.items() if f}
+        evidence = f"buckets received {progress}, heartbeats {before} -> {after}, receivers' reports {reports}"
+        return tuple(sorted(stopped)) or tuple(receivers), evidence
+
+    def forget(self, seq: int, receivers: Sequence[int]) -> None:
+        """Deletes the keys of a finished update so a long job does not grow the store."""
+        for key in [f"update/{seq}", *(f"{k}/{seq}/{r}" for k in ("progress", "ack", "failed") for r in receivers)]:
+            self.store.delete_key(key)
+
+    def _peek(self, key: str) -> str | None:
+        try:
+            return self.store.get(key).decode() if self.store.check([key]) else None
+        except Exception:  # the store itself failed: treat the key as absent
+            return None

@@ -1,0 +1,76 @@
+"""Weight publication through real services: disk and gloo-distributed updates reach both replicas
+bit-exactly (checksums verified against the trainer), and a replica frozen with SIGSTOP during a
+distributed update is left out within the deadline while the other one gets the version; after
+SIGCONT it is refitted before it serves again."""
+
+import os
+import signal
+import time
+
+import pytest
+
+from meshrl.scheduler.clients import RolloutClient, TrainerClient
+from meshrl.scheduler.config import WeightsSection
+from meshrl.scheduler.launcher import ProcessLauncher, ServiceSpec
+from meshrl.scheduler.weight_sync import WeightPublisher
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory):
+    from meshrl.trainer.model_builder import build_small_model
+
+    root = tmp_path_factory.mktemp("weights")
+    model = str(build_small_model(root / "model", hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1))
+    launcher = ProcessLauncher(root / "logs", start_timeout=120)
+    try:
+        buffer = launcher.start(
+            [ServiceSpec("databuffer", "databuffer", ["--set", f"redis.embedded.data_dir={root}/r"])]
+        )
+        with_buffer = ["--set", f"databuffer_address={buffer['databuffer']}"]
+        specs = [ServiceSpec("trainer", "trainer", with_buffer)] + [
+            ServiceSpec("rollout", f"rollout-{i}", [*with_buffer, "--set", f"engine.model_path={model}"])
+            for i in range(2)
+        ]
+        addresses = launcher.start(specs)
+        trainer = TrainerClient(addresses["trainer"])
+        trainer.load_model("actor", model, "float32", None, 0)
+        replicas = [RolloutClient(addresses[f"rollout-{i}"]) for i in range(2)]
+        yield {"launcher": launcher, "trainer": trainer, "replicas": replicas, "root": root}
+    finally:
+        launcher.stop_all(grace=5)
+
+
+@pytest.mark.parametrize("transport", ["disk", "distributed"])
+def test_update_reaches_every_replica_bit_exactly(services, transport):
+    cfg = WeightsSection(transport=transport, timeout_seconds=30)
+    publisher = WeightPublisher(services["trainer"], cfg, str(services["root"] / f"w-{transport}"))
+    publisher.version = max(r.status().weight_version for r in services["replicas"])
+    for _ in range(2):
+        result = publisher.publish(services["replicas"])  # verifies versions and checksums, or raises
+        assert result.stale == [] and result.bytes > 0
+    expected = services["trainer"].checksums("actor").sha256
+    for replica in services["replicas"]:
+        assert replica.status().weight_version == publisher.version
+        assert dict(replica.checksums(list(expected)).sha256) == dict(expected)
+
+
+def test_frozen_replica_is_left_out_then_refitted(services):
+    cfg = WeightsSection(transport="distributed", timeout_seconds=8)
+    publisher = WeightPublisher(services["trainer"], cfg, str(services["root"] / "w-frozen"))
+    healthy, frozen = services["replicas"]
+    publisher.version = max(r.status().weight_version for r in services["replicas"])
+    publisher.publish([healthy, frozen])
+    pid = services["launcher"].pid("rollout-1")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        result = publisher.publish([healthy, frozen])
+        took = time.monotonic() - start
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert result.stale == [frozen.address]
+    assert took < 4 * cfg.timeout_seconds + 30  # bounded by the deadlines, never a hang
+    assert healthy.status().weight_version == result.version  # the others continued
+    assert frozen.status().weight_version < result.version
+    publisher.refit_from_disk(frozen)  # before it serves again
+    publisher.verify([healthy, frozen], result.version)
