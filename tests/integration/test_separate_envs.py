@@ -5,8 +5,9 @@ through them.
 
 The environments are built from the base interpreter of the running one (not the project venv) and
 cached across runs in $MESHRL_TEST_ENVS (default ~/.cache/meshrl-test-envs), one folder per service
-keyed by a hash of the pyproject files; when only the sources changed, the two meshrl distributions are
-reinstalled (no dependencies). A cold build of the four takes a few minutes; the timings are printed.
+keyed by a hash of the pyproject files. The meshrl distributions go in as wheels built from a copy of
+their folders (cached by a hash of their sources); when only the sources changed, the two are reinstalled
+without dependencies. A cold build of the four takes a few minutes; the timings are printed (pytest -s).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from meshrl.api.scheduler.v1 import scheduler_pb2_grpc
 from meshrl.common.grpc_channel import open_channel
 from meshrl.common.grpc_server import EXIT_WITH_PARENT_ENV
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # the timeout covers a cold build
 
 REPO = Path(__file__).resolve().parents[2]
 SERVICES = ("databuffer", "scheduler", "trainer", "rollout")
@@ -223,17 +224,23 @@ class Services:
         run.address = f"127.0.0.1:{port_file.read_text().strip()}"
         return run.address
 
-    def close(self) -> None:
+    def terminate(self, grace: float = 15) -> dict[str, int | None]:
+        """SIGTERM to each, then their exit codes (None: still running after `grace`)."""
         for run in reversed(list(self.running.values())):
             if run.proc.poll() is None:
                 run.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + grace
         for run in self.running.values():
             try:
                 run.proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
-            try:  # the service's whole session: the embedded redis-server too
+        return {name: run.proc.poll() for name, run in self.running.items()}
+
+    def close(self) -> None:
+        self.terminate()
+        for run in self.running.values():
+            try:  # the service's whole session: an embedded redis-server left behind too
                 os.killpg(run.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
@@ -279,7 +286,6 @@ def test_each_environment_holds_only_its_own_distribution(envs):
             assert packages["torch"] == "2.13.0+cpu", f"{svc} environment has torch {packages['torch']}"
 
 
-@pytest.mark.timeout(900)
 def test_grpo_step_through_services_from_their_own_environments(envs, services, task, tmp_path):
     started = time.monotonic()
     redis_dir = tmp_path / "redis"
@@ -291,6 +297,7 @@ def test_grpo_step_through_services_from_their_own_environments(envs, services, 
     services.start(envs["scheduler"], "scheduler", ["--set", f"run_root={tmp_path / 'runs'}"])
     trainer, rollout, scheduler = (services.wait(n) for n in ("trainer", "rollout", "scheduler"))
     print(f"four services started from their environments: {time.monotonic() - started:.1f}s")
+    redis_pid = int((redis_dir / "redis.pid").read_text())  # the data buffer's embedded redis-server
 
     job = tmp_path / "job.yaml"
     job.write_text(
@@ -302,7 +309,7 @@ def test_grpo_step_through_services_from_their_own_environments(envs, services, 
                 "rollout": {"replicas": 0, "addresses": [rollout], "n": 2, "max_tokens": 6},
                 "trainer": {"address": trainer, "optimizer": {"lr": 1e-3}},
                 # named by address: the scheduler launches nothing (and so needs no Ray cluster)
-                "services": {"databuffer": buffer, "use_ray": False},
+                "services": {"databuffer": buffer},
                 "eval": {"every": 0, "max_prompts": 4},
             }
         )
@@ -345,6 +352,20 @@ def test_grpo_step_through_services_from_their_own_environments(envs, services, 
     assert children == [], f"the scheduler started processes {children}"
     for run in services.running.values():
         assert run.proc.poll() is None, f"{run.name} exited during the job"
+
+    codes = services.terminate()  # SIGTERM: each stops cleanly, and the data buffer takes its redis-server down
+    assert codes == dict.fromkeys(services.running, 0), codes
+    deadline = time.monotonic() + 10
+    while _alive(redis_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(redis_pid), "the embedded redis-server outlived the data buffer"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
 
 
 def _ppid(proc_dir: Path) -> int | None:

@@ -86,6 +86,11 @@ class JobRunner:
 
     # -- preparation ---------------------------------------------------------------------
     def prepare(self) -> None:
+        # Services (Ray actors included) may run in another working directory: use absolute paths.
+        self.cfg.model.path = str(Path(self.cfg.model.path).resolve())
+        for field in ("train", "eval"):
+            if getattr(self.cfg.data, field):
+                setattr(self.cfg.data, field, str(Path(getattr(self.cfg.data, field)).resolve()))
         model = Path(self.cfg.model.path)
         if not (model / "config.json").exists():
             if self.cfg.model.build is None:

@@ -1,0 +1,66 @@
+"""The step executor: dependency order, concurrent branches, upstream keys (stopping at nodes that
+rewrite rows), node events, and a failing node reported with its traceback."""
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import pytest
+
+from meshrl.api.scheduler.v1 import scheduler_pb2 as spb
+from meshrl.common.databuffer_client import batch_key
+from meshrl.scheduler.events import EventLog
+from meshrl.scheduler.executor import NodeFailed, NodeResult, StepExecutor
+
+
+@dataclass
+class N:
+    node_id: str
+    dependencies: list[str] = field(default_factory=list)
+    node_type: str = "COMPUTE"
+    node_role: str = "REWARD"
+
+
+def graph():
+    return [N("load"), N("roll", ["load"]), N("a", ["roll"]), N("b", ["roll"]), N("train", ["a", "b"])]
+
+
+def test_order_concurrency_and_inputs():
+    seen, running, peak = {}, [0], [0]
+    lock = threading.Lock()
+
+    def handler(node, ctx):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        seen[node.node_id] = [k.node_id for k in ctx.input_keys(node.node_id)]
+        time.sleep(0.2 if node.node_id in ("a", "b") else 0)
+        with lock:
+            running[0] -= 1
+        return NodeResult([batch_key("j", ctx.step, node.node_id)], rewrites_rows=node.node_id == "roll")
+
+    events = EventLog("j")
+    metrics = StepExecutor(graph(), lambda n: handler, events).run_step("j", 1)
+    assert seen["load"] == [] and seen["roll"] == ["load"]
+    assert seen["a"] == ["roll"]  # not "load": the rollout rewrote the rows
+    assert sorted(seen["train"]) == ["a", "b", "roll"]
+    assert peak[0] == 2  # a and b ran at the same time
+    assert set(metrics) == {f"time/{n}" for n in ("load", "roll", "a", "b", "train")}
+    states = [(e.node.node_id, e.node.state) for e in events.read(0, 0)[0] if e.WhichOneof("body") == "node"]
+    assert ("train", spb.NODE_STATE_COMPLETED) in states and states.index(("a", spb.NODE_STATE_RUNNING)) > 4
+
+
+def test_failure_names_the_node_and_keeps_the_traceback():
+    def handler(node, ctx):
+        if node.node_id == "a":
+            raise ValueError("reward function broke")
+        return NodeResult([batch_key("j", ctx.step, node.node_id)])
+
+    events = EventLog("j")
+    with pytest.raises(NodeFailed, match="node 'a' failed at step 3") as info:
+        StepExecutor(graph(), lambda n: handler, events).run_step("j", 3)
+    assert "ValueError: reward function broke" in info.value.detail
+    errors = events.errors()
+    assert len(errors) == 1 and "Traceback" in errors[0]
+    ran = {e.node.node_id for e in events.read(0, 0)[0] if e.WhichOneof("body") == "node" and e.node.state == 2}
+    assert "train" not in ran  # nothing downstream of a failure starts
