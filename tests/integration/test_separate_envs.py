@@ -309,7 +309,7 @@ def test_grpo_step_through_services_from_their_own_environments(envs, services, 
                 "rollout": {"replicas": 0, "addresses": [rollout], "n": 2, "max_tokens": 6},
                 "trainer": {"address": trainer, "optimizer": {"lr": 1e-3}},
                 # named by address: the scheduler launches nothing (and so needs no Ray cluster)
-                "services": {"databuffer": buffer},
+                "services": {"databuffer": buffer, "use_ray": False},
                 "eval": {"every": 0, "max_prompts": 4},
             }
         )

@@ -55,3 +55,15 @@ def test_override_syntax_error():
 def test_environment_variables_that_are_not_fields_are_ignored():
     cfg = load_config(Cfg, env={"MESHRL_AUTH_TOKEN": "secret", "MESHRL_NAME": "env"})
     assert cfg.name == "env"
+
+
+def test_overriding_one_field_keeps_the_section_defaults():
+    class Server(StrictModel):
+        host: str = "127.0.0.1"
+        port: int = 0
+
+    class Svc(StrictModel):
+        server: Server = pydantic.Field(default_factory=lambda: Server(port=50050))
+
+    cfg = load_config(Svc, env={}, overrides=["server.host=0.0.0.0"])
+    assert (cfg.server.host, cfg.server.port) == ("0.0.0.0", 50050)

@@ -138,6 +138,18 @@ def to_config_error(model: type[pydantic.BaseModel], exc: pydantic.ValidationErr
     return ConfigError(field, value, err["msg"], fix)
 
 
+def section_defaults(model: type[pydantic.BaseModel]) -> dict[str, Any]:
+    """What each section's default factory sets explicitly, e.g. {"server": {"port": 50051}}, so that
+    overriding one field of a section (--set server.host=...) keeps the others' service defaults."""
+    out: dict[str, Any] = {}
+    for name, info in model.model_fields.items():
+        if info.default_factory is not None:
+            value = info.default_factory()
+            if isinstance(value, pydantic.BaseModel):
+                out[name] = value.model_dump(exclude_unset=True)
+    return out
+
+
 def load_config(
     model: type[T],
     *,
@@ -148,7 +160,7 @@ def load_config(
     env_prefix: str = ENV_PREFIX,
 ) -> T:
     """Builds a config: model defaults < `base` < YAML file < environment < overrides."""
-    data: dict[str, Any] = dict(base or {})
+    data: dict[str, Any] = deep_merge(section_defaults(model), base or {})
     if path is not None:
         data = deep_merge(data, read_yaml(path))
     from_env = env_overrides(os.environ if env is None else env, env_prefix)

@@ -76,6 +76,7 @@ class JobRecord:
 
 class JobManager:
     def __init__(self, run_root: str = "runs", max_concurrent: int = 1) -> None:
+        """run_root: where run folders go when a job's config does not set job.run_root."""
         self.run_root = Path(run_root)
         self.jobs: dict[str, JobRecord] = {}
         self.slots = threading.Semaphore(max_concurrent)
@@ -92,7 +93,9 @@ class JobManager:
             job_id = job_id or run.root.name
         else:
             job_id = job_id or f"{cfg.job.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
-            run = RunDir(Path(cfg.job.run_root) / job_id)
+            # the job's own job.run_root wins; otherwise the scheduler's run root
+            root = cfg.job.run_root if "run_root" in raw.get("job", {}) else str(self.run_root)
+            run = RunDir(Path(root) / job_id)
             run.write_config(raw, workflow_text)
         with self.lock:
             if job_id in self.jobs:

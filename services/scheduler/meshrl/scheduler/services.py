@@ -51,18 +51,24 @@ class JobServices:
     addresses: dict[str, str] = field(default_factory=dict)
     _next_replica: int = 0
 
+    def _launcher(self) -> RayLauncher | ProcessLauncher:
+        """Started on first use: a job whose services are all named by address needs no Ray."""
+        if self.launcher is None:
+            s = self.cfg.services
+            if s.use_ray:
+                self.launcher = RayLauncher(self.run.logs, s.start_timeout_seconds, s.ray_address, s.placement_strategy)
+            else:
+                self.launcher = ProcessLauncher(self.run.logs, s.start_timeout_seconds)
+        return self.launcher
+
     def open(self) -> JobServices:
         s = self.cfg.services
-        if s.use_ray:
-            self.launcher = RayLauncher(self.run.logs, s.start_timeout_seconds, s.ray_address, s.placement_strategy)
-        else:
-            self.launcher = ProcessLauncher(self.run.logs, s.start_timeout_seconds)
         buffer_address = s.databuffer
         if buffer_address is None:
             redis = ["--set", f"redis.url={s.redis_url}"] if s.redis_url else [
                 "--set", f"redis.embedded.data_dir={self.run.root / 'redis'}"]  # fmt: skip
             spec = ServiceSpec("databuffer", "databuffer", [*redis, *telemetry_args(self.cfg, self.run, "databuffer")])
-            buffer_address = self.launcher.start([spec])["databuffer"]
+            buffer_address = self._launcher().start([spec])["databuffer"]
         self.addresses["databuffer"] = buffer_address
         self.buffer = DataBufferClient(buffer_address)
         specs = []
@@ -71,12 +77,14 @@ class JobServices:
             specs.append(ServiceSpec("trainer", "trainer", args))
         for _ in range(self.cfg.rollout.replicas):
             specs.append(self._new_replica_spec(buffer_address))
-        started = self.launcher.start(specs) if specs else {}
+        started = self._launcher().start(specs) if specs else {}
         self.addresses.update(started)
         trainer_address = self.cfg.trainer.address or started["trainer"]
+        self.addresses["trainer"] = trainer_address
         self.trainer = TrainerClient(trainer_address, self.cfg.trainer.request_timeout_seconds)
         self.trainer.wait_ready(s.start_timeout_seconds)
         replicas = [a for n, a in started.items() if n.startswith("rollout-")] + list(self.cfg.rollout.addresses)
+        self.addresses.update({f"rollout@{a}": a for a in self.cfg.rollout.addresses})
         self.fleet = RolloutFleet(self.buffer, replicas, self.cfg.rollout.request_timeout_seconds)
         return self
 
@@ -88,7 +96,7 @@ class JobServices:
     def add_replicas(self, count: int) -> list[str]:
         """Starts `count` replicas; they are not given traffic until the caller refits them."""
         specs = [self._new_replica_spec(self.addresses["databuffer"]) for _ in range(count)]
-        started = self.launcher.start(specs)
+        started = self._launcher().start(specs)
         self.addresses.update(started)
         return list(started.values())
 
