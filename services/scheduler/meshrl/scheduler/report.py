@@ -27,8 +27,17 @@ def plot_curves(run: RunDir) -> Path:
     evals = run.read_jsonl(run.eval_file)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     steps = [m["step"] for m in metrics]
-    for key, label in (("reward/mean", "train reward (mean)"), ("reward/accuracy", "train accuracy")):
-        axes[0].plot(steps, [m.get(key) for m in metrics], marker=".", label=label)
+    rewards = [m.get("reward/mean") or 0.0 for m in metrics]
+    axes[0].plot(steps, rewards, color="C0", alpha=0.35, lw=1, label="train reward (mean over samples)")
+    window = max(1, min(10, len(rewards) // 5))
+    smooth = [
+        sum(rewards[max(0, i - window + 1) : i + 1]) / len(rewards[max(0, i - window + 1) : i + 1])
+        for i in range(len(rewards))
+    ]
+    axes[0].plot(steps, smooth, color="C0", lw=2.5, label=f"moving average ({window} steps)")
+    accuracy = [m.get("reward/accuracy") for m in metrics]
+    if any(a is not None and abs(a - r) > 1e-9 for a, r in zip(accuracy, rewards)):
+        axes[0].plot(steps, accuracy, color="C1", lw=1, label="train accuracy")
     axes[0].set(title="Training reward", xlabel="RL step", ylabel="reward")
     axes[0].legend()
     axes[0].grid(alpha=0.3)
