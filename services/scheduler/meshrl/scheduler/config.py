@@ -23,7 +23,6 @@ class JobSection(StrictModel):
     steps: int = Field(10, ge=0, description="RL steps to run")
     seed: int = 0
     run_root: str = Field("runs", description="folder that holds one folder per run")
-    step_timeout_seconds: float = Field(900.0, gt=0, description="deadline of one training step")
     allowed_modules: list[str] = Field(
         default_factory=lambda: ["meshrl"],
         description="module prefixes that executable_refs, rewards and data generators may come from",
@@ -62,6 +61,11 @@ class RolloutSection(StrictModel):
     addresses: list[str] = Field(default_factory=list, description="replicas deployed independently (host:port)")
     request_timeout_seconds: float = Field(600.0, gt=0)
     max_batch_size: int = Field(64, ge=1)
+    gpus_per_replica: float = Field(0.0, ge=0, description="GPUs in each replica's placement bundle")
+    service_overrides: list[str] = Field(
+        default_factory=list,
+        description="extra `key=value` settings of the launched rollout services, e.g. engine.sglang.extra_args.tp=2",
+    )
 
 
 class LossSection(StrictModel):
@@ -101,7 +105,11 @@ class TrainerSection(StrictModel):
     critic_optimizer: OptimSection = Field(default_factory=OptimSection)
     micro_batch_tokens: int = Field(4096, ge=16)
     mini_batches: int = Field(1, ge=1)
-    data_parallel: int = Field(1, ge=1)
+    data_parallel: int = Field(1, ge=1, description="trainer ranks (processes); rank 0 serves gRPC")
+    gpus: float = Field(0.0, ge=0, description="GPUs in the trainer's placement bundle (one per rank)")
+    service_overrides: list[str] = Field(
+        default_factory=list, description="extra `key=value` settings of the launched trainer service"
+    )
     request_timeout_seconds: float = Field(900.0, gt=0)
 
 
@@ -137,7 +145,6 @@ class ServicesSection(StrictModel):
     databuffer: str | None = Field(None, description="address of an independent data buffer (else launched)")
     redis_url: str | None = Field(None, description="Redis for the launched data buffer (else embedded)")
     ray_address: str | None = Field(None, description="an existing Ray cluster (else a local one)")
-    placement: Literal["colocated", "disaggregated"] = "colocated"
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK"] = "PACK"
     use_ray: bool = Field(True, description="place launched services as Ray actors (else plain processes)")
     start_timeout_seconds: float = Field(180.0, gt=0)

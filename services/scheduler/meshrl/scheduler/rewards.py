@@ -39,6 +39,7 @@ def math_verify(prompts: Sequence[str], responses: Sequence[str], answers: Seque
 
     scores = []
     for response, answer in zip(responses, answers):
+        answer = answer.rsplit("####", 1)[-1].strip()  # GSM8K-style references end in "#### <answer>"
         gold = parse(answer if "$" in answer or "\\" in answer else f"${answer}$")
         pred = parse(response)
         scores.append(float(bool(gold) and bool(pred) and verify(gold, pred)))

@@ -35,8 +35,9 @@ def rollout_spec(cfg: JobConfig, run: RunDir, name: str, buffer_address: str, mo
         "--set", f"databuffer_address={buffer_address}",
         "--set", f"replica_id={name}",
         *telemetry_args(cfg, run, name),
+        *[a for kv in cfg.rollout.service_overrides for a in ("--set", kv)],
     ]  # fmt: skip
-    return ServiceSpec("rollout", name, args)
+    return ServiceSpec("rollout", name, args, gpus=cfg.rollout.gpus_per_replica)
 
 
 @dataclass
@@ -73,8 +74,10 @@ class JobServices:
         self.buffer = DataBufferClient(buffer_address)
         specs = []
         if self.cfg.trainer.address is None:
-            args = ["--set", f"databuffer_address={buffer_address}", *telemetry_args(self.cfg, self.run, "trainer")]
-            specs.append(ServiceSpec("trainer", "trainer", args))
+            t = self.cfg.trainer
+            args = ["--set", f"databuffer_address={buffer_address}", "--set", f"data_parallel.size={t.data_parallel}",
+                    *telemetry_args(self.cfg, self.run, "trainer"), *[a for kv in t.service_overrides for a in ("--set", kv)]]  # fmt: skip
+            specs.append(ServiceSpec("trainer", "trainer", args, gpus=t.gpus))
         for _ in range(self.cfg.rollout.replicas):
             specs.append(self._new_replica_spec(buffer_address))
         started = self._launcher().start(specs) if specs else {}
