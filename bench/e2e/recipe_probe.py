@@ -242,6 +242,7 @@ def rollout(model, task: Task, recipe: Recipe, rows: list[dict]) -> dict:
         "responses": responses,
         "rewards": rewards,
         "advantages": adv,
+        "mixed_groups": (grouped.std(1) > 0).float().mean().item(),
         "accuracy": sum(reward.is_correct(t, a) for t, a in zip(texts, answers)) / len(texts),
         "length": sum(len(r) for r in responses) / len(responses),
     }
@@ -292,13 +293,21 @@ def grpo(model, opt, task: Task, recipe: Recipe, batches: Batches, clock: Clock,
             batch = rollout(model, task, recipe, batches.next(recipe.prompts_per_step))
         with clock.phase("train"):
             stats = ppo_update(model, opt, ref, task, recipe, batch)
-        curve.append({"step": step, "reward": batch["rewards"].mean().item(), "length": batch["length"], **stats})
+        curve.append(
+            {
+                "step": step,
+                "reward": batch["rewards"].mean().item(),
+                "length": batch["length"],
+                "mixed_groups": batch["mixed_groups"],
+                **stats,
+            }
+        )
         if step % recipe.eval_every == 0 or step == recipe.rl_steps:
             with clock.phase("eval"):
                 evals.append((step, evaluate(model, task, recipe)))
             log(
                 f"  rl step {step} reward {curve[-1]['reward']:.3f} len {batch['length']:.1f}"
-                f" clip {stats['clip_fraction']:.3f} kl {stats['kl']:.4f} grad {stats['grad_norm']:.2f}"
+                f" mixed {batch['mixed_groups']:.2f} clip {stats['clip_fraction']:.3f} kl {stats['kl']:.4f} grad {stats['grad_norm']:.2f}"
                 f" eval acc {evals[-1][1]:.3f}"
             )
     return {"curve": curve, "evals": evals}

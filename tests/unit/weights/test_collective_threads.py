@@ -39,14 +39,18 @@ def pair(pool, timeout=10.0, **options):
 
 
 def test_update_and_default_group_untouched(pool):
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # a service's own DP group
+    # a service's own data-parallel group (another test in this process may have made one already)
+    owned = not dist.is_initialized()
+    if owned:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    world, rank = dist.get_world_size(), dist.get_rank()
     try:
         sender, receiver = pair(pool, bucket_bytes=1024)
         params = zeros_like(make_tensors(1))
         got = pool.submit(receiver.receive, InPlaceSink(params, 0))
         assert sender.send(make_tensors(1), 1).acked == (1,)
         assert got.result(30) == 1 and equal(params, make_tensors(1))
-        assert dist.get_world_size() == 1 and dist.get_rank() == 0
+        assert dist.get_world_size() == world and dist.get_rank() == rank
         with pytest.raises(FailedPrecondition, match="only rank 0 sends"):
             receiver.send(make_tensors(1), 2)
         with pytest.raises(FailedPrecondition, match="only rank 0 sends"):
@@ -56,7 +60,8 @@ def test_update_and_default_group_untouched(pool):
         with pytest.raises(FailedPrecondition, match="unusable"):
             sender.send(make_tensors(1), 2)
     finally:
-        dist.destroy_process_group()
+        if owned:
+            dist.destroy_process_group()
 
 
 ODD = [("empty", torch.zeros(0, 3)), ("flag", torch.tensor([True, False, True])), ("i8", torch.arange(-3, 3, dtype=torch.int8)),
