@@ -58,3 +58,18 @@ def test_resume_continues_at_the_next_step(tiny_task, tmp_path):
     assert steps[-1]["weights/version"] > steps[1]["weights/version"]
     events = second.runner.run.events_file.read_text()
     assert "resumed from" in events and "step_000002" in events
+
+
+def test_val_only_evaluates_a_checkpoint(tiny_task, tmp_path):
+    from meshrl.scheduler.jobs import JobManager
+    from meshrl.scheduler.workflow import builtin_workflow_text
+
+    trained = run_job(
+        "grpo", job_config(tiny_task, tmp_path, job={"name": "e2e", "steps": 1, "run_root": str(tmp_path)})
+    )
+    assert trained.state == spb.JOB_STATE_SUCCEEDED, trained.error
+    checkpoint = trained.runner.run.latest_checkpoint()
+    record = JobManager().create(builtin_workflow_text("grpo"), job_config(tiny_task, tmp_path), [])
+    metrics = record.runner.run_eval_only(str(checkpoint))
+    assert metrics["eval/prompts"] == 4 and 0.0 <= metrics["eval/accuracy"] <= 1.0
+    assert record.runner.step == 1  # the checkpoint's step
