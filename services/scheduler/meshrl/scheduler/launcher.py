@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,16 +96,18 @@ class RayLauncher:
         self.timeout = start_timeout
         self.strategy = strategy
         self.owns_ray = not ray.is_initialized() and address is None
+        self.temp_dir: str | None = None
         if not ray.is_initialized():
             if address:
                 ray.init(address=address, log_to_driver=False)
             else:
+                self.temp_dir = tempfile.mkdtemp(prefix="meshrl-ray-")
                 ray.init(
                     num_cpus=32,
                     include_dashboard=False,
                     log_to_driver=False,
                     _node_ip_address="127.0.0.1",
-                    _temp_dir=tempfile.mkdtemp(prefix="meshrl-ray-"),
+                    _temp_dir=self.temp_dir,
                 )
         self.actor_cls = ray.remote(_ServiceActorImpl)
         self.actors: dict[str, object] = {}
@@ -162,3 +165,5 @@ class RayLauncher:
         self.groups.clear()
         if self.owns_ray:
             self.ray.shutdown()
+            if self.temp_dir:
+                shutil.rmtree(self.temp_dir, ignore_errors=True)
