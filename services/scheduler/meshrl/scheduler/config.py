@@ -35,7 +35,6 @@ class ModelSection(StrictModel):
         None, description="when `path` does not exist, build a small random model with these builder options"
     )
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    reference: bool = Field(True, description="load a frozen reference copy for the KL penalty")
 
 
 class DataSection(StrictModel):
