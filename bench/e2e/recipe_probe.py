@@ -2,11 +2,16 @@
 
 Builds the tiny model with `meshrl.trainer.model_builder.build_small_model`, writes the countdown puzzles with
 `examples.countdown.make_data`, runs a supervised warm-up stopped early, evaluates greedily on the held-out set
-(the RL step-0 evaluation), then runs GRPO (n samples per prompt, group-normalised advantages, PPO-clip loss,
-optional k3 KL to the step-0 policy) with evaluations every K steps. Prints accuracies, the reward curve and the
-seconds per phase; `--json-out` also writes them as JSON. It is what examples/countdown/config.yaml was tuned with.
+(the RL step-0 evaluation), then runs GRPO (n samples per prompt, group-normalised advantages, PPO-clip loss over
+`mini_batches` consecutive row chunks, token-mean, optional k3 KL to the step-0 policy) with evaluations every K
+steps. One AdamW (betas 0.9/0.999, grad clip 1.0) serves both phases, like the trainer's actor. Prints accuracies
+(before SFT, at RL step 0, after RL), the reward curve and wall / CPU seconds per phase; `--json-out` writes them
+as JSON. examples/countdown/config.yaml was tuned with it; `recipe_from_config` reads that file back so the two
+can be compared (tests/unit/example checks that the defaults here equal the config).
 
-Run: `.venv/bin/python bench/e2e/recipe_probe.py --seeds 0 1 2` (defaults are the config's numbers).
+Run: `.venv/bin/python bench/e2e/recipe_probe.py --seeds 0 1 2` (about 2 minutes per seed on 2 idle cores).
+`--threads 1` matches the services (one torch thread per replica / trainer on this machine) and gives steadier
+timings on a busy machine than the default 2, whose OpenMP barriers stall when other processes hold the cores.
 """
 
 from __future__ import annotations
@@ -19,15 +24,17 @@ import random
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "examples" / "countdown" / "config.yaml"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -51,11 +58,11 @@ class Recipe:
     n_train: int = 4000
     n_eval: int = 256
     # sft
-    sft_steps: int = 200
+    sft_steps: int = 150
     sft_batch: int = 64
     sft_lr: float = 3e-3
     # rollout
-    prompts_per_step: int = 32
+    prompts_per_step: int = 128
     n: int = 8
     temperature: float = 1.0
     max_tokens: int = 12
@@ -64,11 +71,42 @@ class Recipe:
     rl_lr: float = 1e-3
     clip: float = 0.2
     kl_coef: float = 0.0
-    mini_batches: int = 1
+    mini_batches: int = 4
     format_reward: float = 0.0
     eval_every: int = 10
     seed: int = 0
-    extra: dict = field(default_factory=dict)
+
+
+def recipe_from_config(path: str | Path = CONFIG, seed: int = 0) -> Recipe:
+    """The recipe written in an example's job config (the numbers `meshrl run` uses), for side-by-side checks."""
+    cfg = yaml.safe_load(Path(path).read_text())
+    build, spec = cfg["model"]["build"], make_data.PuzzleSpec()
+    return Recipe(
+        hidden_size=build["hidden_size"],
+        num_layers=build["num_layers"],
+        num_heads=build["num_heads"],
+        num_kv_heads=build["num_kv_heads"],
+        intermediate_size=build.get("intermediate_size", 0),
+        count=spec.count,
+        max_num=spec.max_num,
+        ops=spec.ops,
+        max_target=spec.max_target,
+        sft_steps=cfg["warmup"]["steps"],
+        sft_batch=cfg["warmup"]["batch_size"],
+        sft_lr=cfg["warmup"]["lr"],
+        prompts_per_step=cfg["data"]["prompts_per_step"],
+        n=cfg["rollout"]["n"],
+        temperature=cfg["rollout"]["temperature"],
+        max_tokens=cfg["rollout"]["max_tokens"],
+        rl_steps=cfg["job"]["steps"],
+        rl_lr=cfg["trainer"]["optimizer"]["lr"],
+        clip=cfg["algorithm"]["loss"]["clip_low"],
+        kl_coef=cfg["algorithm"]["loss"]["kl_coef"],
+        mini_batches=cfg["trainer"]["mini_batches"],
+        eval_every=cfg["eval"]["every"],
+        n_eval=cfg["eval"]["max_prompts"],
+        seed=seed,
+    )
 
 
 class Clock:
@@ -126,15 +164,12 @@ def token_logprobs(model, prompts: list[list[int]], responses: list[list[int]], 
     ids, mask = right_padded(seqs, pad)
     logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
     logp_all = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-    width = max(len(r) for r in responses)
-    out = torch.zeros((len(seqs), width))
-    rmask = torch.zeros((len(seqs), width))
+    rmask = torch.zeros((len(seqs), max(len(r) for r in responses)))
     rows = []
     for i, (p, r) in enumerate(zip(prompts, responses)):
         rows.append(logp_all[i, len(p) - 1 : len(p) - 1 + len(r)])
         rmask[i, : len(r)] = 1
-    out = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True) if rows else out
-    return out, rmask
+    return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True), rmask
 
 
 @torch.no_grad()
@@ -379,11 +414,11 @@ def summarize(result: dict) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     parser.add_argument("--json-out", default="")
     defaults = Recipe()
     for name, value in asdict(defaults).items():
-        if name in ("seed", "extra"):
+        if name == "seed":
             continue
         parser.add_argument("--" + name.replace("_", "-"), type=type(value), default=value)
     args = parser.parse_args(argv)
@@ -392,7 +427,7 @@ def main(argv: list[str] | None = None) -> None:
     hf_logging.disable_progress_bar()
     results = []
     for seed in args.seeds:
-        fields = {k: getattr(args, k) for k in asdict(defaults) if k not in ("seed", "extra")}
+        fields = {k: getattr(args, k) for k in asdict(defaults) if k != "seed"}
         recipe = Recipe(seed=seed, **fields)
         print(f"== seed {seed} load {os.getloadavg()[0]:.2f}", flush=True)
         results.append(run(recipe, log=lambda m: print(m, flush=True)))
