@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import threading
 from collections.abc import Callable, Sequence
 from concurrent import futures
@@ -24,6 +25,7 @@ from grpc_reflection.v1alpha import reflection
 
 from meshrl.common import telemetry
 from meshrl.common.config import StrictModel
+from meshrl.common.errors import ConfigError
 from meshrl.common.grpc_errors import ErrorMappingInterceptor
 from meshrl.common.security import AuthConfig, TLSConfig, TokenAuthInterceptor, server_credentials
 
@@ -34,6 +36,11 @@ EXIT_WITH_PARENT_ENV = "MESHRL_EXIT_WITH_PARENT"
 
 class ServerConfig(StrictModel):
     host: str = pydantic.Field("127.0.0.1", description="address to bind; 127.0.0.1 (loopback) unless told otherwise")
+    advertise_host: str | None = pydantic.Field(
+        None,
+        description="address peers dial (default: server.host; for 0.0.0.0 / :: the POD_IP variable, else "
+        "this host's outbound interface address)",
+    )
     port: int = pydantic.Field(0, ge=0, le=65535, description="TCP port; 0 picks a free one")
     max_workers: int = pydantic.Field(16, ge=1, description="threads serving RPCs")
     max_message_bytes: int = pydantic.Field(64 * MiB, ge=MiB, description="largest message sent or received")
@@ -47,6 +54,38 @@ class ServerConfig(StrictModel):
     tls: TLSConfig | None = None
     auth: AuthConfig = pydantic.Field(default_factory=AuthConfig)
     require_auth: bool = pydantic.Field(False, description="refuse calls without the token (also on if a token is set)")
+
+
+WILDCARDS = ("0.0.0.0", "::", "", "[::]")
+
+
+def _outbound_address() -> str | None:
+    """The address of the interface this host routes through (no packet is sent)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.1", 9))  # TEST-NET-1: only selects a route
+            return s.getsockname()[0]
+    except OSError:
+        return None
+
+
+def advertised_host(cfg: ServerConfig) -> str:
+    """The host peers dial: config first, then the address the bind resolves to; never a wildcard."""
+    if cfg.advertise_host:
+        if cfg.advertise_host in WILDCARDS:
+            raise ConfigError(
+                "server.advertise_host", cfg.advertise_host, "a wildcard cannot be dialled", "give a routable address"
+            )
+        return cfg.advertise_host
+    if cfg.host not in WILDCARDS:
+        return cfg.host
+    found = os.environ.get("POD_IP") or _outbound_address()
+    if not found:
+        raise ConfigError(
+            "server.advertise_host", None, f"bound to {cfg.host!r} and no routable address was found",
+            "set server.advertise_host (or POD_IP) to the address peers reach this host at",
+        )  # fmt: skip
+    return found
 
 
 def server_options(cfg: ServerConfig) -> list[tuple[str, Any]]:
@@ -100,8 +139,6 @@ def start_server(cfg: ServerConfig, services: Sequence[Service], interceptors: S
     token = cfg.auth.token()
     if cfg.require_auth or token:
         if not token:
-            from meshrl.common.errors import ConfigError
-
             raise ConfigError(
                 "server.require_auth", True, "no token is configured", f"set {cfg.auth.token_env} or auth.token_file"
             )
@@ -124,7 +161,7 @@ def start_server(cfg: ServerConfig, services: Sequence[Service], interceptors: S
     server.start()
     for name in ["", *names]:
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    address = f"{cfg.host}:{port}"
+    address = f"{advertised_host(cfg)}:{port}"
     health_server, health_port = None, None
     if cfg.health_port is not None:
         health_server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="health"))

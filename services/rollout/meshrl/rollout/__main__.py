@@ -28,13 +28,9 @@ from meshrl.rollout.server import service
 log = logging.getLogger("meshrl.rollout")
 
 
-def advertised_address(cfg: RolloutConfig, port: int) -> str:
-    if cfg.advertise_address:
-        return cfg.advertise_address
-    host = cfg.server.host
-    if host in ("0.0.0.0", "::", ""):
-        host = os.environ.get("POD_IP") or "127.0.0.1"
-    return f"{host}:{port}"
+def advertised_address(cfg: RolloutConfig, running: RunningServer) -> str:
+    """What routers dial: advertise_address, else the server's advertised host and bound port."""
+    return cfg.advertise_address or running.address
 
 
 def _wait_for_stop() -> None:
@@ -50,12 +46,15 @@ def _wait_for_stop() -> None:
 
 
 def serve(cfg: RolloutConfig) -> None:
-    engine = create_engine(cfg.engine)
     databuffer = None
-    if cfg.databuffer_address:
+    peer = cfg.databuffer_peer()
+    if peer is not None:
         from meshrl.common.databuffer_client import DataBufferClient
+        from meshrl.common.peers import check_peer
 
-        databuffer = DataBufferClient(cfg.databuffer_address)
+        check_peer("the data buffer", peer, field="databuffer")  # a misconfigured channel fails at start
+        databuffer = DataBufferClient(peer.address, peer)
+    engine = create_engine(cfg.engine)
     replica = RolloutReplica(
         engine,
         replica_id=cfg.replica_id,
@@ -74,7 +73,7 @@ def serve(cfg: RolloutConfig) -> None:
         # Never serve stale weights: the job's current version is loaded before the replica takes traffic.
         load_initial_weights(replica, cfg.weights.path, registry)
         running = start_server(cfg.server, [service(replica)])
-        address = advertised_address(cfg, running.port)
+        address = advertised_address(cfg, running)
         load_initial_weights(replica, cfg.weights.path, registry)  # a version published while we started
         replica.mark_serving()
         if registry is not None:

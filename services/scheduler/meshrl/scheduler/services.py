@@ -9,6 +9,8 @@ import logging
 from dataclasses import dataclass, field
 
 from meshrl.common.databuffer_client import DataBufferClient
+from meshrl.common.peers import check_peer
+from meshrl.common.registry import ReplicaRegistry
 from meshrl.scheduler.clients import TrainerClient
 from meshrl.scheduler.config import JobConfig
 from meshrl.scheduler.fleet import RolloutFleet
@@ -50,6 +52,7 @@ class JobServices:
     trainer: TrainerClient | None = None
     fleet: RolloutFleet | None = None
     addresses: dict[str, str] = field(default_factory=dict)
+    registry: ReplicaRegistry | None = None
     _next_replica: int = 0
 
     def _launcher(self) -> RayLauncher | ProcessLauncher:
@@ -71,7 +74,9 @@ class JobServices:
             spec = ServiceSpec("databuffer", "databuffer", [*redis, *telemetry_args(self.cfg, self.run, "databuffer")])
             buffer_address = self._launcher().start([spec])["databuffer"]
         self.addresses["databuffer"] = buffer_address
-        self.buffer = DataBufferClient(buffer_address)
+        channels = s.channels
+        self.buffer = DataBufferClient(buffer_address, channels.databuffer)
+        check_peer("the data buffer", channels.databuffer, field="services.channels.databuffer", address=buffer_address)
         specs = []
         if self.cfg.trainer.address is None:
             t = self.cfg.trainer
@@ -84,12 +89,26 @@ class JobServices:
         self.addresses.update(started)
         trainer_address = self.cfg.trainer.address or started["trainer"]
         self.addresses["trainer"] = trainer_address
-        self.trainer = TrainerClient(trainer_address, self.cfg.trainer.request_timeout_seconds)
+        self.trainer = TrainerClient(trainer_address, self.cfg.trainer.request_timeout_seconds, channels.trainer)
+        check_peer("the trainer", channels.trainer, field="services.channels.trainer", address=trainer_address)
         self.trainer.wait_ready(s.start_timeout_seconds)
         replicas = [a for n, a in started.items() if n.startswith("rollout-")] + list(self.cfg.rollout.addresses)
+        for address in replicas:
+            check_peer(f"rollout replica {address}", channels.rollout, field="services.channels.rollout", address=address)
         self.addresses.update({f"rollout@{a}": a for a in self.cfg.rollout.addresses})
-        self.fleet = RolloutFleet(self.buffer, replicas, self.cfg.rollout.request_timeout_seconds)
+        self.registry = self._registry()
+        self.fleet = RolloutFleet(
+            self.buffer, replicas, self.cfg.rollout.request_timeout_seconds, channels.rollout, self.registry
+        )
+        if self.registry is not None and not replicas:
+            self.fleet.adopt_pending(wait_for=1, timeout=s.start_timeout_seconds)
         return self
+
+    def _registry(self) -> ReplicaRegistry | None:
+        reg = self.cfg.rollout.registry
+        if reg.redis_url is None:
+            return None
+        return ReplicaRegistry(reg.redis_url, namespace=reg.namespace)
 
     def _new_replica_spec(self, buffer_address: str) -> ServiceSpec:
         name = f"rollout-{self._next_replica}"

@@ -11,6 +11,7 @@ from typing import Literal
 import pydantic
 
 from meshrl.common.config import StrictModel
+from meshrl.common.grpc_channel import ChannelConfig, peer_channel
 from meshrl.common.grpc_server import ServerConfig
 from meshrl.common.telemetry import TelemetryConfig
 
@@ -43,6 +44,10 @@ class DefaultsConfig(StrictModel):
 
 class TrainerConfig(StrictModel):
     server: ServerConfig = pydantic.Field(default_factory=lambda: ServerConfig(port=DEFAULT_PORT))
+    databuffer: ChannelConfig = pydantic.Field(
+        default_factory=ChannelConfig,
+        description="the channel to the data buffer: address, tls (ca_file, cert_file, key_file), auth.token_file",
+    )
     databuffer_address: str | None = pydantic.Field(
         None, description="host:port of the data buffer that batches are read from and written to"
     )
@@ -56,3 +61,7 @@ class TrainerConfig(StrictModel):
     )
     torch_threads: int | None = pydantic.Field(None, ge=1, description="torch CPU threads (None = torch's default)")
     telemetry: TelemetryConfig = pydantic.Field(default_factory=TelemetryConfig)
+
+    def databuffer_peer(self) -> ChannelConfig | None:
+        """The data buffer's channel (databuffer_address is a shortcut for databuffer.address); None: none."""
+        return peer_channel(self.databuffer, self.databuffer_address, "databuffer")
