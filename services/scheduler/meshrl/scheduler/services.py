@@ -94,7 +94,9 @@ class JobServices:
         self.trainer.wait_ready(s.start_timeout_seconds)
         replicas = [a for n, a in started.items() if n.startswith("rollout-")] + list(self.cfg.rollout.addresses)
         for address in replicas:
-            check_peer(f"rollout replica {address}", channels.rollout, field="services.channels.rollout", address=address)
+            check_peer(
+                f"rollout replica {address}", channels.rollout, field="services.channels.rollout", address=address
+            )
         self.addresses.update({f"rollout@{a}": a for a in self.cfg.rollout.addresses})
         self.registry = self._registry()
         self.fleet = RolloutFleet(
