@@ -20,8 +20,8 @@ from meshrl.common.errors import MeshrlError, Unavailable
 from meshrl.common.grpc_channel import ChannelConfig
 from meshrl.common.peers import check_peer
 from meshrl.common.registry import DRAINING, SERVING, STALE, ReplicaInfo, ReplicaRegistry
-from meshrl.common.rollout_router import RolloutRouter
 from meshrl.scheduler.clients import RolloutClient
+from meshrl.scheduler.fleet.router import RolloutRouter
 
 log = logging.getLogger(__name__)
 PEER_FIELD = "services.channels.rollout"
