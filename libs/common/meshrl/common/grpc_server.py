@@ -48,6 +48,9 @@ class ServerConfig(StrictModel):
     keepalive_time_ms: int = pydantic.Field(30_000, ge=1000)
     keepalive_timeout_ms: int = pydantic.Field(10_000, ge=1000)
     port_file: str | None = pydantic.Field(None, description="write the bound port to this file once serving")
+    address_file: str | None = pydantic.Field(
+        None, description="write the advertised host:port to this file once serving (launchers read it)"
+    )
     health_port: int | None = pydantic.Field(
         None, ge=0, le=65535, description="extra plaintext port serving only grpc.health.v1 (probes cannot speak TLS)"
     )
@@ -168,10 +171,11 @@ def start_server(cfg: ServerConfig, services: Sequence[Service], interceptors: S
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, health_server)
         health_port = health_server.add_insecure_port(f"{cfg.host}:{cfg.health_port}")
         health_server.start()
-    if cfg.port_file:
-        tmp = Path(cfg.port_file + ".tmp")
-        tmp.write_text(str(port))
-        tmp.replace(cfg.port_file)
+    for path, text in ((cfg.address_file, address), (cfg.port_file, str(port))):  # the port file last
+        if path:
+            tmp = Path(path + ".tmp")
+            tmp.write_text(text)
+            tmp.replace(path)
     log.info("serving %s on %s%s", ", ".join(names), address, " (TLS)" if cfg.tls else "")
     return RunningServer(server, port, address, health_servicer, names, health_server, health_port)
 
