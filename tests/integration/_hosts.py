@@ -108,8 +108,9 @@ class Cluster:
         path.write_text(json.dumps(data, indent=1))  # JSON is YAML
         return path
 
-    def start(self, service: str, name: str, data: dict, timeout: float = 180) -> str:
-        proc = ServiceProcess(service, ["--config", str(self.config(name, data))], str(self.root / f"{name}.log"))
+    def start(self, service: str, name: str, data: dict, timeout: float = 180, env: dict | None = None) -> str:
+        args = ["--config", str(self.config(name, data))]
+        proc = ServiceProcess(service, args, str(self.root / f"{name}.log"), env=env)
         self.procs[name] = proc
         self.started_at[name] = time.time()
         self.addresses[name] = proc.start(timeout)

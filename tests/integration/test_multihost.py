@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -48,7 +49,7 @@ HOSTS = {
     "misconfigured": "127.0.0.8",
 }
 NAMESPACE = "multihost"
-STEPS, PROMPTS, N = 10, 4, 2
+STEPS, PROMPTS, N = 8, 6, 2  # 6 prompts: one 2-prompt range for each of 3 replicas
 
 
 def _telemetry(root: Path, name: str) -> dict:
@@ -90,11 +91,12 @@ def world(tmp_path_factory):
             "server": pki.server("trainer", HOSTS["trainer"]), "torch_threads": 1,
             "databuffer": pki.channel("trainer", cluster.addresses["databuffer"]),
             "telemetry": _telemetry(root, "trainer")})  # fmt: skip
-        for name in ("rollout-a", "rollout-b"):
-            cluster.start("rollout", name, _rollout_config(world, name))
+        with ThreadPoolExecutor(2) as pool:  # the two replicas start side by side, as on two hosts
+            list(pool.map(lambda n: cluster.start("rollout", n, _rollout_config(world, n)), ("rollout-a", "rollout-b")))
+        world["gate"] = root / "gate"
         cluster.start("scheduler", "scheduler", {
             "server": pki.server("scheduler", HOSTS["scheduler"]), "run_root": str(root / "runs"),
-            "telemetry": _telemetry(root, "scheduler")})  # fmt: skip
+            "telemetry": _telemetry(root, "scheduler")}, env={"MESHRL_TEST_GATE": str(world["gate"])})  # fmt: skip
         yield world
     finally:
         cluster.close()
@@ -181,7 +183,7 @@ def _job_config(world: dict) -> dict:
     pki, addresses = world["pki"], world["addresses"]
     peer = pki.channel("scheduler")
     return {
-        "job": {"name": "multihost", "steps": STEPS},
+        "job": {"name": "multihost", "steps": STEPS, "allowed_modules": ["meshrl", "tests.integration"]},
         "model": {"path": world["model"]},
         "data": {"train": str(world["root"] / "train.jsonl"), "prompts_per_step": PROMPTS},
         "rollout": {"replicas": 0, "n": N, "max_tokens": 8,
@@ -190,6 +192,7 @@ def _job_config(world: dict) -> dict:
         "services": {"databuffer": addresses["databuffer"], "use_ray": False,
                      "channels": {"databuffer": peer, "trainer": peer, "rollout": peer}},
         "eval": {"every": 0, "max_prompts": 4},
+        "algorithm": {"reward": "tests.integration._gate_reward:gated_exact_match"},  # holds steps on a gate file
     }  # fmt: skip
 
 
@@ -199,6 +202,7 @@ class Watch:
     def __init__(self, stub, job_id: str) -> None:
         self.logs: list[tuple[float, str]] = []
         self.metrics: dict[int, dict[str, float]] = {}
+        self.step_times: dict[int, float] = {}
         self.done = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(stub, job_id), daemon=True)
         self._thread.start()
@@ -211,6 +215,7 @@ class Watch:
                     self.logs.append((time.time(), event.log))
                 elif body == "metrics":
                     self.metrics[event.metrics.step] = dict(event.metrics.metrics)
+                    self.step_times[event.metrics.step] = time.time()
         finally:
             self.done.set()
 
@@ -242,16 +247,26 @@ def test_grpo_job_across_hosts_with_a_replica_joining_and_one_draining(world):
     watch = Watch(stub, "mh-1")
     registry = ReplicaRegistry(world["registry_url"], namespace=NAMESPACE)
 
+    gate = world["gate"]
     watch.wait_for(lambda: len(watch.metrics) >= 1, 300, "the first step")
-    cluster.start("rollout", "rollout-c", _rollout_config(world, "rollout-c"))  # by hand, mid-job
+    gate.touch()  # the job holds in a step's reward while the third replica starts by hand
+    cluster.start("rollout", "rollout-c", _rollout_config(world, "rollout-c"))
     newcomer = cluster.addresses["rollout-c"]
+    serving_at = time.time()
+    registry.wait_for(lambda rs: any(r.replica_id == "rollout-c" for r in rs), timeout=60)
+    registered_at = time.time()
+    gate.unlink()
     watch.wait_for(lambda: any(newcomer in line and "joined" in line for _, line in watch.logs), 240, "the join")
     joined_at_step = max(watch.metrics)
+    watch.wait_for(lambda: max(watch.metrics) > joined_at_step, 240, "a step with the newcomer")
+    gate.touch()  # hold again: rollout-b is drained mid-job, steps remain after it leaves
     drained = cluster.procs["rollout-b"]
     term_at = time.time()
     drained.proc.send_signal(signal.SIGTERM)
     drained.proc.wait(90)
     drain_seconds = time.time() - term_at
+    drained_at_step = max(watch.metrics)
+    gate.unlink()
     watch.wait_for(watch.done.is_set, 400, "the job's end")
     job = stub.GetJob(spb.GetJobRequest(job_id="mh-1"), timeout=30)
     channel.close()
@@ -265,7 +280,9 @@ def test_grpo_job_across_hosts_with_a_replica_joining_and_one_draining(world):
     duplicated = sum(max(0, s - expected) for s in samples)
     assert (lost, duplicated) == (0, 0), samples
     assert drained.proc.returncode == 0, cluster.log("rollout-b")[-2000:]
-    assert joined_at_step < STEPS, "the newcomer joined only after the last step"
+    assert joined_at_step < drained_at_step < STEPS - 1, (joined_at_step, drained_at_step)
+    after = [watch.metrics[s]["rollout/replicas"] for s in steps if s > drained_at_step + 1]
+    assert after and all(r <= 2 for r in after), after  # rollout-b got no work after it left
 
     first_at, first_version = _first_generation(traces(root) / "rollout-c.jsonl")
     join_log = next(line for _, line in watch.logs if newcomer in line and "joined" in line)
@@ -282,9 +299,21 @@ def test_grpo_job_across_hosts_with_a_replica_joining_and_one_draining(world):
         assert cluster.addresses[name] in services_line and cluster.addresses[name].startswith(HOSTS[name] + ":")
 
     start_to_first = first_at - cluster.started_at["rollout-c"]
+    t0 = cluster.started_at["rollout-c"]
+    timeline = {f"step {k}": round(v - t0, 1) for k, v in sorted(watch.step_times.items())}
+    timeline.update({"serving": round(serving_at - t0, 1), "registered": round(registered_at - t0, 1),
+                     "joined": round(next(t for t, line in watch.logs if newcomer in line and "joined" in line) - t0, 1),
+                     "first request": round(first_at - t0, 1), "SIGTERM to rollout-b": round(term_at - t0, 1)})  # fmt: skip
+    print(f"\ntimeline from rollout-c's start (s): {timeline}")
+    joined_t = timeline["joined"]
     print(
-        f"\nmultihost figures: steps completed {len(steps)}/{STEPS}; samples lost/duplicated {lost}/{duplicated} "
+        f"\nmultihost figures: rollout-c start to serving {timeline['serving']}s, serving to joined (refit + "
+        f"verify at a step boundary) {joined_t - timeline['serving']:.1f}s, joined to first request "
+        f"{timeline['first request'] - joined_t:.1f}s"
+    )
+    print(
+        f"multihost figures: steps completed {len(steps)}/{STEPS}; samples lost/duplicated {lost}/{duplicated} "
         f"({sum(samples):.0f} samples, {expected} per step); newcomer rollout-c joined before step "
         f"{joined_at_step + 1}, start to first request {start_to_first:.1f}s (first request at weight version "
-        f"{first_version}); drain of rollout-b (SIGTERM to exit) {drain_seconds:.2f}s"
+        f"{first_version}); drain of rollout-b (SIGTERM to exit) {drain_seconds:.2f}s, after step {drained_at_step}"
     )

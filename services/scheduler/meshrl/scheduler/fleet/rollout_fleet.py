@@ -60,8 +60,8 @@ class RolloutFleet:
         return list(self._clients)
 
     def clients(self) -> list[RolloutClient]:
-        """Replicas that serve the current weights (stale ones excluded)."""
-        return [c for a, c in self._clients.items() if a not in self._stale]
+        """Replicas that serve the current weights (stale ones and those leaving excluded)."""
+        return [c for a, c in self._clients.items() if a not in self._stale and a not in self.leaving]
 
     def stale(self) -> list[RolloutClient]:
         return [self._clients[a] for a in self._stale if a in self._clients]
