@@ -259,6 +259,10 @@ def test_grpo_job_across_hosts_with_a_replica_joining_and_one_draining(world):
     watch.wait_for(lambda: any(newcomer in line and "joined" in line for _, line in watch.logs), 240, "the join")
     joined_at_step = max(watch.metrics)
     watch.wait_for(lambda: max(watch.metrics) > joined_at_step, 240, "a step with the newcomer")
+    with pytest.raises(grpc.RpcError) as scale:  # it did not launch these replicas: it says so
+        stub.ScaleService(spb.ScaleServiceRequest(job_id="mh-1", service="rollout", replicas=4), timeout=120)
+    assert scale.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "kubectl scale" in scale.value.details() and "cannot start or stop" in scale.value.details()
     gate.touch()  # hold again: rollout-b is drained mid-job, steps remain after it leaves
     drained = cluster.procs["rollout-b"]
     term_at = time.time()

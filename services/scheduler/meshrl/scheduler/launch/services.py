@@ -37,6 +37,8 @@ def rollout_spec(cfg: JobConfig, run: RunDir, name: str, buffer_address: str, mo
         "--set", f"databuffer_address={buffer_address}",
         "--set", f"replica_id={name}",
         *telemetry_args(cfg, run, name),
+        # Its bundle's GPU is the only one it sees (CUDA_VISIBLE_DEVICES): the transformers engine uses it.
+        *(["--set", "engine.transformers.device=cuda"] if cfg.rollout.gpus_per_replica >= 1 else []),
         *[a for kv in cfg.rollout.service_overrides for a in ("--set", kv)],
     ]  # fmt: skip
     return ServiceSpec("rollout", name, args, gpus=cfg.rollout.gpus_per_replica)
