@@ -24,9 +24,10 @@ from typing import Any
 import httpx
 
 from meshrl.common.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, MeshrlError, Unavailable
+from meshrl.common.net import free_port
 from meshrl.rollout.config import EngineConfig, HTTPEngineConfig
 from meshrl.rollout.engine import ChunkCallback, Engine
-from meshrl.rollout.http_server import ServerProcess, free_port, wait_healthy
+from meshrl.rollout.http_server import ServerProcess, wait_healthy
 from meshrl.rollout.types import (
     EngineStatus,
     FinishReason,

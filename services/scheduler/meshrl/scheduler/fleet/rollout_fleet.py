@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable
 
 from meshrl.api.common.v1 import keys_pb2
-from meshrl.common.databuffer_client import DataBufferClient, batch_key
+from meshrl.common.batch_key import batch_key
+from meshrl.common.databuffer_client import DataBufferClient
 from meshrl.common.errors import MeshrlError, Unavailable
 from meshrl.common.grpc_channel import ChannelConfig
 from meshrl.common.peers import check_peer
