@@ -148,7 +148,7 @@ def test_every_service_refuses_unauthenticated_channels(world, monkeypatch):
     [
         ("trainer", {"tls": None}, "databuffer.tls"),
         ("rollout", {"auth": {"token_file": "WRONG"}}, "databuffer.auth.token_file"),
-        ("trainer", {"tls": {"cert_file": "FOREIGN", "key_file": "FOREIGN_KEY"}}, "databuffer.tls.cert_file"),
+        ("rollout", {"tls": {"cert_file": "FOREIGN", "key_file": "FOREIGN_KEY"}}, "databuffer.tls.cert_file"),
     ],
 )
 def test_a_service_with_a_misconfigured_peer_fails_at_start(world, service, change, words):
