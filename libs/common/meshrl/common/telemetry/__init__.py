@@ -12,6 +12,7 @@ from meshrl.common.telemetry.grpc_interceptors import client_interceptors, serve
 from meshrl.common.telemetry.instruments import MeshrlMetrics, metrics
 from meshrl.common.telemetry.log_correlation import LOG_FORMAT, TraceIdFormatter, install_log_correlation
 from meshrl.common.telemetry.propagation import extract_context, inject_context, span_from_carrier
+from meshrl.common.telemetry.rpc_metrics import rpc_metrics_interceptor
 from meshrl.common.telemetry.runtime import (
     current_config,
     force_flush,
@@ -25,6 +26,7 @@ from meshrl.common.telemetry.runtime import (
 from meshrl.common.telemetry.span_file import JsonlSpanExporter, SpanRecord, read_span_file, read_span_files
 
 __all__ = [
+    "rpc_metrics_interceptor",
     "LOG_FORMAT",
     "JsonlSpanExporter",
     "MeshrlMetrics",

@@ -1,0 +1,59 @@
+"""The module fixture of the observability tests: four service processes, a Prometheus server
+scraping them (when the Debian package is installed), and one finished two-step job."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _deployment import Prometheus, job_config, prometheus_binary, start_services, tiny_task  # noqa: E402
+
+
+def _wait_done(stub, job_id: str, timeout: float):
+    from meshrl.api.scheduler.v1 import scheduler_pb2 as spb
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = stub.GetJob(spb.GetJobRequest(job_id=job_id), timeout=10)
+        if job.state in (spb.JOB_STATE_SUCCEEDED, spb.JOB_STATE_FAILED, spb.JOB_STATE_CANCELLED):
+            return job
+        time.sleep(0.5)
+    raise TimeoutError(f"job {job_id} did not finish in {timeout:.0f}s")
+
+
+@pytest.fixture(scope="package")
+def observed(tmp_path_factory):
+    """{"job": the finished Job, "run_dir": Path, "prometheus": Prometheus | None, "addresses": {...}}."""
+    from meshrl.api.scheduler.v1 import scheduler_pb2 as spb
+    from meshrl.api.scheduler.v1 import scheduler_pb2_grpc
+    from meshrl.common.grpc_channel import open_channel
+
+    root = tmp_path_factory.mktemp("observed")
+    task = tiny_task(root)
+    procs, addresses, metric_ports = start_services(root, task["model"])
+    prometheus = None
+    try:
+        binary = prometheus_binary()
+        if binary is not None:
+            targets = [f"127.0.0.1:{port}" for port in metric_ports.values()]
+            prometheus = Prometheus(root / "prometheus", targets).start(binary)
+        channel = open_channel(addresses["scheduler"])
+        stub = scheduler_pb2_grpc.SchedulerStub(channel)
+        submitted = stub.SubmitJob(
+            spb.SubmitJobRequest(workflow_name="grpo", config_yaml=job_config(task, addresses)), timeout=120
+        )
+        job = _wait_done(stub, submitted.job_id, timeout=420)
+        assert job.state == spb.JOB_STATE_SUCCEEDED, job.error
+        yield {"job": job, "run_dir": Path(job.run_dir), "prometheus": prometheus, "addresses": addresses,
+               "metric_ports": metric_ports, "stub": stub}  # fmt: skip
+        channel.close()
+    finally:
+        if prometheus is not None:
+            prometheus.stop()
+        for proc in reversed(list(procs.values())):
+            proc.stop(grace=10)
