@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from meshrl.scheduler.process import ServiceProcess
+from meshrl.scheduler.launch.process import ServiceProcess
 
 SERVICES = ("databuffer", "trainer", "rollout", "scheduler")
 
