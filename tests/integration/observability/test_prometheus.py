@@ -4,6 +4,9 @@ RPC durations -- the metric names deploy/grafana/meshrl-dashboard.json is built 
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 
@@ -41,3 +44,24 @@ def test_rpc_durations_of_every_service(prometheus, observed):
 def test_rollout_weight_versions(prometheus):
     versions = prometheus.wait_for("meshrl_weights_version", count=1)
     assert max(float(s["value"][1]) for s in versions) >= 2, versions
+
+
+DASHBOARD = Path(__file__).resolve().parents[3] / "deploy" / "grafana" / "meshrl-dashboard.json"
+# Panels allowed to be empty after a healthy job: nothing failed.
+MAY_BE_EMPTY = {"RPC errors (non-OK status)"}
+
+
+def _panel_queries() -> list[tuple[str, str]]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids)), "panel ids are unique"
+    return [(p["title"], t["expr"]) for p in dashboard["panels"] for t in p["targets"]]
+
+
+@pytest.mark.parametrize(("title", "expr"), _panel_queries(), ids=[t for t, _ in _panel_queries()])
+def test_every_grafana_panel_query_returns_data(prometheus, title, expr):
+    """The dashboard's PromQL, with Grafana's variables filled in, runs on the scraped data."""
+    promql = expr.replace("$__rate_interval", "5m").replace("$job", "meshrl")
+    result = prometheus.wait_for(promql, count=0 if title in MAY_BE_EMPTY else 1, timeout=20)
+    if title not in MAY_BE_EMPTY:
+        assert result, f"{title}: {promql} returned nothing"
