@@ -1,5 +1,6 @@
-"""The module fixture of the observability tests: four service processes, a Prometheus server
-scraping them (when the Debian package is installed), and one finished two-step job."""
+"""The package fixtures of the observability tests: four service processes, a Prometheus server
+scraping them (when the Debian package is installed), the live view on the scheduler's run root,
+and one two-step job -- `submitted` while it runs, `observed` once it has finished."""
 
 from __future__ import annotations
 
@@ -27,16 +28,19 @@ def _wait_done(stub, job_id: str, timeout: float):
 
 
 @pytest.fixture(scope="package")
-def observed(tmp_path_factory):
-    """{"job": the finished Job, "run_dir": Path, "prometheus": Prometheus | None, "addresses": {...}}."""
+def submitted(tmp_path_factory):
+    """The deployment with its two-step job just submitted (still running): {"job": Job as submitted,
+    "stub", "prometheus": Prometheus | None, "liveview": LiveView on the scheduler's run root, ...}."""
     from meshrl.api.scheduler.v1 import scheduler_pb2 as spb
     from meshrl.api.scheduler.v1 import scheduler_pb2_grpc
     from meshrl.common.grpc_channel import open_channel
+    from meshrl.scheduler.liveview import LiveView
 
     root = tmp_path_factory.mktemp("observed")
     task = tiny_task(root)
     procs, addresses, metric_ports = start_services(root, task["model"])
     prometheus = None
+    view = LiveView(root / "runs", port=0).start()
     try:
         binary = prometheus_binary()
         if binary is not None:
@@ -44,16 +48,25 @@ def observed(tmp_path_factory):
             prometheus = Prometheus(root / "prometheus", targets).start(binary)
         channel = open_channel(addresses["scheduler"])
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
-        submitted = stub.SubmitJob(
+        job = stub.SubmitJob(
             spb.SubmitJobRequest(workflow_name="grpo", config_yaml=job_config(task, addresses)), timeout=120
         )
-        job = _wait_done(stub, submitted.job_id, timeout=420)
-        assert job.state == spb.JOB_STATE_SUCCEEDED, job.error
-        yield {"job": job, "run_dir": Path(job.run_dir), "prometheus": prometheus, "addresses": addresses,
-               "metric_ports": metric_ports, "stub": stub}  # fmt: skip
+        yield {"job": job, "stub": stub, "prometheus": prometheus, "addresses": addresses,
+               "metric_ports": metric_ports, "liveview": view}  # fmt: skip
         channel.close()
     finally:
+        view.stop()
         if prometheus is not None:
             prometheus.stop()
         for proc in reversed(list(procs.values())):
             proc.stop(grace=10)
+
+
+@pytest.fixture(scope="package")
+def observed(submitted):
+    """The same deployment once the job has finished: adds "run_dir" and the finished "job"."""
+    from meshrl.api.scheduler.v1 import scheduler_pb2 as spb
+
+    job = _wait_done(submitted["stub"], submitted["job"].job_id, timeout=420)
+    assert job.state == spb.JOB_STATE_SUCCEEDED, job.error
+    return {**submitted, "job": job, "run_dir": Path(job.run_dir)}
