@@ -22,7 +22,8 @@ $(STAMP): $(PYPROJECTS) requirements-dev.txt
 	# torch first and pinned: this version installs a CPU build; a looser pin pulls CUDA wheels.
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet --config-settings editable_mode=compat \
-		$(addprefix -e ,$(DISTS)) -e "services/scheduler[$(SCHEDULER_EXTRAS)]" -r requirements-dev.txt
+		$(addprefix -e ,$(filter-out services/scheduler,$(DISTS))) -e "services/scheduler[$(SCHEDULER_EXTRAS)]" \
+		-r requirements-dev.txt
 	touch $(STAMP)
 
 # Installs SYSTEM_PACKAGES with apt-get when this user may (root); elsewhere their tests skip and say why.
