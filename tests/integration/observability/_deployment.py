@@ -12,6 +12,7 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -104,9 +105,9 @@ def tiny_task(root: Path) -> dict:
     return {"model": str(model), "train": str(root / "train.jsonl"), "eval": str(root / "eval.jsonl")}
 
 
-def start_services(root: Path, model: str) -> tuple[dict[str, ServiceProcess], dict[str, str], dict[str, int]]:
-    """Each service as its own process with a Prometheus port; returns (processes, addresses, metric ports)."""
-    procs: dict[str, ServiceProcess] = {}
+def start_services(root: Path, model: str, procs: dict[str, ServiceProcess]) -> tuple[dict[str, str], dict[str, int]]:
+    """Each service as its own process with a Prometheus port, put in `procs` as it starts (so the caller
+    stops what started even when one fails); returns (addresses, metric ports)."""
     addresses: dict[str, str] = {}
     metrics = {svc: free_port() for svc in SERVICES}
     extra = {
@@ -115,14 +116,20 @@ def start_services(root: Path, model: str) -> tuple[dict[str, ServiceProcess], d
         "rollout": ["--set", f"engine.model_path={model}", "--set", "replica_id=rollout-0"],
         "scheduler": ["--set", f"run_root={root / 'runs'}"],
     }
-    for svc in SERVICES:
+
+    def start(svc: str) -> str:
         if svc in ("trainer", "rollout"):
             extra[svc] += ["--set", f"databuffer_address={addresses['databuffer']}"]
         args = [*extra[svc], "--set", f"telemetry.prometheus_port={metrics[svc]}",
                 "--set", "telemetry.prometheus_host=127.0.0.1", "--set", f"telemetry.instance={svc}"]  # fmt: skip
         procs[svc] = ServiceProcess(svc, args, str(root / "logs" / f"{svc}.log"), exit_with_parent=True)
-        addresses[svc] = procs[svc].start(timeout=180)
-    return procs, addresses, metrics
+        return procs[svc].start(timeout=240)
+
+    addresses["databuffer"] = start("databuffer")  # the others need its address
+    with ThreadPoolExecutor(3) as pool:  # trainer, rollout and scheduler start side by side
+        started = {svc: pool.submit(start, svc) for svc in SERVICES[1:]}
+        addresses.update({svc: future.result() for svc, future in started.items()})
+    return addresses, metrics
 
 
 def job_config(task: dict, addresses: dict[str, str], steps: int = 2) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -38,10 +39,11 @@ def submitted(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("observed")
     task = tiny_task(root)
-    procs, addresses, metric_ports = start_services(root, task["model"])
+    procs: dict = {}
     prometheus = None
     view = LiveView(root / "runs", port=0).start()
     try:
+        addresses, metric_ports = start_services(root, task["model"], procs)
         binary = prometheus_binary()
         if binary is not None:
             targets = [f"127.0.0.1:{port}" for port in metric_ports.values()]
@@ -58,8 +60,8 @@ def submitted(tmp_path_factory):
         view.stop()
         if prometheus is not None:
             prometheus.stop()
-        for proc in reversed(list(procs.values())):
-            proc.stop(grace=10)
+        with ThreadPoolExecutor(len(procs) or 1) as pool:  # SIGTERM all at once, each waits its own grace
+            list(pool.map(lambda proc: proc.stop(grace=10), procs.values()))
 
 
 @pytest.fixture(scope="package")
