@@ -73,7 +73,7 @@ def serve(cfg: RolloutConfig) -> None:
     try:
         # Never serve stale weights: the job's current version is loaded before the replica takes traffic.
         load_initial_weights(replica, cfg.weights.path, registry)
-        running = start_server(cfg.server, [service(replica)])
+        running = start_server(cfg.server, [service(replica, cfg.paths)])
         address = advertised_address(cfg, running.port)
         load_initial_weights(replica, cfg.weights.path, registry)  # a version published while we started
         replica.mark_serving()

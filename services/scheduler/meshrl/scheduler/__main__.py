@@ -10,6 +10,7 @@ from meshrl.common import telemetry
 from meshrl.common.config import parse_service_args
 from meshrl.common.grpc_server import Service, start_server, wait_for_termination
 from meshrl.scheduler.config import SchedulerServiceConfig
+from meshrl.scheduler.job_policy import JobPolicy
 from meshrl.scheduler.jobs import JobManager
 from meshrl.scheduler.server import SchedulerServicer
 
@@ -19,7 +20,8 @@ def main(argv: list[str] | None = None) -> None:
     telemetry.install_log_correlation()
     logging.basicConfig(level=logging.INFO, format=telemetry.LOG_FORMAT)
     telemetry.setup_telemetry("scheduler", cfg.telemetry)
-    jobs = JobManager(cfg.run_root, cfg.max_concurrent_jobs)
+    policy = JobPolicy.operator(cfg.allowed_modules, cfg.run_root)
+    jobs = JobManager(cfg.run_root, cfg.max_concurrent_jobs, policy)
     service = Service(
         scheduler_pb2_grpc.add_SchedulerServicer_to_server, SchedulerServicer(jobs), "meshrl.scheduler.v1.Scheduler"
     )

@@ -25,7 +25,8 @@ class JobSection(StrictModel):
     run_root: str = Field("runs", description="folder that holds one folder per run")
     allowed_modules: list[str] = Field(
         default_factory=lambda: ["meshrl"],
-        description="module prefixes that executable_refs, rewards and data generators may come from",
+        description="module prefixes that executable_refs, rewards and data generators may come from "
+        "(under the scheduler service: only a narrowing of the scheduler's own allowed_modules)",
     )
 
 
@@ -169,5 +170,10 @@ class SchedulerServiceConfig(StrictModel):
 
     server: ServerConfig = Field(default_factory=lambda: ServerConfig(port=50050))
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
-    run_root: str = "runs"
+    run_root: str = Field("runs", description="every run folder lies under it; a job may name a sub-folder only")
     max_concurrent_jobs: int = Field(1, ge=1)
+    allowed_modules: list[str] = Field(
+        default_factory=lambda: ["meshrl"],
+        description="the operator's allow-list: module prefixes a submitted job's executable_refs, rewards and "
+        "data generators may come from (a job's job.allowed_modules may only narrow it; '*' allows any)",
+    )
