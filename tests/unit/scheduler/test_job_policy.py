@@ -191,8 +191,10 @@ def test_alias_bombs_in_a_workflow_and_a_job_config_are_refused_fast(tmp_path):
     with pytest.raises(InvalidArgument) as info:
         jobs.create(_laughs_in_a_node_config(), _config(tmp_path), [])
     assert "alias" in str(info.value) or "expands" in str(info.value)
-    bomb_config = _config(tmp_path) + "x: &a [1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(
-        f"y{i}: &b{i} [{', '.join(['*a' if i == 0 else f'*b{i - 1}'] * 9)}]\n" for i in range(9)
+    bomb_config = (
+        _config(tmp_path)
+        + "x: &a [1, 1, 1, 1, 1, 1, 1, 1, 1]\n"
+        + "".join(f"y{i}: &b{i} [{', '.join(['*a' if i == 0 else f'*b{i - 1}'] * 9)}]\n" for i in range(9))
     )
     with pytest.raises(InvalidArgument):
         jobs.create(builtin_workflow_text("grpo"), bomb_config, [])

@@ -25,6 +25,7 @@ from grpc_reflection.v1alpha import reflection
 from meshrl.common import telemetry
 from meshrl.common.config import StrictModel
 from meshrl.common.grpc_errors import ErrorMappingInterceptor
+from meshrl.common.light_calls import LightCallsInterceptor
 from meshrl.common.security import AuthConfig, TLSConfig, TokenAuthInterceptor, server_credentials
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,7 @@ class RunningServer:
 
 
 def start_server(cfg: ServerConfig, services: Sequence[Service], interceptors: Sequence[Any] = ()) -> RunningServer:
-    chain: list[Any] = [telemetry.server_interceptor()]
+    chain: list[Any] = [LightCallsInterceptor(), telemetry.server_interceptor()]  # light calls: own threads
     token = cfg.auth.token()
     if cfg.require_auth or token:
         if not token:

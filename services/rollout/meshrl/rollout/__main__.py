@@ -62,6 +62,7 @@ def serve(cfg: RolloutConfig) -> None:
         capacity=cfg.effective_capacity,
         databuffer=databuffer,
         buffer_wait_s=cfg.databuffer_wait_seconds,
+        limits=cfg.limits,
     )
     registry = None
     if cfg.registry.redis_url:

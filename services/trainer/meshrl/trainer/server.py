@@ -81,7 +81,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
 
     def _inside(self, path: str, field: str) -> str:
         """A path named by the caller, resolved inside the trainer's `paths.roots` (or refused)."""
-        return self.service.cfg.paths.inside(path, field)
+        return self.service.cfg.paths.inside(path, field) if path else path
 
     def LoadModel(self, request: pb.LoadModelRequest, context) -> pb.LoadModelResponse:
         role = role_name(request.role)

@@ -1,5 +1,5 @@
-"""Outside YAML is bounded before anything is built (aliases, size, depth, expansion), error messages stay
-small whatever the value, and a status message is capped below gRPC's metadata limit with the real error kept."""
+"""Outside input is bounded: YAML before anything is built (aliases, size, depth, expansion), error messages
+whatever the value, status messages below gRPC's metadata limit (real error kept); probes answer under load."""
 
 from __future__ import annotations
 
@@ -105,4 +105,41 @@ def test_a_long_error_reaches_the_client_with_its_code_and_start():
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert info.value.details().startswith("the real error: ")
     finally:
+        running.stop(0)
+
+
+def test_health_and_status_answer_while_every_worker_is_busy():
+    import threading
+
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from meshrl.api.databuffer.v1 import databuffer_pb2 as dpb
+    from meshrl.api.databuffer.v1 import databuffer_pb2_grpc
+    from meshrl.common.grpc_server import ServerConfig, Service, start_server
+
+    release = threading.Event()
+
+    class Busy(databuffer_pb2_grpc.DataBufferServicer):
+        def GetBatch(self, request, context):
+            release.wait(30)
+            yield dpb.GetBatchResponse()
+
+        def GetStats(self, request, context):
+            return dpb.GetStatsResponse()
+
+    service = Service(databuffer_pb2_grpc.add_DataBufferServicer_to_server, Busy(), "t")
+    running = start_server(ServerConfig(port=0, max_workers=2), [service])
+    try:
+        with grpc.insecure_channel(running.address) as channel:
+            stub = databuffer_pb2_grpc.DataBufferStub(channel)
+            streams = [stub.GetBatch(dpb.GetBatchRequest(), timeout=30) for _ in range(4)]  # more than the workers
+            time.sleep(0.5)
+            check = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=3)
+            assert check.status == health_pb2.HealthCheckResponse.SERVING
+            stub.GetStats(dpb.GetStatsRequest(), timeout=3)
+            release.set()
+            for s in streams:
+                list(s)
+    finally:
+        release.set()
         running.stop(0)
