@@ -21,7 +21,7 @@ from meshrl.scheduler.config import JobConfig
 from meshrl.scheduler.events import EventLog
 from meshrl.scheduler.job_policy import JobPolicy, check_run_id
 from meshrl.scheduler.rundir import RunDir
-from meshrl.scheduler.runner import JobRunner
+from meshrl.scheduler.step.runner import JobRunner
 from meshrl.scheduler.workflow import Workflow, load_workflow_text
 
 log = logging.getLogger(__name__)
