@@ -26,6 +26,9 @@ def main(argv: list[str] | None = None) -> None:
         scheduler_pb2_grpc.add_SchedulerServicer_to_server, SchedulerServicer(jobs), "meshrl.scheduler.v1.Scheduler"
     )
     running = start_server(cfg.server, [service])
+    if cfg.recover_jobs:
+        for record in jobs.recover():
+            print(f"resumed job {record.job_id} from {record.runner.run.root}", flush=True)
     print(f"meshrl scheduler serving on {running.address}", flush=True)
     wait_for_termination(running, cfg.server.grace_seconds)
 

@@ -20,6 +20,7 @@ from meshrl.common.errors import FailedPrecondition, InvalidArgument, MeshrlErro
 from meshrl.scheduler.config import JobConfig
 from meshrl.scheduler.events import EventLog
 from meshrl.scheduler.job_policy import JobPolicy, check_run_id
+from meshrl.scheduler.recovery import run_with_restarts, unfinished_runs
 from meshrl.scheduler.rundir import RunDir
 from meshrl.scheduler.step.runner import JobRunner
 from meshrl.scheduler.workflow import Workflow, load_workflow_text
@@ -61,6 +62,8 @@ class JobRecord:
     summary: dict = field(default_factory=dict)
     last_metrics: dict = field(default_factory=dict)
     resume: bool = False
+    restarts: int = 0  # services restarted after one died (recovery.run_with_restarts)
+    steps_lost: int = 0  # steps redone after those restarts
 
     def to_proto(self) -> spb.Job:
         cfg = self.runner.cfg
@@ -120,7 +123,7 @@ class JobManager:
         with self.slots:
             self._set(record, spb.JOB_STATE_RUNNING, "started")
             try:
-                record.summary = record.runner.run_job(resume=record.resume)
+                record.summary = run_with_restarts(record, record.resume)
                 self._set(record, spb.JOB_STATE_SUCCEEDED, "finished")
             except MeshrlError as exc:
                 cancelled = exc.code.name == "CANCELLED"
@@ -168,3 +171,19 @@ class JobManager:
         if record.state != spb.JOB_STATE_RUNNING:
             raise FailedPrecondition(f"job {job_id} is not running ({spb.JobState.Name(record.state)})")
         return record.runner.request_scale(replicas)
+
+    def recover(self) -> list[JobRecord]:
+        """After a scheduler restart: resumes every job that was running in the run root (from its folder's
+        config, workflow and last checkpoint). A run that cannot be resumed is reported and skipped."""
+        records = []
+        for folder in unfinished_runs(self.run_root):
+            try:
+                config = (folder / "config.yaml").read_text()
+                record = self.create((folder / "workflow.yaml").read_text(), config, [], resume_dir=str(folder))
+            except MeshrlError as exc:
+                log.warning("cannot resume the run in %s: %s", folder, exc)
+                continue
+            record.events.log("the scheduler restarted: resuming this run from its last checkpoint")
+            self.start(record)
+            records.append(record)
+        return records
