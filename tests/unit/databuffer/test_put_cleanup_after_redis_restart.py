@@ -65,3 +65,21 @@ def test_chunks_staged_before_redis_died_are_removed_by_the_next_put(tmp_path):
     finally:
         buffer.close()
         server.stop()
+
+
+def test_an_embedded_redis_that_dies_is_restarted_and_keeps_acknowledged_data(tmp_path):
+    import os
+    import signal
+
+    cfg = config(
+        None, unique_prefix("watch"), redis={"embedded": {"data_dir": str(tmp_path / "r"), "appendfsync": "always"}}
+    )
+    buffer = DataBuffer.open(cfg)
+    try:
+        buffer.put_columns(BatchRef("job", 1, "kept"), {"x": np.arange(10)})
+        os.kill(buffer.handle.embedded.pid, signal.SIGKILL)
+        got = _until_up(lambda: buffer.get_batch(BatchRef("job", 1, "kept")))
+        assert got["x"].tolist() == list(range(10)) and buffer.handle.watchdog.restarts == 1
+        buffer.put_columns(BatchRef("job", 2, "after"), {"x": np.arange(3)})
+    finally:
+        buffer.close()
