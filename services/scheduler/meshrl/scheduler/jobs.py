@@ -22,6 +22,7 @@ from meshrl.scheduler.events import EventLog
 from meshrl.scheduler.job_policy import JobPolicy, check_run_id
 from meshrl.scheduler.recovery import run_with_restarts, unfinished_runs
 from meshrl.scheduler.rundir import RunDir
+from meshrl.scheduler.step.dispatch import check_runnable
 from meshrl.scheduler.step.runner import JobRunner
 from meshrl.scheduler.workflow import Workflow, load_workflow_text
 
@@ -102,6 +103,7 @@ class JobManager:
         cfg = cfg.model_copy(update={"job": job})
         self.policy.check_refs(cfg)  # by name, before the workflow's refs are imported
         workflow: Workflow = load_workflow_text(workflow_text, raw, allowed_modules=cfg.job.allowed_modules)
+        check_runnable(workflow)
         if resume_dir:
             run = RunDir(self.policy.resume_folder(resume_dir))
             job_id = job_id or run.root.name

@@ -21,14 +21,13 @@ from pathlib import Path
 import numpy as np
 from opentelemetry import context as otel_context
 
-from meshrl.api.trainer.v1 import trainer_pb2 as tpb
 from meshrl.common import batch_schema as S
 from meshrl.common import telemetry
+from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import Ragged
-from meshrl.common.databuffer_client import batch_key
 from meshrl.common.errors import Cancelled, DeadlineExceeded, InvalidArgument, MeshrlError, Unavailable
 from meshrl.common.telemetry import attributes as A
-from meshrl.scheduler.config import JobConfig, OptimSection
+from meshrl.scheduler.config import JobConfig
 from meshrl.scheduler.events import EventLog
 from meshrl.scheduler.fleet.weight_sync import WeightPublisher
 from meshrl.scheduler.launch.services import JobServices
@@ -43,13 +42,6 @@ from meshrl.scheduler.step.rewards import resolve_reward
 from meshrl.scheduler.workflow import resolve_executable
 
 log = logging.getLogger(__name__)
-
-
-def optimizer_proto(o: OptimSection) -> tpb.OptimizerConfig:
-    return tpb.OptimizerConfig(
-        lr=o.lr, min_lr=o.min_lr, weight_decay=o.weight_decay, clip_grad=o.clip_grad, warmup_steps=o.warmup_steps,
-        decay_steps=o.decay_steps, decay_style=o.decay_style, adam_beta1=0.9, adam_beta2=0.999, adam_eps=1e-8,
-    )  # fmt: skip
 
 
 @dataclass
@@ -145,7 +137,7 @@ class JobRunner:
                 S.PROMPT_IDS: Ragged.from_rows([encoder.encode_prompt(r.prompt) for r in batch], dtype=np.int32),
                 S.RESPONSE_IDS: Ragged.from_rows([encoder.encode_response(t) for t in targets], dtype=np.int32),
             })  # fmt: skip
-            sft = tpb.LossConfig(policy_loss="sft")
+            sft = {"policy_loss": "sft"}  # the warm-up's objective
             reply = svc.trainer.train_step("actor", [key], sft, self.cfg.trainer.micro_batch_tokens, 1, i, lr=w.lr)
             svc.buffer.delete(key)
             if i % 10 == 0 or i == w.steps - 1:
@@ -180,7 +172,8 @@ class JobRunner:
             self.events.log(f"services up: {svc.addresses}")
             for role in self.roles:
                 opt = cfg.trainer.critic_optimizer if role == "critic" else cfg.trainer.optimizer
-                svc.trainer.load_model(role, cfg.model.path, cfg.model.dtype, optimizer_proto(opt), cfg.job.seed)
+                svc.trainer.load_model(role, cfg.model.path, cfg.model.dtype, opt, cfg.job.seed,
+                                       gradient_checkpointing=cfg.trainer.gradient_checkpointing)  # fmt: skip
             publisher = WeightPublisher(svc.trainer, cfg.weights, str(self.run.weights))
             resumed = resume and self.restore(svc, publisher, sampler)
             if not resumed and cfg.warmup.steps:

@@ -17,7 +17,8 @@ import yaml
 
 from meshrl.common.bounded_yaml import YamlLimitError, load_bounded
 from meshrl.common.errors import short_repr
-from meshrl.scheduler.workflow.checks import close_match, workflow_problems
+from meshrl.common.suggest import close_match
+from meshrl.scheduler.workflow.checks import workflow_problems
 from meshrl.scheduler.workflow.errors import Problem, WorkflowError
 from meshrl.scheduler.workflow.executables import default_allowed_modules
 from meshrl.scheduler.workflow.interpolate import resolve_references
