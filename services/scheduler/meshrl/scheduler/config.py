@@ -1,7 +1,7 @@
 """Typed configuration of a job (what `meshrl run` and SubmitJob take) and of the scheduler service.
 
 Sections: job, model, data, rollout, trainer, algorithm, weights, warmup, eval,
-checkpoint, services, telemetry. Every field has a default that runs on a CPU; a
+checkpoint, services, telemetry, logging (experiment trackers). Every field has a default that runs on a CPU; a
 workflow's nodes read their settings from here through `${...}` references.
 """
 
@@ -15,6 +15,7 @@ from meshrl.common.config import StrictModel
 from meshrl.common.grpc_channel import ChannelConfig
 from meshrl.common.grpc_server import ServerConfig
 from meshrl.common.telemetry import TelemetryConfig
+from meshrl.scheduler.trackers.config import LoggingSection
 
 Field = pydantic.Field
 
@@ -24,9 +25,14 @@ class JobSection(StrictModel):
     steps: int = Field(10, ge=0, description="RL steps to run")
     seed: int = 0
     run_root: str = Field("runs", description="folder that holds one folder per run")
+    max_restarts: int = Field(
+        3, ge=0, description="times a dead service restarts the job's services and resumes it (0: fail at once)"
+    )
+    restart_backoff_seconds: float = Field(2.0, ge=0, description="pause before such a restart")
     allowed_modules: list[str] = Field(
         default_factory=lambda: ["meshrl"],
-        description="module prefixes that executable_refs, rewards and data generators may come from",
+        description="module prefixes that executable_refs, rewards and data generators may come from "
+        "(under the scheduler service: only a narrowing of the scheduler's own allowed_modules)",
     )
 
 
@@ -208,6 +214,7 @@ class JobConfig(StrictModel):
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     services: ServicesSection = Field(default_factory=ServicesSection)
     telemetry: TelemetryConfig = Field(default_factory=lambda: TelemetryConfig(exporter="file"))
+    logging: LoggingSection = Field(default_factory=LoggingSection)
 
 
 class SchedulerServiceConfig(StrictModel):
@@ -215,5 +222,11 @@ class SchedulerServiceConfig(StrictModel):
 
     server: ServerConfig = Field(default_factory=lambda: ServerConfig(port=50050))
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
-    run_root: str = "runs"
+    run_root: str = Field("runs", description="every run folder lies under it; a job may name a sub-folder only")
     max_concurrent_jobs: int = Field(1, ge=1)
+    recover_jobs: bool = Field(True, description="on start, resume the jobs that were running in run_root")
+    allowed_modules: list[str] = Field(
+        default_factory=lambda: ["meshrl"],
+        description="the operator's allow-list: module prefixes a submitted job's executable_refs, rewards and "
+        "data generators may come from (a job's job.allowed_modules may only narrow it; '*' allows any)",
+    )

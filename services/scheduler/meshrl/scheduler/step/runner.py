@@ -47,6 +47,7 @@ from meshrl.scheduler.step.executor import StepExecutor
 from meshrl.scheduler.step.nodes import NodeHandlers
 from meshrl.scheduler.step.progress import StepProgress
 from meshrl.scheduler.step.rewards import resolve_reward
+from meshrl.scheduler.trackers import Trackers, open_trackers
 from meshrl.scheduler.workflow import resolve_executable
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ class JobRunner:
         self.show_progress = progress
         self.cancelled = threading.Event()
         self.step = 0
+        self.trackers = Trackers()  # opened by run_job (logging.backends)
         self._scale_target: int | None = None
         self._scaled = threading.Condition()
         self._scale_error: MeshrlError | None = None
@@ -161,6 +163,7 @@ class JobRunner:
         metrics = evaluate(self.job_id, self.step, eval_records, encoder, svc.buffer, svc.fleet, reward_fn, max_tokens)
         self.run.log_eval(self.step, metrics)
         self.events.metrics(self.step, metrics)
+        self.trackers.log(self.step, metrics)
         return metrics
 
     # -- the job -------------------------------------------------------------------------
@@ -176,6 +179,7 @@ class JobRunner:
         svc = JobServices(cfg, self.run, cfg.model.path)
         summary: dict = {"job_id": self.job_id, "run_dir": str(self.run.root)}
         started = time.monotonic()
+        self.trackers = open_trackers(cfg.logging, self.run.root, self.job_id, cfg.model_dump(mode="json"))
         try:
             svc.open()
             self.events.log(f"services up: {svc.addresses}")
@@ -220,6 +224,7 @@ class JobRunner:
             telemetry.force_flush()
             if self.run.metrics_file.exists():
                 write_report(self.run, summary)
+            self.trackers.finish(self.step, sorted(self.run.plots.glob("*.png")))
 
     # -- scaling ---------------------------------------------------------------------------
     def request_scale(self, replicas: int, timeout: float = 900.0) -> list[str]:
@@ -328,6 +333,8 @@ class JobRunner:
         metrics.update({"weights/version": result.version, "weights/seconds": result.seconds,
                         "weights/bytes": result.bytes, "weights/stale_replicas": len(result.stale)})  # fmt: skip
         metrics["time/step"] = time.perf_counter() - start
+        telemetry.metrics().record_step(metrics["time/step"])
         self.run.log_metrics(self.step, metrics)
         self.events.metrics(self.step, metrics)
+        self.trackers.log(self.step, metrics)
         return metrics
