@@ -96,6 +96,7 @@ def world(tmp_path_factory):
         world["gate"] = root / "gate"
         cluster.start("scheduler", "scheduler", {
             "server": pki.server("scheduler", HOSTS["scheduler"]), "run_root": str(root / "runs"),
+            "allowed_modules": ["meshrl", "tests.integration"],  # the gate reward
             "telemetry": _telemetry(root, "scheduler")}, env={"MESHRL_TEST_GATE": str(world["gate"])})  # fmt: skip
         yield world
     finally:
