@@ -10,19 +10,20 @@ from dataclasses import asdict, dataclass, field
 
 @dataclass
 class Budget:
-    sft_steps: int = 100
+    sft_steps: int = 50  # stopped early on purpose: RL starts from a weak warm start
     sft_batch: int = 32
     sft_lr: float = 3e-3
-    rl_steps: int = 60
+    rl_steps: int = 100
     prompts_per_step: int = 8  # x n samples = 64 samples per RL step (one optimizer step)
     n: int = 8
     rl_lr: float = 1e-3
     max_tokens: int = 10
-    sft_eval_every: int = 25
-    rl_eval_every: int = 10
+    sft_eval_every: int = 30
+    rl_eval_every: int = 20
     n_train: int = 4000
     n_eval: int = 128
     seed: int = 0
+    trl_threads: int = 1  # torch threads of the TRL process (2 stalled 10x on this loaded 2-core machine)
     # the model both sides start from (meshrl.trainer.model_builder)
     hidden_size: int = 64
     num_layers: int = 2
@@ -31,8 +32,8 @@ class Budget:
 
     @classmethod
     def full(cls) -> Budget:
-        """The issue's budget: 2,000 RL steps of 64 samples after a 500-step warm-up."""
-        return cls(sft_steps=500, rl_steps=2000, sft_eval_every=50, rl_eval_every=100, n_eval=256)
+        """The issue's budget: 2,000 RL steps of 64 samples after the same short warm-up."""
+        return cls(rl_steps=2000, rl_eval_every=100, n_eval=256)
 
     @property
     def rl_samples_per_step(self) -> int:
@@ -64,3 +65,7 @@ class Curve:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Curve:
+        return cls(**d)

@@ -55,6 +55,7 @@ class Task:
     reward: str  # package.module:function, for meshrl's algorithm.reward
     score: Callable[[Sequence[str], Sequence[str], Sequence[str]], list[float]]
     make: Callable[[random.Random], tuple[str, str]]  # rng -> (prompt, answer)
+    max_rows: int = 1 << 30  # distinct prompts the task has (train + held-out are capped to it)
 
 
 def _reverse(rng: random.Random) -> tuple[str, str]:
@@ -63,13 +64,13 @@ def _reverse(rng: random.Random) -> tuple[str, str]:
 
 
 def _multiply(rng: random.Random) -> tuple[str, str]:
-    a, b = int(_digits(rng, 2, 3) or "0"), rng.randint(2, 9)
+    a, b = rng.randint(10, 99), rng.randint(2, 9)
     return f"{a}*{b}=", str(a * b)
 
 
 TASKS: dict[str, Task] = {
     "reverse": Task("reverse", "bench.vs_trl.tasks:reverse_score", reverse_score, _reverse),
-    "multiply": Task("multiply", "bench.vs_trl.tasks:multiply_score", multiply_score, _multiply),
+    "multiply": Task("multiply", "bench.vs_trl.tasks:multiply_score", multiply_score, _multiply, max_rows=720),
 }
 
 
@@ -77,6 +78,9 @@ def write_task_data(task: Task, out_dir: str | Path, seed: int, n_train: int, n_
     """train.jsonl and eval.jsonl; held-out prompts never occur in train. Same seed -> same bytes."""
     rng, out = random.Random(seed), Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if n_eval >= task.max_rows:
+        raise ValueError(f"task {task.name} has {task.max_rows} distinct prompts; ask for fewer than {n_eval} held out")
+    n_train = min(n_train, task.max_rows - n_eval)
     seen: dict[str, str] = {}
     while len(seen) < n_train + n_eval:
         prompt, answer = task.make(rng)
