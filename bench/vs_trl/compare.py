@@ -26,8 +26,9 @@ def _first_reach(c: Curve, target: float) -> float | None:
 
 
 def ratios(meshrl: Curve, trl: Curve) -> dict[str, float | None]:
-    """gain_ratio: (meshrl final - start) / (TRL final - start) at the samples both reached;
-    time_ratio: meshrl's seconds to first reach TRL's final accuracy / TRL's (None: meshrl never did)."""
+    """gain_ratio: (meshrl final - start) / (TRL final - start) at the samples both reached (None: TRL gained
+    nothing); time_ratio: meshrl's seconds to first reach TRL's final accuracy / TRL's (None: meshrl never did,
+    or TRL's final accuracy was already its start)."""
     samples = min(meshrl.samples[-1], trl.samples[-1])
     g_m = _at_samples(meshrl, samples) - meshrl.accuracy[0]
     g_t = _at_samples(trl, samples) - trl.accuracy[0]
@@ -37,7 +38,7 @@ def ratios(meshrl: Curve, trl: Curve) -> dict[str, float | None]:
         "samples": samples, "meshrl_start": meshrl.accuracy[0], "trl_start": trl.accuracy[0],
         "meshrl_gain": g_m, "trl_gain": g_t, "gain_ratio": g_m / g_t if g_t > 0 else None,
         "trl_final": target, "meshrl_seconds": t_m, "trl_seconds": t_t,
-        "time_ratio": t_m / t_t if t_m is not None and t_t else None,
+        "time_ratio": t_m / t_t if t_m is not None and t_t and t_t > 1e-3 else None,  # n/a: TRL never moved
     }  # fmt: skip
 
 

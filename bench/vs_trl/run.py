@@ -48,6 +48,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="reuse TRL's curves and weights of an earlier run with the same budget (to compare meshrl settings)",
     )
     p.add_argument("--meshrl-set", action="append", default=[], metavar="KEY=VALUE", help="extra meshrl override")
+    p.add_argument("--report", metavar="RESULTS_JSON", help="only reprint the table and redraw the PNGs of a run")
     p.add_argument("--out", default="runs/vs_trl", help="work folder (models, data, run folders, results.json)")
     p.add_argument("--png-dir", default=str(Path(__file__).resolve().parent), help="where curves_<task>.png go")
     return p.parse_args(argv)
@@ -100,8 +101,25 @@ def run_task(name: str, b: Budget, out: Path, sets: list[str], reuse: bool) -> l
     return [("sft", m_sft, trl_sft_curve), ("rl-own", m_rl_own, trl_rl), ("rl-common", m_rl_common, trl_rl)]
 
 
+def report(results: dict, png_dir: Path) -> list[tuple[str, str, dict]]:
+    """Ratios (recomputed) and PNGs from a results.json."""
+    rows, by_task = [], {}
+    for key, value in results.items():
+        if "/" in key:
+            name, phase = key.split("/")
+            m, t = Curve.from_dict(value["meshrl"]), Curve.from_dict(value["trl"])
+            by_task.setdefault(name, []).append((phase, m, t))
+            rows.append((name, phase, ratios(m, t)))
+    for name, pairs in by_task.items():
+        plot(name, pairs, png_dir / f"curves_{name}.png")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if args.report:
+        print(table(report(json.loads(Path(args.report).read_text()), Path(args.png_dir))))
+        return 0
     b, out = budget_of(args), Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     print(f"budget: {b.to_dict()}\nmeshrl overrides: {args.meshrl_set or 'none'}", flush=True)

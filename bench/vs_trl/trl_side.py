@@ -60,7 +60,8 @@ class HeldoutEval(TrainerCallback):
     def _record(self, step: int, model) -> None:
         now = time.perf_counter()
         accuracy = self.accuracy(model)
-        self.curve.add(step * self.per_step, now - self.started - self.eval_seconds, accuracy)
+        seconds = now - self.started - self.eval_seconds if step else 0.0
+        self.curve.add(step * self.per_step, seconds, accuracy)
         self.eval_seconds += time.perf_counter() - now
 
     def on_train_begin(self, args, state, control, model=None, **_):

@@ -62,3 +62,9 @@ def test_ratios_compare_gains_at_equal_samples_and_time_to_trl_final():
     never = ratios(curve("meshrl", [0, 128], [0, 1], [0.1, 0.1]), t)
     assert never["gain_ratio"] == 0.0 and never["time_ratio"] is None
     assert "n/a" in table([("reverse", "rl-own", never)])
+
+
+def test_no_time_ratio_when_trl_final_is_its_start():
+    flat = curve("trl", [0, 64], [0.0, 5.0], [0.2, 0.1])
+    r = ratios(curve("meshrl", [0, 64], [0, 1], [0.2, 0.3]), flat)
+    assert r["gain_ratio"] is None and r["time_ratio"] is None
