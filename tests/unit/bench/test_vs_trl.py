@@ -12,7 +12,7 @@ from bench.vs_trl.compare import ratios, table
 from bench.vs_trl.meshrl_side import WORKFLOW, job_config
 from bench.vs_trl.tasks import TASKS, multiply_score, reverse_score, write_task_data
 from meshrl.scheduler.config import JobConfig
-from meshrl.scheduler.rewards import resolve_reward
+from meshrl.scheduler.step.rewards import resolve_reward
 from meshrl.scheduler.workflow.loader import load_workflow_file
 
 

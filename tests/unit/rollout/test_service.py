@@ -12,16 +12,17 @@ import redis
 from meshrl.api.rollout.v1 import rollout_pb2 as pb
 from meshrl.api.rollout.v1 import rollout_pb2_grpc
 from meshrl.common import batch_schema as S
+from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import Ragged
-from meshrl.common.databuffer_client import DataBufferClient, batch_key
+from meshrl.common.databuffer_client import DataBufferClient
 from meshrl.common.errors import InvalidArgument
 from meshrl.common.grpc_channel import open_channel
 from meshrl.common.grpc_server import ServerConfig, start_server
-from meshrl.common.rollout_router import sampling_params
 from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix
 from meshrl.rollout.replica import RolloutReplica
 from meshrl.rollout.server import service
 from meshrl.rollout.types import GenerationRequest, SamplingParams
+from meshrl.scheduler.fleet.router import sampling_params
 
 
 @pytest.fixture(scope="module")

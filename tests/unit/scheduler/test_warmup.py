@@ -1,4 +1,4 @@
-"""The supervised warm-up (meshrl.scheduler.warmup) against a real trainer service over gRPC: its lr schedule,
+"""The supervised warm-up (meshrl.scheduler.step.warmup) against a real trainer service over gRPC: its lr schedule,
 held-out loss, epochs, and the hand-over to RL (a fresh optimizer, so RL's own lr schedule starts at its step 0)."""
 
 from __future__ import annotations
@@ -9,18 +9,16 @@ import numpy as np
 import pydantic
 import pytest
 
-from meshrl.api.trainer.v1 import trainer_pb2 as tpb
 from meshrl.common import batch_schema as S
+from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import Batch, Ragged
-from meshrl.common.databuffer_client import batch_key
 from meshrl.common.errors import InvalidArgument, NotFound
 from meshrl.common.grpc_server import ServerConfig, start_server
 from meshrl.scheduler.clients import TrainerClient
 from meshrl.scheduler.config import OptimSection, WarmupSection
-from meshrl.scheduler.data import PromptEncoder, Record
-from meshrl.scheduler.lr_schedule import LrSchedule
-from meshrl.scheduler.runner import optimizer_proto
-from meshrl.scheduler.warmup import SupervisedWarmup, warmup_steps
+from meshrl.scheduler.step.data import PromptEncoder, Record
+from meshrl.scheduler.step.lr_schedule import LrSchedule
+from meshrl.scheduler.step.warmup import SupervisedWarmup, warmup_steps
 from meshrl.trainer.config import TrainerConfig
 from meshrl.trainer.core import TrainerCore
 from meshrl.trainer.model_builder import build_small_model
@@ -86,12 +84,12 @@ RL_OPTIMIZER = OptimSection(lr=1e-3, decay_steps=10, decay_style="linear")
 
 def warm(trainer, model_dir, tmp_path, **fields):
     client, buffer = trainer
-    client.load_model("actor", str(model_dir), "float32", optimizer_proto(RL_OPTIMIZER), 0)
+    client.load_model("actor", str(model_dir), "float32", RL_OPTIMIZER, 0)
     cfg = WarmupSection(**{"steps": 12, "batch_size": 8, "lr": 1e-2, **fields})
     phase = SupervisedWarmup("job", cfg, client, buffer, PromptEncoder(str(model_dir)), log=lambda _: None,
                              micro_batch_tokens=4096, shuffle_seed=0)  # fmt: skip
     result = phase.run(records(64), records(16, offset=500), tmp_path / "warmup.jsonl")
-    phase.hand_over(str(model_dir), "float32", optimizer_proto(RL_OPTIMIZER), 0)
+    phase.hand_over(str(model_dir), "float32", RL_OPTIMIZER, 0)
     return result, client, buffer
 
 
@@ -102,7 +100,7 @@ def rl_lr(client, buffer, model_dir) -> float:
         S.PROMPT_IDS: Ragged.from_rows([encoder.encode_prompt("Reverse 123")], dtype=np.int32),
         S.RESPONSE_IDS: Ragged.from_rows([encoder.encode_response("321")], dtype=np.int32),
     })  # fmt: skip
-    return client.train_step("actor", [key], tpb.LossConfig(policy_loss="sft"), 4096, 1, 1).metrics["lr"]
+    return client.train_step("actor", [key], {"policy_loss": "sft"}, 4096, 1, 1).metrics["lr"]
 
 
 def test_rl_schedule_starts_at_its_first_step_after_a_fresh_hand_over(trainer, model_dir, tmp_path):

@@ -7,7 +7,6 @@ from protobuf at the edge (`SamplingParams.from_proto` / `to_proto` live here wi
 
 from __future__ import annotations
 
-import difflib
 import enum
 import math
 import uuid
@@ -17,6 +16,7 @@ from typing import Any
 
 from meshrl.api.rollout.v1 import rollout_pb2
 from meshrl.common.errors import InvalidArgument
+from meshrl.common.suggest import did_you_mean
 
 
 class FinishReason(enum.IntEnum):
@@ -95,8 +95,7 @@ class SamplingParams:
         known = cls.field_names()
         for key in values:
             if key not in known:
-                close = difflib.get_close_matches(str(key), known, n=1)
-                hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(known)}"
+                hint = did_you_mean(key, known, f"known keys: {', '.join(known)}")
                 raise InvalidArgument(f"unknown sampling key '{key}': {hint}", field=f"sampling.{key}")
         kwargs = dict(values)
         if "stop_token_ids" in kwargs:

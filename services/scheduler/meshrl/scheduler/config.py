@@ -67,17 +67,23 @@ class RolloutSection(StrictModel):
     )
 
 
+TRAINER_DEFAULT = "unset: the trainer's default (meshrl.trainer.losses.LossConfig / optim.OptimizerConfig)"
+
+
 class LossSection(StrictModel):
-    policy_loss: Literal["ppo", "gspo"] = "ppo"
-    clip_low: float = Field(0.2, gt=0)
-    clip_high: float = Field(0.2, gt=0)
-    dual_clip: float = Field(0.0, ge=0)
-    aggregation: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
-    kl_coef: float = Field(0.0, ge=0)
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    entropy_coef: float = Field(0.0, ge=0)
-    tis_cap: float = Field(0.0, ge=0)
-    value_clip: float = Field(0.2, ge=0)
+    """The actor's objective, sent as `meshrl.trainer.v1.LossConfig`: the trainer owns each setting and its
+    default (`meshrl.trainer.losses.LossConfig`); a field left out here is left unset in the request."""
+
+    policy_loss: Literal["ppo", "gspo"] | None = Field(None, description="ppo or gspo; " + TRAINER_DEFAULT)
+    clip_low: float | None = Field(None, ge=0, lt=1, description="ratio clipped below at 1 - clip_low")
+    clip_high: float | None = Field(None, ge=0, description="ratio clipped above at 1 + clip_high (unset: clip_low)")
+    dual_clip: float | None = Field(None, ge=0, description="c > 1 bounds negative-advantage tokens' loss; 0 = off")
+    aggregation: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] | None = None
+    kl_coef: float | None = Field(None, ge=0, description="KL(actor || reference) weight; in-reward KL for gae")
+    kl_estimator: Literal["k1", "k2", "k3"] | None = None
+    entropy_coef: float | None = Field(None, ge=0, description="entropy bonus weight")
+    tis_cap: float | None = Field(None, ge=0, description="truncated importance sampling cap; 0 = off")
+    value_clip: float | None = Field(None, ge=0, description="critic value clip; 0 = off")
 
 
 class AlgorithmSection(StrictModel):
@@ -89,13 +95,19 @@ class AlgorithmSection(StrictModel):
 
 
 class OptimSection(StrictModel):
-    lr: float = Field(1e-5, gt=0)
-    min_lr: float = 0.0
-    weight_decay: float = 0.0
-    clip_grad: float = 1.0
-    warmup_steps: int = 0
-    decay_steps: int = 0
-    decay_style: Literal["constant", "linear", "cosine"] = "constant"
+    """A trainable role's optimizer, sent as `meshrl.trainer.v1.OptimizerConfig`; the trainer owns each
+    setting and its default (`meshrl.trainer.optim.OptimizerConfig`); a field left out is left unset."""
+
+    lr: float | None = Field(None, gt=0, description="peak learning rate; " + TRAINER_DEFAULT)
+    min_lr: float | None = Field(None, ge=0)
+    weight_decay: float | None = Field(None, ge=0)
+    adam_beta1: float | None = Field(None, ge=0, lt=1)
+    adam_beta2: float | None = Field(None, ge=0, lt=1)
+    adam_eps: float | None = Field(None, gt=0)
+    clip_grad: float | None = Field(None, ge=0, description="max global grad norm; 0 = no clipping")
+    warmup_steps: int | None = Field(None, ge=0)
+    decay_steps: int | None = Field(None, ge=0)
+    decay_style: Literal["constant", "linear", "cosine"] | None = None
 
 
 class TrainerSection(StrictModel):
@@ -104,6 +116,7 @@ class TrainerSection(StrictModel):
     critic_optimizer: OptimSection = Field(default_factory=OptimSection)
     micro_batch_tokens: int = Field(4096, ge=16)
     mini_batches: int = Field(1, ge=1)
+    gradient_checkpointing: bool = Field(False, description="recompute layer activations in backward (less memory)")
     data_parallel: int = Field(1, ge=1, description="trainer ranks (processes); rank 0 serves gRPC")
     gpus: float = Field(0.0, ge=0, description="GPUs in the trainer's placement bundle (one per rank)")
     service_overrides: list[str] = Field(
@@ -123,7 +136,7 @@ class WeightsSection(StrictModel):
 
 
 class WarmupSection(StrictModel):
-    """Supervised warm-up on (prompt, response) pairs before RL (a job phase, run once; meshrl.scheduler.warmup).
+    """Supervised warm-up on (prompt, response) pairs before RL (a job phase, run once; meshrl.scheduler.step.warmup).
 
     The defaults are what bench/vs_trl measured against TRL's SFTTrainer: lr decayed linearly to min_lr over
     the phase and a fresh optimizer for RL."""

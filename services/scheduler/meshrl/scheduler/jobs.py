@@ -20,7 +20,8 @@ from meshrl.common.errors import FailedPrecondition, InvalidArgument, MeshrlErro
 from meshrl.scheduler.config import JobConfig
 from meshrl.scheduler.events import EventLog
 from meshrl.scheduler.rundir import RunDir
-from meshrl.scheduler.runner import JobRunner
+from meshrl.scheduler.step.dispatch import check_runnable
+from meshrl.scheduler.step.runner import JobRunner
 from meshrl.scheduler.workflow import Workflow, load_workflow_text
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,7 @@ class JobManager:
     ) -> JobRecord:  # fmt: skip
         cfg, raw = build_job_config(config_yaml, overrides)
         workflow: Workflow = load_workflow_text(workflow_text, raw, allowed_modules=cfg.job.allowed_modules)
+        check_runnable(workflow)
         if resume_dir:
             run = RunDir(Path(resume_dir))
             job_id = job_id or run.root.name

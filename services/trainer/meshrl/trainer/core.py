@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from meshrl.common.codec import Ragged
 from meshrl.common.errors import FailedPrecondition, InvalidArgument
+from meshrl.common.roles import ROLES
 from meshrl.trainer import checkpoint as ckpt
 from meshrl.trainer.batching import SequenceBatch, collate, plan_micro_batches, sequence_batch, shard_rows, to_ragged
 from meshrl.trainer.export import DEFAULT_BUCKET_BYTES, iter_hf_buckets, weight_checksums
@@ -25,7 +26,7 @@ from meshrl.trainer.hf_weights import VALUE_HEAD, iter_hf_tensors, load_hf_tenso
 from meshrl.trainer.losses import LossConfig
 from meshrl.trainer.model import build_gpt_model, ensure_parallel_state, parse_dtype
 from meshrl.trainer.optim import OptimizerConfig, build_optimizer
-from meshrl.trainer.roles import ROLES, ComputeResult, NonFiniteLoss, RoleState, TrainResult
+from meshrl.trainer.roles import ComputeResult, NonFiniteLoss, RoleState, TrainResult
 from meshrl.trainer.training import needed_columns, train_role
 
 __all__ = ["ROLES", "ComputeResult", "NonFiniteLoss", "RoleState", "TrainResult", "TrainerCore"]
@@ -238,7 +239,7 @@ class TrainerCore:
                 "dtype": state.dtype,
                 "architecture": state.spec.architecture,
                 "optimizer_groups": groups,
-                "optimizer_config": None if state.optimizer_config is None else vars(state.optimizer_config),
+                "optimizer_config": None if state.optimizer_config is None else state.optimizer_config.model_dump(),
             }
             model = dict(state.model.named_parameters())
             size = ckpt.save_checkpoint(path, model=model, optimizer=opt_tensors, meta=meta, data_state=data_state)

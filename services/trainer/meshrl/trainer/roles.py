@@ -14,8 +14,6 @@ from meshrl.common.errors import InvalidArgument
 from meshrl.trainer.hf_config import ModelSpec
 from meshrl.trainer.optim import OptimizerConfig
 
-ROLES = ("actor", "reference", "critic")
-
 
 class NonFiniteLoss(InvalidArgument):
     """A train step produced a NaN/inf loss or gradient; the model and optimizer were left unchanged."""

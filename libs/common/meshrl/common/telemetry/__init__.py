@@ -23,6 +23,7 @@ from meshrl.common.telemetry.runtime import (
     tracing_enabled,
 )
 from meshrl.common.telemetry.span_file import JsonlSpanExporter, SpanRecord, read_span_file, read_span_files
+from meshrl.common.telemetry.spans import tag_span
 
 __all__ = [
     "LOG_FORMAT",
@@ -48,6 +49,7 @@ __all__ = [
     "server_interceptor",
     "setup_telemetry",
     "shutdown_telemetry",
+    "tag_span",
     "span_from_carrier",
     "tracer",
     "tracing_enabled",

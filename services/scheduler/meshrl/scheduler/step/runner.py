@@ -20,33 +20,25 @@ from pathlib import Path
 
 from opentelemetry import context as otel_context
 
-from meshrl.api.trainer.v1 import trainer_pb2 as tpb
 from meshrl.common import telemetry
 from meshrl.common.errors import Cancelled, DeadlineExceeded, InvalidArgument, MeshrlError, Unavailable
 from meshrl.common.telemetry import attributes as A
-from meshrl.scheduler.config import JobConfig, OptimSection
-from meshrl.scheduler.data import DataPosition, PromptEncoder, PromptSampler, load_records
-from meshrl.scheduler.evaluation import evaluate
+from meshrl.scheduler.config import JobConfig
 from meshrl.scheduler.events import EventLog
-from meshrl.scheduler.executor import StepExecutor
-from meshrl.scheduler.nodes import NodeHandlers
-from meshrl.scheduler.progress import StepProgress
+from meshrl.scheduler.fleet.weight_sync import WeightPublisher
+from meshrl.scheduler.launch.services import JobServices
 from meshrl.scheduler.report import write_report
-from meshrl.scheduler.rewards import resolve_reward
 from meshrl.scheduler.rundir import RunDir
-from meshrl.scheduler.services import JobServices
-from meshrl.scheduler.warmup import SupervisedWarmup, heldout_pairs
-from meshrl.scheduler.weight_sync import WeightPublisher
+from meshrl.scheduler.step.data import DataPosition, PromptEncoder, PromptSampler, load_records
+from meshrl.scheduler.step.evaluation import evaluate
+from meshrl.scheduler.step.executor import StepExecutor
+from meshrl.scheduler.step.nodes import NodeHandlers
+from meshrl.scheduler.step.progress import StepProgress
+from meshrl.scheduler.step.rewards import resolve_reward
+from meshrl.scheduler.step.warmup import SupervisedWarmup, heldout_pairs
 from meshrl.scheduler.workflow import resolve_executable
 
 log = logging.getLogger(__name__)
-
-
-def optimizer_proto(o: OptimSection) -> tpb.OptimizerConfig:
-    return tpb.OptimizerConfig(
-        lr=o.lr, min_lr=o.min_lr, weight_decay=o.weight_decay, clip_grad=o.clip_grad, warmup_steps=o.warmup_steps,
-        decay_steps=o.decay_steps, decay_style=o.decay_style, adam_beta1=0.9, adam_beta2=0.999, adam_eps=1e-8,
-    )  # fmt: skip
 
 
 @dataclass
@@ -137,7 +129,7 @@ class JobRunner:
         phase = SupervisedWarmup(self.job_id, cfg.warmup, svc.trainer, svc.buffer, encoder, log=self.events.log,
                                  micro_batch_tokens=mbt, shuffle_seed=seed)  # fmt: skip
         phase.run(records, heldout_pairs(cfg.data), self.run.root / "warmup.jsonl")
-        phase.hand_over(cfg.model.path, cfg.model.dtype, optimizer_proto(cfg.trainer.optimizer), cfg.job.seed)
+        phase.hand_over(cfg.model.path, cfg.model.dtype, cfg.trainer.optimizer, cfg.job.seed)
         if "reference" in self.roles:
             svc.trainer.load_model("reference", self.cfg.model.path, self.cfg.model.dtype, None, 0, copy_from="actor")
 
@@ -168,7 +160,8 @@ class JobRunner:
             self.events.log(f"services up: {svc.addresses}")
             for role in self.roles:
                 opt = cfg.trainer.critic_optimizer if role == "critic" else cfg.trainer.optimizer
-                svc.trainer.load_model(role, cfg.model.path, cfg.model.dtype, optimizer_proto(opt), cfg.job.seed)
+                svc.trainer.load_model(role, cfg.model.path, cfg.model.dtype, opt, cfg.job.seed,
+                                       gradient_checkpointing=cfg.trainer.gradient_checkpointing)  # fmt: skip
             publisher = WeightPublisher(svc.trainer, cfg.weights, str(self.run.weights))
             resumed = resume and self.restore(svc, publisher, sampler)
             if not resumed and (cfg.warmup.steps or cfg.warmup.epochs):

@@ -7,7 +7,7 @@ loss on response tokens only (the trainer scores only response tokens, so prompt
 held-out loss (mean negative log-likelihood per response token of the eval pairs) every `eval_every` steps and
 at the end, and a hand-over to RL: `fresh` reloads the actor from its own warmed weights with a new optimizer
 (Adam moments and step count zeroed, so RL's own lr schedule starts at its first step), `keep` carries the
-optimizer state over. Called by `meshrl.scheduler.runner.JobRunner`; writes `warmup.jsonl` in the run folder.
+optimizer state over. Called by `meshrl.scheduler.step.runner.JobRunner`; writes `warmup.jsonl` in the run folder.
 """
 
 from __future__ import annotations
@@ -22,13 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from meshrl.api.trainer.v1 import trainer_pb2 as tpb
 from meshrl.common import batch_schema as S
+from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import Ragged
-from meshrl.common.databuffer_client import batch_key
 from meshrl.common.errors import InvalidArgument
-from meshrl.scheduler.data import PromptEncoder, PromptSampler, Record, load_records
-from meshrl.scheduler.lr_schedule import LrSchedule
+from meshrl.scheduler.step.data import PromptEncoder, PromptSampler, Record, load_records
+from meshrl.scheduler.step.lr_schedule import LrSchedule
 
 
 @dataclass
@@ -93,7 +92,7 @@ class SupervisedWarmup:
         if not steps:
             return result
         schedule, sampler = schedule_for(cfg, steps), PromptSampler(records, self.shuffle_seed + 1)
-        sft = tpb.LossConfig(policy_loss="sft")
+        sft = {"policy_loss": "sft"}  # the warm-up's objective: NLL of the response tokens
         seconds = 0.0  # training time, held-out loss excluded
         for i in range(steps):
             started = time.perf_counter()
@@ -120,7 +119,7 @@ class SupervisedWarmup:
                 self.log(f"warm-up {i + 1}/{steps}: lr {lr:.2e}, loss {result.train_loss:.4f}{held}")
         return result
 
-    def hand_over(self, model_path: str, dtype: str, optimizer: tpb.OptimizerConfig, seed: int) -> None:
+    def hand_over(self, model_path: str, dtype: str, optimizer: Any, seed: int) -> None:
         """`fresh`: the actor keeps its warmed weights and gets a new optimizer (RL's schedule at step 0)."""
         if self.cfg.handover == "fresh":
             self.trainer.load_model("actor", model_path, dtype, optimizer, seed, copy_from="actor")
