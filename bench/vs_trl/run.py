@@ -110,6 +110,7 @@ def report(results: dict, png_dir: Path) -> list[tuple[str, str, dict]]:
             m, t = Curve.from_dict(value["meshrl"]), Curve.from_dict(value["trl"])
             by_task.setdefault(name, []).append((phase, m, t))
             rows.append((name, phase, ratios(m, t)))
+    png_dir.mkdir(parents=True, exist_ok=True)
     for name, pairs in by_task.items():
         plot(name, pairs, png_dir / f"curves_{name}.png")
     return rows
