@@ -94,7 +94,7 @@ class RunningServer:
 
 
 def start_server(cfg: ServerConfig, services: Sequence[Service], interceptors: Sequence[Any] = ()) -> RunningServer:
-    chain: list[Any] = [telemetry.server_interceptor()]
+    chain: list[Any] = [telemetry.server_interceptor(), telemetry.rpc_metrics_interceptor()]
     token = cfg.auth.token()
     if cfg.require_auth or token:
         if not token:

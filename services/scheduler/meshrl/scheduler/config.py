@@ -1,7 +1,7 @@
 """Typed configuration of a job (what `meshrl run` and SubmitJob take) and of the scheduler service.
 
 Sections: job, model, data, rollout, trainer, algorithm, weights, warmup, eval,
-checkpoint, services, telemetry. Every field has a default that runs on a CPU; a
+checkpoint, services, telemetry, logging (experiment trackers). Every field has a default that runs on a CPU; a
 workflow's nodes read their settings from here through `${...}` references.
 """
 
@@ -14,6 +14,7 @@ import pydantic
 from meshrl.common.config import StrictModel
 from meshrl.common.grpc_server import ServerConfig
 from meshrl.common.telemetry import TelemetryConfig
+from meshrl.scheduler.trackers.config import LoggingSection
 
 Field = pydantic.Field
 
@@ -194,6 +195,7 @@ class JobConfig(StrictModel):
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     services: ServicesSection = Field(default_factory=ServicesSection)
     telemetry: TelemetryConfig = Field(default_factory=lambda: TelemetryConfig(exporter="file"))
+    logging: LoggingSection = Field(default_factory=LoggingSection)
 
 
 class SchedulerServiceConfig(StrictModel):

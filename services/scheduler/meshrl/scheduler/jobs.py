@@ -31,7 +31,10 @@ TERMINAL = (spb.JOB_STATE_SUCCEEDED, spb.JOB_STATE_FAILED, spb.JOB_STATE_CANCELL
 def build_job_config(config_yaml: str, overrides: list[str]) -> tuple[JobConfig, dict]:
     from meshrl.common.config import to_config_error
 
-    data = yaml.safe_load(config_yaml) if config_yaml.strip() else {}
+    try:
+        data = yaml.safe_load(config_yaml) if config_yaml.strip() else {}
+    except yaml.YAMLError as exc:
+        raise InvalidArgument(f"the job config is not valid YAML ({exc}); fix the file's syntax") from None
     if not isinstance(data, dict):
         raise InvalidArgument("the job config must be a YAML mapping")
     data = deep_merge(data, parse_overrides(overrides))

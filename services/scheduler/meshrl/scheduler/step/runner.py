@@ -36,6 +36,7 @@ from meshrl.scheduler.step.nodes import NodeHandlers
 from meshrl.scheduler.step.progress import StepProgress
 from meshrl.scheduler.step.rewards import resolve_reward
 from meshrl.scheduler.step.warmup import SupervisedWarmup, heldout_pairs
+from meshrl.scheduler.trackers import Trackers, open_trackers
 from meshrl.scheduler.workflow import resolve_executable
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,7 @@ class JobRunner:
         self.show_progress = progress
         self.cancelled = threading.Event()
         self.step = 0
+        self.trackers = Trackers()  # opened by run_job (logging.backends)
         self._scale_target: int | None = None
         self._scaled = threading.Condition()
         self._replica_addresses: list[str] = []
@@ -140,6 +142,7 @@ class JobRunner:
         metrics = evaluate(self.job_id, self.step, eval_records, encoder, svc.buffer, svc.fleet, reward_fn, max_tokens)
         self.run.log_eval(self.step, metrics)
         self.events.metrics(self.step, metrics)
+        self.trackers.log(self.step, metrics)
         return metrics
 
     # -- the job -------------------------------------------------------------------------
@@ -155,6 +158,7 @@ class JobRunner:
         svc = JobServices(cfg, self.run, cfg.model.path)
         summary: dict = {"job_id": self.job_id, "run_dir": str(self.run.root)}
         started = time.monotonic()
+        self.trackers = open_trackers(cfg.logging, self.run.root, self.job_id, cfg.model_dump(mode="json"))
         try:
             svc.open()
             self.events.log(f"services up: {svc.addresses}")
@@ -198,6 +202,7 @@ class JobRunner:
             telemetry.force_flush()
             if self.run.metrics_file.exists():
                 write_report(self.run, summary)
+            self.trackers.finish(self.step, sorted(self.run.plots.glob("*.png")))
 
     # -- scaling ---------------------------------------------------------------------------
     def request_scale(self, replicas: int, timeout: float = 900.0) -> list[str]:
@@ -281,6 +286,8 @@ class JobRunner:
         metrics.update({"weights/version": result.version, "weights/seconds": result.seconds,
                         "weights/bytes": result.bytes, "weights/stale_replicas": len(result.stale)})  # fmt: skip
         metrics["time/step"] = time.perf_counter() - start
+        telemetry.metrics().record_step(metrics["time/step"])
         self.run.log_metrics(self.step, metrics)
         self.events.metrics(self.step, metrics)
+        self.trackers.log(self.step, metrics)
         return metrics
