@@ -74,3 +74,18 @@ def test_frozen_replica_is_left_out_then_refitted(services):
     assert frozen.status().weight_version < result.version
     publisher.refit_from_disk(frozen)  # before it serves again
     publisher.verify([healthy, frozen], result.version)
+
+
+def test_refit_after_a_collective_publication_loads_the_current_version(services):
+    """The refit bug: the last disk version only moved on disk publications, so a replica refitted
+    after versions went over the collective loaded an old one (and was then given traffic)."""
+    cfg = WeightsSection(transport="distributed", timeout_seconds=30)
+    publisher = WeightPublisher(services["trainer"], cfg, str(services["root"] / "w-refit"))
+    first, second = services["replicas"]
+    publisher.version = max(r.status().weight_version for r in services["replicas"])
+    publisher.publish([first, second])
+    publisher.refit_from_disk(second)  # writes the current version to disk: the last disk version
+    publisher.publish([first])  # one more version over the collective; `second` missed it
+    publisher.refit_from_disk(second)
+    assert second.status().weight_version == publisher.version
+    publisher.verify([first, second], publisher.version)

@@ -42,8 +42,8 @@ class CA:
         )
         self.cert_file, _ = _write(folder / name, self.key, self.cert)
 
-    def issue(self, name: str) -> tuple[str, str]:
-        """A leaf certificate for `name`, valid for localhost and 127.0.0.1: (cert_file, key_file)."""
+    def issue(self, name: str, ips: tuple[str, ...] = ()) -> tuple[str, str]:
+        """A leaf certificate for `name`, valid for localhost, 127.0.0.1 and `ips`: (cert_file, key_file)."""
         import ipaddress
 
         key = ec.generate_private_key(ec.SECP256R1())
@@ -58,7 +58,8 @@ class CA:
             .not_valid_after(now + datetime.timedelta(days=2))
             .add_extension(
                 x509.SubjectAlternativeName(
-                    [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+                    [x509.DNSName("localhost")]
+                    + [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ("127.0.0.1", *ips)]
                 ),
                 critical=False,
             )

@@ -233,3 +233,76 @@ def test_compose_secrets_are_the_files_gen_dev_secrets_writes():
     kustomization = (DEPLOY / "k8s" / "base" / "kustomization.yaml").read_text()
     for name in set(SECRET_FILES) - COMPOSE_ONLY_SECRETS:
         assert f"secrets/{name}" in kustomization
+
+
+# --- every pod's client channels agree with the peers they reach (rendered by `kubectl kustomize`) ---
+
+
+def _kubectl_kustomize(folder) -> list[dict]:
+    import shutil
+    import subprocess
+
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl (with its built-in kustomize) is not installed")
+    out = subprocess.run(["kubectl", "kustomize", str(folder)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def _service_config(resources: list[dict], svc: str) -> dict:
+    workload = next(w for w in workloads(resources) if w["metadata"]["name"] == f"meshrl-{svc}")
+    volume = next(v for v in pod_spec(workload)["volumes"] if v["name"] == "config")
+    config_map = find(resources, "ConfigMap", volume["configMap"]["name"])
+    return yaml.safe_load(config_map["data"]["config.yaml"])
+
+
+def _mounted_files(resources: list[dict], svc: str) -> set[str]:
+    """Every file path the pod of `svc` sees from its projected secrets, and the roots of its other volumes."""
+    workload = next(w for w in workloads(resources) if w["metadata"]["name"] == f"meshrl-{svc}")
+    spec = pod_spec(workload)
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    seen = set()
+    for container in spec["containers"]:
+        for mount in container.get("volumeMounts", []):
+            volume = volumes[mount["name"]]
+            sources = volume.get("projected", {}).get("sources", [])
+            seen |= {f"{mount['mountPath']}/{i['path']}" for s in sources for i in s.get("secret", {}).get("items", [])}
+            if "persistentVolumeClaim" in volume:
+                seen.add(f"{mount['mountPath']}/")
+    return seen
+
+
+def _tls_files(section: dict | None) -> list[str]:
+    return [v for k, v in (section or {}).items() if k.endswith("_file") and v]
+
+
+@pytest.mark.parametrize("overlay", ["overlays/cpu", "overlays/gpu"])
+def test_every_pods_client_channels_agree_with_their_peers(deploy_copy, ports, overlay):
+    resources = _kubectl_kustomize(deploy_copy / "k8s" / overlay)
+    configs = {svc: _service_config(resources, svc) for svc in SERVICES}
+    peer = configs["databuffer"]["server"]
+    table = ports["services"]["databuffer"]
+    for svc in ("trainer", "rollout"):
+        channel = configs[svc].get("databuffer")
+        assert channel, f"{svc}'s config names no data buffer channel (databuffer: address, tls, auth)"
+        assert channel["address"] == f"{table['name']}:{table['grpc']}", (svc, channel)
+        service = find(resources, "Service", table["name"])
+        assert table["grpc"] in [p["port"] for p in service["spec"]["ports"]]
+        if peer.get("tls"):
+            assert channel.get("tls", {}).get("ca_file"), f"{svc} dials a TLS data buffer without tls.ca_file"
+        if peer.get("tls", {}).get("ca_file"):  # the data buffer asks for client certificates
+            assert channel["tls"].get("cert_file") and channel["tls"].get("key_file"), f"{svc}: mTLS needs a cert"
+        if peer.get("require_auth"):
+            assert channel.get("auth", {}).get("token_file"), f"{svc} sends no token to a data buffer that needs one"
+        mounted = _mounted_files(resources, svc)
+        for path in [*_tls_files(channel.get("tls")), channel.get("auth", {}).get("token_file")]:
+            assert path in mounted, f"{svc}'s channel file {path} is not mounted in its pod ({sorted(mounted)})"
+    for svc in SERVICES:
+        server = configs[svc]["server"]
+        mounted = _mounted_files(resources, svc)
+        for path in [*_tls_files(server.get("tls")), server.get("auth", {}).get("token_file")]:
+            assert path in mounted, f"{svc}'s server file {path} is not mounted in its pod"
+    model = configs["rollout"]["engine"]["model_path"]
+    for svc in ("rollout", "trainer", "scheduler"):  # each reads the model (weights, tokenizer)
+        roots = [p for p in _mounted_files(resources, svc) if p.endswith("/") and model.startswith(p)]
+        assert roots, f"{svc}'s pod does not mount the models volume that holds {model}"

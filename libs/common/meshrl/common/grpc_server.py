@@ -8,6 +8,8 @@ Each service's `__main__` hands its servicers to `meshrl.common.service_main.run
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 from collections.abc import Callable, Sequence
 from concurrent import futures
@@ -22,6 +24,7 @@ from grpc_reflection.v1alpha import reflection
 
 from meshrl.common import telemetry
 from meshrl.common.config import StrictModel
+from meshrl.common.errors import ConfigError
 from meshrl.common.grpc_errors import ErrorMappingInterceptor
 from meshrl.common.light_calls import LightCallsInterceptor
 from meshrl.common.security import AuthConfig, TLSConfig, TokenAuthInterceptor, server_credentials
@@ -33,6 +36,11 @@ EXIT_WITH_PARENT_ENV = "MESHRL_EXIT_WITH_PARENT"
 
 class ServerConfig(StrictModel):
     host: str = pydantic.Field("127.0.0.1", description="address to bind; 127.0.0.1 (loopback) unless told otherwise")
+    advertise_host: str | None = pydantic.Field(
+        None,
+        description="address peers dial (default: server.host; for 0.0.0.0 / :: the POD_IP variable, else "
+        "this host's outbound interface address)",
+    )
     port: int = pydantic.Field(0, ge=0, le=65535, description="TCP port; 0 picks a free one")
     max_workers: int = pydantic.Field(16, ge=1, description="threads serving RPCs")
     max_message_bytes: int = pydantic.Field(64 * MiB, ge=MiB, description="largest message sent or received")
@@ -40,12 +48,47 @@ class ServerConfig(StrictModel):
     keepalive_time_ms: int = pydantic.Field(30_000, ge=1000)
     keepalive_timeout_ms: int = pydantic.Field(10_000, ge=1000)
     port_file: str | None = pydantic.Field(None, description="write the bound port to this file once serving")
+    address_file: str | None = pydantic.Field(
+        None, description="write the advertised host:port to this file once serving (launchers read it)"
+    )
     health_port: int | None = pydantic.Field(
         None, ge=0, le=65535, description="extra plaintext port serving only grpc.health.v1 (probes cannot speak TLS)"
     )
     tls: TLSConfig | None = None
     auth: AuthConfig = pydantic.Field(default_factory=AuthConfig)
     require_auth: bool = pydantic.Field(False, description="refuse calls without the token (also on if a token is set)")
+
+
+WILDCARDS = ("0.0.0.0", "::", "", "[::]")
+
+
+def _outbound_address() -> str | None:
+    """The address of the interface this host routes through (no packet is sent)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.1", 9))  # TEST-NET-1: only selects a route
+            return s.getsockname()[0]
+    except OSError:
+        return None
+
+
+def advertised_host(cfg: ServerConfig) -> str:
+    """The host peers dial: config first, then the address the bind resolves to; never a wildcard."""
+    if cfg.advertise_host:
+        if cfg.advertise_host in WILDCARDS:
+            raise ConfigError(
+                "server.advertise_host", cfg.advertise_host, "a wildcard cannot be dialled", "give a routable address"
+            )
+        return cfg.advertise_host
+    if cfg.host not in WILDCARDS:
+        return cfg.host
+    found = os.environ.get("POD_IP") or _outbound_address()
+    if not found:
+        raise ConfigError(
+            "server.advertise_host", None, f"bound to {cfg.host!r} and no routable address was found",
+            "set server.advertise_host (or POD_IP) to the address peers reach this host at",
+        )  # fmt: skip
+    return found
 
 
 def server_options(cfg: ServerConfig) -> list[tuple[str, Any]]:
@@ -99,8 +142,6 @@ def start_server(cfg: ServerConfig, services: Sequence[Service], interceptors: S
     token = cfg.auth.token()
     if cfg.require_auth or token:
         if not token:
-            from meshrl.common.errors import ConfigError
-
             raise ConfigError(
                 "server.require_auth", True, "no token is configured", f"set {cfg.auth.token_env} or auth.token_file"
             )
@@ -123,16 +164,17 @@ def start_server(cfg: ServerConfig, services: Sequence[Service], interceptors: S
     server.start()
     for name in ["", *names]:
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    address = f"{cfg.host}:{port}"
+    address = f"{advertised_host(cfg)}:{port}"
     health_server, health_port = None, None
     if cfg.health_port is not None:
         health_server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="health"))
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, health_server)
         health_port = health_server.add_insecure_port(f"{cfg.host}:{cfg.health_port}")
         health_server.start()
-    if cfg.port_file:
-        tmp = Path(cfg.port_file + ".tmp")
-        tmp.write_text(str(port))
-        tmp.replace(cfg.port_file)
+    for path, text in ((cfg.address_file, address), (cfg.port_file, str(port))):  # the port file last
+        if path:
+            tmp = Path(path + ".tmp")
+            tmp.write_text(text)
+            tmp.replace(path)
     log.info("serving %s on %s%s", ", ".join(names), address, " (TLS)" if cfg.tls else "")
     return RunningServer(server, port, address, health_servicer, names, health_server, health_port)

@@ -28,6 +28,25 @@ class TLSConfig(StrictModel):
     server_name_override: str | None = pydantic.Field(None, description="client side: expected server name in the cert")
 
 
+class ClientTLSConfig(StrictModel):
+    """The client side of TLS to one peer: the CA that signs the peer's certificate and, for mutual TLS,
+    this client's certificate and key."""
+
+    ca_file: str | None = pydantic.Field(
+        None, description="PEM CA bundle that signs the peer's server certificate (unset: the system's roots)"
+    )
+    cert_file: str | None = pydantic.Field(None, description="PEM client certificate (when the peer requires mTLS)")
+    key_file: str | None = pydantic.Field(None, description="PEM private key matching cert_file")
+    server_name_override: str | None = pydantic.Field(None, description="expected server name in the peer's cert")
+
+    @pydantic.model_validator(mode="after")
+    def _pair(self) -> ClientTLSConfig:
+        if (self.cert_file is None) != (self.key_file is None):
+            given = "cert_file" if self.cert_file else "key_file"
+            raise ValueError(f"tls.{given} is set alone: give both cert_file and key_file (mTLS) or neither")
+        return self
+
+
 class AuthConfig(StrictModel):
     token_env: str = pydantic.Field("MESHRL_AUTH_TOKEN", description="environment variable holding the shared token")
     token_file: str | None = pydantic.Field(None, description="file holding the token (e.g. a mounted Secret)")
@@ -58,7 +77,7 @@ def server_credentials(tls: TLSConfig) -> grpc.ServerCredentials:
     return grpc.ssl_server_credentials([pair], root_certificates=ca, require_client_auth=ca is not None)
 
 
-def channel_credentials(tls: TLSConfig) -> grpc.ChannelCredentials:
+def channel_credentials(tls: TLSConfig | ClientTLSConfig) -> grpc.ChannelCredentials:
     return grpc.ssl_channel_credentials(
         root_certificates=_read(tls.ca_file, "tls.ca_file"),
         private_key=_read(tls.key_file, "tls.key_file"),

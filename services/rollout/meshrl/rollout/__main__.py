@@ -7,7 +7,6 @@ Config: `--config FILE`, `--set key=value`, MESHRL_* environment (see meshrl.rol
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 
 from grpc_health.v1 import health_pb2
@@ -25,13 +24,9 @@ from meshrl.rollout.server import service
 log = logging.getLogger("meshrl.rollout")
 
 
-def advertised_address(cfg: RolloutConfig, port: int) -> str:
-    if cfg.advertise_address:
-        return cfg.advertise_address
-    host = cfg.server.host
-    if host in ("0.0.0.0", "::", ""):
-        host = os.environ.get("POD_IP") or "127.0.0.1"
-    return f"{host}:{port}"
+def advertised_address(cfg: RolloutConfig, running: RunningServer) -> str:
+    """What routers dial: advertise_address, else the server's advertised host and bound port."""
+    return cfg.advertise_address or running.address
 
 
 class ReplicaLife:
@@ -39,12 +34,15 @@ class ReplicaLife:
 
     def __init__(self, cfg: RolloutConfig) -> None:
         self.cfg = cfg
-        self.engine = create_engine(cfg.engine)
         self.databuffer = None
-        if cfg.databuffer_address:
+        peer = cfg.databuffer_peer()
+        if peer is not None:
             from meshrl.common.databuffer_client import DataBufferClient
+            from meshrl.common.peers import check_peer
 
-            self.databuffer = DataBufferClient(cfg.databuffer_address)
+            check_peer("the data buffer", peer, field="databuffer")  # a misconfigured channel fails at start
+            self.databuffer = DataBufferClient(peer.address, peer)
+        self.engine = create_engine(cfg.engine)
         self.replica = RolloutReplica(
             self.engine,
             replica_id=cfg.replica_id,
@@ -71,7 +69,7 @@ class ReplicaLife:
 
     def started(self, running: RunningServer) -> None:
         cfg, replica = self.cfg, self.replica
-        address = advertised_address(cfg, running.port)
+        address = advertised_address(cfg, running)
         load_initial_weights(replica, cfg.weights.path, self.registry)  # a version published while we started
         replica.mark_serving()
         if self.registry is not None:

@@ -13,6 +13,7 @@ from typing import Any, Literal
 import pydantic
 
 from meshrl.common.config import StrictModel
+from meshrl.common.grpc_channel import ChannelConfig, peer_channel
 from meshrl.common.grpc_server import ServerConfig
 from meshrl.common.path_roots import PathRoots
 from meshrl.common.telemetry import TelemetryConfig
@@ -111,6 +112,10 @@ class RolloutConfig(StrictModel):
     engine: EngineConfig = pydantic.Field(description="the engine and its model: engine.model_path is required")
     registry: RegistryConfig = pydantic.Field(default_factory=RegistryConfig)
     weights: InitialWeightsConfig = pydantic.Field(default_factory=InitialWeightsConfig)
+    databuffer: ChannelConfig = pydantic.Field(
+        default_factory=ChannelConfig,
+        description="the channel to the data buffer: address, tls (ca_file, cert_file, key_file), auth.token_file",
+    )
     databuffer_address: str | None = pydantic.Field(
         None, description="host:port of the data buffer (needed by GenerateBatch)"
     )
@@ -125,3 +130,7 @@ class RolloutConfig(StrictModel):
     @property
     def effective_capacity(self) -> int:
         return self.capacity or self.engine.max_batch_size
+
+    def databuffer_peer(self) -> ChannelConfig | None:
+        """The data buffer's channel (databuffer_address is a shortcut for databuffer.address); None: none."""
+        return peer_channel(self.databuffer, self.databuffer_address, "databuffer")

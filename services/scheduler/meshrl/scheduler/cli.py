@@ -75,11 +75,24 @@ def cmd_run(args) -> int:
     return 0
 
 
-def _stub(address: str):
+def _scheduler_channel(args):
+    """The channel config to the scheduler: --channel FILE < MESHRL_SCHEDULER_CHANNEL__* < flags."""
+    from meshrl.common.config import load_config
+    from meshrl.common.grpc_channel import ChannelConfig
+
+    flags = [f"tls.{k}={v}" for k, v in (("ca_file", args.tls_ca), ("cert_file", args.tls_cert),
+             ("key_file", args.tls_key)) if v] + ([f"auth.token_file={args.token_file}"] if args.token_file else [])  # fmt: skip
+    return load_config(ChannelConfig, path=args.channel, overrides=flags, env_prefix="MESHRL_SCHEDULER_CHANNEL__")
+
+
+def _stub(args):
     from meshrl.api.scheduler.v1 import scheduler_pb2_grpc
     from meshrl.common.grpc_channel import open_channel
+    from meshrl.common.peers import check_peer
 
-    return scheduler_pb2_grpc.SchedulerStub(open_channel(address))
+    cfg = _scheduler_channel(args)
+    check_peer("the scheduler", cfg, field="--channel", address=args.scheduler, timeout=min(cfg.check_seconds, 15))
+    return scheduler_pb2_grpc.SchedulerStub(open_channel(args.scheduler, cfg))
 
 
 def _print_job(job) -> None:
@@ -96,7 +109,7 @@ def cmd_submit(args) -> int:
     workflow, path = _workflow_text(args.workflow)
     req = spb.SubmitJobRequest(workflow_yaml=workflow, config_yaml=_config_text(args.config, path),
                                overrides=args.overrides, job_id=args.job_id or "")  # fmt: skip
-    _print_job(call(_stub(args.scheduler).SubmitJob, req, timeout=120))
+    _print_job(call(_stub(args).SubmitJob, req, timeout=120))
     return 0
 
 
@@ -104,7 +117,7 @@ def cmd_status(args) -> int:
     from meshrl.api.scheduler.v1 import scheduler_pb2 as spb
     from meshrl.common.grpc_channel import call
 
-    stub = _stub(args.scheduler)
+    stub = _stub(args)
     if args.job_id:
         _print_job(call(stub.GetJob, spb.GetJobRequest(job_id=args.job_id), timeout=30))
     else:
@@ -116,7 +129,7 @@ def cmd_status(args) -> int:
 def cmd_watch(args) -> int:
     from meshrl.api.scheduler.v1 import scheduler_pb2 as spb
 
-    for event in _stub(args.scheduler).WatchJob(spb.WatchJobRequest(job_id=args.job_id)):
+    for event in _stub(args).WatchJob(spb.WatchJobRequest(job_id=args.job_id)):
         kind = event.WhichOneof("body")
         if kind == "node":
             n = event.node
@@ -136,7 +149,7 @@ def cmd_cancel(args) -> int:
     from meshrl.api.scheduler.v1 import scheduler_pb2 as spb
     from meshrl.common.grpc_channel import call
 
-    _print_job(call(_stub(args.scheduler).CancelJob, spb.CancelJobRequest(job_id=args.job_id), timeout=30))
+    _print_job(call(_stub(args).CancelJob, spb.CancelJobRequest(job_id=args.job_id), timeout=30))
     return 0
 
 
@@ -145,7 +158,7 @@ def cmd_scale(args) -> int:
     from meshrl.common.grpc_channel import call
 
     req = spb.ScaleServiceRequest(job_id=args.job_id, service=args.service, replicas=args.replicas)
-    reply = call(_stub(args.scheduler).ScaleService, req, timeout=900)
+    reply = call(_stub(args).ScaleService, req, timeout=900)
     print(f"{args.service}: {reply.replicas} replicas: {', '.join(reply.addresses)}")
     return 0
 
@@ -211,6 +224,11 @@ def build_parser() -> argparse.ArgumentParser:
     for p in sub.choices.values():
         if p.prog.split()[-1] in ("submit", "status", "watch", "cancel", "scale"):
             p.add_argument("--scheduler", default=DEFAULT_SCHEDULER, help="scheduler address (env MESHRL_SCHEDULER)")
+            p.add_argument("--channel", metavar="FILE", help="channel config YAML (tls, auth) to the scheduler")
+            p.add_argument("--tls-ca", help="CA of the scheduler's certificate (turns on TLS)")
+            p.add_argument("--tls-cert", help="client certificate (mutual TLS)")
+            p.add_argument("--tls-key", help="client key (mutual TLS)")
+            p.add_argument("--token-file", help="file holding the scheduler's token")
 
     p = sub.add_parser("report", help="(re)write a run's plots and HTML report")
     p.add_argument("run_dir")

@@ -14,7 +14,7 @@ from meshrl.api.rollout.v1 import rollout_pb2 as rpb
 from meshrl.api.rollout.v1 import rollout_pb2_grpc
 from meshrl.api.trainer.v1 import trainer_pb2 as tpb
 from meshrl.api.trainer.v1 import trainer_pb2_grpc
-from meshrl.common.grpc_channel import call, open_channel, wait_until_serving
+from meshrl.common.grpc_channel import ChannelConfig, call, open_channel, wait_until_serving
 from meshrl.common.proto_settings import settings_to_proto
 from meshrl.common.roles import role_proto
 from meshrl.scheduler.config import OptimSection
@@ -31,9 +31,9 @@ def loss_proto(settings: Mapping[str, Any]) -> tpb.LossConfig:
 
 
 class TrainerClient:
-    def __init__(self, address: str, timeout: float = 900.0) -> None:
+    def __init__(self, address: str, timeout: float = 900.0, channel: ChannelConfig | None = None) -> None:
         self.address = address
-        self.channel = open_channel(address)
+        self.channel = open_channel(address, channel)
         self.stub = trainer_pb2_grpc.TrainerStub(self.channel)
         self.timeout = timeout
 
@@ -116,9 +116,9 @@ class TrainerClient:
 
 
 class RolloutClient:
-    def __init__(self, address: str, timeout: float = 600.0) -> None:
+    def __init__(self, address: str, timeout: float = 600.0, channel: ChannelConfig | None = None) -> None:
         self.address = address
-        self.channel = open_channel(address)
+        self.channel = open_channel(address, channel)
         self.stub = rollout_pb2_grpc.RolloutStub(self.channel)
         self.timeout = timeout
 

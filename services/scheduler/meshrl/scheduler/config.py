@@ -12,6 +12,7 @@ from typing import Literal
 import pydantic
 
 from meshrl.common.config import StrictModel
+from meshrl.common.grpc_channel import ChannelConfig
 from meshrl.common.grpc_server import ServerConfig
 from meshrl.common.telemetry import TelemetryConfig
 from meshrl.scheduler.trackers.config import LoggingSection
@@ -56,6 +57,14 @@ class DataSection(StrictModel):
     system_prompt: str | None = None
 
 
+class FleetRegistrySection(StrictModel):
+    """Replicas deployed on their own register here; the job's fleet follows it (joins, drains, deaths)."""
+
+    redis_url: str | None = Field(None, description="redis://host:port/db of the replica registry; unset = none")
+    namespace: str = Field("meshrl", description="the replicas' registry.namespace")
+    join_timeout_seconds: float = Field(120.0, gt=0, description="a newcomer's refit + verification deadline")
+
+
 class RolloutSection(StrictModel):
     replicas: int = Field(1, ge=0, description="replicas launched by the scheduler (0: only `addresses`)")
     engine: Literal["transformers", "sglang", "vllm"] = "transformers"
@@ -71,6 +80,7 @@ class RolloutSection(StrictModel):
         default_factory=list,
         description="extra `key=value` settings of the launched rollout services, e.g. engine.sglang.extra_args.tp=2",
     )
+    registry: FleetRegistrySection = Field(default_factory=lambda: FleetRegistrySection())
 
 
 TRAINER_DEFAULT = "unset: the trainer's default (meshrl.trainer.losses.LossConfig / optim.OptimizerConfig)"
@@ -139,6 +149,12 @@ class WeightsSection(StrictModel):
     flush_cache: Literal["every_update", "never"] = "every_update"
     timeout_seconds: float = Field(120.0, gt=0)
     verify_checksums: bool = True
+    group_address: str | None = Field(
+        None, description="distributed: rendezvous host of the weight group (default: the trainer's host)"
+    )
+    group_port: int = Field(
+        0, ge=0, le=65535, description="distributed: rendezvous port on the trainer's host (0: a free one)"
+    )
 
 
 class WarmupSection(StrictModel):
@@ -178,6 +194,22 @@ class CheckpointSection(StrictModel):
     every: int = Field(0, ge=0, description="save every K steps (0: only at the end)")
 
 
+class PeerChannels(StrictModel):
+    """How the scheduler reaches each peer: TLS (ca_file, cert_file + key_file for mTLS) and auth.token_file.
+    Addresses stay where they were (services.databuffer, trainer.address, rollout.addresses / registry);
+    `rollout` applies to every replica."""
+
+    databuffer: ChannelConfig = Field(default_factory=ChannelConfig)
+    trainer: ChannelConfig = Field(default_factory=ChannelConfig)
+    rollout: ChannelConfig = Field(default_factory=ChannelConfig)
+
+    @pydantic.model_validator(mode="after")
+    def _no_rollout_address(self) -> PeerChannels:
+        if self.rollout.address:
+            raise ValueError("services.channels.rollout.address: replicas come from rollout.addresses or the registry")
+        return self
+
+
 class ServicesSection(StrictModel):
     databuffer: str | None = Field(None, description="address of an independent data buffer (else launched)")
     redis_url: str | None = Field(None, description="Redis for the launched data buffer (else embedded)")
@@ -185,6 +217,7 @@ class ServicesSection(StrictModel):
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK"] = "PACK"
     use_ray: bool = Field(True, description="place launched services as Ray actors (else plain processes)")
     start_timeout_seconds: float = Field(180.0, gt=0)
+    channels: PeerChannels = Field(default_factory=PeerChannels)
 
 
 class JobConfig(StrictModel):

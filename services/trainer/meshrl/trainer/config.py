@@ -11,6 +11,7 @@ from typing import Literal
 import pydantic
 
 from meshrl.common.config import StrictModel
+from meshrl.common.grpc_channel import ChannelConfig, peer_channel
 from meshrl.common.grpc_server import ServerConfig
 from meshrl.common.path_roots import PathRoots
 from meshrl.common.telemetry import TelemetryConfig
@@ -42,6 +43,10 @@ class DefaultsConfig(StrictModel):
 
 class TrainerConfig(StrictModel):
     server: ServerConfig = pydantic.Field(default_factory=lambda: ServerConfig(port=DEFAULT_PORT))
+    databuffer: ChannelConfig = pydantic.Field(
+        default_factory=ChannelConfig,
+        description="the channel to the data buffer: address, tls (ca_file, cert_file, key_file), auth.token_file",
+    )
     databuffer_address: str | None = pydantic.Field(
         None, description="host:port of the data buffer that batches are read from and written to"
     )
@@ -58,3 +63,7 @@ class TrainerConfig(StrictModel):
     paths: PathRoots = pydantic.Field(
         default_factory=PathRoots, description="roots of the model, checkpoint and weight folders that calls name"
     )
+
+    def databuffer_peer(self) -> ChannelConfig | None:
+        """The data buffer's channel (databuffer_address is a shortcut for databuffer.address); None: none."""
+        return peer_channel(self.databuffer, self.databuffer_address, "databuffer")

@@ -23,10 +23,13 @@ def make_service(cfg: TrainerConfig, bus: CommandBus | None) -> TrainerService:
         atomic_steps=cfg.atomic_steps,
     )
     buffer = None
-    if cfg.databuffer_address:
+    peer = cfg.databuffer_peer()
+    if peer is not None:
         from meshrl.common.databuffer_client import DataBufferClient
+        from meshrl.common.peers import check_peer
 
-        buffer = DataBufferClient(cfg.databuffer_address)
+        check_peer("the data buffer", peer, field="databuffer")  # a misconfigured channel fails at start
+        buffer = DataBufferClient(peer.address, peer)
     return TrainerService(cfg, core, buffer, bus)
 
 

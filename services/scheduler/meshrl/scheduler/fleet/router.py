@@ -116,8 +116,9 @@ class RolloutRouter:
         watch_interval_s: float = 0.5,
         default_capacity: int = 64,
         max_sessions: int = 100_000,
+        allow_empty: bool = False,
     ) -> None:
-        if registry is None and not addresses:
+        if registry is None and not addresses and not allow_empty:
             raise InvalidArgument("a rollout router needs a replica registry or at least one replica address")
         self.registry = registry
         self.databuffer = databuffer  # meshrl.common.databuffer_client.DataBufferClient

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -16,8 +17,7 @@ from dataclasses import dataclass, field
 from meshrl.api.common.v1 import weights_pb2 as wpb
 from meshrl.api.trainer.v1 import trainer_pb2 as tpb
 from meshrl.common import telemetry
-from meshrl.common.errors import DataLoss, MeshrlError
-from meshrl.common.net import free_port
+from meshrl.common.errors import ConfigError, DataLoss, MeshrlError
 from meshrl.common.telemetry import attributes as A
 from meshrl.scheduler.clients import RolloutClient, TrainerClient
 from meshrl.scheduler.config import WeightsSection
@@ -65,6 +65,26 @@ def _unresponsive(failures: dict[str, MeshrlError], replicas: list[RolloutClient
     return silent or list(failures)
 
 
+def rendezvous(trainer_address: str, cfg: WeightsSection) -> tuple[str, int]:
+    """The weight group's master address and port: on the trainer's host (rank 0 hosts the rendezvous).
+    `weights.group_port` fixes the port (the trainer's `collective` port in Kubernetes); 0 picks a free
+    one, which this process can only do when the trainer's host is one of its own addresses."""
+    host = cfg.group_address or trainer_address.rsplit(":", 1)[0].strip("[]")
+    if cfg.group_port:
+        return host, cfg.group_port
+    try:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            return host, s.getsockname()[1]
+    except OSError as exc:
+        raise ConfigError(
+            "weights.group_port",
+            0,
+            f"a free port on the trainer's host {host} cannot be picked from here ({exc})",
+            "set weights.group_port to a port open on the trainer's host (Kubernetes: 29500)",
+        ) from None
+
+
 class WeightPublisher:
     def __init__(self, trainer: TrainerClient, cfg: WeightsSection, disk_root: str, backend: str = "gloo") -> None:
         self.trainer = trainer
@@ -93,11 +113,15 @@ class WeightPublisher:
         return reply
 
     def refit_from_disk(self, replica: RolloutClient) -> None:
-        """Brings one replica (new, restarted or stale) to the last published version."""
-        if self.last_disk is None or not self.last_disk.path:
+        """Brings one replica (new, restarted or stale) to the current version, then verifies it.
+        The last disk version can be behind (later versions went over the collective): then the
+        current version is written to disk first, so a refit never loads an old one."""
+        if self.last_disk is None or not self.last_disk.path or self.last_disk.version != self.version:
             self._publish_disk(self.version)
         flush = self.cfg.flush_cache != "never"
         replica.update_from_disk(self.last_disk, PAUSE[self.cfg.pause_mode], flush, self.cfg.timeout_seconds)
+        if self.cfg.verify_checksums:
+            self.verify([replica], self.version)
 
     # -- distributed --------------------------------------------------------------------
     def _ensure_group(self, replicas: list[RolloutClient]) -> tuple[str, dict[str, MeshrlError]]:
@@ -110,8 +134,7 @@ class WeightPublisher:
             self._destroy_group(replicas)
         self._generation += 1
         name = f"meshrl-weights-{self._generation}"
-        port = free_port()
-        host = self.trainer.address.rsplit(":", 1)[0]  # rank 0 (the trainer) hosts the rendezvous
+        host, port = rendezvous(self.trainer.address, self.cfg)
         timeout = self.cfg.timeout_seconds
 
         def group(offset: int) -> wpb.CollectiveGroup:

@@ -66,10 +66,22 @@ class ProcessLauncher:
             self.stop(name, grace)
 
 
+def on_node(args: list[str], env: dict[str, str], node_ip: str, gpu_ids: list) -> tuple[list[str], dict[str, str]]:
+    """A service placed on a Ray node binds (and so advertises) the node's address, unless its args
+    name a host, and sees only its bundle's GPUs (CUDA_VISIBLE_DEVICES; none when the bundle has none)."""
+    named = "--host" in args or any(a.startswith("server.host=") for a in args)
+    args = list(args) if named else [*args, "--host", node_ip]
+    env = {**env, "CUDA_VISIBLE_DEVICES": ",".join(str(int(float(g))) for g in gpu_ids)}
+    return args, env
+
+
 class _ServiceActorImpl:
     """Body of the Ray actor that owns one service process on its bundle."""
 
     def __init__(self, service: str, args: list[str], log_path: str, env: dict[str, str]) -> None:
+        import ray
+
+        args, env = on_node(args, env, ray.util.get_node_ip_address(), list(ray.get_gpu_ids()))
         self.proc = ServiceProcess(service, args, log_path, env)
 
     def start(self, timeout: float) -> str:

@@ -29,16 +29,18 @@ class ServiceProcess:
         self.log_path = Path(log_path)
         self.env = env or {}
         self.port_file = self.log_path.with_suffix(".port")
+        self.address_file = self.log_path.with_suffix(".address")
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float) -> str:
-        """Starts the process and returns `127.0.0.1:<port>` once it serves."""
+        """Starts the process and returns the address it advertises once it serves."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.port_file.unlink(missing_ok=True)
+        self.address_file.unlink(missing_ok=True)
         # A free port unless the caller chose one; the service reports it through the port file.
         port = [] if "--port" in self.args or any(a.startswith("server.port=") for a in self.args) else ["--port", "0"]
         cmd = [sys.executable, "-m", f"meshrl.{self.service}", *port, *self.args,
-               "--set", f"server.port_file={self.port_file}"]  # fmt: skip
+               "--set", f"server.port_file={self.port_file}", "--set", f"server.address_file={self.address_file}"]  # fmt: skip
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
         env[EXIT_WITH_PARENT_ENV] = "1" if self.exit_with_parent else "0"
@@ -46,9 +48,10 @@ class ServiceProcess:
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.port_file.exists():
-                host = self._host()
-                return f"{host}:{self.port_file.read_text().strip()}"
+            if self.port_file.exists():  # written after the address file
+                if self.address_file.exists():
+                    return self.address_file.read_text().strip()
+                return f"{self._host()}:{self.port_file.read_text().strip()}"
             if self.proc.poll() is not None:
                 tail = self.log_path.read_text(errors="replace")[-3000:]
                 raise Unavailable(f"{self.service} exited with code {self.proc.returncode} while starting:\n{tail}")

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from meshrl.common.databuffer_client import DataBufferClient
+from meshrl.common.peers import check_peer
+from meshrl.common.registry import ReplicaRegistry
 from meshrl.scheduler.clients import TrainerClient
 from meshrl.scheduler.config import JobConfig
 from meshrl.scheduler.fleet.rollout_fleet import RolloutFleet
@@ -43,6 +45,8 @@ def rollout_spec(cfg: JobConfig, run: RunDir, name: str, buffer_address: str, mo
         "--set", f"databuffer_address={buffer_address}",
         "--set", f"replica_id={name}",
         *telemetry_args(cfg, run, name),
+        # Its bundle's GPU is the only one it sees (CUDA_VISIBLE_DEVICES): the transformers engine uses it.
+        *(["--set", "engine.transformers.device=cuda"] if cfg.rollout.gpus_per_replica >= 1 else []),
         *[a for kv in cfg.rollout.service_overrides for a in ("--set", kv)],
     ]  # fmt: skip
     return ServiceSpec("rollout", name, args, gpus=cfg.rollout.gpus_per_replica)
@@ -58,6 +62,7 @@ class JobServices:
     trainer: TrainerClient | None = None
     fleet: RolloutFleet | None = None
     addresses: dict[str, str] = field(default_factory=dict)
+    registry: ReplicaRegistry | None = None
     _next_replica: int = 0
 
     def _launcher(self) -> RayLauncher | ProcessLauncher:
@@ -79,7 +84,9 @@ class JobServices:
             spec = ServiceSpec("databuffer", "databuffer", [*redis, *telemetry_args(self.cfg, self.run, "databuffer")])
             buffer_address = self._launcher().start([spec])["databuffer"]
         self.addresses["databuffer"] = buffer_address
-        self.buffer = DataBufferClient(buffer_address)
+        channels = s.channels
+        self.buffer = DataBufferClient(buffer_address, channels.databuffer)
+        check_peer("the data buffer", channels.databuffer, field="services.channels.databuffer", address=buffer_address)
         specs = []
         if self.cfg.trainer.address is None:
             t = self.cfg.trainer
@@ -93,12 +100,28 @@ class JobServices:
         self.addresses.update(started)
         trainer_address = self.cfg.trainer.address or started["trainer"]
         self.addresses["trainer"] = trainer_address
-        self.trainer = TrainerClient(trainer_address, self.cfg.trainer.request_timeout_seconds)
+        self.trainer = TrainerClient(trainer_address, self.cfg.trainer.request_timeout_seconds, channels.trainer)
+        check_peer("the trainer", channels.trainer, field="services.channels.trainer", address=trainer_address)
         self.trainer.wait_ready(s.start_timeout_seconds)
         replicas = [a for n, a in started.items() if n.startswith("rollout-")] + list(self.cfg.rollout.addresses)
+        for address in replicas:
+            check_peer(
+                f"rollout replica {address}", channels.rollout, field="services.channels.rollout", address=address
+            )
         self.addresses.update({f"rollout@{a}": a for a in self.cfg.rollout.addresses})
-        self.fleet = RolloutFleet(self.buffer, replicas, self.cfg.rollout.request_timeout_seconds)
+        self.registry = self._registry()
+        self.fleet = RolloutFleet(
+            self.buffer, replicas, self.cfg.rollout.request_timeout_seconds, channels.rollout, self.registry
+        )
+        if self.registry is not None and not replicas:
+            self.fleet.adopt_pending(wait_for=1, timeout=s.start_timeout_seconds)
         return self
+
+    def _registry(self) -> ReplicaRegistry | None:
+        reg = self.cfg.rollout.registry
+        if reg.redis_url is None:
+            return None
+        return ReplicaRegistry(reg.redis_url, namespace=reg.namespace)
 
     def _new_replica_spec(self, buffer_address: str) -> ServiceSpec:
         name = f"rollout-{self._next_replica}"

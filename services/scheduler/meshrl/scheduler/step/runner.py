@@ -21,7 +21,15 @@ from pathlib import Path
 from opentelemetry import context as otel_context
 
 from meshrl.common import telemetry
-from meshrl.common.errors import Cancelled, DeadlineExceeded, InvalidArgument, MeshrlError, Unavailable
+from meshrl.common.errors import (
+    Cancelled,
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    MeshrlError,
+    Unavailable,
+)
+from meshrl.common.registry import CurrentWeights
 from meshrl.common.telemetry import attributes as A
 from meshrl.scheduler.config import JobConfig
 from meshrl.scheduler.events import EventLog
@@ -69,6 +77,7 @@ class JobRunner:
         self.trackers = Trackers()  # opened by run_job (logging.backends)
         self._scale_target: int | None = None
         self._scaled = threading.Condition()
+        self._scale_error: MeshrlError | None = None
         self._replica_addresses: list[str] = []
         self.roles = sorted(
             {str(n.node_role).lower() for n in workflow.nodes if str(n.node_role) in ("ACTOR", "REFERENCE", "CRITIC")}
@@ -184,6 +193,7 @@ class JobRunner:
                     if self.cancelled.is_set():
                         raise Cancelled(f"job {self.job_id} cancelled at step {self.step}")
                     self._apply_scale(svc, publisher)
+                    self._follow_registry(svc, publisher)
                     self.step += 1
                     metrics = self._train_step(svc, executor, publisher)
                     if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.job.steps:
@@ -211,12 +221,24 @@ class JobRunner:
             self._scale_target = replicas
             if not self._scaled.wait_for(lambda: self._scale_target is None, timeout):
                 raise DeadlineExceeded(f"the fleet was not resized to {replicas} within {timeout:.0f}s")
+            error, self._scale_error = self._scale_error, None
+            if error is not None:
+                raise error
             return list(self._replica_addresses)
 
     def _apply_scale(self, svc: JobServices, publisher: WeightPublisher) -> None:
         with self._scaled:
             target = self._scale_target
-            if target is not None:
+            if target is not None and (svc.registry is not None or self.cfg.rollout.addresses):
+                self._scale_error = FailedPrecondition(
+                    "this job's rollout replicas are deployed on their own (rollout.registry / rollout.addresses): "
+                    "the scheduler cannot start or stop processes in that cluster. Scale them with its own "
+                    "scaler (`kubectl scale deployment/meshrl-rollout --replicas=N`, the HPA, or start one more "
+                    "replica with the job's registry settings); the job adopts replicas that register and lets "
+                    "drained ones go"
+                )
+                self._scale_target = None
+            elif target is not None:
                 current = svc.fleet.addresses()
                 if target > len(current):
                     for address in svc.add_replicas(target - len(current)):
@@ -230,6 +252,19 @@ class JobRunner:
                 self._scale_target = None
             self._replica_addresses = svc.fleet.addresses()
             self._scaled.notify_all()
+
+    def _follow_registry(self, svc: JobServices, publisher: WeightPublisher) -> None:
+        """Replicas that registered since the last step join (refitted and verified first); drained
+        or dead ones are forgotten once their work is done. The current version is where newcomers look."""
+        if svc.registry is None:
+            return
+        disk = publisher.last_disk
+        path = disk.path if disk is not None and disk.version == publisher.version else ""
+        svc.registry.set_current_weights(CurrentWeights(publisher.version, path))
+        for address in svc.fleet.admit(publisher.refit_from_disk):
+            self.events.log(f"replica {address} joined at weight version {publisher.version} (verified)")
+        for address in svc.fleet.retire_left():
+            self.events.log(f"replica {address} left the fleet (drained or heartbeat stopped)")
 
     def run_eval_only(self, checkpoint: str | None = None) -> dict[str, float]:
         """`meshrl run --val-only`: evaluates the model (or a checkpoint's actor) on the held-out set."""
