@@ -136,10 +136,13 @@ def _is_cuda(device) -> bool:
 
 class _CudaToCpu(TorchFunctionMode):
     """Rewrites `device=cuda...` (or a device index) keyword arguments of torch calls to the CPU, and answers
-    `tensor.type()` with the CUDA type name (the optimizer's grad clipping asserts 'torch.cuda.FloatTensor')."""
+    `tensor.type()` with the CUDA type name (the optimizer's grad clipping asserts 'torch.cuda.FloatTensor');
+    `tensor.cuda()` returns the tensor itself."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is torch.Tensor.cuda:  # e.g. the tied-embedding all-reduce across pipeline stages at build time
+            return args[0]
         if "device" in kwargs and _is_cuda(kwargs["device"]):
             kwargs = {**kwargs, "device": "cpu"}
         out = func(*args, **kwargs)

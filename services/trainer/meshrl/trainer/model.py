@@ -60,7 +60,10 @@ def transformer_config(
     extra = {}
     if gradient_checkpointing and torch.cuda.is_available():  # on the CPU: megatron_compat.checkpoint_layers
         extra = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+    layout = current_layout()
     return TransformerConfig(
+        tensor_model_parallel_size=layout.tensor_parallel,
+        pipeline_model_parallel_size=layout.pipeline_parallel,
         num_layers=spec.num_layers,
         hidden_size=spec.hidden_size,
         num_attention_heads=spec.num_heads,
@@ -118,20 +121,8 @@ def build_gpt_model(
     megatron_compat.adjust_config(config)
     layer_spec = get_gpt_layer_local_spec(normalization="RMSNorm")
     megatron_compat.patch_layer_spec(layer_spec)
-    model = GPTModel(
-        config=config,
-        transformer_layer_spec=layer_spec,
-        vocab_size=padded_vocab_size(spec.vocab_size, layout.tensor_parallel),
-        max_sequence_length=spec.max_position_embeddings,
-        pre_process=layout.first_stage,
-        post_process=layout.last_stage,
-        parallel_output=True,
-        share_embeddings_and_output_weights=spec.tie_word_embeddings and not value_head,
-        position_embedding_type="rope",
-        rotary_base=int(spec.rope_theta) if float(spec.rope_theta).is_integer() else spec.rope_theta,
-        rope_scaling=spec.rope_scaling_factor is not None,
-        rope_scaling_factor=spec.rope_scaling_factor or 8.0,
-    )
+    with megatron_compat.cpu_devices():  # tied embeddings at PP > 1: an all-reduce of `.cuda()` weights
+        model = _gpt_model(spec, config, layer_spec, layout, value_head)
     if value_head and layout.last_stage:
         model.output_layer = tensor_parallel.ColumnParallelLinear(
             spec.hidden_size,
@@ -148,3 +139,20 @@ def build_gpt_model(
         megatron_compat.checkpoint_layers(model)
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     return model.to(device=device, dtype=dtype)
+
+
+def _gpt_model(spec: ModelSpec, config: TransformerConfig, layer_spec, layout: Layout, value_head: bool) -> GPTModel:
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=layer_spec,
+        vocab_size=padded_vocab_size(spec.vocab_size, layout.tensor_parallel),
+        max_sequence_length=spec.max_position_embeddings,
+        pre_process=layout.first_stage,
+        post_process=layout.last_stage,
+        parallel_output=True,
+        share_embeddings_and_output_weights=spec.tie_word_embeddings and not value_head,
+        position_embedding_type="rope",
+        rotary_base=int(spec.rope_theta) if float(spec.rope_theta).is_integer() else spec.rope_theta,
+        rope_scaling=spec.rope_scaling_factor is not None,
+        rope_scaling_factor=spec.rope_scaling_factor or 8.0,
+    )

@@ -81,9 +81,8 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
 
     def LoadModel(self, request: pb.LoadModelRequest, context) -> pb.LoadModelResponse:
         role = role_name(request.role)
-        p = request.parallel
-        if p.tensor_parallel > 1 or p.pipeline_parallel > 1:
-            raise InvalidArgument("tensor/pipeline parallelism > 1 is not supported yet; use data parallelism")
+        self.service.check_layout(request.parallel.tensor_parallel, request.parallel.pipeline_parallel,
+                                  request.parallel.data_parallel)  # fmt: skip
         copy_from = role_name(request.copy_from, "copy_from") if request.copy_from else None
         info = self.service.load_model(
             role,

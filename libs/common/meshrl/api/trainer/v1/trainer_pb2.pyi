@@ -21,7 +21,7 @@ ROLE_REFERENCE: Role
 ROLE_CRITIC: Role
 
 class OptimizerConfig(_message.Message):
-    __slots__ = ("lr", "min_lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "clip_grad", "warmup_steps", "decay_steps", "decay_style")
+    __slots__ = ("lr", "min_lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "clip_grad", "warmup_steps", "decay_steps", "decay_style", "name", "distributed")
     LR_FIELD_NUMBER: _ClassVar[int]
     MIN_LR_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_DECAY_FIELD_NUMBER: _ClassVar[int]
@@ -32,6 +32,8 @@ class OptimizerConfig(_message.Message):
     WARMUP_STEPS_FIELD_NUMBER: _ClassVar[int]
     DECAY_STEPS_FIELD_NUMBER: _ClassVar[int]
     DECAY_STYLE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DISTRIBUTED_FIELD_NUMBER: _ClassVar[int]
     lr: float
     min_lr: float
     weight_decay: float
@@ -42,7 +44,9 @@ class OptimizerConfig(_message.Message):
     warmup_steps: int
     decay_steps: int
     decay_style: str
-    def __init__(self, lr: _Optional[float] = ..., min_lr: _Optional[float] = ..., weight_decay: _Optional[float] = ..., adam_beta1: _Optional[float] = ..., adam_beta2: _Optional[float] = ..., adam_eps: _Optional[float] = ..., clip_grad: _Optional[float] = ..., warmup_steps: _Optional[int] = ..., decay_steps: _Optional[int] = ..., decay_style: _Optional[str] = ...) -> None: ...
+    name: str
+    distributed: bool
+    def __init__(self, lr: _Optional[float] = ..., min_lr: _Optional[float] = ..., weight_decay: _Optional[float] = ..., adam_beta1: _Optional[float] = ..., adam_beta2: _Optional[float] = ..., adam_eps: _Optional[float] = ..., clip_grad: _Optional[float] = ..., warmup_steps: _Optional[int] = ..., decay_steps: _Optional[int] = ..., decay_style: _Optional[str] = ..., name: _Optional[str] = ..., distributed: _Optional[bool] = ...) -> None: ...
 
 class ParallelConfig(_message.Message):
     __slots__ = ("tensor_parallel", "pipeline_parallel", "data_parallel")
