@@ -30,11 +30,11 @@ from meshrl.common import batch_schema as S
 from meshrl.common.codec import Ragged
 from meshrl.common.databuffer_client import DataBufferClient, batch_key
 from meshrl.common.registry import SERVING, ReplicaRegistry
-from meshrl.common.rollout_router import RolloutRouter
 from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix
 from meshrl.rollout.config import EngineConfig
 from meshrl.rollout.transformers_engine import TransformersEngine
 from meshrl.rollout.types import GenerationRequest, SamplingParams
+from meshrl.scheduler.fleet.router import RolloutRouter
 from meshrl.trainer.model_builder import build_small_model
 
 

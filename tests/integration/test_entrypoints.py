@@ -11,7 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from meshrl.common.grpc_channel import open_channel, wait_until_serving
-from meshrl.scheduler.process import ServiceProcess
+from meshrl.scheduler.launch.process import ServiceProcess
 
 SERVICES = {
     "databuffer": "meshrl.databuffer.v1.DataBuffer",

@@ -21,15 +21,15 @@ from ray._private import ray_constants  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from meshrl.common.errors import InvalidArgument, ResourceExhausted  # noqa: E402
-from meshrl.scheduler.apportion import ClusterSpec  # noqa: E402
-from meshrl.scheduler.placement import (  # noqa: E402
+from meshrl.scheduler.launch.placement import (  # noqa: E402
     BundleStrategy,
     create_worker_bundles,
     detect_cluster,
     launch_pinned,
     worker_bundle,
 )
-from meshrl.scheduler.planner import Placement, PlanOptions, plan_workflow  # noqa: E402
+from meshrl.scheduler.planning.apportion import ClusterSpec  # noqa: E402
+from meshrl.scheduler.planning.planner import Placement, PlanOptions, plan_workflow  # noqa: E402
 from meshrl.scheduler.workflow import load_builtin  # noqa: E402
 
 GPU = worker_bundle(cpus=0.1, gpus=1)

@@ -29,8 +29,8 @@ from meshrl.common.codec import Ragged
 from meshrl.common.databuffer_client import DataBufferClient, batch_key
 from meshrl.common.grpc_channel import call, open_channel
 from meshrl.common.registry import SERVING, CurrentWeights, ReplicaRegistry
-from meshrl.common.rollout_router import RolloutRouter
 from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix
+from meshrl.scheduler.fleet.router import RolloutRouter
 from meshrl.trainer.model_builder import build_small_model
 
 

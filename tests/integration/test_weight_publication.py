@@ -11,8 +11,8 @@ import pytest
 
 from meshrl.scheduler.clients import RolloutClient, TrainerClient
 from meshrl.scheduler.config import WeightsSection
-from meshrl.scheduler.launcher import ProcessLauncher, ServiceSpec
-from meshrl.scheduler.weight_sync import WeightPublisher
+from meshrl.scheduler.fleet.weight_sync import WeightPublisher
+from meshrl.scheduler.launch.launcher import ProcessLauncher, ServiceSpec
 
 
 @pytest.fixture(scope="module")

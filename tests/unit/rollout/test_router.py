@@ -16,10 +16,10 @@ from meshrl.common.codec import Ragged
 from meshrl.common.databuffer_client import DataBufferClient, batch_key
 from meshrl.common.grpc_server import ServerConfig, start_server
 from meshrl.common.registry import Heartbeat, ReplicaRegistry
-from meshrl.common.rollout_router import RolloutRouter
 from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix
 from meshrl.rollout.replica import RolloutReplica
 from meshrl.rollout.server import service
+from meshrl.scheduler.fleet.router import RolloutRouter
 
 
 class LocalReplica:

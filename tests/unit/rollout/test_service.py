@@ -17,11 +17,11 @@ from meshrl.common.databuffer_client import DataBufferClient, batch_key
 from meshrl.common.errors import InvalidArgument
 from meshrl.common.grpc_channel import open_channel
 from meshrl.common.grpc_server import ServerConfig, start_server
-from meshrl.common.rollout_router import sampling_params
 from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix
 from meshrl.rollout.replica import RolloutReplica
 from meshrl.rollout.server import service
 from meshrl.rollout.types import GenerationRequest, SamplingParams
+from meshrl.scheduler.fleet.router import sampling_params
 
 
 @pytest.fixture(scope="module")

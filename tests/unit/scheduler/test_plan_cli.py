@@ -5,10 +5,10 @@ from __future__ import annotations
 import io
 import json
 
-from meshrl.scheduler.apportion import ClusterSpec, WorkerSlot
-from meshrl.scheduler.plan_cli import plan_main
-from meshrl.scheduler.plan_render import format_workers, render_plan
-from meshrl.scheduler.planner import Placement, PlanOptions, plan_workflow
+from meshrl.scheduler.planning.apportion import ClusterSpec, WorkerSlot
+from meshrl.scheduler.planning.plan_cli import plan_main
+from meshrl.scheduler.planning.plan_render import format_workers, render_plan
+from meshrl.scheduler.planning.planner import Placement, PlanOptions, plan_workflow
 from meshrl.scheduler.workflow import load_builtin
 
 

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from meshrl.scheduler.apportion import ClusterSpec, PlanError, WorkerSlot, apportion, assign_workers
-from meshrl.scheduler.planner import Placement, PlanOptions, Strategy, plan_workflow
+from meshrl.scheduler.planning.apportion import ClusterSpec, PlanError, WorkerSlot, apportion, assign_workers
+from meshrl.scheduler.planning.planner import Placement, PlanOptions, Strategy, plan_workflow
 from meshrl.scheduler.workflow import load_builtin, load_workflow_data
 
 DIS = Placement.DISAGGREGATED

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from meshrl.scheduler.subgraphs import SplitKind, SplitPoint, split_irreducible
-from meshrl.scheduler.taskgraph import TaskGraph, find_cycle
+from meshrl.scheduler.planning.subgraphs import SplitKind, SplitPoint, split_irreducible
 from meshrl.scheduler.workflow import load_builtin
+from meshrl.scheduler.workflow.taskgraph import TaskGraph, find_cycle
 
 D, F, R = SplitKind.DIVERGE, SplitKind.FAN_OUT, SplitKind.RECONVERGE
 

@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=os.environ.get("MESHRL_LOG_LEVEL", "WARNING"))
     if argv and argv[0] == "plan":
-        from meshrl.scheduler.plan_cli import plan_main
+        from meshrl.scheduler.planning.plan_cli import plan_main
 
         return plan_main(argv[1:])
     if argv and argv[0] == "trace":
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return trace_main(argv[1:])
     if argv and argv[0] in ("up", "down"):
-        from meshrl.scheduler.local_cluster import local_main
+        from meshrl.scheduler.launch.local_cluster import local_main
 
         return local_main(argv)
     args = build_parser().parse_args(argv)

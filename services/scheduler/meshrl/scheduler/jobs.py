@@ -20,7 +20,7 @@ from meshrl.common.errors import FailedPrecondition, InvalidArgument, MeshrlErro
 from meshrl.scheduler.config import JobConfig
 from meshrl.scheduler.events import EventLog
 from meshrl.scheduler.rundir import RunDir
-from meshrl.scheduler.runner import JobRunner
+from meshrl.scheduler.step.runner import JobRunner
 from meshrl.scheduler.workflow import Workflow, load_workflow_text
 
 log = logging.getLogger(__name__)

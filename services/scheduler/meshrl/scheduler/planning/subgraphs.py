@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
-from meshrl.scheduler.taskgraph import TaskGraph
+from meshrl.scheduler.workflow.taskgraph import TaskGraph
 
 
 class SplitKind(str, enum.Enum):

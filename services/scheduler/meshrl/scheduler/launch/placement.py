@@ -20,7 +20,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from meshrl.common.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
-from meshrl.scheduler.apportion import ClusterSpec
+from meshrl.scheduler.planning.apportion import ClusterSpec
 
 
 class BundleStrategy(str, enum.Enum):

@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 from meshrl.common.errors import MeshrlError
-from meshrl.scheduler.process import ServiceProcess
+from meshrl.scheduler.launch.process import ServiceProcess
 
 
 def _start_together(state: Path, items: list[tuple[str, str, list[str]]], timeout: float) -> list[dict]:

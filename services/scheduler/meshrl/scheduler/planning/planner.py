@@ -28,11 +28,11 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from meshrl.scheduler.apportion import ClusterSpec, PlanError, WorkerSlot, apportion, assign_workers
-from meshrl.scheduler.subgraphs import Split, split_irreducible
-from meshrl.scheduler.taskgraph import TaskGraph
+from meshrl.scheduler.planning.apportion import ClusterSpec, PlanError, WorkerSlot, apportion, assign_workers
+from meshrl.scheduler.planning.subgraphs import Split, split_irreducible
 from meshrl.scheduler.workflow import compute_catalog as cat
 from meshrl.scheduler.workflow.model import Node, NodeRole, NodeType, Workflow
+from meshrl.scheduler.workflow.taskgraph import TaskGraph
 
 __all__ = [
     "DEFAULT_COSTS",

@@ -9,9 +9,9 @@ import numpy as np
 from meshrl.common import batch_schema as S
 from meshrl.common.codec import Ragged
 from meshrl.common.databuffer_client import DataBufferClient, batch_key
-from meshrl.scheduler.data import PromptEncoder, Record
-from meshrl.scheduler.fleet import RolloutFleet
-from meshrl.scheduler.rewards import RewardFn, score
+from meshrl.scheduler.fleet.rollout_fleet import RolloutFleet
+from meshrl.scheduler.step.data import PromptEncoder, Record
+from meshrl.scheduler.step.rewards import RewardFn, score
 
 
 def evaluate(

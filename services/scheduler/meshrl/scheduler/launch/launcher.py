@@ -14,8 +14,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from meshrl.scheduler.placement import create_worker_bundles, launch_pinned, worker_bundle
-from meshrl.scheduler.process import ServiceProcess
+from meshrl.scheduler.launch.placement import create_worker_bundles, launch_pinned, worker_bundle
+from meshrl.scheduler.launch.process import ServiceProcess
 
 log = logging.getLogger(__name__)
 

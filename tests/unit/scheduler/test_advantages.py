@@ -1,11 +1,12 @@
-"""Advantage estimators (meshrl.common.advantages) against hand-computed cases."""
+"""Advantage estimators (meshrl.scheduler.step.advantages) against hand-computed cases."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from meshrl.common.advantages import (
+from meshrl.common.errors import InvalidArgument
+from meshrl.scheduler.step.advantages import (
     broadcast_to_tokens,
     discounted_returns,
     gae_advantages,
@@ -15,7 +16,6 @@ from meshrl.common.advantages import (
     terminal_token_rewards,
     whiten,
 )
-from meshrl.common.errors import InvalidArgument
 
 OFFSETS = np.array([0, 2, 5])
 

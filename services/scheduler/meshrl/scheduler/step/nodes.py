@@ -13,17 +13,17 @@ from typing import Any
 import numpy as np
 
 from meshrl.api.trainer.v1 import trainer_pb2 as tpb
-from meshrl.common import advantages as adv
 from meshrl.common import batch_schema as S
 from meshrl.common.codec import Batch, Ragged
 from meshrl.common.databuffer_client import DataBufferClient, batch_key
 from meshrl.common.errors import InvalidArgument
 from meshrl.scheduler.clients import TrainerClient
 from meshrl.scheduler.config import JobConfig
-from meshrl.scheduler.data import PromptEncoder, PromptSampler
-from meshrl.scheduler.executor import NodeResult, StepContext
-from meshrl.scheduler.fleet import RolloutFleet
-from meshrl.scheduler.rewards import RewardFn, score
+from meshrl.scheduler.fleet.rollout_fleet import RolloutFleet
+from meshrl.scheduler.step import advantages as adv
+from meshrl.scheduler.step.data import PromptEncoder, PromptSampler
+from meshrl.scheduler.step.executor import NodeResult, StepContext
+from meshrl.scheduler.step.rewards import RewardFn, score
 from meshrl.scheduler.workflow import resolve_executable
 
 ROLE_OF = {"ACTOR": "actor", "REFERENCE": "reference", "CRITIC": "critic"}

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from meshrl.common.databuffer_client import DataBufferClient
 from meshrl.scheduler.clients import TrainerClient
 from meshrl.scheduler.config import JobConfig
-from meshrl.scheduler.fleet import RolloutFleet
-from meshrl.scheduler.launcher import ProcessLauncher, RayLauncher, ServiceSpec
+from meshrl.scheduler.fleet.rollout_fleet import RolloutFleet
+from meshrl.scheduler.launch.launcher import ProcessLauncher, RayLauncher, ServiceSpec
 from meshrl.scheduler.rundir import RunDir
 
 log = logging.getLogger(__name__)

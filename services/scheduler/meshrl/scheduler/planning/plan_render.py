@@ -7,8 +7,8 @@ from __future__ import annotations
 import string
 from collections.abc import Sequence
 
-from meshrl.scheduler.apportion import WorkerSlot
-from meshrl.scheduler.planner import Plan
+from meshrl.scheduler.planning.apportion import WorkerSlot
+from meshrl.scheduler.planning.planner import Plan
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[object]], indent: str = "  ") -> list[str]:

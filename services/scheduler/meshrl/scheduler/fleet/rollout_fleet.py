@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from meshrl.api.common.v1 import keys_pb2
 from meshrl.common.databuffer_client import DataBufferClient, batch_key
-from meshrl.common.rollout_router import RolloutRouter
 from meshrl.scheduler.clients import RolloutClient
+from meshrl.scheduler.fleet.router import RolloutRouter
 
 
 class RolloutFleet:

@@ -29,17 +29,17 @@ from meshrl.common.databuffer_client import batch_key
 from meshrl.common.errors import Cancelled, DeadlineExceeded, InvalidArgument, MeshrlError, Unavailable
 from meshrl.common.telemetry import attributes as A
 from meshrl.scheduler.config import JobConfig, OptimSection
-from meshrl.scheduler.data import DataPosition, PromptEncoder, PromptSampler, load_records
-from meshrl.scheduler.evaluation import evaluate
 from meshrl.scheduler.events import EventLog
-from meshrl.scheduler.executor import StepExecutor
-from meshrl.scheduler.nodes import NodeHandlers
-from meshrl.scheduler.progress import StepProgress
+from meshrl.scheduler.fleet.weight_sync import WeightPublisher
+from meshrl.scheduler.launch.services import JobServices
 from meshrl.scheduler.report import write_report
-from meshrl.scheduler.rewards import resolve_reward
 from meshrl.scheduler.rundir import RunDir
-from meshrl.scheduler.services import JobServices
-from meshrl.scheduler.weight_sync import WeightPublisher
+from meshrl.scheduler.step.data import DataPosition, PromptEncoder, PromptSampler, load_records
+from meshrl.scheduler.step.evaluation import evaluate
+from meshrl.scheduler.step.executor import StepExecutor
+from meshrl.scheduler.step.nodes import NodeHandlers
+from meshrl.scheduler.step.progress import StepProgress
+from meshrl.scheduler.step.rewards import resolve_reward
 from meshrl.scheduler.workflow import resolve_executable
 
 log = logging.getLogger(__name__)
