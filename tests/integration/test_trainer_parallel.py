@@ -21,13 +21,13 @@ from meshrl.common.codec import Ragged
 from meshrl.common.databuffer_client import DataBufferClient, batch_key
 from meshrl.scheduler.clients import RolloutClient, TrainerClient
 from meshrl.scheduler.config import WeightsSection
-from meshrl.scheduler.launcher import ProcessLauncher, ServiceSpec
-from meshrl.scheduler.weight_sync import WeightPublisher
+from meshrl.scheduler.fleet.weight_sync import WeightPublisher
+from meshrl.scheduler.launch.launcher import ProcessLauncher, ServiceSpec
 
 pytestmark = pytest.mark.timeout(420)
 
 LOSS = dict(kl_coef=0.05, entropy_coef=0.01, clip_high=0.28)
-SGD = dict(name="sgd", lr=0.5, clip_grad=0.0)
+SGD = dict(name="sgd", lr=0.5, clip_grad=100.0)  # no clipping in effect (0 would mean "default" over gRPC)
 MICRO = 24  # tokens per micro-batch: several micro-batches, so PP=2 runs a real 1F1B schedule
 
 
@@ -50,7 +50,9 @@ def stack(tmp_path_factory):
     model = str(build_small_model(root / "model", hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, seed=3))
     launcher = ProcessLauncher(root / "logs", start_timeout=180)
     try:
-        address = launcher.start([ServiceSpec("databuffer", "databuffer", ["--set", f"redis.embedded.data_dir={root}/r"])])
+        address = launcher.start(
+            [ServiceSpec("databuffer", "databuffer", ["--set", f"redis.embedded.data_dir={root}/r"])]
+        )
         buffer = DataBufferClient(address["databuffer"])
         batch = make_batch(275)
         buffer.put(batch_key("job", 0, "data"), batch)

@@ -104,8 +104,12 @@ class TrainerSection(StrictModel):
     critic_optimizer: OptimSection = Field(default_factory=OptimSection)
     micro_batch_tokens: int = Field(4096, ge=16)
     mini_batches: int = Field(1, ge=1)
-    data_parallel: int = Field(1, ge=1, description="trainer ranks (processes); rank 0 serves gRPC")
-    gpus: float = Field(0.0, ge=0, description="GPUs in the trainer's placement bundle (one per rank)")
+    data_parallel: int = Field(1, ge=1, description="data-parallel replicas of every trainer model")
+    tensor_parallel: int = Field(1, ge=1, description="trainer tensor parallelism (Megatron TP; must divide heads)")
+    pipeline_parallel: int = Field(1, ge=1, description="trainer pipeline stages (Megatron PP; must divide layers)")
+    gpus: float = Field(
+        0.0, ge=0, description="GPUs in the trainer's placement bundle: one per rank = DP x TP x PP (0 on CPUs)"
+    )
     service_overrides: list[str] = Field(
         default_factory=list, description="extra `key=value` settings of the launched trainer service"
     )

@@ -17,9 +17,9 @@ import torch.distributed as dist
 
 from meshrl.common.codec import Ragged
 from meshrl.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from meshrl.common.weights import iter_buckets, sample_names, tensor_checksums
 from meshrl.trainer import checkpoint as ckpt
 from meshrl.trainer.batching import SequenceBatch, collate, plan_micro_batches, sequence_batch, shard_rows, to_ragged
-from meshrl.common.weights import iter_buckets, sample_names, tensor_checksums
 from meshrl.trainer.export import DEFAULT_BUCKET_BYTES
 from meshrl.trainer.forward import logprobs_from_logits, values_from_output
 from meshrl.trainer.hf_config import read_hf_config
@@ -30,7 +30,15 @@ from meshrl.trainer.optim import OptimizerConfig, build_optimizer, wrap_ddp
 from meshrl.trainer.roles import ROLES, ComputeResult, NonFiniteLoss, RoleState, TrainResult
 from meshrl.trainer.schedule import run_microbatches
 from meshrl.trainer.sharding import (
-    full_shape, iter_full, iter_gathered, load_sharded, local_targets, padded_rows, placements, scatter_full, shard,
+    full_shape,
+    iter_full,
+    iter_gathered,
+    load_sharded,
+    local_targets,
+    padded_rows,
+    placements,
+    scatter_full,
+    shard,
 )  # fmt: skip
 from meshrl.trainer.training import needed_columns, train_role
 
@@ -305,7 +313,9 @@ class TrainerCore:
         wanted = list(names) if names is not None else sample_names(known)
         unknown = [n for n in wanted if n not in known]
         if unknown:
-            raise NotFound(f"no exported tensor named {unknown[0]!r}; names are HF tensor names like 'model.norm.weight'")
+            raise NotFound(
+                f"no exported tensor named {unknown[0]!r}; names are HF tensor names like 'model.norm.weight'"
+            )
         picked = ((n, t) for n, t in self.iter_hf_tensors(role) if n in set(wanted))
         sums = tensor_checksums(picked, names=wanted) if self.rank == 0 else {}
         for _ in picked:  # other ranks: take part in the whole gather

@@ -146,7 +146,13 @@ class _CudaToCpu(TorchFunctionMode):
         if "device" in kwargs and _is_cuda(kwargs["device"]):
             kwargs = {**kwargs, "device": "cpu"}
         out = func(*args, **kwargs)
-        if func is torch.Tensor.type and len(args) == 1 and not kwargs and out.startswith("torch.") and ".cuda." not in out:
+        if (
+            func is torch.Tensor.type
+            and len(args) == 1
+            and not kwargs
+            and out.startswith("torch.")
+            and ".cuda." not in out
+        ):
             return "torch.cuda." + out[len("torch.") :]
         return out
 

@@ -56,7 +56,10 @@ class Layout:
 
 def check_layout(world: int, tensor_parallel: int, pipeline_parallel: int) -> int:
     """Returns the data-parallel size; raises ConfigError unless TP x PP divides the world."""
-    for name, value in (("parallel.tensor_parallel", tensor_parallel), ("parallel.pipeline_parallel", pipeline_parallel)):
+    for name, value in (
+        ("parallel.tensor_parallel", tensor_parallel),
+        ("parallel.pipeline_parallel", pipeline_parallel),
+    ):
         if value < 1:
             raise ConfigError(name, value, "must be >= 1", "use 1 to disable that kind of parallelism")
     if world % (tensor_parallel * pipeline_parallel):
@@ -82,7 +85,9 @@ def init_parallel_state(tensor_parallel: int = 1, pipeline_parallel: int = 1) ->
                 f"PP={pipeline_parallel} needs a trainer started with that layout"
             )
         return have
-    ps.initialize_model_parallel(tensor_model_parallel_size=tensor_parallel, pipeline_model_parallel_size=pipeline_parallel)
+    ps.initialize_model_parallel(
+        tensor_model_parallel_size=tensor_parallel, pipeline_model_parallel_size=pipeline_parallel
+    )
     return current_layout()
 
 
