@@ -50,7 +50,9 @@ def hf_logprobs(model_dir: str, columns: dict) -> np.ndarray:
 
 
 def main() -> None:
-    check("cuda available", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")
+    check(
+        "cuda available", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else ""
+    )
     store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=datetime.timedelta(seconds=60))
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", store=store, rank=0, world_size=1)
@@ -85,7 +87,9 @@ def main() -> None:
     before = master.detach().clone()
     metrics = core.train_step("actor", columns, LossConfig()).metrics
     moved = float((master - before).abs().max())
-    check("bf16 train step updates the fp32 master", np.isfinite(metrics["loss"]) and moved > 0, f"max |dw| {moved:.2e}")
+    check(
+        "bf16 train step updates the fp32 master", np.isfinite(metrics["loss"]) and moved > 0, f"max |dw| {moved:.2e}"
+    )
     check("bf16 weights follow the master", float((param.float() - master).abs().max()) < 1e-2)
     dist.destroy_process_group()
     print("all trainer GPU checks passed")

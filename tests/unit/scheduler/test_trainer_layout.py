@@ -28,3 +28,17 @@ def test_a_disagreeing_trainer_node_is_refused_with_the_fix():
         check_trainer_layout(workflow(pipeline_parallel_size=2), TrainerSection(tensor_parallel=2))
     message = str(err.value)
     assert "trainer.pipeline_parallel" in message and "'actor_train'" in message and "pipeline_parallel=2" in message
+
+
+def test_meshrl_plan_shows_the_trainer_layout_of_the_job_config(tmp_path):
+    import io
+    import json
+
+    from meshrl.scheduler.planning.plan_cli import plan_main
+
+    config = tmp_path / "job.yaml"
+    config.write_text("trainer:\n  tensor_parallel: 2\n")
+    out = io.StringIO()
+    assert plan_main(["grpo", "--config", str(config), "--nodes", "1", "--gpus-per-node", "4", "--json"], out) == 0
+    models = {m["key"]: m for m in json.loads(out.getvalue())["models"]}
+    assert models["actor"]["tensor_parallel"] == 2 and models["rollout"]["tensor_parallel"] == 1
