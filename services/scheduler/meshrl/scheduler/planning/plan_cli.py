@@ -13,9 +13,9 @@ from typing import TextIO
 
 from meshrl.common.config import deep_merge, parse_overrides, read_yaml
 from meshrl.common.errors import MeshrlError
+from meshrl.scheduler.launch.trainer_layout import apply_trainer_layout, trainer_section
 from meshrl.scheduler.planning.apportion import ClusterSpec
 from meshrl.scheduler.planning.plan_render import render_plan
-from meshrl.scheduler.launch.trainer_layout import apply_trainer_layout, trainer_section
 from meshrl.scheduler.planning.planner import DEFAULT_COSTS, Placement, PlanError, PlanOptions, Strategy, plan_workflow
 from meshrl.scheduler.workflow import builtin_names, load_workflow
 
