@@ -132,7 +132,7 @@ def test_layout_matches_one_process(stack, reference, tp, pp, dp):
     name = f"trainer-tp{tp}pp{pp}dp{dp}"
     trainer = start_trainer(stack, name, tp, pp, dp)
     status = trainer.status()
-    assert status.data_parallel_size == dp
+    assert (status.tensor_parallel_size, status.pipeline_parallel_size, status.data_parallel_size) == (tp, pp, dp)
     check_against_reference(stack, reference, trainer, name)
     stack["launcher"].stop(name)
 

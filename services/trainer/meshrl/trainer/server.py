@@ -193,6 +193,8 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
             roles=roles,
             device=status["device"],
             data_parallel_size=status["data_parallel_size"],
+            tensor_parallel_size=status["tensor_parallel_size"],
+            pipeline_parallel_size=status["pipeline_parallel_size"],
             metrics=status["metrics"],
         )
 

@@ -313,7 +313,7 @@ class RoleStatus(_message.Message):
     def __init__(self, role: _Optional[_Union[Role, str]] = ..., model_path: _Optional[str] = ..., num_parameters: _Optional[int] = ..., train_steps: _Optional[int] = ..., weight_version: _Optional[int] = ...) -> None: ...
 
 class TrainerStatus(_message.Message):
-    __slots__ = ("roles", "device", "data_parallel_size", "metrics")
+    __slots__ = ("roles", "device", "data_parallel_size", "metrics", "tensor_parallel_size", "pipeline_parallel_size")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -325,8 +325,12 @@ class TrainerStatus(_message.Message):
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     DATA_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PIPELINE_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
     roles: _containers.RepeatedCompositeFieldContainer[RoleStatus]
     device: str
     data_parallel_size: int
     metrics: _containers.ScalarMap[str, float]
-    def __init__(self, roles: _Optional[_Iterable[_Union[RoleStatus, _Mapping]]] = ..., device: _Optional[str] = ..., data_parallel_size: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    def __init__(self, roles: _Optional[_Iterable[_Union[RoleStatus, _Mapping]]] = ..., device: _Optional[str] = ..., data_parallel_size: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., tensor_parallel_size: _Optional[int] = ..., pipeline_parallel_size: _Optional[int] = ...) -> None: ...
