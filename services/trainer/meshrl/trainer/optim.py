@@ -42,6 +42,9 @@ class OptimizerConfig:
     def __post_init__(self) -> None:
         if self.name not in OPTIMIZERS:
             raise ConfigError("optimizer.name", self.name, "unknown", f"use one of {OPTIMIZERS}")
+        if self.distributed and self.name != "adam":
+            raise ConfigError("optimizer.distributed", True, f"Megatron's distributed optimizer needs adam, not "
+                              f"{self.name!r}", "use name=adam or distributed=false")  # fmt: skip
         if self.lr <= 0:
             raise ConfigError("optimizer.lr", self.lr, "must be positive", "use e.g. 1e-6")
         if not 0 <= self.min_lr <= self.lr:

@@ -180,15 +180,27 @@ def _step_metrics(sums: dict[str, float], norm: float, lr: float) -> dict[str, f
     return out
 
 
-def _snapshot(state: RoleState) -> tuple[dict, dict, int]:
+def _torch_optimizers(optimizer) -> list[torch.optim.Optimizer]:
+    """The torch optimizers inside a Megatron optimizer; their params are the (fp32 master / sharded) copies."""
+    return [inner.optimizer for inner in getattr(optimizer, "chained_optimizers", [optimizer])]
+
+
+def _snapshot(state: RoleState) -> tuple[dict, list, int]:
     params = {n: p.detach().clone() for n, p in state.model.named_parameters()}
-    return params, copy.deepcopy(state.optimizer.state_dict()), state.train_steps
+    inner = [
+        ([p.detach().clone() for g in t.param_groups for p in g["params"]], copy.deepcopy(t.state_dict()))
+        for t in _torch_optimizers(state.optimizer)
+    ]
+    return params, inner, state.train_steps
 
 
-def _restore(state: RoleState, snapshot: tuple[dict, dict, int]) -> None:
-    params, optim_state, steps = snapshot
+def _restore(state: RoleState, snapshot: tuple[dict, list, int]) -> None:
+    params, inner, steps = snapshot
     with torch.no_grad():
         for n, p in state.model.named_parameters():
             p.copy_(params[n])
-    state.optimizer.load_state_dict(optim_state)
+        for t, (mains, optim_state) in zip(_torch_optimizers(state.optimizer), inner, strict=True):
+            for p, saved in zip((p for g in t.param_groups for p in g["params"]), mains, strict=True):
+                p.copy_(saved)
+            t.load_state_dict(optim_state)
     state.train_steps = steps
