@@ -5,11 +5,16 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.meshrl-installed
+SYSTEM_STAMP := $(VENV)/.system-deps
+# Debian packages the tests run for real: a Prometheus server (tests/integration/observability) and a
+# headless Chromium for the browser tests (Playwright drives /usr/bin/chromium; it downloads no browser).
+SYSTEM_PACKAGES := prometheus chromium
+SCHEDULER_EXTRAS := tensorboard,wandb,mlflow
 DISTS := libs/common services/databuffer services/trainer services/rollout services/scheduler
 PYPROJECTS := $(addsuffix /pyproject.toml,$(DISTS))
 RUN_ARGS ?=
 
-.PHONY: setup run test lint protos clean
+.PHONY: setup system-deps run test lint protos clean
 
 $(STAMP): $(PYPROJECTS) requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,10 +22,22 @@ $(STAMP): $(PYPROJECTS) requirements-dev.txt
 	# torch first and pinned: this version installs a CPU build; a looser pin pulls CUDA wheels.
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet --config-settings editable_mode=compat \
-		$(addprefix -e ,$(DISTS)) -r requirements-dev.txt
+		$(addprefix -e ,$(filter-out services/scheduler,$(DISTS))) -e "services/scheduler[$(SCHEDULER_EXTRAS)]" \
+		-r requirements-dev.txt
 	touch $(STAMP)
 
-setup: $(STAMP)
+# Installs SYSTEM_PACKAGES with apt-get when this user may (root); elsewhere their tests skip and say why.
+$(SYSTEM_STAMP): | $(STAMP)
+	@missing=""; for c in $(SYSTEM_PACKAGES); do command -v $$c >/dev/null || missing="$$missing $$c"; done; \
+	if [ -z "$$missing" ]; then echo "system packages present: $(SYSTEM_PACKAGES)"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	else echo "not installed:$$missing (needs root and apt-get); their tests will skip"; fi
+	touch $(SYSTEM_STAMP)
+
+system-deps: $(SYSTEM_STAMP)
+
+setup: $(STAMP) $(SYSTEM_STAMP)
 
 run: setup
 	$(VENV)/bin/meshrl run examples/countdown/workflow.yaml $(RUN_ARGS)

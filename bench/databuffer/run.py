@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 import redis
 
-from meshrl.common.databuffer_client import DataBufferClient, batch_key
+from meshrl.common.batch_key import batch_key
+from meshrl.common.databuffer_client import DataBufferClient
 from meshrl.databuffer.connection import CONNECTION_CLASSES
 from meshrl.databuffer.testing import delete_prefix
 

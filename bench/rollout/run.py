@@ -27,8 +27,9 @@ import numpy as np
 import redis
 
 from meshrl.common import batch_schema as S
+from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import Ragged
-from meshrl.common.databuffer_client import DataBufferClient, batch_key
+from meshrl.common.databuffer_client import DataBufferClient
 from meshrl.common.registry import SERVING, ReplicaRegistry
 from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix
 from meshrl.rollout.config import EngineConfig

@@ -27,8 +27,9 @@ import torch
 
 from meshrl.api.trainer.v1 import trainer_pb2 as pb
 from meshrl.api.trainer.v1 import trainer_pb2_grpc
+from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import Ragged
-from meshrl.common.databuffer_client import DataBufferClient, batch_key
+from meshrl.common.databuffer_client import DataBufferClient
 from meshrl.trainer.core import TrainerCore
 from meshrl.trainer.losses import LossConfig
 from meshrl.trainer.model_builder import build_small_model

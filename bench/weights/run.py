@@ -21,7 +21,6 @@ import gc
 import multiprocessing as mp
 import os
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -30,6 +29,8 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from meshrl.common.net import free_port
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 # hidden size, layers, vocab: a Llama-shaped set of about that many parameters
@@ -130,7 +131,7 @@ def _member(rank: int, size: str, dtype_name: str, reps: int, ports: tuple[int, 
 def bench_distributed(size: str, dtype_name: str, reps: int, bucket_bytes: int) -> dict[str, list[float]]:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    ports = (_free_port(), _free_port())
+    ports = (free_port(), free_port())
     procs = [ctx.Process(target=_member, args=(r, size, dtype_name, reps, ports, bucket_bytes, out)) for r in (0, 1)]
     for p in procs:
         p.start()
@@ -140,12 +141,6 @@ def bench_distributed(size: str, dtype_name: str, reps: int, bucket_bytes: int) 
     if not results.get("exact"):
         raise SystemExit("distributed publication was not bit-exact")
     return results["times"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------------------------------------- main

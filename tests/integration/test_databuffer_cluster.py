@@ -12,7 +12,8 @@ import pytest
 import redis
 from redis.cluster import key_slot
 
-from meshrl.common.databuffer_client import DataBufferClient, Group, batch_key
+from meshrl.common.batch_key import batch_key
+from meshrl.common.databuffer_client import DataBufferClient, Group
 from meshrl.databuffer.testing import LocalCluster, config, run_producers_and_consumers, serving, unique_prefix
 
 MiB = 1 << 20

@@ -9,7 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from meshrl.common.databuffer_client import DataBufferClient, Group, batch_key
+from meshrl.common.batch_key import batch_key
+from meshrl.common.databuffer_client import DataBufferClient, Group
 from meshrl.common.errors import DeadlineExceeded, Unavailable
 from meshrl.databuffer.embedded import EmbeddedRedis
 from meshrl.databuffer.testing import config, serving, unique_prefix

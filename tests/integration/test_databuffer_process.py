@@ -16,7 +16,8 @@ import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from meshrl.common.databuffer_client import SERVICE, DataBufferClient, batch_key
+from meshrl.common.batch_key import batch_key
+from meshrl.common.databuffer_client import SERVICE, DataBufferClient
 
 
 def _alive(pid: int) -> bool:

@@ -18,8 +18,9 @@ import redis
 
 from meshrl.api.common.v1 import tensor_pb2
 from meshrl.api.databuffer.v1 import databuffer_pb2 as pb
+from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import NUMPY_BY_DTYPE, Batch, Ragged, encode_batch
-from meshrl.common.databuffer_client import SERVICE, DataBufferClient, Group, batch_key, serialize_put_request
+from meshrl.common.databuffer_client import SERVICE, DataBufferClient, Group, serialize_put_request
 from meshrl.common.errors import NotFound, ResourceExhausted
 from meshrl.databuffer.testing import (
     SYSTEM_REDIS,

@@ -25,8 +25,9 @@ from meshrl.api.rollout.v1 import rollout_pb2 as pb
 from meshrl.api.rollout.v1 import rollout_pb2_grpc
 from meshrl.common import batch_schema as S
 from meshrl.common import weights as W
+from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import Ragged
-from meshrl.common.databuffer_client import DataBufferClient, batch_key
+from meshrl.common.databuffer_client import DataBufferClient
 from meshrl.common.grpc_channel import call, open_channel
 from meshrl.common.registry import SERVING, CurrentWeights, ReplicaRegistry
 from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix

@@ -20,14 +20,14 @@ from meshrl.api.trainer.v1 import trainer_pb2 as tpb
 from meshrl.common.codec import Ragged
 from meshrl.common.databuffer_client import DataBufferClient, batch_key
 from meshrl.scheduler.clients import RolloutClient, TrainerClient
-from meshrl.scheduler.config import WeightsSection
+from meshrl.scheduler.config import OptimSection, WeightsSection
 from meshrl.scheduler.fleet.weight_sync import WeightPublisher
 from meshrl.scheduler.launch.launcher import ProcessLauncher, ServiceSpec
 
 pytestmark = pytest.mark.timeout(420)
 
 LOSS = dict(kl_coef=0.05, entropy_coef=0.01, clip_high=0.28)
-SGD = dict(name="sgd", lr=0.5, clip_grad=100.0)  # no clipping in effect (0 would mean "default" over gRPC)
+SGD = dict(name="sgd", lr=0.5, clip_grad=0.0)
 MICRO = 24  # tokens per micro-batch: several micro-batches, so PP=2 runs a real 1F1B schedule
 
 
@@ -88,7 +88,7 @@ def start_trainer(stack, name: str, tp: int, pp: int, dp: int) -> TrainerClient:
             "--set", "torch_threads=1", "--set", "databuffer_wait_seconds=0"]  # fmt: skip
     address = stack["launcher"].start([ServiceSpec("trainer", name, args)])[name]
     client = TrainerClient(address, timeout=300)
-    client.load_model("actor", stack["model"], "float32", tpb.OptimizerConfig(**SGD), 0)
+    client.load_model("actor", stack["model"], "float32", OptimSection(**SGD), 0)
     return client
 
 
@@ -100,8 +100,7 @@ def served_logprobs(stack, trainer: TrainerClient, tag: str) -> np.ndarray:
 
 
 def sgd_step(trainer: TrainerClient) -> dict[str, float]:
-    loss = tpb.LossConfig(**LOSS)
-    reply = trainer.train_step("actor", [batch_key("job", 0, "data")], loss, MICRO, 1, 0)
+    reply = trainer.train_step("actor", [batch_key("job", 0, "data")], LOSS, MICRO, 1, 0)
     return dict(reply.metrics)
 
 

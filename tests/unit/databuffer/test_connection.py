@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from meshrl.common.errors import ConfigError, Unavailable
+from meshrl.common.net import free_port
 from meshrl.databuffer.embedded import EmbeddedRedis
 from meshrl.databuffer.keys import BatchRef
 from meshrl.databuffer.store import DataBuffer
-from meshrl.databuffer.testing import config, free_port
+from meshrl.databuffer.testing import config
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,9 @@ import pytest
 from redis.cluster import key_slot
 
 from meshrl.api.databuffer.v1 import databuffer_pb2 as pb
+from meshrl.common.batch_key import batch_key
 from meshrl.common.config import load_config
 from meshrl.common.databuffer_client import (
-    batch_key,
     deserialize_get_response,
     encode_payload_frame,
     payload_of,

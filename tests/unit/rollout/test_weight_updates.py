@@ -3,7 +3,6 @@ bit-exact, in place, versioned per token; bad versions refused while the old wei
 
 from __future__ import annotations
 
-import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,6 +13,7 @@ from safetensors.torch import load_file
 
 from meshrl.common import weights as W
 from meshrl.common.errors import DataLoss, InvalidArgument
+from meshrl.common.net import free_port
 from meshrl.rollout.replica import RolloutReplica
 from meshrl.rollout.types import GenerationRequest, PauseMode, SamplingParams
 
@@ -111,15 +111,9 @@ def test_bad_updates_are_refused_and_the_old_weights_keep_serving(model_dir, tmp
     assert engine.generate([GenerationRequest([1, 2], GREEDY)])[0].weight_versions == [2] * 12
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_gloo_distributed_update_matches_the_trainer_bit_for_bit(model_dir, new_engine):
     engine = new_engine(model_dir)
-    port = _free_port()
+    port = free_port()
 
     def spec(rank: int) -> W.GroupSpec:
         return W.GroupSpec("127.0.0.1", port, 2, rank, "test-weights", "gloo", 60.0)

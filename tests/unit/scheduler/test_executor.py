@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from meshrl.api.scheduler.v1 import scheduler_pb2 as spb
-from meshrl.common.databuffer_client import batch_key
+from meshrl.common.batch_key import batch_key
 from meshrl.scheduler.events import EventLog
 from meshrl.scheduler.step.executor import NodeFailed, NodeResult, StepExecutor
 

@@ -150,3 +150,25 @@ def test_loss_config_validation():
         LossConfig(dual_clip=0.5)
     with pytest.raises(ConfigError, match="loss.policy_loss"):
         LossConfig(policy_loss="dpo")
+
+
+def test_value_clip_metric_counts_only_tokens_the_clip_moved():
+    """Values within the clip range are not clipped, even where old + (v - old) != v in fp32."""
+    g = torch.Generator().manual_seed(0)
+    old = 0.003 * torch.randn(1, 4096, generator=g)
+    values = 0.1 * torch.randn(1, 4096, generator=g)  # |v - old| < 0.5 everywhere
+    returns = torch.randn(1, 4096, generator=g)
+    assert bool(((old + (values - old)) != values).any())  # the rounding that used to count as clipping
+    loss, clipped = value_token_loss(values, old, returns, clip=0.5)
+    assert int(clipped.sum()) == 0
+    assert torch.equal(loss, 0.5 * (values - returns).square())
+
+
+def test_value_clip_zero_turns_clipping_off():
+    old, values, returns = torch.zeros(1, 3), torch.tensor([[0.0, 1.0, -2.0]]), torch.tensor([[3.0, 2.0, -3.0]])
+    _, sums = value_objective(LossConfig(policy_loss="value", value_clip=0.0), torch.ones(1, 3), 3.0,
+                              values=values, returns=returns, old_values=old)  # fmt: skip
+    assert sums["vf_clipped"] == 0.0
+    _, clipped = value_objective(LossConfig(policy_loss="value"), torch.ones(1, 3), 3.0,
+                                 values=values, returns=returns, old_values=old)  # fmt: skip
+    assert clipped["vf_clipped"] == 2.0  # the default clip 0.2 moves the two values that left +-0.2

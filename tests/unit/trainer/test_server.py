@@ -19,10 +19,10 @@ from meshrl.api.trainer.v1 import trainer_pb2_grpc
 from meshrl.common.codec import Batch, merge_batches
 from meshrl.common.errors import NotFound
 from meshrl.common.grpc_server import ServerConfig, start_server
+from meshrl.common.net import free_port
 from meshrl.common.weights import WeightGroup, list_versions, read_manifest, read_version, tensor_checksums
 from meshrl.trainer.config import TrainerConfig
 from meshrl.trainer.core import TrainerCore
-from meshrl.trainer.dp import free_port
 from meshrl.trainer.server import service
 from meshrl.trainer.service import TrainerService
 
@@ -117,9 +117,10 @@ def test_errors_map_to_status_codes(served, qwen2_dir, tmp_path):
     with pytest.raises(grpc.RpcError) as err:
         stub.LoadModel(bad, timeout=10)
     assert err.value.code() == grpc.StatusCode.NOT_FOUND and "config.json" in err.value.details()
-    with pytest.raises(grpc.RpcError) as err:
-        stub.TrainStep(pb.TrainStepRequest(role=pb.ROLE_ACTOR, inputs=[key("x")], loss=pb.LossConfig(aggregation="x")))
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "loss.aggregation" in err.value.details()
+    for loss, named in ((pb.LossConfig(clip_low=1.5), "loss.clip_low"), (pb.LossConfig(aggregation=99), "aggregation")):
+        with pytest.raises(grpc.RpcError) as err:
+            stub.TrainStep(pb.TrainStepRequest(role=pb.ROLE_ACTOR, inputs=[key("x")], loss=loss))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and named in err.value.details()
 
 
 def test_copy_from_and_checkpoint_rpcs(served, qwen2_dir, tmp_path):

@@ -14,7 +14,8 @@ from _worker import LOSS, make_batch, run_steps
 
 from meshrl.api.trainer.v1 import trainer_pb2 as pb
 from meshrl.api.trainer.v1 import trainer_pb2_grpc
-from meshrl.common.databuffer_client import DataBufferClient, batch_key
+from meshrl.common.batch_key import batch_key
+from meshrl.common.databuffer_client import DataBufferClient
 from meshrl.trainer.core import TrainerCore
 from meshrl.trainer.optim import OptimizerConfig
 

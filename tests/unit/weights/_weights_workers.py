@@ -7,7 +7,6 @@ where the test drives several phases, waits for commands on its own queue.
 from __future__ import annotations
 
 import os
-import socket
 import time
 
 import torch
@@ -30,12 +29,6 @@ def zeros_like(tensors: list[tuple[str, torch.Tensor]]) -> dict[str, torch.Tenso
 
 def equal(params: dict[str, torch.Tensor], tensors: list[tuple[str, torch.Tensor]]) -> bool:
     return set(params) == {n for n, _ in tensors} and all(torch.equal(params[n], t) for n, t in tensors)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _all_checksums(params) -> dict[str, str]:

@@ -10,6 +10,7 @@ import _weights_workers as workers
 import pytest
 from _members import Members
 
+from meshrl.common.net import free_port
 from meshrl.common.weights import GroupPlan, write_version
 
 
@@ -21,7 +22,7 @@ def members():
 
 
 def test_gloo_updates_reach_two_replicas_bit_exact(members):
-    plan = GroupPlan.build([("r1", 1), ("r2", 1)], "127.0.0.1", workers.free_port(), "happy", "gloo", 30.0)
+    plan = GroupPlan.build([("r1", 1), ("r2", 1)], "127.0.0.1", free_port(), "happy", "gloo", 30.0)
     members.start("sender", workers.happy_sender, plan, members.results)
     for rid in ("r1", "r2"):
         members.start(rid, workers.happy_receiver, plan, rid, members.results)
@@ -49,7 +50,7 @@ def test_disk_update_reaches_two_replicas_bit_exact(members, tmp_path):
 
 def test_frozen_replica_is_named_and_the_others_continue(members, tmp_path):
     timeout = 4.0
-    plan = GroupPlan.build([("r1", 1), ("r2", 1)], "127.0.0.1", workers.free_port(), "g1", "gloo", timeout)
+    plan = GroupPlan.build([("r1", 1), ("r2", 1)], "127.0.0.1", free_port(), "g1", "gloo", timeout)
     commands = {role: members.queue() for role in ("sender", "r1", "r2")}
     members.start("sender", workers.frozen_sender, plan, str(tmp_path / "w"), commands["sender"], members.results)
     for rid in ("r1", "r2"):
@@ -64,7 +65,7 @@ def test_frozen_replica_is_named_and_the_others_continue(members, tmp_path):
     assert plan.replicas_of(unresponsive) == ["r2"]
 
     # the scheduler's recovery: a fresh group of the others, the update redone for them
-    fresh = plan.without(["r2"], workers.free_port(), "g2")
+    fresh = plan.without(["r2"], free_port(), "g2")
     commands["sender"].put(fresh)
     commands["r1"].put(("rejoin", fresh))
     outcome_r1 = members.get("r1", "v2")

@@ -10,9 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 import torch.distributed as dist
-from _weights_workers import equal, free_port, make_tensors, zeros_like
+from _weights_workers import equal, make_tensors, zeros_like
 
 from meshrl.common.errors import Aborted, DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
+from meshrl.common.net import free_port
 from meshrl.common.weights import (
     CallbackSink,
     GroupPlan,

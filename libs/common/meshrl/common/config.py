@@ -8,18 +8,19 @@ Each service's `__main__` calls `parse_service_args` to get its config from argv
 from __future__ import annotations
 
 import argparse
-import difflib
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import pydantic
 import yaml
 
 from meshrl.common.errors import ConfigError
+from meshrl.common.suggest import did_you_mean
 
 T = TypeVar("T", bound=pydantic.BaseModel)
+S = TypeVar("S", bound="Settings")
 ENV_PREFIX = "MESHRL_"
 
 
@@ -27,6 +28,24 @@ class StrictModel(pydantic.BaseModel):
     """Base for config sections: unknown fields are errors, values are checked on assignment."""
 
     model_config = pydantic.ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class Settings(StrictModel):
+    """A frozen group of settings that code builds directly (a request's loss, an optimizer): a bad value
+    raises ConfigError naming `<section>.<field>`, the value and the fix, as a config file would."""
+
+    model_config = pydantic.ConfigDict(frozen=True, validate_assignment=False)
+    section: ClassVar[str] = ""
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except pydantic.ValidationError as exc:
+            raise to_config_error(type(self), exc, self.section) from None
+
+    def over(self: S, fields: Mapping[str, Any]) -> S:
+        """These settings with `fields` (e.g. the set fields of a request) laid over them, checked again."""
+        return type(self)(**{**self.model_dump(), **fields})
 
 
 def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -118,15 +137,14 @@ def _describe(model: type[pydantic.BaseModel], loc: Sequence[Any]) -> str | None
     return info.description if info else None
 
 
-def to_config_error(model: type[pydantic.BaseModel], exc: pydantic.ValidationError) -> ConfigError:
+def to_config_error(model: type[pydantic.BaseModel], exc: pydantic.ValidationError, prefix: str = "") -> ConfigError:
     err = exc.errors()[0]
     loc = list(err["loc"])
-    field = ".".join(str(p) for p in loc) or model.__name__
+    field = ".".join(str(p) for p in [*([prefix] if prefix else []), *loc]) or model.__name__
     value = err.get("input")
     if err["type"] == "extra_forbidden":
         names = _field_names(model, loc)
-        close = difflib.get_close_matches(str(loc[-1]), names, n=1)
-        fix = f"did you mean '{close[0]}'?" if close else f"remove it; known fields here: {', '.join(names)}"
+        fix = did_you_mean(loc[-1], names, f"remove it; known fields here: {', '.join(names)}")
         return ConfigError(field, value, "unknown field", fix)
     if err["type"] == "missing":
         desc = _describe(model, loc)

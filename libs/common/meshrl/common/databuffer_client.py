@@ -105,13 +105,6 @@ def split_frames(views: Iterable[memoryview], frame_bytes: int) -> Iterator[byte
 
 
 # --- domain types ------------------------------------------------------------------------
-def batch_key(job_id: str, step: int, node_id: str, shard: int | None = None) -> keys_pb2.BatchKey:
-    """The key of a batch: (job, step, node[, shard])."""
-    if shard is None:
-        return keys_pb2.BatchKey(job_id=job_id, step=step, node_id=node_id, shard=-1, has_shard=False)
-    return keys_pb2.BatchKey(job_id=job_id, step=step, node_id=node_id, shard=shard, has_shard=True)
-
-
 @dataclass
 class Group:
     """All n samples of one prompt, appended to a stream together. `batch`: one row per sample."""

@@ -1,15 +1,13 @@
 """Starting and stopping a meshrl gRPC server: the same options, interceptors, health
 service and reflection for every service, and a graceful stop on SIGTERM / SIGINT.
 
-Each service's `__main__` builds its servicers and calls `start_server` then
-`wait_for_termination`.
+Each service's `__main__` hands its servicers to `meshrl.common.service_main.run_service`, which calls
+`start_server` and stops the server on SIGTERM.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import threading
 from collections.abc import Callable, Sequence
 from concurrent import futures
@@ -96,7 +94,7 @@ class RunningServer:
 
 
 def start_server(cfg: ServerConfig, services: Sequence[Service], interceptors: Sequence[Any] = ()) -> RunningServer:
-    chain: list[Any] = [telemetry.server_interceptor()]
+    chain: list[Any] = [telemetry.server_interceptor(), telemetry.rpc_metrics_interceptor()]
     token = cfg.auth.token()
     if cfg.require_auth or token:
         if not token:
@@ -137,25 +135,3 @@ def start_server(cfg: ServerConfig, services: Sequence[Service], interceptors: S
         tmp.replace(cfg.port_file)
     log.info("serving %s on %s%s", ", ".join(names), address, " (TLS)" if cfg.tls else "")
     return RunningServer(server, port, address, health_servicer, names, health_server, health_port)
-
-
-def wait_for_termination(running: RunningServer, grace: float, on_stop: Callable[[], None] | None = None) -> None:
-    """Blocks until SIGTERM/SIGINT, then stops gracefully and runs `on_stop` (release resources)."""
-    stop = threading.Event()
-
-    def handle(signum, _frame):
-        log.info("received %s: stopping within %.0fs", signal.Signals(signum).name, grace)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, handle)
-    signal.signal(signal.SIGINT, handle)
-    # A service launched by a scheduler exits with it, even if the scheduler was killed (-9).
-    parent = os.getppid() if os.environ.get(EXIT_WITH_PARENT_ENV) == "1" else None
-    while not stop.wait(0.5):
-        if parent is not None and os.getppid() != parent:
-            log.warning("parent process %d is gone: stopping", parent)
-            break
-    running.stop(grace)
-    if on_stop is not None:
-        on_stop()
-    telemetry.shutdown_telemetry()

@@ -5,13 +5,11 @@ cleanly (in-flight calls get server.grace_seconds; an embedded Redis is shut dow
 
 from __future__ import annotations
 
-import logging
 import sys
 from collections.abc import Sequence
 
 from meshrl.common.config import parse_service_args
-from meshrl.common.grpc_server import start_server, wait_for_termination
-from meshrl.common.telemetry import setup_telemetry
+from meshrl.common.service_main import Hosted, run_service
 from meshrl.databuffer.config import DataBufferConfig
 from meshrl.databuffer.server import service
 from meshrl.databuffer.store import DataBuffer
@@ -24,15 +22,12 @@ DESCRIPTION = (
 
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = parse_service_args(DataBufferConfig, argv, "python -m meshrl.databuffer", DESCRIPTION)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    setup_telemetry("databuffer", cfg.telemetry)
-    buffer = DataBuffer.open(cfg)
-    try:
-        running = start_server(cfg.server, [service(buffer)])
-    except BaseException:
-        buffer.close()
-        raise
-    wait_for_termination(running, cfg.server.grace_seconds, on_stop=buffer.close)
+
+    def build() -> Hosted:
+        buffer = DataBuffer.open(cfg)
+        return Hosted([service(buffer)], stopped=buffer.close)
+
+    run_service("databuffer", cfg, build)
     return 0
 
 

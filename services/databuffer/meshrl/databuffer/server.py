@@ -10,12 +10,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import grpc
-from opentelemetry import trace
 
 from meshrl.api.databuffer.v1 import databuffer_pb2 as pb
 from meshrl.common.databuffer_client import SERVICE
 from meshrl.common.grpc_server import Service
 from meshrl.common.telemetry import attributes as A
+from meshrl.common.telemetry import tag_span
 from meshrl.databuffer.keys import BatchRef
 from meshrl.databuffer.store import DataBuffer
 from meshrl.databuffer.wire import checked, deserialize_put, lenient, serialize_get, split_put_stream
@@ -25,13 +25,6 @@ def _remaining(context: grpc.ServicerContext, wanted: float, margin: float = 0.5
     """`wanted` seconds, cut so that the answer still arrives before the caller's deadline."""
     left = context.time_remaining()
     return wanted if left is None else max(0.0, min(wanted, left - margin))
-
-
-def _tag_span(ref: BatchRef, nbytes: int) -> None:
-    """Puts the batch's key and payload bytes on the current (server) span, when one records."""
-    span = trace.get_current_span()
-    if span.is_recording():
-        span.set_attributes({A.BUFFER_KEY: str(ref), A.BYTES: nbytes})
 
 
 class DataBufferServicer:
@@ -45,14 +38,14 @@ class DataBufferServicer:
         result = self.buffer.put_batch(
             ref, start.header, frames, ttl_seconds=start.ttl_seconds, overwrite=start.overwrite
         )
-        _tag_span(ref, result.bytes_written)
+        tag_span({A.BUFFER_KEY: str(ref), A.BYTES: result.bytes_written})
         return pb.PutBatchResponse(bytes_written=result.bytes_written, chunks=result.chunks)
 
     def GetBatch(self, request: pb.GetBatchRequest, context: grpc.ServicerContext) -> Iterator[Any]:
         request = checked(request)
         ref = BatchRef.from_proto(request.key)
         stored = self.buffer.open_batch(ref, wait_seconds=_remaining(context, request.wait_seconds))
-        _tag_span(ref, stored.header.total_bytes)
+        tag_span({A.BUFFER_KEY: str(ref), A.BYTES: stored.header.total_bytes})
         yield pb.GetBatchResponse(header=stored.header)
         for chunk in stored.chunks:
             if len(chunk) <= self.frame_bytes:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import socket
 import subprocess
 import tempfile
 import threading
@@ -25,31 +24,13 @@ import redis
 
 from meshrl.common.databuffer_client import DataBufferClient, Group
 from meshrl.common.grpc_server import RunningServer, start_server
+from meshrl.common.net import free_port
 from meshrl.databuffer.config import DataBufferConfig
 from meshrl.databuffer.server import service
 from meshrl.databuffer.store import DataBuffer
 
 SYSTEM_REDIS = "redis://127.0.0.1:6379/0"
 SYSTEM_REDIS_SERVER = "/usr/bin/redis-server"
-
-
-def free_port(also_free: int = 0) -> int:
-    """A free loopback port; with `also_free`, port + also_free must be free too (cluster bus)."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if not also_free:
-            return port
-        if port + also_free > 65535:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + also_free))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free loopback port found")
 
 
 def unique_prefix(tag: str = "t") -> str:

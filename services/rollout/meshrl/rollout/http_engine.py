@@ -11,22 +11,22 @@ from __future__ import annotations
 
 import abc
 import collections
-import json
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
 
 from meshrl.common.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, MeshrlError, Unavailable
+from meshrl.common.net import free_port
 from meshrl.rollout.config import EngineConfig, HTTPEngineConfig
 from meshrl.rollout.engine import ChunkCallback, Engine
-from meshrl.rollout.http_server import ServerProcess, free_port, wait_healthy
+from meshrl.rollout.http_server import ServerProcess, wait_healthy
+from meshrl.rollout.http_stream import Event, StreamState, read_model_facts, sse_payloads, with_max_tokens
 from meshrl.rollout.types import (
     EngineStatus,
     FinishReason,
@@ -42,24 +42,6 @@ RATE_WINDOW_S = 5.0
 
 
 @dataclass
-class Event:
-    """What one streamed event adds: new tokens, their log-probs, the server's weight version, and the end."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-    version: int | None = None
-    finish: FinishReason | None = None
-
-
-@dataclass
-class StreamState:
-    """Per-request parsing state (e.g. how many cumulative tokens were already seen)."""
-
-    seen: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
 class _Running:
     request: GenerationRequest
     future: Future
@@ -71,24 +53,6 @@ class _Running:
     response: httpx.Response | None = None
     abort: bool = False  # finish with ABORT
     retract: bool = False  # stop the server request and continue it after the pause (prompt + tokens so far)
-
-
-def read_model_facts(model_path: str, context_length: int | None) -> tuple[int, int, Any]:
-    """(context length, vocab size, tokenizer or None) from a Hugging Face folder, without loading weights."""
-    path = Path(model_path)
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise InvalidArgument(f"engine.model_path {model_path!r} has no config.json; point it at a Hugging Face folder")
-    cfg = json.loads(config_file.read_text())
-    text_cfg = cfg.get("text_config", cfg)
-    limit = int(context_length or text_cfg.get("max_position_embeddings") or 0)
-    vocab = int(text_cfg.get("vocab_size") or 0)
-    tokenizer = None
-    if (path / "tokenizer_config.json").is_file():
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    return limit, vocab, tokenizer
 
 
 class HTTPEngine(Engine):
@@ -242,7 +206,7 @@ class HTTPEngine(Engine):
             run.retract = False
             prompt = [int(t) for t in run.request.prompt_ids] + run.tokens
             remaining = sampling.max_tokens - len(run.tokens)
-            body = self.request_body(prompt, _with_max_tokens(sampling, remaining), run.request.request_id)
+            body = self.request_body(prompt, with_max_tokens(sampling, remaining), run.request.request_id)
             finish = self._stream_once(run, body)
             if finish is not None:
                 return finish
@@ -260,7 +224,7 @@ class HTTPEngine(Engine):
                 if response.status_code >= 400:
                     response.read()
                     self.check(response, f"request {run.request.request_id}")
-                for data in _sse(response.iter_lines()):
+                for data in sse_payloads(response.iter_lines()):
                     if run.abort or run.retract:
                         return None
                     if "error" in data:
@@ -406,24 +370,3 @@ class HTTPEngine(Engine):
         if self.process is not None:
             self.process.stop()
         self.client.close()
-
-
-def _with_max_tokens(sampling: SamplingParams, max_tokens: int) -> SamplingParams:
-    if max_tokens == sampling.max_tokens:
-        return sampling
-    values = {f: getattr(sampling, f) for f in SamplingParams.field_names()}
-    return SamplingParams(**{**values, "max_tokens": max(1, max_tokens)})
-
-
-def _sse(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
-    """The JSON payloads of server-sent events (`data: {...}` lines), until `data: [DONE]`."""
-    for line in lines:
-        if not line or not line.startswith("data:"):
-            continue
-        payload = line[5:].strip()
-        if payload == "[DONE]":
-            return
-        try:
-            yield json.loads(payload)
-        except json.JSONDecodeError:
-            raise Unavailable(f"the engine server sent an event that is not JSON: {payload[:200]}") from None

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,14 +20,9 @@ from typing import Any
 import httpx
 
 from meshrl.common.errors import DeadlineExceeded, InvalidArgument, Unavailable
+from meshrl.common.suggest import did_you_mean
 
 log = logging.getLogger(__name__)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def cli_flags(args: Mapping[str, Any]) -> list[str]:
@@ -57,12 +51,10 @@ def check_known_flags(args: Mapping[str, Any], known: Sequence[str] | None, engi
     """Refuses a flag the engine does not know (when its argument list can be read)."""
     if known is None:
         return
-    import difflib
 
     for key in args:
         if key not in known:
-            close = difflib.get_close_matches(key, list(known), n=1)
-            hint = f"did you mean '{close[0]}'?" if close else "see the engine's server arguments"
+            hint = did_you_mean(key, known, "see the engine's server arguments")
             raise InvalidArgument(f"unknown {engine} server argument '{key}' in engine.{engine}.extra_args: {hint}")
 
 

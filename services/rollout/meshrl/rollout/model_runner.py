@@ -62,14 +62,7 @@ class HFModelRunner:
         self.model_path = str(path)
         self.device = torch.device(device)
         self.config = AutoConfig.from_pretrained(path)
-        layer_types = getattr(self.config, "layer_types", None) or []
-        if any(t != "full_attention" for t in layer_types):
-            raise ConfigError(
-                "engine.model_path",
-                model_path,
-                f"has layer types {sorted(set(layer_types))}",
-                "the transformers engine batches full-attention models only; use the sglang or vllm engine",
-            )
+        _check_full_attention(self.config, model_path)
         self.model = AutoModelForCausalLM.from_pretrained(
             path, dtype=DTYPES[dtype], attn_implementation=attn_implementation
         ).to(self.device)
@@ -78,27 +71,9 @@ class HFModelRunner:
         params = inspect.signature(self.model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self.tokenizer = AutoTokenizer.from_pretrained(path) if (path / "tokenizer_config.json").is_file() else None
-        limit = int(getattr(self.config, "max_position_embeddings", 0) or 0)
-        if context_length is not None:
-            if limit and context_length > limit:
-                raise ConfigError(
-                    "engine.context_length",
-                    context_length,
-                    f"exceeds the model's max_position_embeddings {limit}",
-                    f"use at most {limit} (or leave it unset)",
-                )
-            limit = context_length
-        if limit <= 1:
-            raise ConfigError("engine.context_length", limit, "must be > 1", "set engine.context_length")
-        self.context_length = limit
+        self.context_length = _context_length(self.config, context_length)
         self.vocab_size = int(self.config.vocab_size)
-        eos = _as_list(getattr(self.config, "eos_token_id", None))
-        try:
-            gen = GenerationConfig.from_pretrained(path)
-            eos += _as_list(gen.eos_token_id)
-        except OSError:
-            pass
-        self.eos_token_ids = frozenset(eos)
+        self.eos_token_ids = _eos_ids(self.config, path)
 
     @torch.inference_mode()
     def prefill(self, token_ids: Sequence[int], prefix: SeqKV | None = None) -> tuple[SeqKV, torch.Tensor]:
@@ -164,3 +139,41 @@ class HFModelRunner:
         """Every parameter under its Hugging Face checkpoint name; a tied lm_head appears once (as the
         embedding), as in the checkpoint and the trainer's export."""
         return {name: p.data for name, p in self.model.named_parameters()}
+
+
+def _check_full_attention(config, model_path: str) -> None:
+    layer_types = getattr(config, "layer_types", None) or []
+    if any(t != "full_attention" for t in layer_types):
+        raise ConfigError(
+            "engine.model_path",
+            model_path,
+            f"has layer types {sorted(set(layer_types))}",
+            "the transformers engine batches full-attention models only; use the sglang or vllm engine",
+        )
+
+
+def _context_length(config, wanted: int | None) -> int:
+    """`wanted` (at most the model's max_position_embeddings), else the model's own limit."""
+    limit = int(getattr(config, "max_position_embeddings", 0) or 0)
+    if wanted is not None:
+        if limit and wanted > limit:
+            raise ConfigError(
+                "engine.context_length",
+                wanted,
+                f"exceeds the model's max_position_embeddings {limit}",
+                f"use at most {limit} (or leave it unset)",
+            )
+        limit = wanted
+    if limit <= 1:
+        raise ConfigError("engine.context_length", limit, "must be > 1", "set engine.context_length")
+    return limit
+
+
+def _eos_ids(config, path: Path) -> frozenset[int]:
+    """End-of-sequence ids of the model config and of its generation_config.json, when there is one."""
+    eos = _as_list(getattr(config, "eos_token_id", None))
+    try:
+        eos += _as_list(GenerationConfig.from_pretrained(path).eos_token_id)
+    except OSError:
+        pass
+    return frozenset(eos)

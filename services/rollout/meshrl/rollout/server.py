@@ -6,14 +6,13 @@ codes in meshrl.common.grpc_errors (bad input → INVALID_ARGUMENT, replica unav
 
 from __future__ import annotations
 
-from opentelemetry import trace
-
 from meshrl.api.common.v1 import weights_pb2
 from meshrl.api.rollout.v1 import rollout_pb2 as pb
 from meshrl.api.rollout.v1 import rollout_pb2_grpc
 from meshrl.common.errors import InvalidArgument
 from meshrl.common.grpc_server import Service
 from meshrl.common.telemetry import attributes as A
+from meshrl.common.telemetry import tag_span
 from meshrl.common.weights import GroupSpec
 from meshrl.rollout.replica import BatchJob, RolloutReplica
 from meshrl.rollout.types import GenerationRequest, PauseMode, SamplingParams, WeightUpdateResult, new_request_id
@@ -37,13 +36,6 @@ def pause_mode(value: int, default: PauseMode = PauseMode.IN_PLACE) -> PauseMode
         raise InvalidArgument(f"pause_mode = {value} is not a PauseMode (1 = abort, 2 = in place)") from None
 
 
-def _tag_span(attributes: dict) -> None:
-    """Adds `attributes` to the current (server) span, when one records."""
-    span = trace.get_current_span()
-    if span.is_recording():
-        span.set_attributes(attributes)
-
-
 class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
     def __init__(self, replica: RolloutReplica) -> None:
         self.replica = replica
@@ -60,7 +52,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             row_end=request.row_end,
         )
         s = self.replica.generate_batch(job)
-        _tag_span({
+        tag_span({
             A.REPLICA: self.replica.replica_id,
             A.REQUESTS: s.samples,
             A.TOKENS: s.generated_tokens,
@@ -127,7 +119,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
 
     def _applied(self, r: WeightUpdateResult, transport: str) -> pb.UpdateWeightsResponse:
         """The reply to a weight update; the server span gets the version, bytes and apply time."""
-        _tag_span({
+        tag_span({
             A.REPLICA: self.replica.replica_id,
             A.TRANSPORT: transport,
             A.WEIGHT_VERSION: r.version,

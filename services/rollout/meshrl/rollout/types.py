@@ -7,7 +7,6 @@ from protobuf at the edge (`SamplingParams.from_proto` / `to_proto` live here wi
 
 from __future__ import annotations
 
-import difflib
 import enum
 import math
 import uuid
@@ -17,6 +16,7 @@ from typing import Any
 
 from meshrl.api.rollout.v1 import rollout_pb2
 from meshrl.common.errors import InvalidArgument
+from meshrl.common.suggest import did_you_mean
 
 
 class FinishReason(enum.IntEnum):
@@ -56,7 +56,16 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        try:
+            if isinstance(self.stop_token_ids, str | bytes):
+                raise TypeError("text is not a list of ids")
+            ids = tuple(int(t) for t in self.stop_token_ids)
+        except (TypeError, ValueError, OverflowError):
+            raise InvalidArgument(
+                f"sampling.stop_token_ids = {self.stop_token_ids!r}: must be a list of token ids (integers >= 0)",
+                field="sampling.stop_token_ids",
+            ) from None
+        object.__setattr__(self, "stop_token_ids", ids)
         self.validate()
 
     def validate(self) -> None:
@@ -95,16 +104,15 @@ class SamplingParams:
         known = cls.field_names()
         for key in values:
             if key not in known:
-                close = difflib.get_close_matches(str(key), known, n=1)
-                hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(known)}"
+                hint = did_you_mean(key, known, f"known keys: {', '.join(known)}")
                 raise InvalidArgument(f"unknown sampling key '{key}': {hint}", field=f"sampling.{key}")
         kwargs = dict(values)
         if "stop_token_ids" in kwargs:
-            kwargs["stop_token_ids"] = tuple(kwargs["stop_token_ids"] or ())
+            kwargs["stop_token_ids"] = kwargs["stop_token_ids"] or ()
         try:
             return cls(**kwargs)
-        except TypeError as exc:
-            raise InvalidArgument(f"bad sampling parameters {dict(values)}: {exc}") from None
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgument(f"bad sampling parameters {dict(values)}: {exc}", field="sampling") from None
 
     @classmethod
     def from_proto(cls, msg: rollout_pb2.SamplingParams) -> SamplingParams:

@@ -17,8 +17,9 @@ from typing import Any
 
 from meshrl.common.errors import FailedPrecondition
 from meshrl.rollout.config import EngineConfig
-from meshrl.rollout.http_engine import Event, HTTPEngine, StreamState
+from meshrl.rollout.http_engine import HTTPEngine
 from meshrl.rollout.http_server import ServerProcess, check_known_flags, cli_flags, python_executable
+from meshrl.rollout.http_stream import Event, StreamState
 from meshrl.rollout.relay import WeightRelay
 from meshrl.rollout.types import FinishReason, PauseMode, SamplingParams
 

@@ -2,30 +2,28 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 
 from meshrl.api.scheduler.v1 import scheduler_pb2_grpc
-from meshrl.common import telemetry
 from meshrl.common.config import parse_service_args
-from meshrl.common.grpc_server import Service, start_server, wait_for_termination
+from meshrl.common.grpc_server import Service
+from meshrl.common.service_main import Hosted, run_service
 from meshrl.scheduler.config import SchedulerServiceConfig
 from meshrl.scheduler.jobs import JobManager
 from meshrl.scheduler.server import SchedulerServicer
 
+SERVICE_NAME = "meshrl.scheduler.v1.Scheduler"
+
 
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_service_args(SchedulerServiceConfig, argv, "python -m meshrl.scheduler", __doc__.split("\n")[0])
-    telemetry.install_log_correlation()
-    logging.basicConfig(level=logging.INFO, format=telemetry.LOG_FORMAT)
-    telemetry.setup_telemetry("scheduler", cfg.telemetry)
-    jobs = JobManager(cfg.run_root, cfg.max_concurrent_jobs)
-    service = Service(
-        scheduler_pb2_grpc.add_SchedulerServicer_to_server, SchedulerServicer(jobs), "meshrl.scheduler.v1.Scheduler"
-    )
-    running = start_server(cfg.server, [service])
-    print(f"meshrl scheduler serving on {running.address}", flush=True)
-    wait_for_termination(running, cfg.server.grace_seconds)
+
+    def build() -> Hosted:
+        jobs = JobManager(cfg.run_root, cfg.max_concurrent_jobs)
+        servicer = SchedulerServicer(jobs)
+        return Hosted([Service(scheduler_pb2_grpc.add_SchedulerServicer_to_server, servicer, SERVICE_NAME)])
+
+    run_service("scheduler", cfg, build)
 
 
 if __name__ == "__main__":

@@ -162,6 +162,18 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_ui(args) -> int:
+    from meshrl.scheduler.liveview import LiveView
+
+    view = LiveView(args.run_root, args.host, args.port)
+    print(f"live view of {Path(args.run_root).resolve()}: {view.url}", file=sys.stderr, flush=True)
+    try:
+        view.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="meshrl", description="RL post-training of LLMs across services")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -203,6 +215,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="(re)write a run's plots and HTML report")
     p.add_argument("run_dir")
     p.set_defaults(fn=cmd_report)
+    p = sub.add_parser("ui", help="serve a live page per run in a browser (reads the run folders)")
+    p.add_argument("run_root", nargs="?", default="runs", help="folder of run folders (job.run_root)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8270, help="0: any free port (printed)")
+    p.set_defaults(fn=cmd_ui)
     sub.add_parser("plan", help="print the task plan of a workflow", add_help=False)
     sub.add_parser("trace", help="render a run's traces", add_help=False)
     sub.add_parser("up", help="start a local set of independent services", add_help=False)

@@ -6,7 +6,8 @@ data-buffer keys and settings, never bulk data.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from meshrl.api.common.v1 import keys_pb2, weights_pb2
 from meshrl.api.rollout.v1 import rollout_pb2 as rpb
@@ -14,8 +15,19 @@ from meshrl.api.rollout.v1 import rollout_pb2_grpc
 from meshrl.api.trainer.v1 import trainer_pb2 as tpb
 from meshrl.api.trainer.v1 import trainer_pb2_grpc
 from meshrl.common.grpc_channel import call, open_channel, wait_until_serving
+from meshrl.common.proto_settings import settings_to_proto
+from meshrl.common.roles import role_proto
+from meshrl.scheduler.config import OptimSection
 
-ROLES = {"actor": tpb.ROLE_ACTOR, "reference": tpb.ROLE_REFERENCE, "critic": tpb.ROLE_CRITIC}
+
+def optimizer_proto(section: OptimSection) -> tpb.OptimizerConfig:
+    """The job's optimizer section as the trainer's message: set fields only (the trainer owns the defaults)."""
+    return settings_to_proto(tpb.OptimizerConfig, section.model_dump())
+
+
+def loss_proto(settings: Mapping[str, Any]) -> tpb.LossConfig:
+    """Loss settings (LossConfig field -> value, None = the trainer's default) as the trainer's message."""
+    return settings_to_proto(tpb.LossConfig, settings)
 
 
 class TrainerClient:
@@ -29,18 +41,22 @@ class TrainerClient:
         wait_until_serving(self.channel, timeout=timeout)
 
     def load_model(
-        self, role: str, path: str, dtype: str, optimizer: tpb.OptimizerConfig | None, seed: int, copy_from: str = ""
-    ) -> tpb.LoadModelResponse:
-        req = tpb.LoadModelRequest(role=ROLES[role], model_path=path, dtype=dtype, optimizer=optimizer, seed=seed)
+        self, role: str, path: str, dtype: str, optimizer: OptimSection | None, seed: int, copy_from: str = "",
+        gradient_checkpointing: bool = False,
+    ) -> tpb.LoadModelResponse:  # fmt: skip
+        """`optimizer`'s set fields go to the trainer; the ones left out take the trainer's defaults."""
+        opt = optimizer_proto(optimizer) if optimizer else None
+        req = tpb.LoadModelRequest(role=role_proto(role), model_path=path, dtype=dtype, optimizer=opt, seed=seed,
+                                   gradient_checkpointing=gradient_checkpointing)  # fmt: skip
         if copy_from:
-            req.copy_from = ROLES[copy_from]
+            req.copy_from = role_proto(copy_from)
         return call(self.stub.LoadModel, req, timeout=self.timeout)
 
     def compute_logprobs(
         self, role: str, inputs: Sequence[keys_pb2.BatchKey], output: keys_pb2.BatchKey, name: str, entropy: bool
     ) -> tpb.ComputeResponse:
         req = tpb.ComputeLogProbsRequest(
-            role=ROLES[role], inputs=inputs, output=output, output_name=name, with_entropy=entropy, temperature=1.0
+            role=role_proto(role), inputs=inputs, output=output, output_name=name, with_entropy=entropy, temperature=1.0
         )
         return call(self.stub.ComputeLogProbs, req, timeout=self.timeout)
 
@@ -52,16 +68,18 @@ class TrainerClient:
         self,
         role: str,
         inputs: Sequence[keys_pb2.BatchKey],
-        loss: tpb.LossConfig,
+        loss: Mapping[str, Any],
         micro_batch_tokens: int,
         mini_batches: int,
         step: int,
-        lr: float = 0.0,
+        lr: float | None = None,
     ) -> tpb.TrainStepResponse:
+        """`loss` (LossConfig field -> value) goes to the trainer; None values and fields left out take the
+        trainer's defaults. `lr` overrides the learning-rate schedule for this call."""
         req = tpb.TrainStepRequest(
-            role=ROLES[role],
+            role=role_proto(role),
             inputs=inputs,
-            loss=loss,
+            loss=loss_proto(loss),
             micro_batch_tokens=micro_batch_tokens,
             mini_batches=mini_batches,
             global_step=step,
@@ -70,12 +88,12 @@ class TrainerClient:
         return call(self.stub.TrainStep, req, timeout=self.timeout)
 
     def save_checkpoint(self, role: str, path: str, step: int, data_state: bytes) -> tpb.SaveCheckpointResponse:
-        req = tpb.SaveCheckpointRequest(role=ROLES[role], path=path, step=step, data_state=data_state)
+        req = tpb.SaveCheckpointRequest(role=role_proto(role), path=path, step=step, data_state=data_state)
         return call(self.stub.SaveCheckpoint, req, timeout=self.timeout)
 
     def load_checkpoint(self, role: str, path: str) -> tpb.LoadCheckpointResponse:
         return call(
-            self.stub.LoadCheckpoint, tpb.LoadCheckpointRequest(role=ROLES[role], path=path), timeout=self.timeout
+            self.stub.LoadCheckpoint, tpb.LoadCheckpointRequest(role=role_proto(role), path=path), timeout=self.timeout
         )
 
     def init_weight_group(self, group: weights_pb2.CollectiveGroup, timeout: float):
@@ -88,7 +106,7 @@ class TrainerClient:
         return call(self.stub.PublishWeights, req, timeout=timeout)
 
     def checksums(self, role: str = "actor") -> weights_pb2.WeightChecksums:
-        return call(self.stub.GetWeightChecksums, tpb.GetWeightChecksumsRequest(role=ROLES[role]), timeout=60)
+        return call(self.stub.GetWeightChecksums, tpb.GetWeightChecksumsRequest(role=role_proto(role)), timeout=60)
 
     def status(self) -> tpb.TrainerStatus:
         return call(self.stub.GetStatus, tpb.GetStatusRequest(), timeout=30)

@@ -1,7 +1,7 @@
 """Typed configuration of a job (what `meshrl run` and SubmitJob take) and of the scheduler service.
 
 Sections: job, model, data, rollout, trainer, algorithm, weights, warmup, eval,
-checkpoint, services, telemetry. Every field has a default that runs on a CPU; a
+checkpoint, services, telemetry, logging (experiment trackers). Every field has a default that runs on a CPU; a
 workflow's nodes read their settings from here through `${...}` references.
 """
 
@@ -14,6 +14,7 @@ import pydantic
 from meshrl.common.config import StrictModel
 from meshrl.common.grpc_server import ServerConfig
 from meshrl.common.telemetry import TelemetryConfig
+from meshrl.scheduler.trackers.config import LoggingSection
 
 Field = pydantic.Field
 
@@ -67,17 +68,23 @@ class RolloutSection(StrictModel):
     )
 
 
+TRAINER_DEFAULT = "unset: the trainer's default (meshrl.trainer.losses.LossConfig / optim.OptimizerConfig)"
+
+
 class LossSection(StrictModel):
-    policy_loss: Literal["ppo", "gspo"] = "ppo"
-    clip_low: float = Field(0.2, gt=0)
-    clip_high: float = Field(0.2, gt=0)
-    dual_clip: float = Field(0.0, ge=0)
-    aggregation: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
-    kl_coef: float = Field(0.0, ge=0)
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    entropy_coef: float = Field(0.0, ge=0)
-    tis_cap: float = Field(0.0, ge=0)
-    value_clip: float = Field(0.2, ge=0)
+    """The actor's objective, sent as `meshrl.trainer.v1.LossConfig`: the trainer owns each setting and its
+    default (`meshrl.trainer.losses.LossConfig`); a field left out here is left unset in the request."""
+
+    policy_loss: Literal["ppo", "gspo"] | None = Field(None, description="ppo or gspo; " + TRAINER_DEFAULT)
+    clip_low: float | None = Field(None, ge=0, lt=1, description="ratio clipped below at 1 - clip_low")
+    clip_high: float | None = Field(None, ge=0, description="ratio clipped above at 1 + clip_high (unset: clip_low)")
+    dual_clip: float | None = Field(None, ge=0, description="c > 1 bounds negative-advantage tokens' loss; 0 = off")
+    aggregation: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] | None = None
+    kl_coef: float | None = Field(None, ge=0, description="KL(actor || reference) weight; in-reward KL for gae")
+    kl_estimator: Literal["k1", "k2", "k3"] | None = None
+    entropy_coef: float | None = Field(None, ge=0, description="entropy bonus weight")
+    tis_cap: float | None = Field(None, ge=0, description="truncated importance sampling cap; 0 = off")
+    value_clip: float | None = Field(None, ge=0, description="critic value clip; 0 = off")
 
 
 class AlgorithmSection(StrictModel):
@@ -89,13 +96,21 @@ class AlgorithmSection(StrictModel):
 
 
 class OptimSection(StrictModel):
-    lr: float = Field(1e-5, gt=0)
-    min_lr: float = 0.0
-    weight_decay: float = 0.0
-    clip_grad: float = 1.0
-    warmup_steps: int = 0
-    decay_steps: int = 0
-    decay_style: Literal["constant", "linear", "cosine"] = "constant"
+    """A trainable role's optimizer, sent as `meshrl.trainer.v1.OptimizerConfig`; the trainer owns each
+    setting and its default (`meshrl.trainer.optim.OptimizerConfig`); a field left out is left unset."""
+
+    lr: float | None = Field(None, gt=0, description="peak learning rate; " + TRAINER_DEFAULT)
+    min_lr: float | None = Field(None, ge=0)
+    weight_decay: float | None = Field(None, ge=0)
+    adam_beta1: float | None = Field(None, ge=0, lt=1)
+    adam_beta2: float | None = Field(None, ge=0, lt=1)
+    adam_eps: float | None = Field(None, gt=0)
+    clip_grad: float | None = Field(None, ge=0, description="max global grad norm; 0 = no clipping")
+    warmup_steps: int | None = Field(None, ge=0)
+    decay_steps: int | None = Field(None, ge=0)
+    decay_style: Literal["constant", "linear", "cosine"] | None = None
+    name: Literal["adam", "sgd"] | None = Field(None, description="adam (AdamW) or sgd; " + TRAINER_DEFAULT)
+    distributed: bool | None = Field(None, description="Megatron's distributed optimizer (adam only)")
 
 
 class TrainerSection(StrictModel):
@@ -104,6 +119,7 @@ class TrainerSection(StrictModel):
     critic_optimizer: OptimSection = Field(default_factory=OptimSection)
     micro_batch_tokens: int = Field(4096, ge=16)
     mini_batches: int = Field(1, ge=1)
+    gradient_checkpointing: bool = Field(False, description="recompute layer activations in backward (less memory)")
     data_parallel: int = Field(1, ge=1, description="data-parallel replicas of every trainer model")
     tensor_parallel: int = Field(1, ge=1, description="trainer tensor parallelism (Megatron TP; must divide heads)")
     pipeline_parallel: int = Field(1, ge=1, description="trainer pipeline stages (Megatron PP; must divide layers)")
@@ -166,6 +182,7 @@ class JobConfig(StrictModel):
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     services: ServicesSection = Field(default_factory=ServicesSection)
     telemetry: TelemetryConfig = Field(default_factory=lambda: TelemetryConfig(exporter="file"))
+    logging: LoggingSection = Field(default_factory=LoggingSection)
 
 
 class SchedulerServiceConfig(StrictModel):

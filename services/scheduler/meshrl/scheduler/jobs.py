@@ -20,6 +20,7 @@ from meshrl.common.errors import FailedPrecondition, InvalidArgument, MeshrlErro
 from meshrl.scheduler.config import JobConfig
 from meshrl.scheduler.events import EventLog
 from meshrl.scheduler.rundir import RunDir
+from meshrl.scheduler.step.dispatch import check_runnable
 from meshrl.scheduler.step.runner import JobRunner
 from meshrl.scheduler.workflow import Workflow, load_workflow_text
 
@@ -30,7 +31,10 @@ TERMINAL = (spb.JOB_STATE_SUCCEEDED, spb.JOB_STATE_FAILED, spb.JOB_STATE_CANCELL
 def build_job_config(config_yaml: str, overrides: list[str]) -> tuple[JobConfig, dict]:
     from meshrl.common.config import to_config_error
 
-    data = yaml.safe_load(config_yaml) if config_yaml.strip() else {}
+    try:
+        data = yaml.safe_load(config_yaml) if config_yaml.strip() else {}
+    except yaml.YAMLError as exc:
+        raise InvalidArgument(f"the job config is not valid YAML ({exc}); fix the file's syntax") from None
     if not isinstance(data, dict):
         raise InvalidArgument("the job config must be a YAML mapping")
     data = deep_merge(data, parse_overrides(overrides))
@@ -88,6 +92,7 @@ class JobManager:
     ) -> JobRecord:  # fmt: skip
         cfg, raw = build_job_config(config_yaml, overrides)
         workflow: Workflow = load_workflow_text(workflow_text, raw, allowed_modules=cfg.job.allowed_modules)
+        check_runnable(workflow)
         if resume_dir:
             run = RunDir(Path(resume_dir))
             job_id = job_id or run.root.name

@@ -13,6 +13,8 @@ import pydantic
 from meshrl.common.config import StrictModel
 from meshrl.common.grpc_server import ServerConfig
 from meshrl.common.telemetry import TelemetryConfig
+from meshrl.trainer.losses import LossConfig
+from meshrl.trainer.optim import OptimizerConfig
 
 DEFAULT_PORT = 50052
 
@@ -37,17 +39,13 @@ class ParallelConfig(StrictModel):
 
 
 class DefaultsConfig(StrictModel):
-    """Values used when a request leaves a field at zero / empty."""
+    """Values used when a request leaves a field unset."""
 
     micro_batch_tokens: int = pydantic.Field(4096, ge=1, description="padded tokens per micro-batch")
     temperature: float = pydantic.Field(1.0, gt=0, description="logits / temperature before log-softmax")
     bucket_bytes: int = pydantic.Field(512 << 20, ge=1 << 10, description="weight publication bucket size")
-    policy_loss: Literal["ppo", "gspo", "sft"] = "ppo"
-    clip_low: float = pydantic.Field(0.2, ge=0, lt=1)
-    clip_high: float | None = pydantic.Field(None, ge=0, description="None = clip_low (symmetric PPO)")
-    aggregation: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    value_clip: float = pydantic.Field(0.2, ge=0)
+    loss: LossConfig = pydantic.Field(default_factory=LossConfig, description="the objective of a train step")
+    optimizer: OptimizerConfig = pydantic.Field(default_factory=OptimizerConfig, description="of trainable roles")
 
 
 class TrainerConfig(StrictModel):

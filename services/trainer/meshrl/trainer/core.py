@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from meshrl.common.codec import Ragged
 from meshrl.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from meshrl.common.roles import ROLES
 from meshrl.common.weights import iter_buckets, sample_names, tensor_checksums
 from meshrl.trainer import checkpoint as ckpt
 from meshrl.trainer.batching import SequenceBatch, collate, plan_micro_batches, sequence_batch, shard_rows, to_ragged
@@ -27,7 +28,7 @@ from meshrl.trainer.hf_weights import read_hf_tensors
 from meshrl.trainer.losses import LossConfig
 from meshrl.trainer.model import build_gpt_model, ensure_parallel_state, parse_dtype
 from meshrl.trainer.optim import OptimizerConfig, build_optimizer, wrap_ddp
-from meshrl.trainer.roles import ROLES, ComputeResult, NonFiniteLoss, RoleState, TrainResult
+from meshrl.trainer.roles import ComputeResult, NonFiniteLoss, RoleState, TrainResult
 from meshrl.trainer.schedule import run_microbatches
 from meshrl.trainer.sharding import (
     full_shape,
@@ -261,7 +262,7 @@ class TrainerCore:
                 "role": role, "step": int(step), "train_steps": state.train_steps,
                 "weight_version": state.weight_version, "model_path": state.model_path, "dtype": state.dtype,
                 "architecture": state.spec.architecture, "saved_layout": self.layout.describe(),
-                "optimizer_config": None if state.optimizer_config is None else vars(state.optimizer_config),
+                "optimizer_config": None if state.optimizer_config is None else state.optimizer_config.model_dump(),
             }  # fmt: skip
             size = ckpt.save_checkpoint(path, model=model, optimizer=optimizer, meta=meta, data_state=data_state)
         if self.world > 1:

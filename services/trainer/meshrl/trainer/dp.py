@@ -12,7 +12,6 @@ import datetime
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -23,16 +22,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from meshrl.common.batch_key import BatchRef
 from meshrl.common.errors import Unavailable
 
 log = logging.getLogger(__name__)
 STOP = "__stop__"
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def resolve_backend(backend: str) -> str:
@@ -80,6 +74,17 @@ def spawn_workers(world: int, address: str, port: int, config_json: str) -> list
     return procs
 
 
+def _encode(value: Any) -> Any:
+    """Batch keys ride the command bus as tagged JSON objects and come back as `BatchRef`s."""
+    if isinstance(value, BatchRef):
+        return {"__batch_ref__": value.as_dict()}
+    raise TypeError(f"a trainer command cannot carry {type(value).__name__}")
+
+
+def _decode(obj: dict[str, Any]) -> Any:
+    return BatchRef(**obj["__batch_ref__"]) if "__batch_ref__" in obj else obj
+
+
 class CommandBus:
     """Rank 0 broadcasts commands (JSON objects) to the other ranks, which run them in order.
 
@@ -96,7 +101,7 @@ class CommandBus:
     def send(self, command: dict[str, Any]) -> None:
         if self.rank != 0:
             raise RuntimeError("only rank 0 sends commands")
-        self._broadcast(json.dumps(command).encode())
+        self._broadcast(json.dumps(command, default=_encode).encode())
 
     def _broadcast(self, data: bytes | None) -> bytes:
         size = torch.tensor([len(data) if data is not None else 0], dtype=torch.int64)
@@ -110,7 +115,7 @@ class CommandBus:
         return buf.numpy().tobytes()
 
     def receive(self) -> dict[str, Any]:
-        return json.loads(self._broadcast(None))
+        return json.loads(self._broadcast(None), object_hook=_decode)
 
     def all_ok(self, ok: bool) -> bool:
         flag = torch.tensor([1 if ok else 0], dtype=torch.int32)

@@ -3,17 +3,22 @@
 Every per-token tensor is [B, T] (B sequences, T response positions) with a float mask [B, T]
 (1 = a real response token). Per-token functions return [B, T] values; `aggregate` reduces them
 with a caller-supplied denominator so gradient accumulation over micro-batches and data-parallel
-ranks equals one big batch. `LossConfig` mirrors `meshrl.trainer.v1.LossConfig`. Called by
+ranks equals one big batch. `LossConfig` is the one definition of the loss settings. Called by
 `meshrl.trainer.core` (train steps) and tested against hand-computed cases.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
 
+import pydantic
 import torch
 
+from meshrl.common.config import Settings
 from meshrl.common.errors import ConfigError
+
+Field = pydantic.Field
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 POLICY_LOSSES = ("ppo", "gspo", "sft", "value")
@@ -21,44 +26,47 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 _MAX_LOG_RATIO = 20.0  # exp() of a larger log-ratio overflows float32 usefulness; clamp before exponentiating
 
 
-@dataclass(frozen=True)
-class LossConfig:
-    """The objective of one train step (defaults: PPO/GRPO with symmetric clip 0.2, token-mean)."""
+class LossConfig(Settings):
+    """The objective of one train step, and the one definition of every loss setting and its default
+    (PPO/GRPO with symmetric clip 0.2, token-mean). The trainer's config (`defaults.loss`), the
+    `meshrl.trainer.v1.LossConfig` message and the job config's `algorithm.loss` carry these fields."""
 
-    policy_loss: str = "ppo"  # "ppo" | "gspo" | "sft" | "value" (critic)
-    clip_low: float = 0.2  # eps_low: ratio clipped below at 1 - clip_low
-    clip_high: float = 0.2  # eps_high: ratio clipped above at 1 + clip_high (clip-higher when > clip_low)
-    dual_clip: float = 0.0  # c > 1 bounds the loss of negative-advantage tokens at -c * A (0 = off)
-    aggregation: str = "token-mean"
-    kl_coef: float = 0.0  # weight of KL(actor || reference) in the loss (needs ref_logprobs)
-    kl_estimator: str = "k3"
-    entropy_coef: float = 0.0  # entropy bonus weight (loss -= coef * entropy)
-    tis_cap: float = 0.0  # truncated importance sampling cap vs. rollout log-probs (0 = off)
-    value_clip: float = 0.2  # critic: clip of value updates around the old values (0 = off)
+    section: ClassVar[str] = "loss"
 
-    def __post_init__(self) -> None:
-        if self.policy_loss not in POLICY_LOSSES:
-            raise ConfigError(
-                "loss.policy_loss", self.policy_loss, "unknown policy loss", f"use one of {POLICY_LOSSES}"
-            )
-        if self.aggregation not in AGGREGATIONS:
-            raise ConfigError("loss.aggregation", self.aggregation, "unknown aggregation", f"use one of {AGGREGATIONS}")
-        if self.kl_estimator not in KL_ESTIMATORS:
-            raise ConfigError(
-                "loss.kl_estimator", self.kl_estimator, "unknown estimator", f"use one of {KL_ESTIMATORS}"
-            )
-        if self.clip_low < 0 or self.clip_high < 0 or self.clip_low >= 1:
-            raise ConfigError(
-                "loss.clip_low/clip_high",
-                (self.clip_low, self.clip_high),
-                "out of range",
-                "use 0 <= low < 1, high >= 0",
-            )
-        if self.dual_clip and self.dual_clip <= 1.0:
-            raise ConfigError("loss.dual_clip", self.dual_clip, "must exceed 1", "use e.g. 3.0, or 0 to disable")
-        for name in ("kl_coef", "entropy_coef", "tis_cap", "value_clip"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"loss.{name}", getattr(self, name), "must be >= 0", "use a non-negative value")
+    policy_loss: Literal["ppo", "gspo", "sft", "value"] = Field(
+        "ppo", description="ppo, gspo, sft or value (the critic's loss)"
+    )
+    clip_low: float = Field(0.2, ge=0, lt=1, description="eps_low: ratio clipped below at 1 - clip_low")
+    clip_high: float = Field(0.2, ge=0, description="eps_high: ratio clipped above at 1 + clip_high (unset: clip_low)")
+    dual_clip: float = Field(
+        0.0, ge=0, description="a number > 1 bounding negative-advantage tokens' loss at -c * A, or 0 (off)"
+    )
+    aggregation: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
+    kl_coef: float = Field(0.0, ge=0, description="weight of KL(actor || reference) in the loss (needs ref_logprobs)")
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    entropy_coef: float = Field(0.0, ge=0, description="entropy bonus weight (loss -= coef * entropy)")
+    tis_cap: float = Field(0.0, ge=0, description="truncated importance sampling cap vs. rollout log-probs; 0 = off")
+    value_clip: float = Field(0.2, ge=0, description="critic: clip of value updates around the old values; 0 = off")
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _symmetric_by_default(cls, data: Any) -> Any:
+        """clip_high follows clip_low unless it is given."""
+        if isinstance(data, dict) and data.get("clip_high") is None and data.get("clip_low") is not None:
+            return {**data, "clip_high": data["clip_low"]}
+        return data
+
+    @pydantic.field_validator("dual_clip")
+    @classmethod
+    def _dual_clip_above_one(cls, value: float) -> float:
+        if value and value <= 1.0:
+            raise ValueError("dual_clip must exceed 1 (use e.g. 3.0, or 0 to disable)")
+        return value
+
+    def over(self, fields: Mapping[str, Any]) -> LossConfig:
+        """Like `Settings.over`; a new clip_low without a clip_high keeps the clip symmetric."""
+        base = self.model_dump(exclude={"clip_high"} if "clip_low" in fields else set())
+        return LossConfig(**{**base, **fields})
 
 
 # --- aggregation ---------------------------------------------------------------------------
@@ -190,9 +198,11 @@ def value_token_loss(
     plain = (values - returns).square()
     if not clip:
         return 0.5 * plain, torch.zeros_like(plain, dtype=torch.bool)
-    v_clip = old_values + (values - old_values).clamp(-clip, clip)
+    delta = values - old_values
+    active = delta.abs() > clip  # where the clip moves the value; elsewhere V_clip is V itself, bit for bit
+    v_clip = torch.where(active, old_values + delta.clamp(-clip, clip), values)
     clipped_sq = (v_clip - returns).square()
-    return 0.5 * torch.maximum(plain, clipped_sq), clipped_sq > plain
+    return 0.5 * torch.maximum(plain, clipped_sq), active & (clipped_sq > plain)
 
 
 # --- the objectives of a train step -----------------------------------------------------------

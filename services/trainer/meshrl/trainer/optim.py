@@ -4,60 +4,57 @@ A trainable model is wrapped in megatron-core's `DistributedDataParallel` (grads
 reduced over the data-parallel group; overlapped with backward on CUDA) and stepped by `get_megatron_optimizer`
 (Adam or SGD; fp32 master weights under bf16; the distributed optimizer shards its state over data-parallel
 ranks when asked). Gradients are summed, never averaged: losses arrive normalised by the global token count.
-LR warmup then constant / linear / cosine decay to min_lr. `OptimizerConfig` mirrors
-`meshrl.trainer.v1.OptimizerConfig`. Called by `meshrl.trainer.core` and `meshrl.trainer.training`.
+LR warmup then constant / linear / cosine decay to min_lr. `OptimizerConfig` is the one definition of the
+optimizer settings. Called by `meshrl.trainer.core` and `meshrl.trainer.training`.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import ClassVar, Literal
 
+import pydantic
 import torch
 from megatron.core import optimizer as mcore_optim
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 
+from meshrl.common.config import Settings
 from meshrl.common.errors import ConfigError
 from meshrl.trainer import megatron_compat
 
-DECAY_STYLES = ("constant", "linear", "cosine")
-OPTIMIZERS = ("adam", "sgd")
+Field = pydantic.Field
 
 
-@dataclass(frozen=True)
-class OptimizerConfig:
-    lr: float = 1e-6
-    min_lr: float = 0.0
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
-    clip_grad: float = 1.0  # max global grad norm (0 = no clipping)
-    warmup_steps: int = 0
-    decay_steps: int = 0  # 0 = constant after warmup
-    decay_style: str = "constant"
-    name: str = "adam"  # "adam" (AdamW) | "sgd" (no momentum: makes layout comparisons sharp)
-    distributed: bool = False  # shard optimizer state over data-parallel ranks (Megatron's distributed optimizer)
+class OptimizerConfig(Settings):
+    """How a trainable role is optimised, and the one definition of every optimizer setting and its default.
+    The trainer's config (`defaults.optimizer`), `meshrl.trainer.v1.OptimizerConfig` and the job config's
+    `trainer.optimizer` carry these fields."""
 
-    def __post_init__(self) -> None:
-        if self.name not in OPTIMIZERS:
-            raise ConfigError("optimizer.name", self.name, "unknown", f"use one of {OPTIMIZERS}")
+    section: ClassVar[str] = "optimizer"
+
+    lr: float = Field(1e-5, gt=0, description="peak learning rate, e.g. 1e-5")
+    min_lr: float = Field(0.0, ge=0, description="the rate decay ends at (<= lr)")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay of matrices (norms and biases get none)")
+    adam_beta1: float = Field(0.9, ge=0, lt=1, description="a number in [0, 1), e.g. 0.9")
+    adam_beta2: float = Field(0.999, ge=0, lt=1, description="a number in [0, 1), e.g. 0.999")
+    adam_eps: float = Field(1e-8, gt=0, description="a small positive number, e.g. 1e-8")
+    clip_grad: float = Field(1.0, ge=0, description="max global grad norm, or 0 for no clipping")
+    warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear warm-up from 0 to lr")
+    decay_steps: int = Field(0, ge=0, description="optimizer steps of decay after warm-up (0 = constant)")
+    decay_style: Literal["constant", "linear", "cosine"] = "constant"
+    name: Literal["adam", "sgd"] = Field(
+        "adam", description="adam (AdamW) or sgd (no momentum: makes layout comparisons sharp)"
+    )
+    distributed: bool = Field(False, description="Megatron's distributed optimizer: Adam state sharded over DP ranks")
+
+    @pydantic.model_validator(mode="after")
+    def _min_below_peak(self) -> OptimizerConfig:
+        if self.min_lr > self.lr:
+            raise ConfigError("optimizer.min_lr", self.min_lr, f"is above lr = {self.lr}", "use 0 or a value below lr")
         if self.distributed and self.name != "adam":
             raise ConfigError("optimizer.distributed", True, f"Megatron's distributed optimizer needs adam, not "
                               f"{self.name!r}", "use name=adam or distributed=false")  # fmt: skip
-        if self.lr <= 0:
-            raise ConfigError("optimizer.lr", self.lr, "must be positive", "use e.g. 1e-6")
-        if not 0 <= self.min_lr <= self.lr:
-            raise ConfigError("optimizer.min_lr", self.min_lr, "must be in [0, lr]", "use 0 or a value below lr")
-        if self.decay_style not in DECAY_STYLES:
-            raise ConfigError("optimizer.decay_style", self.decay_style, "unknown", f"use one of {DECAY_STYLES}")
-        for name in ("warmup_steps", "decay_steps", "clip_grad", "weight_decay", "adam_eps"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"optimizer.{name}", getattr(self, name), "must be >= 0", "use a non-negative value")
-        if not (0 <= self.adam_beta1 < 1 and 0 <= self.adam_beta2 < 1):
-            raise ConfigError(
-                "optimizer.adam_beta1/2", (self.adam_beta1, self.adam_beta2), "must be in [0, 1)", "use 0.9 / 0.999"
-            )
+        return self
 
 
 def lr_at(cfg: OptimizerConfig, step: int) -> float:

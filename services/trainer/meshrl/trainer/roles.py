@@ -16,8 +16,6 @@ from meshrl.trainer.hf_config import ModelSpec
 from meshrl.trainer.optim import OptimizerConfig
 from meshrl.trainer.parallel import Layout
 
-ROLES = ("actor", "reference", "critic")
-
 
 class NonFiniteLoss(InvalidArgument):
     """A train step produced a NaN/inf loss or gradient; the model and optimizer were left unchanged."""

@@ -7,9 +7,10 @@ from __future__ import annotations
 import logging
 import subprocess
 
+from meshrl.common.net import free_port
 from meshrl.trainer.config import TrainerConfig
 from meshrl.trainer.core import TrainerCore
-from meshrl.trainer.dp import CommandBus, free_port, init_ranks, spawn_workers
+from meshrl.trainer.dp import CommandBus, init_ranks, spawn_workers
 from meshrl.trainer.service import TrainerService
 
 log = logging.getLogger(__name__)

@@ -6,68 +6,35 @@ meshrl.common.grpc_errors (bad input -> INVALID_ARGUMENT, unknown key -> NOT_FOU
 
 from __future__ import annotations
 
-from opentelemetry import trace
-
-from meshrl.api.common.v1 import keys_pb2, weights_pb2
+from meshrl.api.common.v1 import weights_pb2
 from meshrl.api.trainer.v1 import trainer_pb2 as pb
 from meshrl.api.trainer.v1 import trainer_pb2_grpc
+from meshrl.common.batch_key import BatchRef
 from meshrl.common.errors import InvalidArgument
 from meshrl.common.grpc_server import Service
+from meshrl.common.proto_settings import optional_field, settings_from_proto
+from meshrl.common.roles import role_name, role_proto
 from meshrl.common.telemetry import attributes as A
-from meshrl.trainer.config import DefaultsConfig
-from meshrl.trainer.service import Key, TrainerService
+from meshrl.common.telemetry import tag_span
+from meshrl.trainer.losses import LossConfig
+from meshrl.trainer.optim import OptimizerConfig
+from meshrl.trainer.service import TrainerService
 
 SERVICE_NAME = "meshrl.trainer.v1.Trainer"
-ROLES = {pb.ROLE_ACTOR: "actor", pb.ROLE_REFERENCE: "reference", pb.ROLE_CRITIC: "critic"}
-ROLE_ENUMS = {v: k for k, v in ROLES.items()}
 TRANSPORTS = {weights_pb2.WEIGHT_TRANSPORT_DISK: "disk", weights_pb2.WEIGHT_TRANSPORT_DISTRIBUTED: "distributed"}
 
 
-def role_name(value: int, field: str = "role") -> str:
-    if value not in ROLES:
-        raise InvalidArgument(f"{field} = {value} is not a role; use ROLE_ACTOR, ROLE_REFERENCE or ROLE_CRITIC")
-    return ROLES[value]
+def optimizer_settings(opt: pb.OptimizerConfig, defaults: OptimizerConfig) -> dict:
+    """The request's optimizer: its set fields over the trainer's defaults (a set zero stays zero)."""
+    return defaults.over(settings_from_proto(opt)).model_dump()
 
 
-def key_dict(key: keys_pb2.BatchKey) -> Key:
-    if not key.job_id or not key.node_id:
-        raise InvalidArgument("a batch key needs job_id and node_id")
-    return {
-        "job_id": key.job_id,
-        "step": key.step,
-        "node_id": key.node_id,
-        "shard": key.shard if key.has_shard else None,
-    }
-
-
-def optimizer_dict(opt: pb.OptimizerConfig) -> dict | None:
-    """Non-zero fields of the proto (zero = the OptimizerConfig default); None when the message is empty."""
-    fields = {f.name: v for f, v in opt.ListFields()}
-    return fields or None
-
-
-def loss_dict(loss: pb.LossConfig, role: str, d: DefaultsConfig) -> dict:
-    """The LossConfig of a request; zero / empty fields take the service defaults."""
-    clip_low = loss.clip_low or d.clip_low
-    return {
-        "policy_loss": loss.policy_loss or ("value" if role == "critic" else d.policy_loss),
-        "clip_low": clip_low,
-        "clip_high": loss.clip_high or (d.clip_high if d.clip_high is not None else clip_low),
-        "dual_clip": loss.dual_clip,
-        "aggregation": loss.aggregation or d.aggregation,
-        "kl_coef": loss.kl_coef,
-        "kl_estimator": loss.kl_estimator or d.kl_estimator,
-        "entropy_coef": loss.entropy_coef,
-        "tis_cap": loss.tis_cap,
-        "value_clip": loss.value_clip or d.value_clip,
-    }
-
-
-def tag_span(attributes: dict) -> None:
-    """Adds `attributes` to the current (server) span, when one records."""
-    span = trace.get_current_span()
-    if span.is_recording():
-        span.set_attributes(attributes)
+def loss_settings(loss: pb.LossConfig, role: str, defaults: LossConfig) -> dict:
+    """The request's objective: its set fields over the trainer's defaults; the critic's default is `value`."""
+    fields = settings_from_proto(loss)
+    if role == "critic":
+        fields.setdefault("policy_loss", "value")
+    return defaults.over(fields).model_dump()
 
 
 def _compute_reply(out: dict) -> pb.ComputeResponse:
@@ -88,7 +55,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
             role,
             request.model_path,
             dtype=request.dtype or "float32",
-            optimizer=optimizer_dict(request.optimizer),
+            optimizer=optimizer_settings(request.optimizer, self.service.cfg.defaults.optimizer),
             seed=request.seed,
             gradient_checkpointing=request.gradient_checkpointing,
             copy_from=copy_from,
@@ -98,18 +65,20 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
     def ComputeLogProbs(self, request: pb.ComputeLogProbsRequest, context) -> pb.ComputeResponse:
         out = self.service.compute_logprobs(
             role_name(request.role),
-            [key_dict(k) for k in request.inputs],
-            key_dict(request.output),
+            [BatchRef.from_proto(k) for k in request.inputs],
+            BatchRef.from_proto(request.output),
             with_entropy=request.with_entropy,
-            temperature=request.temperature,
-            micro_batch_tokens=request.micro_batch_tokens,
+            temperature=optional_field(request, "temperature"),
+            micro_batch_tokens=optional_field(request, "micro_batch_tokens"),
             output_name=request.output_name,
         )
         return _compute_reply(out)
 
     def ComputeValues(self, request: pb.ComputeValuesRequest, context) -> pb.ComputeResponse:
         out = self.service.compute_values(
-            [key_dict(k) for k in request.inputs], key_dict(request.output), request.micro_batch_tokens
+            [BatchRef.from_proto(k) for k in request.inputs],
+            BatchRef.from_proto(request.output),
+            optional_field(request, "micro_batch_tokens"),
         )
         return _compute_reply(out)
 
@@ -117,11 +86,11 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
         role = role_name(request.role)
         out = self.service.train_step(
             role,
-            [key_dict(k) for k in request.inputs],
-            loss_dict(request.loss, role, self.service.cfg.defaults),
-            micro_batch_tokens=request.micro_batch_tokens,
-            mini_batches=request.mini_batches,
-            lr_override=request.lr_override,
+            [BatchRef.from_proto(k) for k in request.inputs],
+            loss_settings(request.loss, role, self.service.cfg.defaults.loss),
+            micro_batch_tokens=optional_field(request, "micro_batch_tokens"),
+            mini_batches=optional_field(request, "mini_batches"),
+            lr_override=optional_field(request, "lr_override"),
         )
         tag_span({A.TOKENS: out["tokens"], A.MICRO_BATCHES: out.pop("micro_batches")})
         return pb.TrainStepResponse(**out)
@@ -181,7 +150,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
         status = self.service.status()
         roles = [
             pb.RoleStatus(
-                role=ROLE_ENUMS[name],
+                role=role_proto(name),
                 model_path=r["model_path"],
                 num_parameters=r["num_parameters"],
                 train_steps=r["train_steps"],

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import math
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -20,6 +21,7 @@ import numpy as np
 
 from meshrl.api.common.v1 import weights_pb2
 from meshrl.common import batch_schema as S
+from meshrl.common.batch_key import BatchRef
 from meshrl.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from meshrl.common.weights import WeightGroup, write_version
 from meshrl.trainer.config import TrainerConfig
@@ -28,7 +30,6 @@ from meshrl.trainer.dp import CommandBus, require_ok
 from meshrl.trainer.losses import LossConfig
 from meshrl.trainer.optim import OptimizerConfig
 
-Key = dict[str, Any]  # {"job_id": str, "step": int, "node_id": str, "shard": int | None}
 # Copied into every published version so engines can (re)load it as a Hugging Face model folder.
 MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt", "tokenizer.model")  # fmt: skip
@@ -66,6 +67,10 @@ def _model_files(model_path: str) -> dict[str, bytes]:
     return {name: (root / name).read_bytes() for name in MODEL_FILES if (root / name).is_file()}
 
 
+def _or_default(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
 class TrainerService:
     def __init__(self, cfg: TrainerConfig, core: TrainerCore, buffer=None, bus: CommandBus | None = None) -> None:
         self.cfg = cfg
@@ -91,26 +96,29 @@ class TrainerService:
             raise ValueError(f"unknown trainer command {command['op']!r}")
         return getattr(self, f"_{command['op']}")(**command["kwargs"])
 
-    def _read(self, keys: Sequence[Key]) -> dict[str, object]:
+    def _read(self, keys: Sequence[BatchRef]) -> dict[str, object]:
         error, columns = None, {}
         try:
             if self.buffer is None:
                 raise FailedPrecondition("the trainer has no data buffer; set databuffer_address in its config")
-            from meshrl.common.databuffer_client import batch_key
-
-            protos = [batch_key(k["job_id"], k["step"], k["node_id"], k.get("shard")) for k in keys]
-            columns = self.buffer.get_many(protos, wait_seconds=self.cfg.databuffer_wait_seconds).columns
+            columns = self.buffer.get_many(
+                [k.to_proto() for k in keys], wait_seconds=self.cfg.databuffer_wait_seconds
+            ).columns
         except Exception as exc:  # noqa: BLE001 - re-raised below after every rank agreed
             error = exc
         require_ok(self.bus, error, "read its input batch")
         return columns
 
-    def _write(self, key: Key, columns: dict[str, object]) -> None:
+    def _budget(self, micro_batch_tokens: int | None) -> int:
+        """A request's padded tokens per micro-batch, or the trainer's default when it sets none."""
+        if micro_batch_tokens is not None and micro_batch_tokens < 1:
+            raise InvalidArgument(f"micro_batch_tokens = {micro_batch_tokens} must be at least 1 (or unset)")
+        return _or_default(micro_batch_tokens, self.cfg.defaults.micro_batch_tokens)
+
+    def _write(self, key: BatchRef, columns: dict[str, object]) -> None:
         if self.core.rank != 0:
             return
-        from meshrl.common.databuffer_client import batch_key
-
-        self.buffer.put(batch_key(key["job_id"], key["step"], key["node_id"], key.get("shard")), columns)
+        self.buffer.put(key.to_proto(), columns)
 
     # --- collective operations ----------------------------------------------------------------
 
@@ -139,10 +147,12 @@ class TrainerService:
         return {"num_parameters": state.num_parameters, "architecture": state.spec.architecture,
                 "vocab_size": state.spec.vocab_size}  # fmt: skip
 
-    def compute_logprobs(self, role: str, inputs: Sequence[Key], output: Key, **kwargs: Any) -> dict[str, Any]:
+    def compute_logprobs(
+        self, role: str, inputs: Sequence[BatchRef], output: BatchRef, **kwargs: Any
+    ) -> dict[str, Any]:
         return self._call("compute_logprobs", role=role, inputs=list(inputs), output=output, **kwargs)
 
-    def _compute_logprobs(self, role, inputs, output, with_entropy=False, temperature=0.0, micro_batch_tokens=0,
+    def _compute_logprobs(self, role, inputs, output, with_entropy=False, temperature=None, micro_batch_tokens=None,
                           output_name="") -> dict[str, Any]:  # fmt: skip
         self.core.role(role)  # fail fast (same on every rank) before waiting for the batch
         columns = self._read(inputs)
@@ -150,8 +160,8 @@ class TrainerService:
             role,
             columns,
             with_entropy=with_entropy,
-            temperature=temperature or self.cfg.defaults.temperature,
-            micro_batch_tokens=micro_batch_tokens or self.cfg.defaults.micro_batch_tokens,
+            temperature=_or_default(temperature, self.cfg.defaults.temperature),
+            micro_batch_tokens=self._budget(micro_batch_tokens),
         )
         out = {output_name or "logprobs": result.values}
         metrics: dict[str, float] = {}
@@ -169,22 +179,28 @@ class TrainerService:
         self._write(output, out)
         return {"tokens": result.tokens, "micro_batches": result.micro_batches, "metrics": metrics}
 
-    def compute_values(self, inputs: Sequence[Key], output: Key, micro_batch_tokens: int = 0) -> dict[str, Any]:
+    def compute_values(
+        self, inputs: Sequence[BatchRef], output: BatchRef, micro_batch_tokens: int | None = None
+    ) -> dict[str, Any]:
         return self._call("compute_values", inputs=list(inputs), output=output, micro_batch_tokens=micro_batch_tokens)
 
-    def _compute_values(self, inputs, output, micro_batch_tokens=0) -> dict[str, Any]:
+    def _compute_values(self, inputs, output, micro_batch_tokens=None) -> dict[str, Any]:
         self.core.role("critic")
         columns = self._read(inputs)
-        budget = micro_batch_tokens or self.cfg.defaults.micro_batch_tokens
-        result = self.core.compute_values(columns, micro_batch_tokens=budget)
+        result = self.core.compute_values(columns, micro_batch_tokens=self._budget(micro_batch_tokens))
         self._write(output, {S.VALUES: result.values})
         return {"tokens": result.tokens, "micro_batches": result.micro_batches}
 
-    def train_step(self, role: str, inputs: Sequence[Key], loss: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    def train_step(self, role: str, inputs: Sequence[BatchRef], loss: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
         return self._call("train_step", role=role, inputs=list(inputs), loss=loss, **kwargs)
 
-    def _train_step(self, role, inputs, loss, micro_batch_tokens=0, mini_batches=0, lr_override=0.0) -> dict[str, Any]:
+    def _train_step(self, role, inputs, loss, micro_batch_tokens=None, mini_batches=None, lr_override=None
+                    ) -> dict[str, Any]:  # fmt: skip
         cfg = LossConfig(**loss)
+        if lr_override is not None and not (math.isfinite(lr_override) and lr_override > 0):
+            raise InvalidArgument(f"lr_override = {lr_override} must be a positive finite learning rate (or unset)")
+        if mini_batches is not None and mini_batches < 1:
+            raise InvalidArgument(f"mini_batches = {mini_batches} must be at least 1 (or unset)")
         self.core.role(role)
         start = time.perf_counter()
         columns = self._read(inputs)
@@ -193,9 +209,9 @@ class TrainerService:
             role,
             columns,
             cfg,
-            micro_batch_tokens=micro_batch_tokens or self.cfg.defaults.micro_batch_tokens,
-            mini_batches=mini_batches or 1,
-            lr_override=lr_override,
+            micro_batch_tokens=self._budget(micro_batch_tokens),
+            mini_batches=_or_default(mini_batches, 1),
+            lr_override=lr_override or 0.0,
         )
         result.metrics["perf/read_seconds"] = read
         result.metrics["perf/step_seconds"] = time.perf_counter() - start - read

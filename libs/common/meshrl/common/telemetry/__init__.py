@@ -12,6 +12,7 @@ from meshrl.common.telemetry.grpc_interceptors import client_interceptors, serve
 from meshrl.common.telemetry.instruments import MeshrlMetrics, metrics
 from meshrl.common.telemetry.log_correlation import LOG_FORMAT, TraceIdFormatter, install_log_correlation
 from meshrl.common.telemetry.propagation import extract_context, inject_context, span_from_carrier
+from meshrl.common.telemetry.rpc_metrics import rpc_metrics_interceptor
 from meshrl.common.telemetry.runtime import (
     current_config,
     force_flush,
@@ -23,8 +24,10 @@ from meshrl.common.telemetry.runtime import (
     tracing_enabled,
 )
 from meshrl.common.telemetry.span_file import JsonlSpanExporter, SpanRecord, read_span_file, read_span_files
+from meshrl.common.telemetry.spans import tag_span
 
 __all__ = [
+    "rpc_metrics_interceptor",
     "LOG_FORMAT",
     "JsonlSpanExporter",
     "MeshrlMetrics",
@@ -48,6 +51,7 @@ __all__ = [
     "server_interceptor",
     "setup_telemetry",
     "shutdown_telemetry",
+    "tag_span",
     "span_from_carrier",
     "tracer",
     "tracing_enabled",

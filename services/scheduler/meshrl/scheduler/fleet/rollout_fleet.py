@@ -6,7 +6,8 @@ Replicas are added (after they load the current weights) and drained before remo
 from __future__ import annotations
 
 from meshrl.api.common.v1 import keys_pb2
-from meshrl.common.databuffer_client import DataBufferClient, batch_key
+from meshrl.common.batch_key import batch_key
+from meshrl.common.databuffer_client import DataBufferClient
 from meshrl.scheduler.clients import RolloutClient
 from meshrl.scheduler.fleet.router import RolloutRouter
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import contextvars
-import difflib
 import logging
 import math
 import threading
@@ -30,6 +29,7 @@ from meshrl.common.codec import concat_batches
 from meshrl.common.errors import DeadlineExceeded, InvalidArgument, Unavailable, from_rpc_error
 from meshrl.common.grpc_channel import ChannelConfig, open_channel
 from meshrl.common.registry import DRAINING, SERVING, ReplicaInfo, ReplicaRegistry
+from meshrl.common.suggest import did_you_mean
 
 log = logging.getLogger(__name__)
 # Failures after which the same work is tried on another replica; anything else is the caller's error.
@@ -43,8 +43,7 @@ def sampling_params(values: pb.SamplingParams | Mapping[str, Any]) -> pb.Samplin
         return values
     for key in values:
         if key not in SAMPLING_KEYS:
-            close = difflib.get_close_matches(str(key), SAMPLING_KEYS, n=1)
-            hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(SAMPLING_KEYS)}"
+            hint = did_you_mean(key, SAMPLING_KEYS, f"known keys: {', '.join(SAMPLING_KEYS)}")
             raise InvalidArgument(f"unknown sampling key '{key}': {hint}", field=f"sampling.{key}")
     try:
         return pb.SamplingParams(**{k: v for k, v in values.items() if v is not None})

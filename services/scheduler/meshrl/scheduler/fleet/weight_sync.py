@@ -17,6 +17,7 @@ from meshrl.api.common.v1 import weights_pb2 as wpb
 from meshrl.api.trainer.v1 import trainer_pb2 as tpb
 from meshrl.common import telemetry
 from meshrl.common.errors import DataLoss, MeshrlError
+from meshrl.common.net import free_port
 from meshrl.common.telemetry import attributes as A
 from meshrl.scheduler.clients import RolloutClient, TrainerClient
 from meshrl.scheduler.config import WeightsSection
@@ -64,14 +65,6 @@ def _unresponsive(failures: dict[str, MeshrlError], replicas: list[RolloutClient
     return silent or list(failures)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class WeightPublisher:
     def __init__(self, trainer: TrainerClient, cfg: WeightsSection, disk_root: str, backend: str = "gloo") -> None:
         self.trainer = trainer
@@ -117,7 +110,7 @@ class WeightPublisher:
             self._destroy_group(replicas)
         self._generation += 1
         name = f"meshrl-weights-{self._generation}"
-        port = _free_port()
+        port = free_port()
         host = self.trainer.address.rsplit(":", 1)[0]  # rank 0 (the trainer) hosts the rendezvous
         timeout = self.cfg.timeout_seconds
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 from meshrl.common import batch_schema as S
+from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import Ragged
-from meshrl.common.databuffer_client import DataBufferClient, batch_key
+from meshrl.common.databuffer_client import DataBufferClient
 from meshrl.scheduler.fleet.rollout_fleet import RolloutFleet
 from meshrl.scheduler.step.data import PromptEncoder, Record
 from meshrl.scheduler.step.rewards import RewardFn, score

@@ -96,6 +96,7 @@ class StepExecutor:
                 raise
             seconds = time.perf_counter() - start
             result.metrics[f"time/{node.node_id}"] = seconds
+            telemetry.metrics().record_node(node.node_id, seconds, node_type=str(node.node_type))
             self.events.node(ctx.step, node.node_id, spb.NODE_STATE_COMPLETED, seconds=seconds)
             return result
 

@@ -12,42 +12,25 @@ from typing import Any
 
 import numpy as np
 
-from meshrl.api.trainer.v1 import trainer_pb2 as tpb
 from meshrl.common import batch_schema as S
+from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import Batch, Ragged
-from meshrl.common.databuffer_client import DataBufferClient, batch_key
+from meshrl.common.databuffer_client import DataBufferClient
 from meshrl.common.errors import InvalidArgument
 from meshrl.scheduler.clients import TrainerClient
 from meshrl.scheduler.config import JobConfig
 from meshrl.scheduler.fleet.rollout_fleet import RolloutFleet
 from meshrl.scheduler.step import advantages as adv
 from meshrl.scheduler.step.data import PromptEncoder, PromptSampler
+from meshrl.scheduler.step.dispatch import check_dispatch_table, handler_name
 from meshrl.scheduler.step.executor import NodeResult, StepContext
 from meshrl.scheduler.step.rewards import RewardFn, score
 from meshrl.scheduler.workflow import resolve_executable
-
-ROLE_OF = {"ACTOR": "actor", "REFERENCE": "reference", "CRITIC": "critic"}
 
 
 def enum_name(value: Any) -> str:
     """NodeType.ROLLOUT -> "ROLLOUT" (plain strings pass through)."""
     return str(getattr(value, "value", value))
-
-
-def loss_config(cfg: JobConfig, policy_loss: str | None = None) -> tpb.LossConfig:
-    loss = cfg.algorithm.loss
-    return tpb.LossConfig(
-        policy_loss=policy_loss or loss.policy_loss,
-        clip_low=loss.clip_low,
-        clip_high=loss.clip_high,
-        dual_clip=loss.dual_clip,
-        aggregation=loss.aggregation,
-        kl_coef=loss.kl_coef,
-        kl_estimator=loss.kl_estimator,
-        entropy_coef=loss.entropy_coef,
-        tis_cap=loss.tis_cap,
-        value_clip=loss.value_clip,
-    )
 
 
 def _text(col: Ragged, i: int) -> str:
@@ -78,24 +61,14 @@ class NodeHandlers:
         self.encoder = encoder
         self.sampler = sampler
         self.reward_fn = reward_fn
+        check_dispatch_table()
 
     def handler_for(self, node: Any) -> Callable[[Any, StepContext], NodeResult]:
-        kind, role = enum_name(node.node_type), enum_name(node.node_role)
-        if kind == "DATA_LOAD":
-            return self.data_load
-        if kind == "ROLLOUT":
-            return self.rollout
-        if kind == "MODEL_INFERENCE":
-            return self.inference
-        if kind == "MODEL_TRAIN":
-            return self.train
-        if kind == "BARRIER_SYNC":
-            return lambda node, ctx: NodeResult()
-        if kind == "COMPUTE":
-            if node.executable_ref and role != "REWARD":
-                return self.user_compute
-            return {"REWARD": self.reward, "ADVANTAGE": self.advantage, "DYNAMIC_SAMPLING": self.dynamic_sampling}[role]
-        raise InvalidArgument(f"node '{node.node_id}': no handler for node_type {kind} / node_role {role}")
+        """The handler of `node` by the dispatch table (checked against the workflow validator's table)."""
+        return getattr(self, handler_name(node))
+
+    def barrier(self, node: Any, ctx: StepContext) -> NodeResult:
+        return NodeResult()
 
     def _executable(self, node: Any) -> Callable:
         return resolve_executable(node.executable_ref, self.cfg.job.allowed_modules, node.node_id)
@@ -127,7 +100,7 @@ class NodeHandlers:
             node_id=node.node_id,
             n=int(node.config.get("n", r.n)),
             temperature=float(node.config.get("temperature", r.temperature)),
-            top_p=r.top_p,
+            top_p=float(node.config.get("top_p", r.top_p)),
             max_tokens=int(node.config.get("max_tokens", r.max_tokens)),
         )
         return NodeResult(keys, metrics, rewrites_rows=True)  # one row per sample from here on
@@ -164,19 +137,18 @@ class NodeHandlers:
         offsets = batch[S.RESPONSE_IDS].offsets
         alg = self.cfg.algorithm
         token_kl = None
-        if alg.loss.kl_coef and S.REF_LOGPROBS in batch.columns and S.OLD_LOGPROBS in batch.columns:
+        kl_coef = alg.loss.kl_coef or 0.0
+        if kl_coef and S.REF_LOGPROBS in batch.columns and S.OLD_LOGPROBS in batch.columns:
             token_kl = batch[S.OLD_LOGPROBS].values - batch[S.REF_LOGPROBS].values
         columns: dict[str, Ragged] = {}
         if estimator == "gae":
-            token_rewards = adv.terminal_token_rewards(rewards, offsets, token_kl=token_kl, kl_coef=alg.loss.kl_coef)
+            token_rewards = adv.terminal_token_rewards(rewards, offsets, token_kl=token_kl, kl_coef=kl_coef)
             values, returns = adv.gae_advantages(
                 token_rewards, batch[S.VALUES].values, offsets, gamma=alg.gamma, lam=alg.lam
             )
             columns[S.RETURNS] = Ragged(returns, offsets)
         elif estimator == "reinforce_pp":
-            values = adv.reinforce_pp_advantages(
-                rewards, offsets, token_kl=token_kl, kl_coef=alg.loss.kl_coef, gamma=alg.gamma
-            )
+            values = adv.reinforce_pp_advantages(rewards, offsets, token_kl=token_kl, kl_coef=kl_coef, gamma=alg.gamma)
         elif estimator in ("grpo", "grpo_no_std", "rloo"):
             if estimator == "rloo":
                 scalar = adv.rloo_advantages(rewards, groups)
@@ -217,7 +189,7 @@ class NodeHandlers:
 
     # -- MODEL_* -------------------------------------------------------------------------
     def inference(self, node: Any, ctx: StepContext) -> NodeResult:
-        role = ROLE_OF[enum_name(node.node_role)]
+        role = enum_name(node.node_role).lower()
         key = self._key(ctx, node)
         inputs = ctx.input_keys(node.node_id)
         if role == "critic":
@@ -228,8 +200,10 @@ class NodeHandlers:
         return NodeResult([key], {f"{node.node_id}/{k}": v for k, v in reply.metrics.items()})
 
     def train(self, node: Any, ctx: StepContext) -> NodeResult:
-        role = ROLE_OF[enum_name(node.node_role)]
-        loss = loss_config(self.cfg, "value" if role == "critic" else None)
+        role = enum_name(node.node_role).lower()
+        loss = self.cfg.algorithm.loss.model_dump()
+        if role == "critic":
+            loss["policy_loss"] = None  # the trainer's critic objective (value)
         t = self.cfg.trainer
         reply = self.trainer.train_step(
             role, ctx.input_keys(node.node_id), loss, t.micro_batch_tokens, t.mini_batches, ctx.step

@@ -21,14 +21,13 @@ from pathlib import Path
 import numpy as np
 from opentelemetry import context as otel_context
 
-from meshrl.api.trainer.v1 import trainer_pb2 as tpb
 from meshrl.common import batch_schema as S
 from meshrl.common import telemetry
+from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import Ragged
-from meshrl.common.databuffer_client import batch_key
 from meshrl.common.errors import Cancelled, DeadlineExceeded, InvalidArgument, MeshrlError, Unavailable
 from meshrl.common.telemetry import attributes as A
-from meshrl.scheduler.config import JobConfig, OptimSection
+from meshrl.scheduler.config import JobConfig
 from meshrl.scheduler.events import EventLog
 from meshrl.scheduler.fleet.weight_sync import WeightPublisher
 from meshrl.scheduler.launch.services import JobServices
@@ -41,16 +40,10 @@ from meshrl.scheduler.step.executor import StepExecutor
 from meshrl.scheduler.step.nodes import NodeHandlers
 from meshrl.scheduler.step.progress import StepProgress
 from meshrl.scheduler.step.rewards import resolve_reward
+from meshrl.scheduler.trackers import Trackers, open_trackers
 from meshrl.scheduler.workflow import resolve_executable
 
 log = logging.getLogger(__name__)
-
-
-def optimizer_proto(o: OptimSection) -> tpb.OptimizerConfig:
-    return tpb.OptimizerConfig(
-        lr=o.lr, min_lr=o.min_lr, weight_decay=o.weight_decay, clip_grad=o.clip_grad, warmup_steps=o.warmup_steps,
-        decay_steps=o.decay_steps, decay_style=o.decay_style, adam_beta1=0.9, adam_beta2=0.999, adam_eps=1e-8,
-    )  # fmt: skip
 
 
 @dataclass
@@ -77,6 +70,7 @@ class JobRunner:
         self.show_progress = progress
         self.cancelled = threading.Event()
         self.step = 0
+        self.trackers = Trackers()  # opened by run_job (logging.backends)
         self._scale_target: int | None = None
         self._scaled = threading.Condition()
         self._replica_addresses: list[str] = []
@@ -147,7 +141,7 @@ class JobRunner:
                 S.PROMPT_IDS: Ragged.from_rows([encoder.encode_prompt(r.prompt) for r in batch], dtype=np.int32),
                 S.RESPONSE_IDS: Ragged.from_rows([encoder.encode_response(t) for t in targets], dtype=np.int32),
             })  # fmt: skip
-            sft = tpb.LossConfig(policy_loss="sft")
+            sft = {"policy_loss": "sft"}  # the warm-up's objective
             reply = svc.trainer.train_step("actor", [key], sft, self.cfg.trainer.micro_batch_tokens, 1, i, lr=w.lr)
             svc.buffer.delete(key)
             if i % 10 == 0 or i == w.steps - 1:
@@ -162,6 +156,7 @@ class JobRunner:
         metrics = evaluate(self.job_id, self.step, eval_records, encoder, svc.buffer, svc.fleet, reward_fn, max_tokens)
         self.run.log_eval(self.step, metrics)
         self.events.metrics(self.step, metrics)
+        self.trackers.log(self.step, metrics)
         return metrics
 
     # -- the job -------------------------------------------------------------------------
@@ -177,12 +172,14 @@ class JobRunner:
         svc = JobServices(cfg, self.run, cfg.model.path)
         summary: dict = {"job_id": self.job_id, "run_dir": str(self.run.root)}
         started = time.monotonic()
+        self.trackers = open_trackers(cfg.logging, self.run.root, self.job_id, cfg.model_dump(mode="json"))
         try:
             svc.open()
             self.events.log(f"services up: {svc.addresses}")
             for role in self.roles:
                 opt = cfg.trainer.critic_optimizer if role == "critic" else cfg.trainer.optimizer
-                svc.trainer.load_model(role, cfg.model.path, cfg.model.dtype, optimizer_proto(opt), cfg.job.seed)
+                svc.trainer.load_model(role, cfg.model.path, cfg.model.dtype, opt, cfg.job.seed,
+                                       gradient_checkpointing=cfg.trainer.gradient_checkpointing)  # fmt: skip
             publisher = WeightPublisher(svc.trainer, cfg.weights, str(self.run.weights))
             resumed = resume and self.restore(svc, publisher, sampler)
             if not resumed and cfg.warmup.steps:
@@ -219,6 +216,7 @@ class JobRunner:
             telemetry.force_flush()
             if self.run.metrics_file.exists():
                 write_report(self.run, summary)
+            self.trackers.finish(self.step, sorted(self.run.plots.glob("*.png")))
 
     # -- scaling ---------------------------------------------------------------------------
     def request_scale(self, replicas: int, timeout: float = 900.0) -> list[str]:
@@ -302,6 +300,8 @@ class JobRunner:
         metrics.update({"weights/version": result.version, "weights/seconds": result.seconds,
                         "weights/bytes": result.bytes, "weights/stale_replicas": len(result.stale)})  # fmt: skip
         metrics["time/step"] = time.perf_counter() - start
+        telemetry.metrics().record_step(metrics["time/step"])
         self.run.log_metrics(self.step, metrics)
         self.events.metrics(self.step, metrics)
+        self.trackers.log(self.step, metrics)
         return metrics

@@ -82,63 +82,82 @@ def _tick_step(total_s: float) -> float:
     return 1200.0
 
 
+_LABEL_W, _CHART_W, _ROW_H, _TOP, _PAD = 210, 1100, 22, 40, 6
+
+
+def _svg_grid(total_ns: int, height: int) -> list[str]:
+    """Vertical second ticks over the chart."""
+    scale = _CHART_W / total_ns
+    parts, total_s = [], total_ns / 1e9
+    step, tick = _tick_step(total_s), 0.0
+    while tick <= total_s + 1e-12:
+        x = _LABEL_W + tick * 1e9 * scale
+        parts.append(f'<line x1="{x:.1f}" y1="{_TOP - 6}" x2="{x:.1f}" y2="{height - 30}" stroke="#ddd"/>')
+        parts.append(f'<text x="{x:.1f}" y="{_TOP - 10}" text-anchor="middle" fill="#555">{tick:g} s</text>')
+        tick += step
+    return parts
+
+
+def _svg_lanes(lay) -> tuple[list[str], list[int]]:
+    """One shaded band per service lane, with its name; returns the parts and each lane's top."""
+    parts, lane_top, y = [], [], _TOP
+    for i, lane in enumerate(lay.lanes):
+        lane_top.append(y)
+        h = lay.rows[i] * _ROW_H
+        fill = "#f7f7f7" if i % 2 else "#fff"
+        parts.append(f'<rect x="0" y="{y}" width="{_LABEL_W + _CHART_W + 20}" height="{h}" fill="{fill}"/>')
+        parts.append(f'<text x="8" y="{y + 15}" font-weight="bold">{html.escape(lane)}</text>')
+        y += h + _PAD
+    return parts, lane_top
+
+
+def _svg_bar(bar, lay, lane_top: list[int], colors: dict, critical: set[str]) -> str:
+    """One span as a bar with its tooltip, outlined when it is on the critical path."""
+    node, scale = bar.node, _CHART_W / lay.total_ns
+    x = _LABEL_W + (node.start_ns - lay.t0_ns) * scale
+    w = max(1.5, node.duration_ns * scale)
+    by = lane_top[bar.lane] + bar.row * _ROW_H + 2
+    fill = ERROR_COLOR if node.record.is_error else colors[node.lane]
+    crit = node.span_id in critical
+    stroke = f'stroke="{CRITICAL_COLOR}" stroke-width="2.5"' if crit else 'stroke="#fff" stroke-width="0.5"'
+    tip = html.escape(_tooltip(node, lay.t0_ns, critical))
+    out = (
+        f'<g class="span{" critical" if crit else ""}{" error" if node.record.is_error else ""}">'
+        f'<title>{tip}</title><rect x="{x:.1f}" y="{by}" width="{w:.1f}" height="{_ROW_H - 4}" rx="2" '
+        f'fill="{fill}" {stroke}/>'
+    )
+    label = node.name
+    if w > 7 * min(len(label), 6):
+        shown = label if 7 * len(label) < w else label[: max(1, int(w / 7) - 1)] + "…"
+        out += f'<text x="{x + 3:.1f}" y="{by + 13}" fill="#fff">{html.escape(shown)}</text>'
+    return out + "</g>"
+
+
+def _svg_legend(height: int) -> str:
+    y = height - 12
+    return (
+        f'<rect x="{_LABEL_W}" y="{y - 10}" width="14" height="12" fill="#ccc" stroke="{CRITICAL_COLOR}" '
+        f'stroke-width="2.5"/><text x="{_LABEL_W + 20}" y="{y}">critical path</text>'
+        f'<rect x="{_LABEL_W + 120}" y="{y - 10}" width="14" height="12" fill="{ERROR_COLOR}"/>'
+        f'<text x="{_LABEL_W + 140}" y="{y}">error</text>'
+    )
+
+
 def render_html(trace: Trace, critical: set[str]) -> str:
     """A self-contained HTML page with the SVG timeline and the text waterfall."""
     lay = layout(trace)
     colors = lane_colors(lay.lanes)
-    label_w, chart_w, row_h, top, pad = 210, 1100, 22, 40, 6
-    total_rows = sum(lay.rows)
-    height = top + total_rows * row_h + len(lay.lanes) * pad + 30
-    scale = chart_w / lay.total_ns
+    height = _TOP + sum(lay.rows) * _ROW_H + len(lay.lanes) * _PAD + 30
+    lanes, lane_top = _svg_lanes(lay)
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{label_w + chart_w + 20}" height="{height}" '
-        'font-family="sans-serif" font-size="11">'
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_LABEL_W + _CHART_W + 20}" height="{height}" '
+        'font-family="sans-serif" font-size="11">',
+        *_svg_grid(lay.total_ns, height),
+        *lanes,
+        *(_svg_bar(bar, lay, lane_top, colors, critical) for bar in lay.bars),
+        _svg_legend(height),
+        "</svg>",
     ]
-    total_s = lay.total_ns / 1e9
-    step = _tick_step(total_s)
-    tick = 0.0
-    while tick <= total_s + 1e-12:
-        x = label_w + tick * 1e9 * scale
-        parts.append(f'<line x1="{x:.1f}" y1="{top - 6}" x2="{x:.1f}" y2="{height - 30}" stroke="#ddd"/>')
-        parts.append(f'<text x="{x:.1f}" y="{top - 10}" text-anchor="middle" fill="#555">{tick:g} s</text>')
-        tick += step
-    y = top
-    lane_top = []
-    for i, lane in enumerate(lay.lanes):
-        lane_top.append(y)
-        h = lay.rows[i] * row_h
-        parts.append(
-            f'<rect x="0" y="{y}" width="{label_w + chart_w + 20}" height="{h}" fill="{"#f7f7f7" if i % 2 else "#fff"}"/>'
-        )
-        parts.append(f'<text x="8" y="{y + 15}" font-weight="bold">{html.escape(lane)}</text>')
-        y += h + pad
-    for bar in lay.bars:
-        node = bar.node
-        x = label_w + (node.start_ns - lay.t0_ns) * scale
-        w = max(1.5, node.duration_ns * scale)
-        by = lane_top[bar.lane] + bar.row * row_h + 2
-        fill = ERROR_COLOR if node.record.is_error else colors[node.lane]
-        crit = node.span_id in critical
-        stroke = f'stroke="{CRITICAL_COLOR}" stroke-width="2.5"' if crit else 'stroke="#fff" stroke-width="0.5"'
-        tip = html.escape(_tooltip(node, lay.t0_ns, critical))
-        parts.append(
-            f'<g class="span{" critical" if crit else ""}{" error" if node.record.is_error else ""}">'
-            f'<title>{tip}</title><rect x="{x:.1f}" y="{by}" width="{w:.1f}" height="{row_h - 4}" rx="2" '
-            f'fill="{fill}" {stroke}/>'
-        )
-        label = node.name
-        if w > 7 * min(len(label), 6):
-            shown = label if 7 * len(label) < w else label[: max(1, int(w / 7) - 1)] + "…"
-            parts.append(f'<text x="{x + 3:.1f}" y="{by + 13}" fill="#fff">{html.escape(shown)}</text>')
-        parts.append("</g>")
-    legend_y = height - 12
-    parts.append(
-        f'<rect x="{label_w}" y="{legend_y - 10}" width="14" height="12" fill="#ccc" stroke="{CRITICAL_COLOR}" '
-        f'stroke-width="2.5"/><text x="{label_w + 20}" y="{legend_y}">critical path</text>'
-        f'<rect x="{label_w + 120}" y="{legend_y - 10}" width="14" height="12" fill="{ERROR_COLOR}"/>'
-        f'<text x="{label_w + 140}" y="{legend_y}">error</text>'
-    )
-    parts.append("</svg>")
     title = f"{trace.main_root.name} — trace {trace.trace_id}"
     waterfall = html.escape(render_waterfall(trace, critical, width=160))
     return (
@@ -159,66 +178,56 @@ def write_html(trace: Trace, path: str | Path, critical: set[str]) -> Path:
     return out
 
 
+def _png_bars(ax, lay, colors: dict, critical: set[str]) -> None:
+    """Every span as a horizontal bar, named where the name fits."""
+    total_s = lay.total_ns / 1e9
+    char_s = total_s * 0.0065  # one 7-pt character on the 14-inch axis, in seconds
+    for bar in lay.bars:
+        node, y = bar.node, lay.y_of(bar)
+        left = (node.start_ns - lay.t0_ns) / 1e9
+        width = max(node.duration_ns / 1e9, total_s / 1500)
+        crit = node.span_id in critical
+        color = ERROR_COLOR if node.record.is_error else colors[node.lane]
+        ax.barh(y, width, left=left, height=0.8, color=color, edgecolor=CRITICAL_COLOR if crit else "white",
+                linewidth=2.0 if crit else 0.4)  # fmt: skip
+        if width > char_s * min(len(node.name), 8):
+            chars = int(width / char_s)
+            text = node.name if len(node.name) <= chars else node.name[: max(1, chars - 1)] + "…"
+            ax.text(left + total_s * 0.003, y, text, va="center", ha="left", fontsize=7, color="white", clip_on=True)
+
+
+def _png_axes(ax, lay, trace: Trace) -> None:
+    """Lane names and separators, limits, title and the legend."""
+    from matplotlib.patches import Patch
+
+    ticks, labels, row = [], [], 0
+    for lane, rows in zip(lay.lanes, lay.rows, strict=True):
+        ticks.append(row + (rows - 1) / 2)
+        labels.append(lane)
+        row += rows
+        ax.axhline(row - 0.5, color="#cccccc", linewidth=0.6)
+    ax.set_yticks(ticks, labels)
+    ax.set_ylim(sum(lay.rows) - 0.5, -0.5)
+    ax.set_xlim(0, lay.total_ns / 1e9 * 1.01)
+    ax.set_xlabel("seconds from the first span")
+    ax.set_title(f"{trace.main_root.name} — {format_duration(trace.duration_ns)} — trace {trace.trace_id}", loc="left")
+    legend = [Patch(facecolor="#cccccc", edgecolor=CRITICAL_COLOR, linewidth=2.0, label="critical path"),
+              Patch(facecolor=ERROR_COLOR, label="error")]  # fmt: skip
+    ax.legend(handles=legend, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, fontsize=8, frameon=False)
+
+
 def write_png(trace: Trace, path: str | Path, critical: set[str]) -> Path:
     """The same timeline as a PNG image (matplotlib, Agg backend)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
 
     lay = layout(trace)
-    colors = lane_colors(lay.lanes)
-    total_rows = sum(lay.rows)
-    fig, ax = plt.subplots(figsize=(14, 1.2 + 0.32 * total_rows + 0.2 * len(lay.lanes)))
+    fig, ax = plt.subplots(figsize=(14, 1.2 + 0.32 * sum(lay.rows) + 0.2 * len(lay.lanes)))
     try:
-        total_s = lay.total_ns / 1e9
-        for bar in lay.bars:
-            node = bar.node
-            y = lay.y_of(bar)
-            left = (node.start_ns - lay.t0_ns) / 1e9
-            width = max(node.duration_ns / 1e9, total_s / 1500)
-            crit = node.span_id in critical
-            ax.barh(
-                y,
-                width,
-                left=left,
-                height=0.8,
-                color=ERROR_COLOR if node.record.is_error else colors[node.lane],
-                edgecolor=CRITICAL_COLOR if crit else "white",
-                linewidth=2.0 if crit else 0.4,
-            )
-            char_s = total_s * 0.0065  # one 7-pt character on the 14-inch axis, in seconds
-            if width > char_s * min(len(node.name), 8):
-                chars = int(width / char_s)
-                text = node.name if len(node.name) <= chars else node.name[: max(1, chars - 1)] + "…"
-                ax.text(
-                    left + total_s * 0.003, y, text, va="center", ha="left", fontsize=7, color="white", clip_on=True
-                )
-        ticks, labels, row = [], [], 0
-        for lane, rows in zip(lay.lanes, lay.rows, strict=True):
-            ticks.append(row + (rows - 1) / 2)
-            labels.append(lane)
-            row += rows
-            ax.axhline(row - 0.5, color="#cccccc", linewidth=0.6)
-        ax.set_yticks(ticks, labels)
-        ax.set_ylim(total_rows - 0.5, -0.5)
-        ax.set_xlim(0, total_s * 1.01)
-        ax.set_xlabel("seconds from the first span")
-        ax.set_title(
-            f"{trace.main_root.name} — {format_duration(trace.duration_ns)} — trace {trace.trace_id}", loc="left"
-        )
-        ax.legend(
-            handles=[
-                Patch(facecolor="#cccccc", edgecolor=CRITICAL_COLOR, linewidth=2.0, label="critical path"),
-                Patch(facecolor=ERROR_COLOR, label="error"),
-            ],
-            loc="lower right",
-            bbox_to_anchor=(1.0, 1.0),
-            ncol=2,
-            fontsize=8,
-            frameon=False,
-        )
+        _png_bars(ax, lay, lane_colors(lay.lanes), critical)
+        _png_axes(ax, lay, trace)
         fig.tight_layout()
         out = Path(path)
         out.parent.mkdir(parents=True, exist_ok=True)

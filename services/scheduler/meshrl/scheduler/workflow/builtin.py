@@ -5,13 +5,13 @@ Called by the job API and the CLI (`workflow_name` / `meshrl run grpo`), and by 
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from meshrl.common.errors import NotFound
+from meshrl.common.suggest import did_you_mean
 from meshrl.scheduler.workflow.loader import load_workflow_file, load_workflow_text
 from meshrl.scheduler.workflow.model import Workflow
 
@@ -32,11 +32,8 @@ def builtin_workflow_text(name: str) -> str:
     """The YAML text of built-in workflow `name`; NotFound (with the known names) when there is none."""
     names = builtin_names()
     if name not in names:
-        close = difflib.get_close_matches(name, names, n=1)
-        hint = f"did you mean '{close[0]}'? " if close else ""
-        raise NotFound(
-            f"there is no built-in workflow '{name}'. Fix: {hint}use one of {', '.join(names)} or a workflow file path"
-        )
+        fix = did_you_mean(name, names, otherwise=f"use one of {', '.join(names)} or a workflow file path")
+        raise NotFound(f"there is no built-in workflow '{name}'. Fix: {fix}")
     return _folder().joinpath(f"{name}.yaml").read_text()
 
 

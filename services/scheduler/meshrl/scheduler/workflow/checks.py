@@ -7,20 +7,15 @@ Called by the loader (`load_workflow_data`) after the pydantic model has validat
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Sequence
 from typing import Any
 
+from meshrl.common.suggest import close_match
 from meshrl.scheduler.workflow import compute_catalog as cat
 from meshrl.scheduler.workflow.cycles import find_cycle
 from meshrl.scheduler.workflow.errors import Problem
 from meshrl.scheduler.workflow.executables import check_executable
 from meshrl.scheduler.workflow.model import ENTRY_TYPES, ROLES_BY_TYPE, Node, NodeType, Workflow
-
-
-def close_match(word: str, choices: Sequence[str]) -> str | None:
-    found = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return found[0] if found else None
 
 
 def workflow_problems(wf: Workflow, allowed: Sequence[str], import_executables: bool) -> list[Problem]:
@@ -129,7 +124,7 @@ def _positive_int(value: Any) -> bool:
 def node_problems(wf: Workflow) -> list[Problem]:
     problems: list[Problem] = []
     for n in wf.nodes:
-        nid, cfg = n.node_id, n.config
+        nid = n.node_id
         allowed = ROLES_BY_TYPE[n.node_type]
         if n.node_role not in allowed:
             fix = "use node_role " + " or ".join(r.value for r in allowed)
@@ -156,40 +151,46 @@ def node_problems(wf: Workflow) -> list[Problem]:
             )
         if n.node_type == NodeType.COMPUTE and n.executable_ref is None:
             problems += _builtin_problems(n)
-        if cat.CONFIG_AGENT in cfg and not (
-            isinstance(cfg[cat.CONFIG_AGENT], str) and cfg[cat.CONFIG_AGENT].isidentifier()
-        ):
+        problems += _planner_key_problems(n)
+    return problems
+
+
+def _planner_key_problems(n: Node) -> list[Problem]:
+    """The node-config keys the planner reads: agent names, TP / PP sizes, parameter counts."""
+    problems: list[Problem] = []
+    nid, cfg = n.node_id, n.config
+    if cat.CONFIG_AGENT in cfg and not (
+        isinstance(cfg[cat.CONFIG_AGENT], str) and cfg[cat.CONFIG_AGENT].isidentifier()
+    ):
+        problems.append(
+            Problem(
+                f"config.agent {cfg[cat.CONFIG_AGENT]!r} is not a name",
+                "use a name like agent_a",
+                nid,
+                "config.agent",
+            )
+        )
+    for key in (cat.CONFIG_TP, cat.CONFIG_PP, cat.CONFIG_PARAM_COUNT):
+        if key not in cfg:
+            continue
+        if not n.is_model_node:
+            problems.append(
+                Problem(f"config.{key} only applies to model nodes", f"remove config.{key}", nid, f"config.{key}")
+            )
+        elif key == cat.CONFIG_PARAM_COUNT:
+            try:
+                cat.parse_param_count(cfg[key])
+            except ValueError as exc:
+                problems.append(Problem(f"config.{key}: {exc}", "write e.g. 7B, 500M or 7000000", nid, f"config.{key}"))
+        elif not _positive_int(cfg[key]):
             problems.append(
                 Problem(
-                    f"config.agent {cfg[cat.CONFIG_AGENT]!r} is not a name",
-                    "use a name like agent_a",
+                    f"config.{key} = {cfg[key]!r} is not a positive integer",
+                    f"write e.g. {key}: 2",
                     nid,
-                    "config.agent",
+                    f"config.{key}",
                 )
             )
-        for key in (cat.CONFIG_TP, cat.CONFIG_PP, cat.CONFIG_PARAM_COUNT):
-            if key not in cfg:
-                continue
-            if not n.is_model_node:
-                problems.append(
-                    Problem(f"config.{key} only applies to model nodes", f"remove config.{key}", nid, f"config.{key}")
-                )
-            elif key == cat.CONFIG_PARAM_COUNT:
-                try:
-                    cat.parse_param_count(cfg[key])
-                except ValueError as exc:
-                    problems.append(
-                        Problem(f"config.{key}: {exc}", "write e.g. 7B, 500M or 7000000", nid, f"config.{key}")
-                    )
-            elif not _positive_int(cfg[key]):
-                problems.append(
-                    Problem(
-                        f"config.{key} = {cfg[key]!r} is not a positive integer",
-                        f"write e.g. {key}: 2",
-                        nid,
-                        f"config.{key}",
-                    )
-                )
     return problems
 
 

@@ -10,13 +10,13 @@ is imported. The default allows only meshrl's own modules; a deployment adds its
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import os
 import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from meshrl.common.suggest import did_you_mean
 from meshrl.scheduler.workflow.errors import Problem, WorkflowError
 
 DEFAULT_ALLOWED_MODULES: tuple[str, ...] = ("meshrl",)
@@ -87,8 +87,7 @@ def _load(ref: str, allowed: Sequence[str]) -> Callable[..., Any]:
             raise _RefProblem(f"executable_ref '{ref}' names a private attribute '{part}'", "name a public function")
         if not hasattr(target, part):
             names = [n for n in dir(target) if not n.startswith("_")]
-            close = difflib.get_close_matches(part, names, n=1)
-            hint = f"did you mean '{walked}:{close[0]}'?" if close else f"define '{part}' in {walked}"
+            hint = did_you_mean(part, names, f"define '{part}' in {walked}", template=walked + ":{}")
             raise _RefProblem(f"executable_ref '{ref}': '{walked}' has no attribute '{part}'", hint)
         target = getattr(target, part)
         walked = f"{walked}.{part}"

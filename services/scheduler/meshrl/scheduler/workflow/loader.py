@@ -15,7 +15,8 @@ from typing import Any
 import pydantic
 import yaml
 
-from meshrl.scheduler.workflow.checks import close_match, workflow_problems
+from meshrl.common.suggest import close_match
+from meshrl.scheduler.workflow.checks import workflow_problems
 from meshrl.scheduler.workflow.errors import Problem, WorkflowError
 from meshrl.scheduler.workflow.executables import default_allowed_modules
 from meshrl.scheduler.workflow.interpolate import resolve_references

@@ -15,10 +15,56 @@ class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ROLE_ACTOR: _ClassVar[Role]
     ROLE_REFERENCE: _ClassVar[Role]
     ROLE_CRITIC: _ClassVar[Role]
+
+class DecayStyle(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DECAY_STYLE_UNSPECIFIED: _ClassVar[DecayStyle]
+    DECAY_STYLE_CONSTANT: _ClassVar[DecayStyle]
+    DECAY_STYLE_LINEAR: _ClassVar[DecayStyle]
+    DECAY_STYLE_COSINE: _ClassVar[DecayStyle]
+
+class PolicyLoss(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    POLICY_LOSS_UNSPECIFIED: _ClassVar[PolicyLoss]
+    POLICY_LOSS_PPO: _ClassVar[PolicyLoss]
+    POLICY_LOSS_GSPO: _ClassVar[PolicyLoss]
+    POLICY_LOSS_SFT: _ClassVar[PolicyLoss]
+    POLICY_LOSS_VALUE: _ClassVar[PolicyLoss]
+
+class LossAggregation(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LOSS_AGGREGATION_UNSPECIFIED: _ClassVar[LossAggregation]
+    LOSS_AGGREGATION_TOKEN_MEAN: _ClassVar[LossAggregation]
+    LOSS_AGGREGATION_SEQ_MEAN_TOKEN_SUM: _ClassVar[LossAggregation]
+    LOSS_AGGREGATION_SEQ_MEAN_TOKEN_MEAN: _ClassVar[LossAggregation]
+
+class KlEstimator(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    KL_ESTIMATOR_UNSPECIFIED: _ClassVar[KlEstimator]
+    KL_ESTIMATOR_K1: _ClassVar[KlEstimator]
+    KL_ESTIMATOR_K2: _ClassVar[KlEstimator]
+    KL_ESTIMATOR_K3: _ClassVar[KlEstimator]
 ROLE_UNSPECIFIED: Role
 ROLE_ACTOR: Role
 ROLE_REFERENCE: Role
 ROLE_CRITIC: Role
+DECAY_STYLE_UNSPECIFIED: DecayStyle
+DECAY_STYLE_CONSTANT: DecayStyle
+DECAY_STYLE_LINEAR: DecayStyle
+DECAY_STYLE_COSINE: DecayStyle
+POLICY_LOSS_UNSPECIFIED: PolicyLoss
+POLICY_LOSS_PPO: PolicyLoss
+POLICY_LOSS_GSPO: PolicyLoss
+POLICY_LOSS_SFT: PolicyLoss
+POLICY_LOSS_VALUE: PolicyLoss
+LOSS_AGGREGATION_UNSPECIFIED: LossAggregation
+LOSS_AGGREGATION_TOKEN_MEAN: LossAggregation
+LOSS_AGGREGATION_SEQ_MEAN_TOKEN_SUM: LossAggregation
+LOSS_AGGREGATION_SEQ_MEAN_TOKEN_MEAN: LossAggregation
+KL_ESTIMATOR_UNSPECIFIED: KlEstimator
+KL_ESTIMATOR_K1: KlEstimator
+KL_ESTIMATOR_K2: KlEstimator
+KL_ESTIMATOR_K3: KlEstimator
 
 class OptimizerConfig(_message.Message):
     __slots__ = ("lr", "min_lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "clip_grad", "warmup_steps", "decay_steps", "decay_style", "name", "distributed")
@@ -43,10 +89,10 @@ class OptimizerConfig(_message.Message):
     clip_grad: float
     warmup_steps: int
     decay_steps: int
-    decay_style: str
+    decay_style: DecayStyle
     name: str
     distributed: bool
-    def __init__(self, lr: _Optional[float] = ..., min_lr: _Optional[float] = ..., weight_decay: _Optional[float] = ..., adam_beta1: _Optional[float] = ..., adam_beta2: _Optional[float] = ..., adam_eps: _Optional[float] = ..., clip_grad: _Optional[float] = ..., warmup_steps: _Optional[int] = ..., decay_steps: _Optional[int] = ..., decay_style: _Optional[str] = ..., name: _Optional[str] = ..., distributed: _Optional[bool] = ...) -> None: ...
+    def __init__(self, lr: _Optional[float] = ..., min_lr: _Optional[float] = ..., weight_decay: _Optional[float] = ..., adam_beta1: _Optional[float] = ..., adam_beta2: _Optional[float] = ..., adam_eps: _Optional[float] = ..., clip_grad: _Optional[float] = ..., warmup_steps: _Optional[int] = ..., decay_steps: _Optional[int] = ..., decay_style: _Optional[_Union[DecayStyle, str]] = ..., name: _Optional[str] = ..., distributed: _Optional[bool] = ...) -> None: ...
 
 class ParallelConfig(_message.Message):
     __slots__ = ("tensor_parallel", "pipeline_parallel", "data_parallel")
@@ -147,17 +193,17 @@ class LossConfig(_message.Message):
     ENTROPY_COEF_FIELD_NUMBER: _ClassVar[int]
     TIS_CAP_FIELD_NUMBER: _ClassVar[int]
     VALUE_CLIP_FIELD_NUMBER: _ClassVar[int]
-    policy_loss: str
+    policy_loss: PolicyLoss
     clip_low: float
     clip_high: float
     dual_clip: float
-    aggregation: str
+    aggregation: LossAggregation
     kl_coef: float
-    kl_estimator: str
+    kl_estimator: KlEstimator
     entropy_coef: float
     tis_cap: float
     value_clip: float
-    def __init__(self, policy_loss: _Optional[str] = ..., clip_low: _Optional[float] = ..., clip_high: _Optional[float] = ..., dual_clip: _Optional[float] = ..., aggregation: _Optional[str] = ..., kl_coef: _Optional[float] = ..., kl_estimator: _Optional[str] = ..., entropy_coef: _Optional[float] = ..., tis_cap: _Optional[float] = ..., value_clip: _Optional[float] = ...) -> None: ...
+    def __init__(self, policy_loss: _Optional[_Union[PolicyLoss, str]] = ..., clip_low: _Optional[float] = ..., clip_high: _Optional[float] = ..., dual_clip: _Optional[float] = ..., aggregation: _Optional[_Union[LossAggregation, str]] = ..., kl_coef: _Optional[float] = ..., kl_estimator: _Optional[_Union[KlEstimator, str]] = ..., entropy_coef: _Optional[float] = ..., tis_cap: _Optional[float] = ..., value_clip: _Optional[float] = ...) -> None: ...
 
 class TrainStepRequest(_message.Message):
     __slots__ = ("role", "inputs", "loss", "micro_batch_tokens", "mini_batches", "global_step", "lr_override")

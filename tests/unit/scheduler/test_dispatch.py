@@ -1,0 +1,95 @@
+"""The step dispatch table: it covers every (type, role) the validator accepts (or names it plan-only), and a
+job refuses what no handler would honour — plan-only nodes, multi-agent nodes, config keys nobody reads —
+instead of ignoring it. Node settings that are accepted reach the service call (top_p, only_forward_compute)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from meshrl.common.batch_key import batch_key
+from meshrl.scheduler.config import JobConfig
+from meshrl.scheduler.jobs import JobManager
+from meshrl.scheduler.step.dispatch import CONFIG_KEYS, DISPATCH, PLAN_ONLY, check_dispatch_table, handler_name
+from meshrl.scheduler.step.executor import StepContext
+from meshrl.scheduler.step.nodes import NodeHandlers
+from meshrl.scheduler.workflow import ROLES_BY_TYPE, WorkflowError, builtin_workflow_text, load_workflow_text
+
+CONFIG = {"model": {"path": "unused"}, "data": {"train": "unused.jsonl"}}
+
+
+def grpo_with(change) -> str:
+    """The built-in GRPO workflow with `change(nodes_by_id)` applied."""
+    doc = yaml.safe_load(builtin_workflow_text("grpo"))
+    doc.pop("x-policy-forward", None)
+    change({n["node_id"]: n for n in doc["nodes"]})
+    return yaml.safe_dump(doc)
+
+
+def test_the_table_covers_what_the_validator_accepts():
+    check_dispatch_table()
+    declared = {(t, r) for t, roles in ROLES_BY_TYPE.items() for r in roles}
+    assert set(DISPATCH) | set(PLAN_ONLY) == declared and not set(DISPATCH) & set(PLAN_ONLY)
+    assert set(CONFIG_KEYS) | {"user_compute"} == set(DISPATCH.values())
+    for method in DISPATCH.values():
+        assert callable(getattr(NodeHandlers, method))
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (lambda n: n["old_logprob"].update(node_role="REWARD"), "plan-only"),
+        (lambda n: n["rollout"]["config"].update(agent="a"), "config.agent"),
+        (lambda n: n["rollout"]["config"].update(topp=0.9), "did you mean 'top_p'"),
+        (lambda n: n["actor_train"]["config"].update(estimator="grpo"), "config.estimator is read by nothing"),
+    ],
+    ids=["reward-model", "multi-agent", "misspelt-key", "key-of-another-node"],
+)
+def test_a_job_refuses_what_it_would_ignore(tmp_path, change, expected):
+    text = grpo_with(change)
+    load_workflow_text(text, CONFIG)  # valid for `meshrl plan`
+    jobs = JobManager(str(tmp_path), 1)
+    with pytest.raises(WorkflowError, match=expected):
+        jobs.create(text, yaml.safe_dump(CONFIG), [])
+    assert not list(tmp_path.iterdir())  # nothing was written for the refused job
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple, dict]] = []
+
+    def __getattr__(self, name):
+        def record(*args, **kwargs):
+            self.calls.append((name, args, kwargs))
+            return ([], {}) if name == "generate" else SimpleNamespace(metrics={})
+
+        return record
+
+
+def _run_node(text: str, node_id: str):
+    wf = load_workflow_text(text, CONFIG)
+    trainer, fleet = Recorder(), Recorder()
+    cfg = JobConfig.model_validate(CONFIG)
+    handlers = NodeHandlers(cfg, None, trainer, fleet, None, None, None)
+    node = {n.node_id: n for n in wf.nodes}[node_id]
+    ctx = StepContext("j", 1, nodes={n.node_id: n for n in wf.nodes})
+    for dep in node.dependencies:
+        ctx.results[dep] = SimpleNamespace(outputs=[batch_key("j", 1, dep)], rewrites_rows=True)
+    handlers.handler_for(node)(node, ctx)
+    return trainer.calls, fleet.calls
+
+
+def test_a_rollout_nodes_top_p_reaches_the_fleet():
+    _, fleet = _run_node(grpo_with(lambda n: n["rollout"]["config"].update(top_p=0.7)), "rollout")
+    ((name, _, kwargs),) = fleet
+    assert name == "generate" and kwargs["top_p"] == 0.7
+
+
+def test_only_forward_compute_runs_a_forward_pass_and_no_optimizer_step():
+    text = grpo_with(lambda n: n["actor_train"].update(only_forward_compute=True))
+    node = {n.node_id: n for n in load_workflow_text(text, CONFIG).nodes}["actor_train"]
+    assert handler_name(node) == "inference"
+    trainer, _ = _run_node(text, "actor_train")
+    assert [name for name, _, _ in trainer] == ["compute_logprobs"]
