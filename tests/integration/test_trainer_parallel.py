@@ -17,8 +17,9 @@ from safetensors.torch import load_file
 
 from meshrl.api.common.v1 import weights_pb2
 from meshrl.api.trainer.v1 import trainer_pb2 as tpb
+from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import Ragged
-from meshrl.common.databuffer_client import DataBufferClient, batch_key
+from meshrl.common.databuffer_client import DataBufferClient
 from meshrl.scheduler.clients import RolloutClient, TrainerClient
 from meshrl.scheduler.config import OptimSection, WeightsSection
 from meshrl.scheduler.fleet.weight_sync import WeightPublisher
