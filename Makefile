@@ -14,7 +14,7 @@ DISTS := libs/common services/databuffer services/trainer services/rollout servi
 PYPROJECTS := $(addsuffix /pyproject.toml,$(DISTS))
 RUN_ARGS ?=
 
-.PHONY: setup system-deps run test lint protos clean
+.PHONY: setup setup-trl system-deps run test lint protos clean
 
 $(STAMP): $(PYPROJECTS) requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ $(SYSTEM_STAMP): | $(STAMP)
 system-deps: $(SYSTEM_STAMP)
 
 setup: $(STAMP) $(SYSTEM_STAMP)
+
+# TRL for bench/vs_trl only (optional; torch stays at the pinned CPU build through constraints.txt).
+setup-trl: setup
+	$(PY) -m pip install --quiet -r requirements-trl.txt
 
 run: setup
 	$(VENV)/bin/meshrl run examples/countdown/workflow.yaml $(RUN_ARGS)

@@ -16,6 +16,7 @@ from typing import Any, ClassVar, TypeVar
 import pydantic
 import yaml
 
+from meshrl.common.bounded_yaml import load_bounded
 from meshrl.common.errors import ConfigError
 from meshrl.common.suggest import did_you_mean
 
@@ -62,7 +63,7 @@ def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
 
 def _parse_scalar(text: str) -> Any:
     try:
-        return yaml.safe_load(text)
+        return load_bounded(text, source="an override value")
     except yaml.YAMLError:
         return text
 
@@ -105,7 +106,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise ConfigError("--config", str(p), "the file does not exist", "pass the path of an existing YAML file")
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        data = load_bounded(p.read_text(), source=str(p)) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(
             "--config", str(p), f"it is not valid YAML ({exc})", "fix the YAML syntax at that line"

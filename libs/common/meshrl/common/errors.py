@@ -7,7 +7,34 @@ the client side. Messages say what was wrong and how to fix it.
 
 from __future__ import annotations
 
+import reprlib
+
 import grpc
+
+# gRPC sends a status message percent-encoded in a trailer, and a client refuses trailers past its metadata
+# limit (8 KiB by default), hiding the real error: messages are capped well below that (UTF-8 bytes; each
+# non-ASCII byte becomes three characters on the wire).
+MAX_MESSAGE_BYTES = 2000
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 2, 120, 120, 60
+_REPR.maxdict = _REPR.maxlist = _REPR.maxtuple = _REPR.maxset = 6
+
+
+def short_repr(value: object) -> str:
+    """repr() bounded in size and depth, whatever the value (a huge or alias-shared structure included)."""
+    text = _REPR.repr(value)
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def cap_message(text: str, limit: int = MAX_MESSAGE_BYTES) -> str:
+    """`text` cut to at most `limit` UTF-8 bytes, keeping its start (the error) and its end (the last frame)."""
+    data = text.encode("utf-8", "replace")
+    if len(data) <= limit:
+        return text
+    cut = f" [... {len(data) - limit} bytes cut ...] "
+    head = (limit - len(cut)) * 3 // 4
+    tail = limit - len(cut) - head
+    return data[:head].decode("utf-8", "ignore") + cut + data[-tail:].decode("utf-8", "ignore")
 
 
 class MeshrlError(Exception):
@@ -94,7 +121,7 @@ class ConfigError(InvalidArgument):
     """A configuration value is wrong. The message names the field, the bad value and the fix."""
 
     def __init__(self, field: str, value: object, problem: str, fix: str) -> None:
-        super().__init__(f"config field '{field}' = {value!r}: {problem}. Fix: {fix}", field=field)
+        super().__init__(f"config field '{field}' = {short_repr(value)}: {problem}. Fix: {fix}", field=field)
         self.value = value
         self.problem = problem
         self.fix = fix

@@ -1,7 +1,7 @@
 """The one server interceptor that maps meshrl's typed errors to gRPC status codes.
 
 A servicer raises `InvalidArgument`, `NotFound`, ...; this turns it into the matching
-status with the error's message. Anything else becomes INTERNAL with the exception's
+status with the error's message (capped below gRPC's metadata limit; the full text is logged). Anything else becomes INTERNAL with the exception's
 type and message (and is logged with its traceback), never a bare "Exception calling
 application".
 """
@@ -12,16 +12,19 @@ import logging
 
 import grpc
 
-from meshrl.common.errors import MeshrlError
+from meshrl.common.errors import MAX_MESSAGE_BYTES, MeshrlError, cap_message
 
 log = logging.getLogger(__name__)
 
 
 def _abort(context: grpc.ServicerContext, exc: BaseException, method: str):
+    """Aborts with the error's status; the message is capped (`cap_message`) so the trailer stays in bounds."""
     if isinstance(exc, MeshrlError):
-        context.abort(exc.code, exc.message)
+        if len(exc.message) > MAX_MESSAGE_BYTES // 4:
+            log.warning("%s refused with a long message: %s", method, exc.message[:100_000])
+        context.abort(exc.code, cap_message(exc.message))
     log.exception("unhandled error in %s", method)
-    context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}: {type(exc).__name__}: {exc}")
+    context.abort(grpc.StatusCode.INTERNAL, cap_message(f"internal error in {method}: {type(exc).__name__}: {exc}"))
 
 
 def _wrap_unary(fn, method):

@@ -23,6 +23,7 @@ from grpc_reflection.v1alpha import reflection
 from meshrl.common import telemetry
 from meshrl.common.config import StrictModel
 from meshrl.common.grpc_errors import ErrorMappingInterceptor
+from meshrl.common.light_calls import LightCallsInterceptor
 from meshrl.common.security import AuthConfig, TLSConfig, TokenAuthInterceptor, server_credentials
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ class RunningServer:
 
 
 def start_server(cfg: ServerConfig, services: Sequence[Service], interceptors: Sequence[Any] = ()) -> RunningServer:
-    chain: list[Any] = [telemetry.server_interceptor(), telemetry.rpc_metrics_interceptor()]
+    chain: list[Any] = [LightCallsInterceptor(), telemetry.server_interceptor(), telemetry.rpc_metrics_interceptor()]
     token = cfg.auth.token()
     if cfg.require_auth or token:
         if not token:

@@ -27,6 +27,7 @@ from meshrl.databuffer.indexes import Indexes
 from meshrl.databuffer.keys import BatchRef, KeySpace, check_name
 from meshrl.databuffer.ledger import Ledger, now_ms
 from meshrl.databuffer.notify import CommitNotifier
+from meshrl.databuffer.orphans import PendingCleanups
 
 log = logging.getLogger(__name__)
 TTL_MARGIN_MS = 60_000  # chunks outlive their manifest, so a live manifest never points at expired chunks
@@ -102,6 +103,7 @@ class BatchStore:
     ) -> None:
         self.client = client
         self.keys = keys
+        self.orphans = PendingCleanups()  # staged chunks of puts that failed while Redis was down
         self.indexes = indexes
         self.ledger = ledger
         self.notifier = notifier
@@ -150,6 +152,8 @@ class BatchStore:
     ) -> PutResult:
         """Stores the batch whose payload arrives as `frames` (bytes-like, in order); atomic."""
         blob, ttl = self.check_put(ref, header, ttl_seconds)
+        if len(self.orphans):
+            self.orphans.retry(self._discard_now)
         manifest = self.keys.manifest(ref)
         if not overwrite and self.client.exists(manifest):
             raise AlreadyExists(f"batch {ref} already exists; put with overwrite=True or delete it first")
@@ -268,17 +272,22 @@ class BatchStore:
         raise Aborted(f"batch {ref} kept changing under concurrent puts; retry the put")
 
     def _discard(self, ref: BatchRef, gen: str, count: int, member: str) -> None:
-        """Removes what a failed put staged, unless its commit went through after all."""
+        """Removes what a failed put staged; when Redis cannot be reached, retried at the next put."""
         try:
-            current = self.client.hget(self.keys.manifest(ref), "gen")
-            if current is not None and current.decode() == gen:
-                return
-            keys = self.keys.chunks(ref, gen, count)
-            for i in range(0, len(keys), 512):
-                self.client.delete(*keys[i : i + 512])
-            self.ledger.release([member])
-        except Exception as exc:  # noqa: BLE001 - the original error matters more; staged keys expire anyway
-            log.warning("could not clean up the failed put of %s (its chunks expire by themselves): %s", ref, exc)
+            self._discard_now(ref, gen, count, member)
+        except Exception as exc:  # noqa: BLE001 - the original error matters more
+            log.warning("could not clean up the failed put of %s (retried at the next put): %s", ref, exc)
+            self.orphans.add((ref, gen, count, member))
+
+    def _discard_now(self, ref: BatchRef, gen: str, count: int, member: str) -> None:
+        """Deletes a put's staged chunks and releases its reservation, unless its commit went through."""
+        current = self.client.hget(self.keys.manifest(ref), "gen")
+        if current is not None and current.decode() == gen:
+            return
+        keys = self.keys.chunks(ref, gen, count)
+        for i in range(0, len(keys), 512):
+            self.client.delete(*keys[i : i + 512])
+        self.ledger.release([member])
 
     # --- get ---------------------------------------------------------------------------
     def _read_manifest(self, ref: BatchRef) -> list[Any] | None:

@@ -24,6 +24,7 @@ from redis.retry import Retry
 from meshrl.common.errors import ConfigError, ResourceExhausted, Unavailable
 from meshrl.databuffer.config import RedisConfig
 from meshrl.databuffer.embedded import EmbeddedRedis
+from meshrl.databuffer.redis_watchdog import RedisWatchdog
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +63,12 @@ class RedisHandle:
     url: str
     embedded: EmbeddedRedis | None = None
     cluster: bool = False
+    watchdog: RedisWatchdog | None = None  # restarts the embedded Redis when it dies
 
     def close(self) -> None:
         self.client.close()
+        if self.watchdog is not None:
+            self.watchdog.stop()
         if self.embedded is not None:
             self.embedded.stop()
             self.embedded = None
@@ -138,7 +142,8 @@ def open_redis(cfg: RedisConfig) -> RedisHandle:
             ) from exc
         raise
     _warn_about_eviction(client)
-    return RedisHandle(client, url, embedded, cfg.cluster)
+    watchdog = RedisWatchdog(embedded, start_timeout=cfg.embedded.start_timeout_seconds).start() if embedded else None
+    return RedisHandle(client, url, embedded, cfg.cluster, watchdog)
 
 
 def _warn_about_eviction(client: Any) -> None:

@@ -51,6 +51,7 @@ class ReplicaLife:
             capacity=cfg.effective_capacity,
             databuffer=self.databuffer,
             buffer_wait_s=cfg.databuffer_wait_seconds,
+            limits=cfg.limits,
         )
         self.registry = None
         if cfg.registry.redis_url:
@@ -64,7 +65,9 @@ class ReplicaLife:
             raise
 
     def hosted(self) -> Hosted:
-        return Hosted([service(self.replica)], started=self.started, draining=self.draining, stopped=self.stopped)
+        return Hosted(
+            [service(self.replica, self.cfg.paths)], started=self.started, draining=self.draining, stopped=self.stopped
+        )
 
     def started(self, running: RunningServer) -> None:
         cfg, replica = self.cfg, self.replica

@@ -14,7 +14,9 @@ import pydantic
 
 from meshrl.common.config import StrictModel
 from meshrl.common.grpc_server import ServerConfig
+from meshrl.common.path_roots import PathRoots
 from meshrl.common.telemetry import TelemetryConfig
+from meshrl.rollout.limits import RequestLimits
 
 DEFAULT_PORT = 50053
 
@@ -115,6 +117,10 @@ class RolloutConfig(StrictModel):
     databuffer_wait_seconds: float = pydantic.Field(30.0, ge=0, description="wait this long for an input batch")
     drain_timeout_s: float = pydantic.Field(60.0, ge=0, description="time in-flight work gets on SIGTERM")
     telemetry: TelemetryConfig = pydantic.Field(default_factory=TelemetryConfig)
+    limits: RequestLimits = pydantic.Field(default_factory=RequestLimits, description="bounds on one call")
+    paths: PathRoots = pydantic.Field(
+        default_factory=PathRoots, description="roots of the weight and staging folders that calls name"
+    )
 
     @property
     def effective_capacity(self) -> int:

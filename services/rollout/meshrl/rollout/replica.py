@@ -13,7 +13,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -23,11 +23,13 @@ from meshrl.api.common.v1 import keys_pb2, tensor_pb2
 from meshrl.common import batch_schema as S
 from meshrl.common import telemetry
 from meshrl.common.codec import Batch, Ragged
-from meshrl.common.errors import FailedPrecondition, InvalidArgument, MeshrlError, Unavailable
+from meshrl.common.errors import FailedPrecondition, InvalidArgument, MeshrlError, NotFound, Unavailable
 from meshrl.common.registry import DRAINING, PAUSED, SERVING, STALE, STARTING, ReplicaInfo
 from meshrl.common.telemetry import attributes as A
 from meshrl.common.weights import GroupSpec
+from meshrl.rollout.call_deadline import await_result, cancel_all
 from meshrl.rollout.engine import Engine
+from meshrl.rollout.limits import RequestLimits
 from meshrl.rollout.types import (
     FinishReason,
     GenerationRequest,
@@ -54,6 +56,7 @@ class BatchJob:
     step: int = 0
     row_begin: int = 0
     row_end: int = 0  # both 0 = every prompt
+    alive: Callable[[], bool] | None = None  # False once the caller cancelled or its deadline passed
 
 
 @dataclass
@@ -88,8 +91,10 @@ def sample_seed(seed: int | None, row: int, index: int) -> int | None:
 
 
 class RolloutReplica:
-    def __init__(self, engine: Engine, *, replica_id: str, capacity: int, databuffer=None, buffer_wait_s: float = 30.0):
+    def __init__(self, engine: Engine, *, replica_id: str, capacity: int, databuffer=None, buffer_wait_s: float = 30.0,
+                 limits: RequestLimits | None = None):  # fmt: skip
         self.engine = engine
+        self.limits = limits or RequestLimits()
         self.replica_id = replica_id
         self.capacity = capacity
         self.databuffer = databuffer  # meshrl.common.databuffer_client.DataBufferClient or None
@@ -160,18 +165,20 @@ class RolloutReplica:
         )
 
     # --- generation -------------------------------------------------------------------------------
-    def _run(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        """Generates every request; a request aborted by a pause is regenerated once generation resumes."""
+    def _run(self, requests: Sequence[GenerationRequest], alive=None) -> list[GenerationResult]:
+        """Generates every request; a request aborted by a pause is regenerated once generation resumes.
+        Stops (Cancelled, every request cancelled) as soon as `alive()` is False."""
         futures: list[Future[GenerationResult]] = [self.engine.submit(r) for r in requests]
         results: list[GenerationResult] = []
+        cancel = cancel_all(self.engine, requests)
         for request, future in zip(requests, futures):
-            result = future.result()
+            result = await_result(future, alive, cancel)
             retries = 0
             while result.finish_reason == FinishReason.ABORT:
                 retries += 1
                 if retries > MAX_ABORT_RETRIES or not self.engine.health():
                     raise Unavailable(f"request {request.request_id} was aborted {retries} times; retry elsewhere")
-                result = self.engine.submit(request).result()
+                result = await_result(self.engine.submit(request), alive, cancel)
             results.append(result)
         return results
 
@@ -183,6 +190,8 @@ class RolloutReplica:
             )
         if job.n < 1:
             raise InvalidArgument(f"n = {job.n}: the samples per prompt must be >= 1")
+        self.limits.check_batch(job.n, 0)
+        self.limits.check_stop(job.sampling.stop_token_ids)
         job.sampling.validate()
         self._enter()
         try:
@@ -193,6 +202,7 @@ class RolloutReplica:
                 start = time.perf_counter()
                 batch = self.databuffer.get(job.input, wait_seconds=self.buffer_wait_s)
                 rows = self._rows(batch, job)
+                self.limits.check_batch(job.n, len(rows))
                 prompts: Ragged = batch[S.PROMPT_IDS]
                 if not isinstance(prompts, Ragged):
                     raise InvalidArgument(f"input column '{S.PROMPT_IDS}' must be ragged int32 token ids")
@@ -210,7 +220,7 @@ class RolloutReplica:
                         self.engine.validate(r)
                     except InvalidArgument as exc:
                         raise InvalidArgument(f"prompt row {rows[i // job.n]}: {exc.message}") from None
-                results = self._run(requests)
+                results = self._run(requests, job.alive)
                 out, samples = self._output(batch, job, rows, results)
                 self.databuffer.put(job.output, out, samples=samples, overwrite=True)
                 stats = self._stats(results, time.perf_counter() - start)
@@ -275,6 +285,8 @@ class RolloutReplica:
 
     def stream(self, request: GenerationRequest, prompt_text: str = "") -> Iterator[TokenChunk]:
         """Streams one response (interactive / multi-turn); `prompt_text` is tokenized when no ids are given."""
+        self.limits.check_prompt_text(prompt_text)
+        self.limits.check_stop(request.sampling.stop_token_ids)
         if not request.prompt_ids and prompt_text:
             request.prompt_ids = self.engine.tokenize(prompt_text)
         self.engine.validate(request)
@@ -343,8 +355,8 @@ class RolloutReplica:
             result = self.engine.update_weights_from_distributed(
                 group_name, version, pause_mode=pause_mode, flush_cache=flush_cache, timeout_seconds=timeout_seconds
             )
-        except InvalidArgument:
-            raise  # refused before any tensor changed
+        except (InvalidArgument, NotFound):
+            raise  # refused before any tensor changed (a bad version, an unknown group): the replica is as it was
         except MeshrlError:
             self._state = STALE  # part of the weights may be new: serve nothing until refitted
             raise

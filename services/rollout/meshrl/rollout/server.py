@@ -11,6 +11,7 @@ from meshrl.api.rollout.v1 import rollout_pb2 as pb
 from meshrl.api.rollout.v1 import rollout_pb2_grpc
 from meshrl.common.errors import InvalidArgument
 from meshrl.common.grpc_server import Service
+from meshrl.common.path_roots import PathRoots
 from meshrl.common.telemetry import attributes as A
 from meshrl.common.telemetry import tag_span
 from meshrl.common.weights import GroupSpec
@@ -37,8 +38,9 @@ def pause_mode(value: int, default: PauseMode = PauseMode.IN_PLACE) -> PauseMode
 
 
 class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
-    def __init__(self, replica: RolloutReplica) -> None:
+    def __init__(self, replica: RolloutReplica, roots: PathRoots | None = None) -> None:
         self.replica = replica
+        self.roots = roots or PathRoots()
 
     def GenerateBatch(self, request: pb.GenerateBatchRequest, context) -> pb.GenerateBatchResponse:
         job = BatchJob(
@@ -50,6 +52,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             step=request.step,
             row_begin=request.row_begin,
             row_end=request.row_end,
+            alive=context.is_active,
         )
         s = self.replica.generate_batch(job)
         tag_span({
@@ -93,11 +96,12 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
 
     def UpdateWeightsFromDisk(self, request: pb.UpdateWeightsFromDiskRequest, context) -> pb.UpdateWeightsResponse:
         w = request.weights
+        staging = self.roots.inside(w.local_staging_dir, "weights.local_staging_dir") if w.local_staging_dir else ""
         r = self.replica.update_weights_from_disk(
-            w.path,
+            self.roots.inside(w.path, "weights.path"),
             w.version,
             manifest_sha256=w.manifest_sha256,
-            staging_dir=w.local_staging_dir,
+            staging_dir=staging,
             pause_mode=pause_mode(request.pause_mode),
             flush_cache=request.flush_cache,
         )
@@ -162,5 +166,6 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         )
 
 
-def service(replica: RolloutReplica) -> Service:
-    return Service(rollout_pb2_grpc.add_RolloutServicer_to_server, RolloutServicer(replica), SERVICE_NAME)
+def service(replica: RolloutReplica, roots: PathRoots | None = None) -> Service:
+    """The servicer; `roots`: the folders weight and staging paths must lie in (config `paths`)."""
+    return Service(rollout_pb2_grpc.add_RolloutServicer_to_server, RolloutServicer(replica, roots), SERVICE_NAME)

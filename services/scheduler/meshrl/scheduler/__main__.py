@@ -9,6 +9,7 @@ from meshrl.common.config import parse_service_args
 from meshrl.common.grpc_server import Service
 from meshrl.common.service_main import Hosted, run_service
 from meshrl.scheduler.config import SchedulerServiceConfig
+from meshrl.scheduler.job_policy import JobPolicy
 from meshrl.scheduler.jobs import JobManager
 from meshrl.scheduler.server import SchedulerServicer
 
@@ -19,9 +20,17 @@ def main(argv: list[str] | None = None) -> None:
     cfg = parse_service_args(SchedulerServiceConfig, argv, "python -m meshrl.scheduler", __doc__.split("\n")[0])
 
     def build() -> Hosted:
-        jobs = JobManager(cfg.run_root, cfg.max_concurrent_jobs)
+        policy = JobPolicy.operator(cfg.allowed_modules, cfg.run_root)  # the operator's, never the job's
+        jobs = JobManager(cfg.run_root, cfg.max_concurrent_jobs, policy)
         servicer = SchedulerServicer(jobs)
-        return Hosted([Service(scheduler_pb2_grpc.add_SchedulerServicer_to_server, servicer, SERVICE_NAME)])
+
+        def started(_running) -> None:
+            if cfg.recover_jobs:  # the runs a previous scheduler left running
+                for record in jobs.recover():
+                    print(f"resumed job {record.job_id} from {record.runner.run.root}", flush=True)
+
+        service = Service(scheduler_pb2_grpc.add_SchedulerServicer_to_server, servicer, SERVICE_NAME)
+        return Hosted([service], started=started)
 
     run_service("scheduler", cfg, build)
 

@@ -24,9 +24,14 @@ class JobSection(StrictModel):
     steps: int = Field(10, ge=0, description="RL steps to run")
     seed: int = 0
     run_root: str = Field("runs", description="folder that holds one folder per run")
+    max_restarts: int = Field(
+        3, ge=0, description="times a dead service restarts the job's services and resumes it (0: fail at once)"
+    )
+    restart_backoff_seconds: float = Field(2.0, ge=0, description="pause before such a restart")
     allowed_modules: list[str] = Field(
         default_factory=lambda: ["meshrl"],
-        description="module prefixes that executable_refs, rewards and data generators may come from",
+        description="module prefixes that executable_refs, rewards and data generators may come from "
+        "(under the scheduler service: only a narrowing of the scheduler's own allowed_modules)",
     )
 
 
@@ -143,11 +148,30 @@ class WeightsSection(StrictModel):
 
 
 class WarmupSection(StrictModel):
-    """Supervised warm-up on (prompt, answer) pairs before RL (a job phase, run once)."""
+    """Supervised warm-up on (prompt, response) pairs before RL (a job phase, run once; meshrl.scheduler.step.warmup).
 
-    steps: int = Field(0, ge=0)
+    The defaults are what bench/vs_trl measured against TRL's SFTTrainer: lr decayed linearly to min_lr over
+    the phase and a fresh optimizer for RL."""
+
+    steps: int = Field(0, ge=0, description="optimizer steps (0 with epochs 0: no warm-up)")
+    epochs: float = Field(0.0, ge=0, description="passes over data.train instead of steps (set one of the two)")
     batch_size: int = Field(32, ge=1)
-    lr: float = Field(1e-3, gt=0)
+    lr: float = Field(1e-3, gt=0, description="peak learning rate")
+    schedule: Literal["constant", "linear", "cosine"] = Field("linear", description="decay after the ramp")
+    warmup_ratio: float = Field(0.0, ge=0, le=1, description="share of the steps with a linear lr ramp")
+    min_lr: float = Field(0.0, ge=0, description="the rate the decay ends at")
+    eval_every: int = Field(0, ge=0, description="held-out loss every K steps (always at the end)")
+    handover: Literal["fresh", "keep"] = Field(
+        "fresh", description="fresh: RL starts with a new optimizer; keep: RL continues the warm-up's Adam state"
+    )
+
+    @pydantic.model_validator(mode="after")
+    def _consistent(self) -> WarmupSection:
+        if self.steps and self.epochs:
+            raise ValueError(f"warmup.steps = {self.steps} and warmup.epochs = {self.epochs}: set only one of them")
+        if self.min_lr > self.lr:
+            raise ValueError(f"warmup.min_lr = {self.min_lr} is above warmup.lr = {self.lr}; use a value <= lr")
+        return self
 
 
 class EvalSection(StrictModel):
@@ -190,5 +214,11 @@ class SchedulerServiceConfig(StrictModel):
 
     server: ServerConfig = Field(default_factory=lambda: ServerConfig(port=50050))
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
-    run_root: str = "runs"
+    run_root: str = Field("runs", description="every run folder lies under it; a job may name a sub-folder only")
     max_concurrent_jobs: int = Field(1, ge=1)
+    recover_jobs: bool = Field(True, description="on start, resume the jobs that were running in run_root")
+    allowed_modules: list[str] = Field(
+        default_factory=lambda: ["meshrl"],
+        description="the operator's allow-list: module prefixes a submitted job's executable_refs, rewards and "
+        "data generators may come from (a job's job.allowed_modules may only narrow it; '*' allows any)",
+    )

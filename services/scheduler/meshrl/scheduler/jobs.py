@@ -10,15 +10,17 @@ import time
 import traceback
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import yaml
 
 from meshrl.api.scheduler.v1 import scheduler_pb2 as spb
+from meshrl.common.bounded_yaml import load_bounded
 from meshrl.common.config import deep_merge, parse_overrides
-from meshrl.common.errors import FailedPrecondition, InvalidArgument, MeshrlError, NotFound
+from meshrl.common.errors import FailedPrecondition, InvalidArgument, MeshrlError, NotFound, cap_message
 from meshrl.scheduler.config import JobConfig
 from meshrl.scheduler.events import EventLog
+from meshrl.scheduler.job_policy import JobPolicy, check_run_id
+from meshrl.scheduler.recovery import run_with_restarts, unfinished_runs
 from meshrl.scheduler.rundir import RunDir
 from meshrl.scheduler.step.dispatch import check_runnable
 from meshrl.scheduler.step.runner import JobRunner
@@ -32,9 +34,9 @@ def build_job_config(config_yaml: str, overrides: list[str]) -> tuple[JobConfig,
     from meshrl.common.config import to_config_error
 
     try:
-        data = yaml.safe_load(config_yaml) if config_yaml.strip() else {}
+        data = load_bounded(config_yaml, source="the job config") if config_yaml.strip() else {}
     except yaml.YAMLError as exc:
-        raise InvalidArgument(f"the job config is not valid YAML ({exc}); fix the file's syntax") from None
+        raise InvalidArgument(cap_message(f"the job config is not valid YAML ({exc}); fix the file's syntax")) from None
     if not isinstance(data, dict):
         raise InvalidArgument("the job config must be a YAML mapping")
     data = deep_merge(data, parse_overrides(overrides))
@@ -61,6 +63,8 @@ class JobRecord:
     summary: dict = field(default_factory=dict)
     last_metrics: dict = field(default_factory=dict)
     resume: bool = False
+    restarts: int = 0  # services restarted after one died (recovery.run_with_restarts)
+    steps_lost: int = 0  # steps redone after those restarts
 
     def to_proto(self) -> spb.Job:
         cfg = self.runner.cfg
@@ -79,9 +83,11 @@ class JobRecord:
 
 
 class JobManager:
-    def __init__(self, run_root: str = "runs", max_concurrent: int = 1) -> None:
-        """run_root: where run folders go when a job's config does not set job.run_root."""
-        self.run_root = Path(run_root)
+    def __init__(self, run_root: str = "runs", max_concurrent: int = 1, policy: JobPolicy | None = None) -> None:
+        """run_root: where run folders go; policy: the operator's limits on jobs (default: `meshrl run`'s
+        local policy, which trusts the job's own allow-list and job.run_root)."""
+        self.policy = policy or JobPolicy.local(run_root)
+        self.run_root = self.policy.run_root
         self.jobs: dict[str, JobRecord] = {}
         self.slots = threading.Semaphore(max_concurrent)
         self.lock = threading.Lock()
@@ -91,16 +97,20 @@ class JobManager:
         progress: bool = False,
     ) -> JobRecord:  # fmt: skip
         cfg, raw = build_job_config(config_yaml, overrides)
+        if job_id:
+            check_run_id(job_id)
+        job = cfg.job.model_copy(update={"allowed_modules": self.policy.modules_for(cfg, raw)})
+        cfg = cfg.model_copy(update={"job": job})
+        self.policy.check_refs(cfg)  # by name, before the workflow's refs are imported
+        self.policy.check_overrides(cfg)
         workflow: Workflow = load_workflow_text(workflow_text, raw, allowed_modules=cfg.job.allowed_modules)
         check_runnable(workflow)
         if resume_dir:
-            run = RunDir(Path(resume_dir))
+            run = RunDir(self.policy.resume_folder(resume_dir))
             job_id = job_id or run.root.name
         else:
             job_id = job_id or f"{cfg.job.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
-            # the job's own job.run_root wins; otherwise the scheduler's run root
-            root = cfg.job.run_root if "run_root" in raw.get("job", {}) else str(self.run_root)
-            run = RunDir(Path(root) / job_id)
+            run = RunDir(self.policy.run_folder(cfg, raw, job_id))
             run.write_config(raw, workflow_text)
         with self.lock:
             if job_id in self.jobs:
@@ -116,7 +126,7 @@ class JobManager:
         with self.slots:
             self._set(record, spb.JOB_STATE_RUNNING, "started")
             try:
-                record.summary = record.runner.run_job(resume=record.resume)
+                record.summary = run_with_restarts(record, record.resume)
                 self._set(record, spb.JOB_STATE_SUCCEEDED, "finished")
             except MeshrlError as exc:
                 cancelled = exc.code.name == "CANCELLED"
@@ -164,3 +174,19 @@ class JobManager:
         if record.state != spb.JOB_STATE_RUNNING:
             raise FailedPrecondition(f"job {job_id} is not running ({spb.JobState.Name(record.state)})")
         return record.runner.request_scale(replicas)
+
+    def recover(self) -> list[JobRecord]:
+        """After a scheduler restart: resumes every job that was running in the run root (from its folder's
+        config, workflow and last checkpoint). A run that cannot be resumed is reported and skipped."""
+        records = []
+        for folder in unfinished_runs(self.run_root):
+            try:
+                config = (folder / "config.yaml").read_text()
+                record = self.create((folder / "workflow.yaml").read_text(), config, [], resume_dir=str(folder))
+            except MeshrlError as exc:
+                log.warning("cannot resume the run in %s: %s", folder, exc)
+                continue
+            record.events.log("the scheduler restarted: resuming this run from its last checkpoint")
+            self.start(record)
+            records.append(record)
+        return records

@@ -12,6 +12,7 @@ import pydantic
 
 from meshrl.common.config import StrictModel
 from meshrl.common.grpc_server import ServerConfig
+from meshrl.common.path_roots import PathRoots
 from meshrl.common.telemetry import TelemetryConfig
 from meshrl.trainer.losses import LossConfig
 from meshrl.trainer.optim import OptimizerConfig
@@ -64,6 +65,9 @@ class TrainerConfig(StrictModel):
     )
     torch_threads: int | None = pydantic.Field(None, ge=1, description="torch CPU threads (None = torch's default)")
     telemetry: TelemetryConfig = pydantic.Field(default_factory=TelemetryConfig)
+    paths: PathRoots = pydantic.Field(
+        default_factory=PathRoots, description="roots of the model, checkpoint and weight folders that calls name"
+    )
 
     @property
     def world_size(self) -> int:

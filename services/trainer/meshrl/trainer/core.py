@@ -9,6 +9,7 @@ Has no gRPC imports: `meshrl.trainer.server` converts protos and calls it; tests
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 
 import numpy as np
@@ -44,6 +45,21 @@ from meshrl.trainer.sharding import (
 from meshrl.trainer.training import needed_columns, train_role
 
 __all__ = ["ROLES", "ComputeResult", "NonFiniteLoss", "RoleState", "TrainResult", "TrainerCore"]
+
+
+def check_train_inputs(batch, lr_override: float) -> None:
+    """Refuses a train call that would change the weights wrongly or count a step that trained nothing."""
+    if not math.isfinite(lr_override) or lr_override < 0:
+        raise InvalidArgument(
+            f"lr_override = {lr_override}: must be a finite number >= 0 (0 = the scheduled learning rate)",
+            field="lr_override",
+        )
+    if int(batch.response_lengths.sum()) == 0:
+        raise InvalidArgument(
+            f"the batch's {len(batch)} rows have no response (loss) tokens: nothing to train on; "
+            "this call is not a training step. Fix: drop empty responses before the train node",
+            field="inputs",
+        )
 
 
 class TrainerCore:
@@ -226,6 +242,7 @@ class TrainerCore:
         if (cfg.policy_loss == "value") != (role == "critic"):
             raise InvalidArgument(f"policy_loss {cfg.policy_loss!r} does not fit role {role!r}; critic <-> 'value'")
         batch = sequence_batch(columns, vocab_size=state.spec.vocab_size, needed=needed_columns(cfg))
+        check_train_inputs(batch, lr_override)
         if not 1 <= mini_batches <= len(batch):
             raise InvalidArgument(f"mini_batches = {mini_batches} must be in [1, rows = {len(batch)}]")
         return train_role(

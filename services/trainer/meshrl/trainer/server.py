@@ -46,6 +46,10 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
     def __init__(self, service: TrainerService) -> None:
         self.service = service
 
+    def _inside(self, path: str, field: str) -> str:
+        """A path named by the caller, resolved inside the trainer's `paths.roots` (or refused)."""
+        return self.service.cfg.paths.inside(path, field) if path else path
+
     def LoadModel(self, request: pb.LoadModelRequest, context) -> pb.LoadModelResponse:
         role = role_name(request.role)
         self.service.check_layout(request.parallel.tensor_parallel, request.parallel.pipeline_parallel,
@@ -53,7 +57,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
         copy_from = role_name(request.copy_from, "copy_from") if request.copy_from else None
         info = self.service.load_model(
             role,
-            request.model_path,
+            self._inside(request.model_path, "model_path"),
             dtype=request.dtype or "float32",
             optimizer=optimizer_settings(request.optimizer, self.service.cfg.defaults.optimizer),
             seed=request.seed,
@@ -98,11 +102,12 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
     def SaveCheckpoint(self, request: pb.SaveCheckpointRequest, context) -> pb.SaveCheckpointResponse:
         if not request.path:
             raise InvalidArgument("SaveCheckpoint needs a path")
-        size = self.service.save_checkpoint(role_name(request.role), request.path, request.step, request.data_state)
+        path = self._inside(request.path, "path")
+        size = self.service.save_checkpoint(role_name(request.role), path, request.step, request.data_state)
         return pb.SaveCheckpointResponse(path=request.path, bytes=size)
 
     def LoadCheckpoint(self, request: pb.LoadCheckpointRequest, context) -> pb.LoadCheckpointResponse:
-        step, data_state = self.service.load_checkpoint(role_name(request.role), request.path)
+        step, data_state = self.service.load_checkpoint(role_name(request.role), self._inside(request.path, "path"))
         return pb.LoadCheckpointResponse(step=step, data_state=data_state)
 
     def InitWeightUpdateGroup(self, request, context) -> pb.InitWeightUpdateGroupResponse:
@@ -121,7 +126,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
             role_name(request.role or pb.ROLE_ACTOR),
             TRANSPORTS[request.transport],
             request.version,
-            disk_root=request.disk_root,
+            disk_root=self._inside(request.disk_root, "disk_root") if request.disk_root else "",
             keep_last=request.keep_last,
             bucket_bytes=request.bucket_bytes,
             group_name=request.group_name,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import math
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -197,8 +196,6 @@ class TrainerService:
     def _train_step(self, role, inputs, loss, micro_batch_tokens=None, mini_batches=None, lr_override=None
                     ) -> dict[str, Any]:  # fmt: skip
         cfg = LossConfig(**loss)
-        if lr_override is not None and not (math.isfinite(lr_override) and lr_override > 0):
-            raise InvalidArgument(f"lr_override = {lr_override} must be a positive finite learning rate (or unset)")
         if mini_batches is not None and mini_batches < 1:
             raise InvalidArgument(f"mini_batches = {mini_batches} must be at least 1 (or unset)")
         self.core.role(role)

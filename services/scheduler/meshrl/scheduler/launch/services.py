@@ -5,8 +5,10 @@ then trainer and rollout replicas, which need its address) and `close` stops wha
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from meshrl.common.databuffer_client import DataBufferClient
 from meshrl.scheduler.clients import TrainerClient
@@ -27,8 +29,14 @@ def telemetry_args(cfg: JobConfig, run: RunDir, name: str) -> list[str]:
     return args
 
 
+def roots_args(run: RunDir, model_path: str) -> list[str]:
+    """A launched service may touch the run folder and the model folder only (its `paths.roots`)."""
+    return ["--set", "paths.roots=" + json.dumps([str(run.root), str(Path(model_path).resolve())])]
+
+
 def rollout_spec(cfg: JobConfig, run: RunDir, name: str, buffer_address: str, model_path: str) -> ServiceSpec:
     args = [
+        *roots_args(run, model_path),
         "--set", f"engine.kind={cfg.rollout.engine}",
         "--set", f"engine.model_path={model_path}",
         "--set", f"engine.max_batch_size={cfg.rollout.max_batch_size}",
@@ -75,7 +83,8 @@ class JobServices:
         specs = []
         if self.cfg.trainer.address is None:
             t = self.cfg.trainer
-            args = ["--set", f"databuffer_address={buffer_address}", "--set", f"data_parallel.size={t.data_parallel}",
+            args = [*roots_args(self.run, self.model_path), "--set", f"databuffer_address={buffer_address}",
+                    "--set", f"data_parallel.size={t.data_parallel}",
                     "--set", f"parallel.tensor_parallel={t.tensor_parallel}",
                     "--set", f"parallel.pipeline_parallel={t.pipeline_parallel}",
                     *telemetry_args(self.cfg, self.run, "trainer"), *[a for kv in t.service_overrides for a in ("--set", kv)]]  # fmt: skip

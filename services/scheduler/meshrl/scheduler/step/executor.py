@@ -65,10 +65,11 @@ class StepContext:
 
 
 class NodeFailed(Exception):
-    def __init__(self, node_id: str, step: int, detail: str) -> None:
+    def __init__(self, node_id: str, step: int, detail: str, cause: BaseException | None = None) -> None:
         super().__init__(f"node '{node_id}' failed at step {step}:\n{detail}")
         self.node_id = node_id
         self.detail = detail
+        self.__cause__ = cause  # the node's own error: recovery tells a dead service from bad input by it
 
 
 Handler = Callable[[Any, StepContext], NodeResult]
@@ -127,7 +128,7 @@ class StepExecutor:
                     except Exception as exc:  # noqa: BLE001 - reported as the node's failure
                         detail = "".join(traceback.format_exception(exc))
                         self.events.node(step, node_id, spb.NODE_STATE_FAILED, error=detail)
-                        failure = failure or NodeFailed(node_id, step, detail)
+                        failure = failure or NodeFailed(node_id, step, detail, exc)
         if failure is not None:
             raise failure
         return metrics

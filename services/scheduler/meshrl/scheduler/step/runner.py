@@ -18,13 +18,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 from opentelemetry import context as otel_context
 
-from meshrl.common import batch_schema as S
 from meshrl.common import telemetry
-from meshrl.common.batch_key import batch_key
-from meshrl.common.codec import Ragged
 from meshrl.common.errors import Cancelled, DeadlineExceeded, InvalidArgument, MeshrlError, Unavailable
 from meshrl.common.telemetry import attributes as A
 from meshrl.scheduler.config import JobConfig
@@ -40,6 +36,7 @@ from meshrl.scheduler.step.executor import StepExecutor
 from meshrl.scheduler.step.nodes import NodeHandlers
 from meshrl.scheduler.step.progress import StepProgress
 from meshrl.scheduler.step.rewards import resolve_reward
+from meshrl.scheduler.step.warmup import SupervisedWarmup, heldout_pairs
 from meshrl.scheduler.trackers import Trackers, open_trackers
 from meshrl.scheduler.workflow import resolve_executable
 
@@ -131,21 +128,12 @@ class JobRunner:
 
     # -- phases --------------------------------------------------------------------------
     def warmup(self, svc: JobServices, encoder: PromptEncoder, records) -> None:
-        w = self.cfg.warmup
-        sampler = PromptSampler(records, self.cfg.data.shuffle_seed + 1)
-        for i in range(w.steps):
-            batch = sampler.next_batch(w.batch_size)
-            key = batch_key(self.job_id, i, "warmup")
-            targets = [r.response if r.response is not None else r.answer for r in batch]
-            svc.buffer.put(key, {
-                S.PROMPT_IDS: Ragged.from_rows([encoder.encode_prompt(r.prompt) for r in batch], dtype=np.int32),
-                S.RESPONSE_IDS: Ragged.from_rows([encoder.encode_response(t) for t in targets], dtype=np.int32),
-            })  # fmt: skip
-            sft = {"policy_loss": "sft"}  # the warm-up's objective
-            reply = svc.trainer.train_step("actor", [key], sft, self.cfg.trainer.micro_batch_tokens, 1, i, lr=w.lr)
-            svc.buffer.delete(key)
-            if i % 10 == 0 or i == w.steps - 1:
-                self.events.log(f"warm-up {i + 1}/{w.steps}: loss {reply.metrics.get('loss', float('nan')):.4f}")
+        cfg = self.cfg
+        mbt, seed = cfg.trainer.micro_batch_tokens, cfg.data.shuffle_seed
+        phase = SupervisedWarmup(self.job_id, cfg.warmup, svc.trainer, svc.buffer, encoder, log=self.events.log,
+                                 micro_batch_tokens=mbt, shuffle_seed=seed)  # fmt: skip
+        phase.run(records, heldout_pairs(cfg.data), self.run.root / "warmup.jsonl")
+        phase.hand_over(cfg.model.path, cfg.model.dtype, cfg.trainer.optimizer, cfg.job.seed)
         if "reference" in self.roles:
             svc.trainer.load_model("reference", self.cfg.model.path, self.cfg.model.dtype, None, 0, copy_from="actor")
 
@@ -182,7 +170,7 @@ class JobRunner:
                                        gradient_checkpointing=cfg.trainer.gradient_checkpointing)  # fmt: skip
             publisher = WeightPublisher(svc.trainer, cfg.weights, str(self.run.weights))
             resumed = resume and self.restore(svc, publisher, sampler)
-            if not resumed and cfg.warmup.steps:
+            if not resumed and (cfg.warmup.steps or cfg.warmup.epochs):
                 self.warmup(svc, encoder, records)
             # Replicas may have served another job: start above every version they report, and make
             # them serve exactly the trainer's weights before anything is generated.

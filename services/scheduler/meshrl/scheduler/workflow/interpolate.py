@@ -7,7 +7,9 @@ literal one. Rules:
     a mapping stays a mapping); a reference inside a longer string is replaced by its text;
   - `:-default` is used when the path is missing; the default is read as a YAML scalar (`8`, `true`, `0.2`);
   - path parts are mapping keys or list indices (`${config.models.0.name}`);
-  - `$${` writes a literal `${`.
+  - `$${` writes a literal `${`;
+  - the values substituted into one workflow are bounded in total size (a small file cannot copy a large
+    config value a million times).
 """
 
 from __future__ import annotations
@@ -17,8 +19,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-import yaml
-
+from meshrl.common.bounded_yaml import DEFAULT_LIMITS, YamlLimitError, load_bounded
 from meshrl.scheduler.workflow.errors import Problem
 
 _ANY_REF = re.compile(r"\$\$\{|\$\{([^}]*)\}")
@@ -50,10 +51,33 @@ def lookup(config: Mapping[str, Any], path: str) -> Any:
     return current
 
 
+def _size(value: Any, limit: int) -> int:
+    """Nodes plus string characters of a plain value, counted up to `limit` (stops early past it)."""
+    total, stack = 0, [value]
+    while stack and total <= limit:
+        item = stack.pop()
+        total += 1 + (len(item) if isinstance(item, str) else 0)
+        if isinstance(item, Mapping):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return total
+
+
 class _Resolver:
-    def __init__(self, config: Mapping[str, Any]) -> None:
+    def __init__(self, config: Mapping[str, Any], budget: int = DEFAULT_LIMITS.max_expanded) -> None:
         self.config = config
         self.problems: list[Problem] = []
+        self.budget = budget
+
+    def _spend(self, value: Any, path: str) -> None:
+        self.budget -= _size(value, self.budget)
+        if self.budget < 0:
+            raise YamlLimitError(
+                f"the workflow's ${{config...}} references copy more than {DEFAULT_LIMITS.max_expanded} nodes and "
+                f"characters (last: config.{path}). Fix: reference large config values fewer times"
+            )
 
     def _problem(self, where: str, node_id: str | None, message: str, fix: str) -> None:
         self.problems.append(Problem(f"{message} (at {where})", fix, node_id=node_id, field=where))
@@ -71,9 +95,10 @@ class _Resolver:
         path, default = match.group(1), match.group(2)
         value = lookup(self.config, path)
         if value is not _MISSING:
+            self._spend(value, path)
             return copy.deepcopy(value)
         if default is not None:
-            return yaml.safe_load(default) if default.strip() else ""
+            return load_bounded(default, source="a ${...:-default}") if default.strip() else ""
         self._problem(
             where,
             node_id,

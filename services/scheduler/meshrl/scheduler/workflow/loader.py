@@ -15,6 +15,8 @@ from typing import Any
 import pydantic
 import yaml
 
+from meshrl.common.bounded_yaml import YamlLimitError, load_bounded
+from meshrl.common.errors import short_repr
 from meshrl.common.suggest import close_match
 from meshrl.scheduler.workflow.checks import workflow_problems
 from meshrl.scheduler.workflow.errors import Problem, WorkflowError
@@ -86,7 +88,9 @@ def load_workflow_text(
 ) -> Workflow:
     """Parses YAML text and validates it (see `load_workflow_data`)."""
     try:
-        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        data = load_bounded(text, loader=_StrictLoader, source=source)  # aliases and size checked first
+    except YamlLimitError as exc:
+        raise WorkflowError([Problem(exc.message, "send a smaller workflow")], source=source) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -167,7 +171,9 @@ def _describe_error(err: Any, field: str, node_id: str | None, nodes: list[Any])
     if not field:
         if kind == "model_type":
             return Problem(
-                f"a node must be a mapping, got {value!r}", "write the node as node_id: ..., node_type: ...", node_id
+                f"a node must be a mapping, got {short_repr(value)}",
+                "write the node as node_id: ..., node_type: ...",
+                node_id,
             )
         return Problem(err["msg"], "fix the workflow's structure", node_id)
     if kind == "extra_forbidden":
@@ -189,15 +195,15 @@ def _describe_error(err: Any, field: str, node_id: str | None, nodes: list[Any])
         choices = [t.value for t in NodeType] if field == "node_type" else [r.value for r in NodeRole]
         close = close_match(str(value).upper(), choices)
         fix = f"did you mean '{close}'?" if close else "use one of " + ", ".join(choices)
-        return Problem(f"{field} {value!r} is not a known {field}", fix, node_id, field)
+        return Problem(f"{field} {short_repr(value)} is not a known {field}", fix, node_id, field)
     if kind == "string_pattern_mismatch":
         fix = {
             "executable_ref": "write 'package.module:function', e.g. my_rewards.math:score",
         }.get(field, "use letters, digits, '_' and '-', starting with a letter or '_'")
-        return Problem(f"{field} {value!r} is not well-formed", fix, node_id, field)
+        return Problem(f"{field} {short_repr(value)} is not well-formed", fix, node_id, field)
     if kind == "too_short" and field == "nodes":
         return Problem("the workflow has no nodes", "add at least a DATA_LOAD or ROLLOUT node", None, field)
-    return Problem(f"{field} = {value!r}: {err['msg']}", "give a value of the expected type", node_id, field)
+    return Problem(f"{field} = {short_repr(value)}: {err['msg']}", "give a value of the expected type", node_id, field)
 
 
 def _role_fix(node_id: str | None, nodes: list[Any]) -> str:

@@ -1,0 +1,71 @@
+"""What both trainers of the side-by-side harness share: the budget (steps, batch, peak learning rates,
+samples per prompt, lengths, evaluation cadence) and the curve type every phase returns. Used by
+bench/vs_trl/run.py, meshrl_side.py and trl_side.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class Budget:
+    sft_steps: int = 50  # stopped early on purpose: RL starts from a weak warm start
+    sft_batch: int = 32
+    sft_lr: float = 3e-3
+    rl_steps: int = 100
+    prompts_per_step: int = 8  # x n samples = 64 samples per RL step (one optimizer step)
+    n: int = 8
+    rl_lr: float = 1e-3
+    max_tokens: int = 10
+    sft_eval_every: int = 30
+    rl_eval_every: int = 20
+    n_train: int = 4000
+    n_eval: int = 128
+    seed: int = 0
+    trl_threads: int = 1  # torch threads of the TRL process (2 stalled 10x on this loaded 2-core machine)
+    # the model both sides start from (meshrl.trainer.model_builder)
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+
+    @classmethod
+    def full(cls) -> Budget:
+        """The issue's budget: 2,000 RL steps of 64 samples after the same short warm-up."""
+        return cls(rl_steps=2000, rl_eval_every=100, n_eval=256)
+
+    @property
+    def rl_samples_per_step(self) -> int:
+        return self.prompts_per_step * self.n
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Curve:
+    """Held-out greedy accuracy against training samples and training seconds (evaluation time excluded)."""
+
+    side: str  # "meshrl" | "trl"
+    phase: str  # "sft" | "rl-own" | "rl-common"
+    samples: list[int] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    accuracy: list[float] = field(default_factory=list)
+    extra: dict = field(default_factory=dict)  # held-out loss curve, process wall time, ...
+
+    def add(self, samples: int, seconds: float, accuracy: float) -> None:
+        self.samples.append(int(samples))
+        self.seconds.append(float(seconds))
+        self.accuracy.append(float(accuracy))
+
+    @property
+    def gain(self) -> float:
+        return self.accuracy[-1] - self.accuracy[0] if self.accuracy else float("nan")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Curve:
+        return cls(**d)

@@ -1,0 +1,81 @@
+"""Ratios and curves of the side-by-side harness: meshrl ÷ TRL held-out gain at equal samples, meshrl ÷ TRL
+training seconds to reach TRL's final accuracy, a printed table and one PNG per task. Called by run.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.vs_trl.budget import Curve
+
+
+def _at_samples(c: Curve, samples: int) -> float:
+    """Accuracy of the last evaluation at or before `samples`."""
+    best = c.accuracy[0]
+    for s, a in zip(c.samples, c.accuracy, strict=True):
+        if s <= samples:
+            best = a
+    return best
+
+
+def _first_reach(c: Curve, target: float) -> float | None:
+    for sec, a in zip(c.seconds, c.accuracy, strict=True):
+        if a >= target - 1e-9:
+            return sec
+    return None
+
+
+def ratios(meshrl: Curve, trl: Curve) -> dict[str, float | None]:
+    """gain_ratio: (meshrl final - start) / (TRL final - start) at the samples both reached (None: TRL gained
+    nothing); time_ratio: meshrl's seconds to first reach TRL's final accuracy / TRL's (None: meshrl never did,
+    or TRL's final accuracy was already its start)."""
+    samples = min(meshrl.samples[-1], trl.samples[-1])
+    g_m = _at_samples(meshrl, samples) - meshrl.accuracy[0]
+    g_t = _at_samples(trl, samples) - trl.accuracy[0]
+    target = trl.accuracy[-1]
+    t_m, t_t = _first_reach(meshrl, target), _first_reach(trl, target)
+    return {
+        "samples": samples, "meshrl_start": meshrl.accuracy[0], "trl_start": trl.accuracy[0],
+        "meshrl_gain": g_m, "trl_gain": g_t, "gain_ratio": g_m / g_t if g_t > 0 else None,
+        "trl_final": target, "meshrl_seconds": t_m, "trl_seconds": t_t,
+        "time_ratio": t_m / t_t if t_m is not None and t_t and t_t > 1e-3 else None,  # n/a: TRL never moved
+    }  # fmt: skip
+
+
+def _fmt(v: float | None, spec: str = ".2f") -> str:
+    return "  n/a" if v is None else format(v, spec)
+
+
+def table(rows: list[tuple[str, str, dict]]) -> str:
+    head = (f"{'task':<9} {'phase':<10} {'samples':>7} {'start m/t':>11} {'gain meshrl':>11} {'gain TRL':>8} "
+            f"{'gain m/t':>8} {'TRL final':>9} {'s to it m':>9} {'s to it t':>9} {'time m/t':>8}")  # fmt: skip
+    lines = [head, "-" * len(head)]
+    for task, phase, r in rows:
+        lines.append(
+            f"{task:<9} {phase:<10} {r['samples']:>7} {r['meshrl_start']:>5.3f}/{r['trl_start']:<5.3f} "
+            f"{r['meshrl_gain']:>+11.3f} {r['trl_gain']:>+8.3f} {_fmt(r['gain_ratio']):>8} {r['trl_final']:>9.3f} "
+            f"{_fmt(r['meshrl_seconds'], '.1f'):>9} {_fmt(r['trl_seconds'], '.1f'):>9} {_fmt(r['time_ratio']):>8}"
+        )
+    return "\n".join(lines)
+
+
+def plot(task: str, pairs: list[tuple[str, Curve, Curve]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, len(pairs), figsize=(4.2 * len(pairs), 6.4), squeeze=False)
+    for col, (phase, m, t) in enumerate(pairs):
+        for row, (xs, label) in enumerate((("samples", "training samples"), ("seconds", "training seconds"))):
+            ax = axes[row][col]
+            for c, style in ((m, "o-"), (t, "s--")):
+                ax.plot(getattr(c, xs), c.accuracy, style, ms=3, label=c.side)
+            ax.set_xlabel(label)
+            ax.set_ylabel("held-out accuracy")
+            ax.set_title(f"{task}: {phase}")
+            ax.grid(alpha=0.3)
+            ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

@@ -1,0 +1,144 @@
+"""Side-by-side harness: meshrl (`meshrl run`, through the services) and TRL (SFTTrainer + GRPOTrainer) on the
+same model folder, data and budget, phase by phase, on the harness's own tasks (bench/vs_trl/tasks.py):
+
+  sft        supervised warm-up from the same initial weights (meshrl's `warmup` phase vs SFTTrainer)
+  rl-own     GRPO from each side's own warm start
+  rl-common  GRPO from one common warm start (TRL's SFT weights) on both sides
+
+Prints, per task and phase, meshrl ÷ TRL held-out gain at equal samples and meshrl ÷ TRL training seconds to
+reach TRL's final accuracy, and writes curves (accuracy vs samples and vs seconds) as PNG per task.
+
+  make setup-trl
+  .venv/bin/python bench/vs_trl/run.py                      # the quick budget (minutes per task)
+  .venv/bin/python bench/vs_trl/run.py --full               # the issue's budget: 2,000 RL steps of 64 samples
+  .venv/bin/python bench/vs_trl/run.py --tasks reverse --rl-steps 40 --meshrl-set warmup.handover=keep
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.vs_trl.budget import Budget, Curve  # noqa: E402
+from bench.vs_trl.compare import plot, ratios, table  # noqa: E402
+from bench.vs_trl.meshrl_side import run_meshrl  # noqa: E402
+from bench.vs_trl.tasks import TASKS, write_task_data  # noqa: E402
+from meshrl.trainer.model_builder import build_small_model  # noqa: E402
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    p.add_argument("--full", action="store_true", help="the issue's budget (Budget.full)")
+    for name in ("sft_steps", "rl_steps", "sft_batch", "prompts_per_step", "n", "n_eval", "rl_eval_every", "seed"):
+        p.add_argument(f"--{name.replace('_', '-')}", type=int)
+    p.add_argument("--sft-lr", type=float)
+    p.add_argument("--rl-lr", type=float)
+    p.add_argument("--trl-threads", type=int)
+    p.add_argument(
+        "--reuse-trl",
+        action="store_true",
+        help="reuse TRL's curves and weights of an earlier run with the same budget (to compare meshrl settings)",
+    )
+    p.add_argument("--meshrl-set", action="append", default=[], metavar="KEY=VALUE", help="extra meshrl override")
+    p.add_argument("--report", metavar="RESULTS_JSON", help="only reprint the table and redraw the PNGs of a run")
+    p.add_argument("--out", default="runs/vs_trl", help="work folder (models, data, run folders, results.json)")
+    p.add_argument("--png-dir", default=str(Path(__file__).resolve().parent), help="where curves_<task>.png go")
+    return p.parse_args(argv)
+
+
+def budget_of(args: argparse.Namespace) -> Budget:
+    b = Budget.full() if args.full else Budget()
+    for name in Budget.__dataclass_fields__:
+        if getattr(args, name, None) is not None:
+            setattr(b, name, getattr(args, name))
+    return b
+
+
+def trl_phases(name: str, b: Budget, work: Path, model: Path, data: Path, reuse: bool) -> tuple[Curve, Curve, Path]:
+    """TRL's SFT and GRPO-from-its-SFT curves and SFT weights (from `trl.json` when reusing a same-budget run)."""
+    saved = work / "trl.json"
+    if reuse and saved.exists() and json.loads(saved.read_text())["budget"] == b.to_dict():
+        d = json.loads(saved.read_text())
+        print(f"[{name}] TRL curves reused from {saved}", flush=True)
+        return Curve.from_dict(d["sft"]), Curve.from_dict(d["rl"]), Path(d["weights"])
+    import torch
+
+    from bench.vs_trl.trl_side import trl_grpo, trl_sft  # optional dependency: imported only when run
+
+    torch.set_num_threads(b.trl_threads)
+    print(f"[{name}] TRL SFT", flush=True)
+    sft, weights = trl_sft(TASKS[name], b, model, data, work)
+    print(f"[{name}] TRL GRPO from its SFT", flush=True)
+    rl = trl_grpo(TASKS[name], b, weights, data, work, "rl-own")
+    saved.write_text(
+        json.dumps({"budget": b.to_dict(), "sft": sft.to_dict(), "rl": rl.to_dict(), "weights": str(weights)})
+    )
+    return sft, rl, weights
+
+
+def run_task(name: str, b: Budget, out: Path, sets: list[str], reuse: bool) -> list[tuple[str, Curve, Curve]]:
+    task, work = TASKS[name], out / name
+    data = work / "data"
+    write_task_data(task, data, b.seed, b.n_train, b.n_eval)
+    model = work / "model"
+    if not (model / "config.json").exists():
+        build_small_model(model, arch="qwen2", hidden_size=b.hidden_size, num_layers=b.num_layers,
+                          num_heads=b.num_heads, num_kv_heads=b.num_kv_heads, seed=b.seed)  # fmt: skip
+    trl_sft_curve, trl_rl, trl_weights = trl_phases(name, b, work, model, data, reuse)
+    print(f"[{name}] meshrl warm-up + GRPO", flush=True)
+    m_sft, m_rl_own = run_meshrl(task, b, model, data, work, "rl-own", True, sets)
+    m_sft.samples.insert(0, 0), m_sft.seconds.insert(0, 0.0), m_sft.accuracy.insert(0, trl_sft_curve.accuracy[0])
+    print(f"[{name}] meshrl GRPO from TRL's SFT weights", flush=True)
+    _, m_rl_common = run_meshrl(task, b, trl_weights, data, work, "rl-common", False, sets)
+    return [("sft", m_sft, trl_sft_curve), ("rl-own", m_rl_own, trl_rl), ("rl-common", m_rl_common, trl_rl)]
+
+
+def report(results: dict, png_dir: Path) -> list[tuple[str, str, dict]]:
+    """Ratios (recomputed) and PNGs from a results.json."""
+    rows, by_task = [], {}
+    for key, value in results.items():
+        if "/" in key:
+            name, phase = key.split("/")
+            m, t = Curve.from_dict(value["meshrl"]), Curve.from_dict(value["trl"])
+            by_task.setdefault(name, []).append((phase, m, t))
+            rows.append((name, phase, ratios(m, t)))
+    png_dir.mkdir(parents=True, exist_ok=True)
+    for name, pairs in by_task.items():
+        plot(name, pairs, png_dir / f"curves_{name}.png")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    if args.report:
+        print(table(report(json.loads(Path(args.report).read_text()), Path(args.png_dir))))
+        return 0
+    b, out = budget_of(args), Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"budget: {b.to_dict()}\nmeshrl overrides: {args.meshrl_set or 'none'}", flush=True)
+    started, rows, results = time.monotonic(), [], {"budget": b.to_dict(), "meshrl_set": args.meshrl_set}
+    for name in args.tasks:
+        pairs = run_task(name, b, out, args.meshrl_set, args.reuse_trl)
+        plot(name, pairs, Path(args.png_dir) / f"curves_{name}.png")
+        for phase, m, t in pairs:
+            r = ratios(m, t)
+            rows.append((name, phase, r))
+            results[f"{name}/{phase}"] = {"ratios": r, "meshrl": m.to_dict(), "trl": t.to_dict()}
+        (out / "results.json").write_text(json.dumps(results, indent=1))
+    print("\nheld-out greedy accuracy, meshrl (m) vs TRL (t); seconds are training time, evaluation excluded")
+    print("(rl-common: both sides start from TRL's SFT weights, so TRL's curve is its rl-own run)\n")
+    print(table(rows))
+    print(f"\nharness wall time {time.monotonic() - started:.0f} s; results in {out / 'results.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

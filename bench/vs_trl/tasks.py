@@ -1,0 +1,102 @@
+"""The harness's own tasks (not the default example): digit-string reversal and multiplication by one digit.
+
+Each task writes train / held-out jsonl files in the shape `meshrl run` reads (`prompt`, `answer`, `solution`)
+and has a partial-credit reward `score(prompts, responses, answers) -> list[float]` that both trainers call:
+meshrl as `algorithm.reward` (`bench.vs_trl.tasks:reverse_score`), TRL through `trl_reward`. Held-out
+accuracy is the share of greedy responses with reward 1.0. Called by bench/vs_trl/run.py.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def _digits(rng: random.Random, low: int, high: int) -> str:
+    return "".join(rng.choice("0123456789") for _ in range(rng.randint(low, high)))
+
+
+def _positional_credit(response: str, answer: str) -> float:
+    """Share of the answer's characters matched position by position, less a penalty for extra characters.
+
+    1.0 only for the exact answer; a response of the right length with half its characters right gets 0.5.
+    """
+    got = response.strip()
+    if not got:
+        return 0.0
+    hits = sum(a == b for a, b in zip(got, answer))
+    return max(0.0, (hits - max(0, len(got) - len(answer))) / len(answer))
+
+
+def reverse_score(prompts: Sequence[str], responses: Sequence[str], answers: Sequence[str]) -> list[float]:
+    """Partial credit for reversing a digit string: positional matches (left-aligned)."""
+    return [_positional_credit(r, a) for r, a in zip(responses, answers, strict=True)]
+
+
+def multiply_score(prompts: Sequence[str], responses: Sequence[str], answers: Sequence[str]) -> list[float]:
+    """Partial credit for a product: digits matched right-aligned (the units digit is the easiest to get right);
+    anything but digits scores 0."""
+    out = []
+    for response, answer in zip(responses, answers, strict=True):
+        got = response.strip()
+        if not got.isdigit():
+            out.append(0.0)
+            continue
+        out.append(_positional_credit(got[::-1], answer[::-1]) if len(got) <= len(answer) + 2 else 0.0)
+    return out
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    reward: str  # package.module:function, for meshrl's algorithm.reward
+    score: Callable[[Sequence[str], Sequence[str], Sequence[str]], list[float]]
+    make: Callable[[random.Random], tuple[str, str]]  # rng -> (prompt, answer)
+    max_rows: int = 1 << 30  # distinct prompts the task has (train + held-out are capped to it)
+
+
+def _reverse(rng: random.Random) -> tuple[str, str]:
+    s = _digits(rng, 3, 6)
+    return f"Reverse {s}", s[::-1]
+
+
+def _multiply(rng: random.Random) -> tuple[str, str]:
+    a, b = rng.randint(10, 99), rng.randint(2, 9)
+    return f"{a}*{b}=", str(a * b)
+
+
+TASKS: dict[str, Task] = {
+    "reverse": Task("reverse", "bench.vs_trl.tasks:reverse_score", reverse_score, _reverse),
+    "multiply": Task("multiply", "bench.vs_trl.tasks:multiply_score", multiply_score, _multiply, max_rows=720),
+}
+
+
+def write_task_data(task: Task, out_dir: str | Path, seed: int, n_train: int, n_eval: int) -> tuple[Path, Path]:
+    """train.jsonl and eval.jsonl; held-out prompts never occur in train. Same seed -> same bytes."""
+    rng, out = random.Random(seed), Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if n_eval >= task.max_rows:
+        raise ValueError(f"task {task.name} has {task.max_rows} distinct prompts; ask for fewer than {n_eval} held out")
+    n_train = min(n_train, task.max_rows - n_eval)
+    seen: dict[str, str] = {}
+    while len(seen) < n_train + n_eval:
+        prompt, answer = task.make(rng)
+        seen.setdefault(prompt, answer)
+    rows = [{"prompt": p, "answer": a, "solution": a} for p, a in seen.items()]
+    paths = out / "train.jsonl", out / "eval.jsonl"
+    for path, part in zip(paths, (rows[n_eval:], rows[:n_eval]), strict=True):
+        path.write_text("".join(json.dumps(r) + "\n" for r in part))
+    return paths
+
+
+def trl_reward(task: Task) -> Callable[..., list[float]]:
+    """The task's reward in TRL's shape: (prompts, completions, answer=[...], **columns) -> list[float]."""
+
+    def reward(prompts, completions, answer, **_):
+        return task.score(prompts, completions, answer)
+
+    reward.__name__ = f"{task.name}_score"
+    return reward

@@ -1,0 +1,44 @@
+"""File roots of a service: every path a caller names in an RPC (a model folder, a checkpoint, published
+weights, a staging folder) is resolved and must lie inside one of the configured roots, or it is refused.
+
+The trainer's and the rollout's servicers call `PathRoots.inside` at the edge; the scheduler sets the roots
+of the services it launches to the run folder and the model folder. An empty list of roots means "anywhere",
+the behaviour of a service started by hand for local work; deployments set `paths.roots`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pydantic
+
+from meshrl.common.config import StrictModel
+from meshrl.common.errors import InvalidArgument, PermissionDenied
+
+
+class PathRoots(StrictModel):
+    roots: list[str] = pydantic.Field(
+        default_factory=list,
+        description="folders that every path named in a call must lie in (model, checkpoint, weights, staging "
+        "folders); empty = anywhere (a service run by hand); deployments set it",
+    )
+
+    def inside(self, path: str, field: str) -> str:
+        """`path` resolved (symlinks and `..` followed); PERMISSION_DENIED when outside every root."""
+        if not path:
+            raise InvalidArgument(f"{field} is empty: name a folder", field=field)
+        if "\x00" in path:
+            raise InvalidArgument(f"{field} contains a NUL byte", field=field)
+        resolved = Path(path).expanduser().resolve()
+        if not self.roots:
+            return str(resolved)
+        for root in self.roots:
+            base = Path(root).expanduser().resolve()
+            if resolved == base or base in resolved.parents:
+                return str(resolved)
+        shown = path if len(path) <= 200 else path[:200] + "..."
+        raise PermissionDenied(
+            f"{field} {shown!r} lies outside this service's roots {self.roots}. "
+            "Fix: name a path inside one of them, or add its folder to the service's paths.roots",
+            field=field,
+        )

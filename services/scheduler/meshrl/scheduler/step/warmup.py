@@ -1,0 +1,135 @@
+"""The supervised warm-up: a job phase that trains the actor on (prompt, response) pairs before RL.
+
+A real supervised trainer over the trainer service: batches of `warmup.batch_size` pairs drawn in seeded
+epochs (`steps`, or `epochs` over the training set), a learning rate per step from `LrSchedule` (linear ramp
+over `warmup_ratio` of the steps, then constant / linear / cosine decay) sent as the step's `lr_override`,
+loss on response tokens only (the trainer scores only response tokens, so prompt tokens are masked), the
+held-out loss (mean negative log-likelihood per response token of the eval pairs) every `eval_every` steps and
+at the end, and a hand-over to RL: `fresh` reloads the actor from its own warmed weights with a new optimizer
+(Adam moments and step count zeroed, so RL's own lr schedule starts at its first step), `keep` carries the
+optimizer state over. Called by `meshrl.scheduler.step.runner.JobRunner`; writes `warmup.jsonl` in the run folder.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from meshrl.common import batch_schema as S
+from meshrl.common.batch_key import batch_key
+from meshrl.common.codec import Ragged
+from meshrl.common.errors import InvalidArgument
+from meshrl.scheduler.step.data import PromptEncoder, PromptSampler, Record, load_records
+from meshrl.scheduler.step.lr_schedule import LrSchedule
+
+
+@dataclass
+class WarmupResult:
+    steps: int
+    train_loss: float = float("nan")
+    heldout_loss: float | None = None
+    curve: list[dict[str, float]] = field(default_factory=list)
+
+
+def warmup_steps(cfg: Any, n_records: int) -> int:
+    """`warmup.steps`, or `warmup.epochs` passes over the training set in batches of `warmup.batch_size`."""
+    if cfg.steps and cfg.epochs:
+        raise InvalidArgument(
+            f"warmup.steps = {cfg.steps} and warmup.epochs = {cfg.epochs} are both set; set one of them"
+        )
+    if cfg.epochs:
+        return max(1, math.ceil(cfg.epochs * n_records / cfg.batch_size))
+    return cfg.steps
+
+
+def schedule_for(cfg: Any, steps: int) -> LrSchedule:
+    return LrSchedule(
+        peak=cfg.lr, total_steps=max(steps, 1), warmup_steps=round(cfg.warmup_ratio * steps),
+        decay=cfg.schedule, min_lr=cfg.min_lr,
+    )  # fmt: skip
+
+
+class SupervisedWarmup:
+    """Runs the phase; `trainer` is a TrainerClient, `buffer` a DataBufferClient (the same calls)."""
+
+    def __init__(self, job_id: str, cfg: Any, trainer: Any, buffer: Any, encoder: PromptEncoder, *,
+                 micro_batch_tokens: int, shuffle_seed: int, log: Callable[[str], None] = print) -> None:  # fmt: skip
+        self.job_id, self.cfg, self.trainer, self.buffer, self.encoder = job_id, cfg, trainer, buffer, encoder
+        self.micro_batch_tokens = micro_batch_tokens
+        self.shuffle_seed = shuffle_seed
+        self.log = log
+
+    def _put_pairs(self, key, records: list[Record]) -> None:
+        targets = [r.response if r.response is not None else r.answer for r in records]
+        self.buffer.put(key, {
+            S.PROMPT_IDS: Ragged.from_rows([self.encoder.encode_prompt(r.prompt) for r in records], dtype=np.int32),
+            S.RESPONSE_IDS: Ragged.from_rows([self.encoder.encode_response(t) for t in targets], dtype=np.int32),
+        })  # fmt: skip
+
+    def heldout_loss(self, records: list[Record], step: int) -> float:
+        """Mean negative log-likelihood per response token of the held-out pairs under the actor."""
+        key, out = batch_key(self.job_id, step, "warmup_eval"), batch_key(self.job_id, step, "warmup_eval_logp")
+        self._put_pairs(key, records)
+        try:
+            self.trainer.compute_logprobs("actor", [key], out, S.OLD_LOGPROBS, False)
+            logp = self.buffer.get(out)[S.OLD_LOGPROBS].values
+            return float(-np.asarray(logp, dtype=np.float64).mean())
+        finally:
+            self.buffer.delete(key)
+            self.buffer.delete(out)
+
+    def run(self, records: list[Record], heldout: list[Record], curve_file: Path | None = None) -> WarmupResult:
+        cfg = self.cfg
+        steps = warmup_steps(cfg, len(records))
+        result = WarmupResult(steps)
+        if not steps:
+            return result
+        schedule, sampler = schedule_for(cfg, steps), PromptSampler(records, self.shuffle_seed + 1)
+        sft = {"policy_loss": "sft"}  # the warm-up's objective: NLL of the response tokens
+        seconds = 0.0  # training time, held-out loss excluded
+        for i in range(steps):
+            started = time.perf_counter()
+            key = batch_key(self.job_id, i, "warmup")
+            self._put_pairs(key, sampler.next_batch(cfg.batch_size))
+            lr = schedule.at(i)
+            try:
+                reply = self.trainer.train_step("actor", [key], sft, self.micro_batch_tokens, 1, i, lr=lr)
+            finally:
+                self.buffer.delete(key)
+            seconds += time.perf_counter() - started
+            result.train_loss = float(reply.metrics.get("loss", float("nan")))
+            point = {"step": i + 1, "samples": (i + 1) * cfg.batch_size, "seconds": seconds, "lr": lr,
+                     "loss": result.train_loss}  # fmt: skip
+            last = i == steps - 1
+            if heldout and ((cfg.eval_every and (i + 1) % cfg.eval_every == 0) or last):
+                point["heldout_loss"] = result.heldout_loss = self.heldout_loss(heldout, i + 1)
+            result.curve.append(point)
+            if curve_file is not None:
+                with curve_file.open("a") as f:
+                    f.write(json.dumps(point) + "\n")
+            if i % 10 == 0 or last or "heldout_loss" in point:
+                held = f", held-out {point['heldout_loss']:.4f}" if "heldout_loss" in point else ""
+                self.log(f"warm-up {i + 1}/{steps}: lr {lr:.2e}, loss {result.train_loss:.4f}{held}")
+        return result
+
+    def hand_over(self, model_path: str, dtype: str, optimizer: Any, seed: int) -> None:
+        """`fresh`: the actor keeps its warmed weights and gets a new optimizer (RL's schedule at step 0)."""
+        if self.cfg.handover == "fresh":
+            self.trainer.load_model("actor", model_path, dtype, optimizer, seed, copy_from="actor")
+
+
+def heldout_pairs(data: Any, limit: int = 256) -> list[Record]:
+    """The eval set's (prompt, response) pairs for the held-out loss: [] when it has no `data.response_key`."""
+    if not data.eval or not data.response_key:
+        return []
+    try:
+        return load_records(data.eval, data.prompt_key, data.answer_key, data.response_key)[:limit]
+    except KeyError:  # eval rows without responses: the accuracy evaluation still runs, the loss is skipped
+        return []

@@ -1,0 +1,70 @@
+"""The side-by-side harness's own pieces (bench/vs_trl): task data, partial-credit rewards, the ratios it
+prints, and the meshrl job config it writes validating as a real JobConfig. TRL itself is not needed here."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.vs_trl.budget import Budget, Curve
+from bench.vs_trl.compare import ratios, table
+from bench.vs_trl.meshrl_side import WORKFLOW, job_config
+from bench.vs_trl.tasks import TASKS, multiply_score, reverse_score, write_task_data
+from meshrl.scheduler.config import JobConfig
+from meshrl.scheduler.step.rewards import resolve_reward
+from meshrl.scheduler.workflow.loader import load_workflow_file
+
+
+def test_rewards_give_partial_credit_and_full_credit_only_when_exact():
+    assert reverse_score(["p"] * 4, ["321", "3x1", "32", "3211"], ["321"] * 4) == pytest.approx(
+        [1, 2 / 3, 2 / 3, 2 / 3]
+    )
+    assert reverse_score(["p"], [""], ["321"]) == [0.0]
+    got = multiply_score(["p"] * 4, ["1236", "1230", "36", "12a6"], ["1236"] * 4)
+    assert got == pytest.approx([1.0, 0.75, 0.5, 0.0])  # right-aligned digits; non-digits score 0
+
+
+def test_task_data_is_deterministic_and_held_out(tmp_path):
+    for task in TASKS.values():
+        train, held = write_task_data(task, tmp_path / task.name, seed=3, n_train=200, n_eval=20)
+        again = write_task_data(task, tmp_path / f"{task.name}-2", seed=3, n_train=200, n_eval=20)
+        assert train.read_bytes() == again[0].read_bytes()
+        rows = [json.loads(x) for x in train.read_text().splitlines()]
+        held_rows = [json.loads(x) for x in held.read_text().splitlines()]
+        assert len(rows) == 200 and len(held_rows) == 20
+        assert not {r["prompt"] for r in rows} & {r["prompt"] for r in held_rows}
+        assert all(task.score([r["prompt"]], [r["solution"]], [r["answer"]]) == [1.0] for r in held_rows)
+
+
+def test_job_config_validates_and_names_a_resolvable_reward(tmp_path):
+    for task in TASKS.values():
+        raw = job_config(task, Budget(), tmp_path / "model", tmp_path / "data", tmp_path / "runs", "t", True)
+        cfg = JobConfig(**raw)
+        assert cfg.warmup.steps == Budget().sft_steps and cfg.data.prompts_per_step * cfg.rollout.n == 64
+        assert resolve_reward(cfg.algorithm.reward, cfg.job.allowed_modules) is not None
+    load_workflow_file(WORKFLOW, allowed_modules=["meshrl"])
+
+
+def curve(side, samples, seconds, acc):
+    c = Curve(side, "rl")
+    for s, t, a in zip(samples, seconds, acc, strict=True):
+        c.add(s, t, a)
+    return c
+
+
+def test_ratios_compare_gains_at_equal_samples_and_time_to_trl_final():
+    m = curve("meshrl", [0, 64, 128, 192], [0, 1, 2, 3], [0.1, 0.2, 0.4, 0.5])
+    t = curve("trl", [0, 64, 128], [0, 4, 8], [0.1, 0.3, 0.3])
+    r = ratios(m, t)
+    assert r["samples"] == 128 and r["gain_ratio"] == pytest.approx(1.5)  # (0.4-0.1) / (0.3-0.1)
+    assert r["meshrl_seconds"] == 2 and r["trl_seconds"] == 4 and r["time_ratio"] == pytest.approx(0.5)
+    never = ratios(curve("meshrl", [0, 128], [0, 1], [0.1, 0.1]), t)
+    assert never["gain_ratio"] == 0.0 and never["time_ratio"] is None
+    assert "n/a" in table([("reverse", "rl-own", never)])
+
+
+def test_no_time_ratio_when_trl_final_is_its_start():
+    flat = curve("trl", [0, 64], [0.0, 5.0], [0.2, 0.1])
+    r = ratios(curve("meshrl", [0, 64], [0, 1], [0.2, 0.3]), flat)
+    assert r["gain_ratio"] is None and r["time_ratio"] is None

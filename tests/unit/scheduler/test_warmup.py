@@ -1,0 +1,152 @@
+"""The supervised warm-up (meshrl.scheduler.step.warmup) against a real trainer service over gRPC: its lr schedule,
+held-out loss, epochs, and the hand-over to RL (a fresh optimizer, so RL's own lr schedule starts at its step 0)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pydantic
+import pytest
+
+from meshrl.common import batch_schema as S
+from meshrl.common.batch_key import batch_key
+from meshrl.common.codec import Batch, Ragged
+from meshrl.common.errors import InvalidArgument, NotFound
+from meshrl.common.grpc_server import ServerConfig, start_server
+from meshrl.scheduler.clients import TrainerClient
+from meshrl.scheduler.config import OptimSection, WarmupSection
+from meshrl.scheduler.step.data import PromptEncoder, Record
+from meshrl.scheduler.step.lr_schedule import LrSchedule
+from meshrl.scheduler.step.warmup import SupervisedWarmup, warmup_steps
+from meshrl.trainer.config import TrainerConfig
+from meshrl.trainer.core import TrainerCore
+from meshrl.trainer.model_builder import build_small_model
+from meshrl.trainer.server import service
+from meshrl.trainer.service import TrainerService
+
+
+class MemoryBuffer:
+    """The data-buffer calls of the warm-up and the trainer (put / get / get_many / delete) over a dict."""
+
+    def __init__(self) -> None:
+        self.batches: dict[tuple, Batch] = {}
+
+    @staticmethod
+    def _k(key) -> tuple:
+        return key.job_id, key.step, key.node_id
+
+    def put(self, key, columns, **_) -> int:
+        self.batches[self._k(key)] = Batch(dict(columns))
+        return 0
+
+    def get(self, key, **_) -> Batch:
+        if self._k(key) not in self.batches:
+            raise NotFound(f"no batch {self._k(key)}")
+        return self.batches[self._k(key)]
+
+    def get_many(self, keys, **_) -> Batch:
+        (only,) = keys
+        return self.get(only)
+
+    def delete(self, key, **_) -> bool:
+        return self.batches.pop(self._k(key), None) is not None
+
+    def close(self) -> None:
+        self.batches.clear()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_small_model(tmp_path_factory.mktemp("warm"), arch="qwen2", hidden_size=32, seed=3)
+
+
+@pytest.fixture()
+def trainer(model_dir):
+    buffer = MemoryBuffer()
+    running = start_server(ServerConfig(port=0), [service(TrainerService(TrainerConfig(), TrainerCore(), buffer))])
+    client = TrainerClient(running.address, timeout=120)
+    yield client, buffer
+    client.close()
+    running.stop(0)
+
+
+def records(n: int, offset: int = 0) -> list[Record]:
+    out = []
+    for i in range(offset, offset + n):
+        digits = f"{(i * 7919) % 1000:03d}"
+        out.append(Record(i, f"Reverse {digits}", digits[::-1], digits[::-1]))
+    return out
+
+
+RL_OPTIMIZER = OptimSection(lr=1e-3, decay_steps=10, decay_style="linear")
+
+
+def warm(trainer, model_dir, tmp_path, **fields):
+    client, buffer = trainer
+    client.load_model("actor", str(model_dir), "float32", RL_OPTIMIZER, 0)
+    cfg = WarmupSection(**{"steps": 12, "batch_size": 8, "lr": 1e-2, **fields})
+    phase = SupervisedWarmup("job", cfg, client, buffer, PromptEncoder(str(model_dir)), log=lambda _: None,
+                             micro_batch_tokens=4096, shuffle_seed=0)  # fmt: skip
+    result = phase.run(records(64), records(16, offset=500), tmp_path / "warmup.jsonl")
+    phase.hand_over(str(model_dir), "float32", RL_OPTIMIZER, 0)
+    return result, client, buffer
+
+
+def rl_lr(client, buffer, model_dir) -> float:
+    """The learning rate the trainer's own schedule gives the first RL-phase step (no lr_override)."""
+    encoder, key = PromptEncoder(str(model_dir)), batch_key("job", 99, "rl")
+    buffer.put(key, {
+        S.PROMPT_IDS: Ragged.from_rows([encoder.encode_prompt("Reverse 123")], dtype=np.int32),
+        S.RESPONSE_IDS: Ragged.from_rows([encoder.encode_response("321")], dtype=np.int32),
+    })  # fmt: skip
+    return client.train_step("actor", [key], {"policy_loss": "sft"}, 4096, 1, 1).metrics["lr"]
+
+
+def test_rl_schedule_starts_at_its_first_step_after_a_fresh_hand_over(trainer, model_dir, tmp_path):
+    result, client, buffer = warm(trainer, model_dir, tmp_path)
+    assert rl_lr(client, buffer, model_dir) == pytest.approx(1e-3)  # RL's schedule at step 0, not step 12
+
+
+def test_keep_carries_the_warm_up_steps_into_rl_schedule(trainer, model_dir, tmp_path):
+    """The old hand-over (one optimizer for both phases): RL's linear decay over 10 steps was already spent."""
+    result, client, buffer = warm(trainer, model_dir, tmp_path, handover="keep")
+    assert rl_lr(client, buffer, model_dir) == pytest.approx(0.0)
+
+
+def test_schedule_held_out_loss_and_curve_file(trainer, model_dir, tmp_path):
+    result, _, buffer = warm(trainer, model_dir, tmp_path, eval_every=6, warmup_ratio=0.25)
+    lrs = [p["lr"] for p in result.curve]
+    assert lrs[:3] == pytest.approx([1e-2 / 3, 2e-2 / 3, 1e-2]) and lrs[-1] == pytest.approx(1e-2 / 9)
+    assert all(a >= b for a, b in zip(lrs[2:], lrs[3:]))  # ramp over 3 steps, then linear decay
+    held = [p["heldout_loss"] for p in result.curve if "heldout_loss" in p]
+    assert len(held) == 2 and held[-1] < held[0] and result.heldout_loss == held[-1]
+    written = [json.loads(x) for x in (tmp_path / "warmup.jsonl").read_text().splitlines()]
+    assert [p["step"] for p in written] == list(range(1, 13)) and written[-1]["samples"] == 96
+    assert not buffer.batches  # every warm-up batch deleted
+
+
+def test_epochs_set_the_step_count():
+    assert warmup_steps(WarmupSection(epochs=2, batch_size=8), 60) == 15
+    assert warmup_steps(WarmupSection(steps=7), 60) == 7
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [({"steps": 5, "epochs": 1.0}, "set only one"), ({"lr": 1e-3, "min_lr": 1e-2}, "min_lr"),
+     ({"schedule": "step"}, "schedule"), ({"handover": "copy"}, "handover")],
+)  # fmt: skip
+def test_bad_warm_up_config_is_refused_at_load(fields, words):
+    with pytest.raises(pydantic.ValidationError, match=words):
+        WarmupSection(**fields)
+
+
+def test_lr_schedule_shapes_and_errors():
+    lin = LrSchedule(peak=1.0, total_steps=4)
+    assert [lin.at(i) for i in range(4)] == pytest.approx([1.0, 0.75, 0.5, 0.25])
+    cos = LrSchedule(peak=1.0, total_steps=5, warmup_steps=1, decay="cosine", min_lr=0.1)
+    assert cos.at(0) == 1.0 and cos.at(3) == pytest.approx(0.1 + 0.45 * (1 + np.cos(np.pi * 0.5)))
+    assert LrSchedule(peak=2.0, total_steps=3, decay="constant").at(2) == 2.0
+    for bad in ({"peak": 0.0}, {"warmup_steps": 9}, {"min_lr": 5.0}, {"decay": "step"}):
+        with pytest.raises(InvalidArgument):
+            LrSchedule(**{"peak": 1.0, "total_steps": 4, **bad})
