@@ -50,8 +50,8 @@ def _dp(model_dir: str, out: str, rank: int, world: int, init_file: str) -> None
     from meshrl.trainer.core import TrainerCore
     from meshrl.trainer.optim import OptimizerConfig
 
-    core = TrainerCore()
-    core.load_model("actor", model_dir, optimizer=OptimizerConfig(lr=1e-3, warmup_steps=2))
+    core = TrainerCore()  # Megatron's distributed optimizer: Adam state sharded over the two ranks
+    core.load_model("actor", model_dir, optimizer=OptimizerConfig(lr=1e-3, warmup_steps=2, distributed=True))
     batch = make_batch(core.role("actor").spec.vocab_size)
     metrics = run_steps(core, batch)
     logprobs = core.compute_logprobs("actor", batch, micro_batch_tokens=24).values.values.tolist()

@@ -181,6 +181,7 @@ def test_incomplete_or_corrupt_checkpoints_are_refused(core, tmp_path):
 
 
 def test_two_data_parallel_ranks_equal_one(qwen2_dir, tmp_path):
+    """Two ranks with Megatron's distributed optimizer train like one process with the plain one."""
     out = tmp_path / "dp.json"
     procs = [
         subprocess.Popen(

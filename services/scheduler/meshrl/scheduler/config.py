@@ -124,6 +124,8 @@ class OptimSection(StrictModel):
     warmup_steps: int | None = Field(None, ge=0)
     decay_steps: int | None = Field(None, ge=0)
     decay_style: Literal["constant", "linear", "cosine"] | None = None
+    name: Literal["adam", "sgd"] | None = Field(None, description="adam (AdamW) or sgd; " + TRAINER_DEFAULT)
+    distributed: bool | None = Field(None, description="Megatron's distributed optimizer (adam only)")
 
 
 class TrainerSection(StrictModel):
@@ -133,8 +135,12 @@ class TrainerSection(StrictModel):
     micro_batch_tokens: int = Field(4096, ge=16)
     mini_batches: int = Field(1, ge=1)
     gradient_checkpointing: bool = Field(False, description="recompute layer activations in backward (less memory)")
-    data_parallel: int = Field(1, ge=1, description="trainer ranks (processes); rank 0 serves gRPC")
-    gpus: float = Field(0.0, ge=0, description="GPUs in the trainer's placement bundle (one per rank)")
+    data_parallel: int = Field(1, ge=1, description="data-parallel replicas of every trainer model")
+    tensor_parallel: int = Field(1, ge=1, description="trainer tensor parallelism (Megatron TP; must divide heads)")
+    pipeline_parallel: int = Field(1, ge=1, description="trainer pipeline stages (Megatron PP; must divide layers)")
+    gpus: float = Field(
+        0.0, ge=0, description="GPUs in the trainer's placement bundle: one per rank = DP x TP x PP (0 on CPUs)"
+    )
     service_overrides: list[str] = Field(
         default_factory=list, description="extra `key=value` settings of the launched trainer service"
     )

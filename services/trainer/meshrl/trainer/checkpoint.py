@@ -64,38 +64,48 @@ def set_rng_state(state: dict[str, torch.Tensor]) -> None:
             torch.cuda.set_rng_state_all(cuda)
 
 
-def optimizer_tensors(optimizer: torch.optim.Optimizer, names: dict[int, str]) -> tuple[dict, list[dict]]:
-    """AdamW state by parameter name, and the param groups (hyper-parameters + member names) as JSON data."""
-    tensors: dict[str, torch.Tensor] = {}
-    for param, state in optimizer.state.items():
-        for key, value in state.items():
-            tensors[f"{names[id(param)]}/{key}"] = torch.as_tensor(value).detach().cpu().contiguous()
-    groups = []
-    for group in optimizer.param_groups:
-        entry = {k: (list(v) if isinstance(v, tuple) else v) for k, v in group.items() if k != "params"}
-        entry["params"] = [names[id(p)] for p in group["params"]]
-        groups.append(entry)
-    return tensors, groups
+def _state_owner(optimizer, param: torch.nn.Parameter):
+    """The inner torch optimizer and the tensor its state is keyed by (the fp32 master copy under bf16)."""
+    main = getattr(param, "main_param", param)
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if "DistributedOptimizer" in type(inner).__name__:
+            raise FailedPrecondition(
+                "checkpoints do not hold the distributed optimizer's sharded state; set optimizer.distributed=false "
+                "for roles that are checkpointed"
+            )
+        torch_opt = inner.optimizer
+        if any(main is q for g in torch_opt.param_groups for q in g["params"]):
+            return torch_opt, main
+    raise InvalidArgument("a model parameter is not managed by the role's optimizer")
 
 
-def restore_optimizer(
-    optimizer: torch.optim.Optimizer, params: dict[str, torch.nn.Parameter], tensors: dict, groups: list[dict]
-) -> None:
-    """Loads state saved by `optimizer_tensors` into an optimizer built over the same parameters."""
-    if len(groups) != len(optimizer.param_groups):
-        raise InvalidArgument(
-            f"checkpoint has {len(groups)} optimizer groups, this optimizer {len(optimizer.param_groups)}"
-        )
-    for saved, group in zip(groups, optimizer.param_groups, strict=True):
-        for key, value in saved.items():
-            if key != "params":
-                group[key] = tuple(value) if key == "betas" else value
-    optimizer.state.clear()
-    for key, tensor in tensors.items():
-        name, _, field = key.rpartition("/")
-        param = params[name]
-        value = tensor.to(param.device) if tensor.ndim else tensor.clone()
-        optimizer.state[param][field] = value
+def optimizer_state(optimizer, params: dict[str, torch.nn.Parameter]) -> dict[str, dict[str, torch.Tensor]]:
+    """{state key: {local param name: tensor shaped like the param}}: Adam's moments, and the fp32 master
+    weights ("main_param") under bf16. Every rank of a layout returns the same keys (scalar states such as
+    Adam's step count are restored from the step counter)."""
+    out: dict[str, dict[str, torch.Tensor]] = {}
+    for name, param in params.items():
+        torch_opt, main = _state_owner(optimizer, param)
+        if main is not param:
+            out.setdefault("main_param", {})[name] = main.detach()
+        for key, value in torch_opt.state.get(main, {}).items():
+            if torch.is_tensor(value) and value.shape == main.shape:
+                out.setdefault(key, {})[name] = value.detach()
+    return out
+
+
+def restore_optimizer_state(optimizer, params: dict[str, torch.nn.Parameter], key: str, name: str,
+                            value: torch.Tensor, steps: int) -> None:  # fmt: skip
+    """Sets one state tensor (this rank's slice) of the optimizer state of `params[name]`."""
+    torch_opt, main = _state_owner(optimizer, params[name])
+    if key == "main_param":
+        with torch.no_grad():
+            main.copy_(value.to(main.dtype))
+        return
+    state = torch_opt.state[main]
+    if "step" not in state and key.startswith("exp_avg"):
+        state["step"] = torch.tensor(float(steps))
+    state[key] = value.to(device=main.device, dtype=main.dtype).clone()
 
 
 @dataclass

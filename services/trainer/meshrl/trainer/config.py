@@ -22,13 +22,22 @@ DEFAULT_PORT = 50052
 
 
 class DataParallelConfig(StrictModel):
-    size: int = pydantic.Field(1, ge=1, description="trainer ranks; rank 0 serves gRPC and starts the others")
+    size: int = pydantic.Field(
+        1, ge=1, description="data-parallel replicas; ranks = size x tensor_parallel x pipeline_parallel"
+    )
     backend: Literal["auto", "gloo", "nccl"] = pydantic.Field(
         "auto", description="torch.distributed backend of the ranks: auto = nccl with CUDA, else gloo"
     )
     master_address: str = pydantic.Field("127.0.0.1", description="rendezvous address of the ranks (rank 0's host)")
     master_port: int = pydantic.Field(0, ge=0, le=65535, description="rendezvous port; 0 = a free one")
     start_timeout_seconds: float = pydantic.Field(300.0, gt=0, description="wait this long for every rank to join")
+
+
+class ParallelConfig(StrictModel):
+    """Model parallelism of every role this trainer loads (Megatron's layout: TP neighbours are consecutive ranks)."""
+
+    tensor_parallel: int = pydantic.Field(1, ge=1, description="ranks that split each layer (and the vocabulary)")
+    pipeline_parallel: int = pydantic.Field(1, ge=1, description="pipeline stages (layers split evenly; 1F1B)")
 
 
 class DefaultsConfig(StrictModel):
@@ -54,6 +63,7 @@ class TrainerConfig(StrictModel):
         30.0, ge=0, description="wait this long for an input batch to appear before NOT_FOUND"
     )
     data_parallel: DataParallelConfig = pydantic.Field(default_factory=DataParallelConfig)
+    parallel: ParallelConfig = pydantic.Field(default_factory=ParallelConfig)
     defaults: DefaultsConfig = pydantic.Field(default_factory=DefaultsConfig)
     atomic_steps: bool = pydantic.Field(
         True, description="snapshot model+optimizer before multi-step train calls so a NaN rolls them all back"
@@ -67,3 +77,8 @@ class TrainerConfig(StrictModel):
     def databuffer_peer(self) -> ChannelConfig | None:
         """The data buffer's channel (databuffer_address is a shortcut for databuffer.address); None: none."""
         return peer_channel(self.databuffer, self.databuffer_address, "databuffer")
+
+    @property
+    def world_size(self) -> int:
+        """Trainer ranks (processes): data x tensor x pipeline parallel."""
+        return self.data_parallel.size * self.parallel.tensor_parallel * self.parallel.pipeline_parallel

@@ -1,8 +1,9 @@
 """TrainerCore: the trainer's models per role (actor, reference, critic) and everything that uses them.
 
-One TrainerCore per trainer process (data-parallel rank). Every rank receives the same global batch
-(data-plane columns named by `meshrl.common.batch_schema`) and works on its share of the rows;
-results and gradients are combined over torch.distributed, so N ranks give one rank's result.
+One TrainerCore per trainer process (one rank of a TP x PP x DP layout, `meshrl.trainer.parallel`). Every
+rank receives the same global batch (data-plane columns named by `meshrl.common.batch_schema`); each
+data-parallel replica works on its share of the rows through Megatron's schedules; results (from TP rank 0 of
+the last stage) and gradients are combined over torch.distributed, so any layout gives one process's result.
 Has no gRPC imports: `meshrl.trainer.server` converts protos and calls it; tests call it in-process.
 """
 
@@ -16,18 +17,31 @@ import torch
 import torch.distributed as dist
 
 from meshrl.common.codec import Ragged
-from meshrl.common.errors import FailedPrecondition, InvalidArgument
+from meshrl.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from meshrl.common.roles import ROLES
+from meshrl.common.weights import iter_buckets, sample_names, tensor_checksums
 from meshrl.trainer import checkpoint as ckpt
 from meshrl.trainer.batching import SequenceBatch, collate, plan_micro_batches, sequence_batch, shard_rows, to_ragged
-from meshrl.trainer.export import DEFAULT_BUCKET_BYTES, iter_hf_buckets, weight_checksums
-from meshrl.trainer.forward import forward_logprobs, forward_values
+from meshrl.trainer.export import DEFAULT_BUCKET_BYTES
+from meshrl.trainer.forward import logprobs_from_logits, values_from_output
 from meshrl.trainer.hf_config import read_hf_config
-from meshrl.trainer.hf_weights import VALUE_HEAD, iter_hf_tensors, load_hf_tensors, load_hf_weights
+from meshrl.trainer.hf_weights import read_hf_tensors
 from meshrl.trainer.losses import LossConfig
 from meshrl.trainer.model import build_gpt_model, ensure_parallel_state, parse_dtype
-from meshrl.trainer.optim import OptimizerConfig, build_optimizer
+from meshrl.trainer.optim import OptimizerConfig, build_optimizer, wrap_ddp
 from meshrl.trainer.roles import ComputeResult, NonFiniteLoss, RoleState, TrainResult
+from meshrl.trainer.schedule import run_microbatches
+from meshrl.trainer.sharding import (
+    full_shape,
+    iter_full,
+    iter_gathered,
+    load_sharded,
+    local_targets,
+    padded_rows,
+    placements,
+    scatter_full,
+    shard,
+)  # fmt: skip
 from meshrl.trainer.training import needed_columns, train_role
 
 __all__ = ["ROLES", "ComputeResult", "NonFiniteLoss", "RoleState", "TrainResult", "TrainerCore"]
@@ -51,8 +65,9 @@ def check_train_inputs(batch, lr_override: float) -> None:
 class TrainerCore:
     """Models per role on this process; see the module docstring."""
 
-    def __init__(self, *, micro_batch_tokens: int = 4096, temperature: float = 1.0, atomic_steps: bool = True):
-        ensure_parallel_state()
+    def __init__(self, *, micro_batch_tokens: int = 4096, temperature: float = 1.0, atomic_steps: bool = True,
+                 tensor_parallel: int = 1, pipeline_parallel: int = 1):  # fmt: skip
+        self.layout = ensure_parallel_state(tensor_parallel, pipeline_parallel)
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
         self.device = (
@@ -89,27 +104,23 @@ class TrainerCore:
         if source is not None:
             path = source.model_path
         spec = source.spec if source is not None else read_hf_config(path)
+        torch_dtype = parse_dtype(dtype)
         model = build_gpt_model(
-            spec,
-            dtype=parse_dtype(dtype),
-            value_head=role == "critic",
-            seed=seed,
+            spec, dtype=torch_dtype, value_head=role == "critic", seed=seed,
             gradient_checkpointing=gradient_checkpointing,
-        )
+        )  # fmt: skip
         if source is not None:
-            tensors = dict(iter_hf_tensors(source.model, source.spec, value_head=source.value_head))
-            if role != "critic":
-                tensors.pop(VALUE_HEAD, None)
-            load_hf_tensors(model, tensors, spec, value_head=role == "critic")
+            _copy_parameters(source.model, model, keep_head=(role == "critic") != source.value_head)
         else:
-            load_hf_weights(model, path, spec, value_head=role == "critic")
-        state = RoleState(role, str(path), spec, model, dtype)
+            load_sharded(model, read_hf_tensors(path), spec, self.layout, value_head=role == "critic")
+        state = RoleState(role, str(path), spec, model, dtype, layout=self.layout)
         state.names = {id(p): n for n, p in model.named_parameters()}
         if role == "reference":
             model.eval().requires_grad_(False)
         else:
             state.optimizer_config = optimizer or OptimizerConfig()
-            state.optimizer = build_optimizer(model, state.optimizer_config)
+            state.ddp = wrap_ddp(model, distributed=state.optimizer_config.distributed)
+            state.optimizer = build_optimizer(state.ddp, state.optimizer_config, torch_dtype)
         self.roles[role] = state
         return state
 
@@ -123,11 +134,11 @@ class TrainerCore:
 
     def _plans(self, batch: SequenceBatch, rows, budget: int | None) -> list[list[int]]:
         lengths = batch.total_lengths
-        mine = shard_rows(list(rows), lengths, self.rank, self.world)
+        mine = shard_rows(list(rows), lengths, self.layout.dp_rank, self.layout.data_parallel)
         return plan_micro_batches(mine, lengths, budget or self.micro_batch_tokens)
 
     def _gather_rows(self, batch: SequenceBatch, per_row: dict[int, np.ndarray]) -> Ragged:
-        """Every rank computed some rows; sums zero-filled flat buffers so all ranks get every row."""
+        """Each replica's result rank computed some rows; sums zero-filled flat buffers so all ranks get every row."""
         if self.world == 1:
             return to_ragged(batch, per_row)
         offsets = batch.responses.offsets
@@ -136,6 +147,17 @@ class TrainerCore:
             flat[int(offsets[row]) : int(offsets[row + 1])] = torch.from_numpy(values)
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
         return Ragged(flat.cpu().numpy(), offsets.astype(np.int64).copy())
+
+    def _run(self, state: RoleState, batch: SequenceBatch, plans: list[list[int]], head):
+        """Forward-only schedule over the planned micro-batches; (rows, head extras) on result ranks only."""
+        was_training = state.model.training
+        state.model.eval()
+        try:
+            mbs = [collate(batch, rows, self.device) for rows in plans]
+            extras = run_microbatches(state.runner, mbs, head, forward_only=True)
+        finally:
+            state.model.train(was_training)
+        return list(zip(plans, extras, strict=True)) if self.layout.holds_results else []
 
     @torch.no_grad()
     def compute_logprobs(
@@ -153,22 +175,22 @@ class TrainerCore:
         temp = self.temperature if temperature is None else temperature
         if temp <= 0:
             raise InvalidArgument(f"temperature must be positive, got {temp}")
-        was_training = state.model.training
-        state.model.eval()
         logps: dict[int, np.ndarray] = {}
         ents: dict[int, np.ndarray] = {}
         plans = self._plans(batch, range(len(batch)), micro_batch_tokens)
-        try:
-            for rows in plans:
-                mb = collate(batch, rows, self.device)
-                logp, ent = forward_logprobs(state.model, mb, temperature=temp, with_entropy=with_entropy)
-                for i, row in enumerate(rows):
-                    n = int(batch.response_lengths[row])
-                    logps[row] = logp[i, :n].cpu().numpy()
-                    if ent is not None:
-                        ents[row] = ent[i, :n].cpu().numpy()
-        finally:
-            state.model.train(was_training)
+
+        def head(logits, mb):
+            logp, ent = logprobs_from_logits(
+                logits, mb, vocab_size=state.spec.vocab_size, temperature=temp, with_entropy=with_entropy
+            )
+            return torch.zeros((), device=logits.device), (logp, ent)
+
+        for rows, (logp, ent) in self._run(state, batch, plans, head):
+            for i, row in enumerate(rows):
+                n = int(batch.response_lengths[row])
+                logps[row] = logp[i, :n].cpu().numpy()
+                if ent is not None:
+                    ents[row] = ent[i, :n].cpu().numpy()
         return ComputeResult(
             values=self._gather_rows(batch, logps),
             entropy=self._gather_rows(batch, ents) if with_entropy else None,
@@ -181,17 +203,15 @@ class TrainerCore:
         """Critic values per response token (the state before each token), as ragged float32."""
         state = self.role("critic")
         batch = sequence_batch(columns, vocab_size=state.spec.vocab_size)
-        was_training = state.model.training
-        state.model.eval()
         values: dict[int, np.ndarray] = {}
         plans = self._plans(batch, range(len(batch)), micro_batch_tokens)
-        try:
-            for rows in plans:
-                out = forward_values(state.model, collate(batch, rows, self.device))
-                for i, row in enumerate(rows):
-                    values[row] = out[i, : int(batch.response_lengths[row])].cpu().numpy()
-        finally:
-            state.model.train(was_training)
+
+        def head(out, mb):
+            return torch.zeros((), device=out.device), values_from_output(out, mb)
+
+        for rows, out in self._run(state, batch, plans, head):
+            for i, row in enumerate(rows):
+                values[row] = out[i, : int(batch.response_lengths[row])].cpu().numpy()
         return ComputeResult(self._gather_rows(batch, values), None, int(batch.response_lengths.sum()), len(plans))
 
     # --- training ----------------------------------------------------------------------------
@@ -240,74 +260,98 @@ class TrainerCore:
     # --- checkpoints, export ----------------------------------------------------------------------
 
     def save_checkpoint(self, role: str, path: str, *, step: int, data_state: bytes = b"") -> int:
-        """Rank 0 writes the role's checkpoint atomically; every rank waits for it. Returns bytes written."""
+        """Writes the role's checkpoint atomically in a layout-free form: every weight and optimizer state is
+        gathered (TP all-gather, stages send their own) to rank 0 as full Megatron-fused tensors, so it resumes
+        at any TP / PP / DP. Every rank takes part and waits for it. Returns bytes written (rank 0)."""
         state = self.role(role)
+        params = dict(state.model.named_parameters())
+        model = {p.mapping.megatron: t.cpu() for p, t in iter_full(params, state.spec, self.layout,
+                                                                     value_head=state.value_head)}  # fmt: skip
+        optimizer = None
+        if state.optimizer is not None:
+            optimizer = {}
+            for key, tensors in sorted(ckpt.optimizer_state(state.optimizer, params).items()):
+                for placed, t in iter_full(tensors, state.spec, self.layout, value_head=state.value_head):
+                    optimizer[f"{placed.mapping.megatron}/{key}"] = t.cpu()
         size = 0
         if self.rank == 0:
-            opt_tensors, groups = (None, None)
-            if state.optimizer is not None:
-                opt_tensors, groups = ckpt.optimizer_tensors(state.optimizer, state.names)
             meta = {
-                "role": role,
-                "step": int(step),
-                "train_steps": state.train_steps,
-                "weight_version": state.weight_version,
-                "model_path": state.model_path,
-                "dtype": state.dtype,
-                "architecture": state.spec.architecture,
-                "optimizer_groups": groups,
+                "role": role, "step": int(step), "train_steps": state.train_steps,
+                "weight_version": state.weight_version, "model_path": state.model_path, "dtype": state.dtype,
+                "architecture": state.spec.architecture, "saved_layout": self.layout.describe(),
                 "optimizer_config": None if state.optimizer_config is None else state.optimizer_config.model_dump(),
-            }
-            model = dict(state.model.named_parameters())
-            size = ckpt.save_checkpoint(path, model=model, optimizer=opt_tensors, meta=meta, data_state=data_state)
+            }  # fmt: skip
+            size = ckpt.save_checkpoint(path, model=model, optimizer=optimizer, meta=meta, data_state=data_state)
         if self.world > 1:
             dist.barrier()
         return size
 
     def load_checkpoint(self, role: str, path: str) -> tuple[int, bytes]:
-        """Restores model, optimizer, RNG and counters of a loaded role; returns (step, data_state).
-
-        Everything is verified before anything changes: a bad checkpoint leaves the role as it was.
-        """
+        """Restores model, optimizer, RNG and counters of a loaded role (at this process's layout, whatever the
+        layout it was saved at); returns (step, data_state). Everything is verified before anything changes."""
         state = self.role(role)
         loaded = ckpt.read_checkpoint(path)
         if loaded.meta.get("role") != role:
             raise InvalidArgument(f"checkpoint {path!r} holds role {loaded.meta.get('role')!r}, not {role!r}")
-        params = dict(state.model.named_parameters())
-        if set(loaded.model) != set(params):
-            diff = sorted(set(loaded.model) ^ set(params))
+        expected = {p.mapping.megatron: p for p in placements(state.spec, self.layout, value_head=state.value_head)}
+        if set(loaded.model) != set(expected):
+            diff = sorted(set(loaded.model) ^ set(expected))
             raise InvalidArgument(f"checkpoint {path!r} does not match the loaded model: tensor {diff[0]!r} differs")
         for name, tensor in loaded.model.items():
-            if tensor.shape != params[name].shape:
-                raise InvalidArgument(
-                    f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, model {tuple(params[name].shape)}"
-                )
-        with torch.no_grad():
-            for name, tensor in loaded.model.items():
-                params[name].copy_(tensor.to(params[name].device, params[name].dtype))
-        if state.optimizer is not None and loaded.optimizer is not None:
-            ckpt.restore_optimizer(state.optimizer, params, loaded.optimizer, loaded.meta["optimizer_groups"])
+            want = full_shape(expected[name].mapping, state.spec, state.value_head)
+            if tuple(tensor.shape) != want:
+                raise InvalidArgument(f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, model {want}")
+        params = dict(state.model.named_parameters())
+        rows = padded_rows(params)
+        scatter_full(params, lambda p: loaded.model[p.mapping.megatron], state.spec, self.layout, rows,
+                     value_head=state.value_head)  # fmt: skip
+        steps = int(loaded.meta.get("train_steps", 0))
+        if state.optimizer is not None and loaded.optimizer:
+            keys = sorted({k.rpartition("/")[2] for k in loaded.optimizer})
+            for key in keys:
+                for placed, name in local_targets(state.spec, self.layout, value_head=state.value_head):
+                    value = loaded.optimizer[f"{placed.mapping.megatron}/{key}"]
+                    part = shard(value, placed.split, self.layout.tensor_parallel, self.layout.tp_rank, rows)
+                    ckpt.restore_optimizer_state(state.optimizer, params, key, name, part, steps)
         ckpt.set_rng_state(loaded.rng)
-        state.train_steps = int(loaded.meta.get("train_steps", 0))
+        state.train_steps = steps
         state.weight_version = int(loaded.meta.get("weight_version", 0))
         return int(loaded.meta["step"]), loaded.data_state
 
-    def checksums(self, role: str, names=None) -> dict[str, str]:
-        """{HF name: sha256 hex} over a fixed sample of the role's HF-named tensors (or `names`)."""
+    def iter_hf_tensors(self, role: str) -> Iterator[tuple[str, torch.Tensor]]:
+        """The role's weights as (HF name, full tensor), gathered over TP and PP: yielded on rank 0 only.
+        With model parallelism every rank of data-parallel replica 0 must run this iteration too."""
         state = self.role(role)
-        return weight_checksums(state.model, state.spec, names, value_head=state.value_head)
+        return iter_gathered(state.model, state.spec, self.layout, value_head=state.value_head)
+
+    def checksums(self, role: str, names=None) -> dict[str, str]:
+        """{HF name: sha256 hex} over a fixed sample of the role's HF-named tensors (or `names`); rank 0."""
+        state = self.role(role)
+        known = state.spec_shapes()
+        wanted = list(names) if names is not None else sample_names(known)
+        unknown = [n for n in wanted if n not in known]
+        if unknown:
+            raise NotFound(
+                f"no exported tensor named {unknown[0]!r}; names are HF tensor names like 'model.norm.weight'"
+            )
+        picked = ((n, t) for n, t in self.iter_hf_tensors(role) if n in set(wanted))
+        sums = tensor_checksums(picked, names=wanted) if self.rank == 0 else {}
+        for _ in picked:  # other ranks: take part in the whole gather
+            pass
+        return sums
 
     def iter_hf_buckets(
         self, role: str, bucket_bytes: int = DEFAULT_BUCKET_BYTES
     ) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """The role's weights as HF-named tensors in buckets of at most `bucket_bytes` (for publication)."""
-        state = self.role(role)
-        return iter_hf_buckets(state.model, state.spec, bucket_bytes, value_head=state.value_head)
+        return iter_buckets(self.iter_hf_tensors(role), bucket_bytes)
 
     def status(self) -> dict[str, object]:
         return {
             "device": str(self.device),
-            "data_parallel_size": self.world,
+            "data_parallel_size": self.layout.data_parallel,
+            "tensor_parallel_size": self.layout.tensor_parallel,
+            "pipeline_parallel_size": self.layout.pipeline_parallel,
             "roles": {
                 r: {
                     "model_path": s.model_path,
@@ -320,3 +364,17 @@ class TrainerCore:
                 for r, s in self.roles.items()
             },
         }
+
+
+def _copy_parameters(source: torch.nn.Module, target: torch.nn.Module, *, keep_head: bool) -> None:
+    """Copies this rank's parameters of `source` into the same-layout `target` (keep_head: the target keeps
+    its own output layer, e.g. a critic's fresh value head copied from an actor)."""
+    have = dict(source.named_parameters())
+    with torch.no_grad():
+        for name, param in target.named_parameters():
+            if keep_head and name == "output_layer.weight":
+                continue
+            if name not in have or have[name].shape != param.shape:
+                raise InvalidArgument(f"cannot copy weights: the source model has no parameter {name!r} shaped like "
+                                      f"{tuple(param.shape)}; copy between roles of the same model")  # fmt: skip
+            param.copy_(have[name])

@@ -1,4 +1,4 @@
-"""Data-parallel trainer ranks: starting them, and the command bus rank 0 uses to drive the others.
+"""Trainer ranks (TP x PP x DP): starting them, and the command bus rank 0 uses to drive the others.
 
 Rank 0 serves gRPC; every collective operation (load, log-probs, values, train, checkpoints) is first
 broadcast to ranks 1..N-1 as a JSON command over a gloo group, then run on every rank in the same

@@ -1,4 +1,4 @@
-"""The two CPU shims that let megatron-core 0.16's GPTModel run on a host without CUDA.
+"""Every CPU shim that lets megatron-core 0.16 run on a host without CUDA, in one place.
 
 1. `SDPAttention`: a core attention that calls torch's scaled_dot_product_attention instead of
    `DotProductAttention`, whose buffer comes from a CUDA-allocated global memory pool.
@@ -6,20 +6,30 @@
    this subclass keeps it where it is.
 3. `checkpoint_layers`: megatron-core's activation recompute saves CUDA RNG states; on the CPU,
    each TransformerLayer's forward is wrapped in torch.utils.checkpoint instead.
+4. `seed_ranks`: on CUDA, `model_parallel_cuda_manual_seed` (Megatron's attention needs its RNG tracker);
+   on the CPU, `torch.manual_seed` on every rank.
+5. `cpu_devices`: megatron's schedules, p2p, DDP grad buffers and optimizer wrappers allocate on
+   `device="cuda"` / `torch.cuda.current_device()` and call `torch.cuda.synchronize()`; inside this scope
+   such tensors are made on the CPU and synchronize is a no-op.
+6. `adjust_config`: `batch_p2p_sync` (a CUDA synchronize) off.
 All apply only when CUDA is absent (`cuda_available()` False); with CUDA, megatron-core's own
-modules are used unchanged. Called by `meshrl.trainer.model` when it builds a model.
+modules are used unchanged. Called by `meshrl.trainer.model` (building), `schedule` and `optim`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
+from megatron.core import tensor_parallel
 from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.transformer_layer import TransformerLayer
+from torch.overrides import TorchFunctionMode
 
 
 def cuda_available() -> bool:
@@ -107,3 +117,63 @@ def checkpoint_layers(model: torch.nn.Module) -> None:
                 return torch.utils.checkpoint.checkpoint(_inner, *args, use_reentrant=False, **kwargs)
 
             module.forward = forward
+
+
+def seed_ranks(seed: int) -> None:
+    """Shim 4: seeds this rank (CUDA: Megatron's model-parallel RNG tracker too, which its attention needs)."""
+    torch.manual_seed(seed)
+    if cuda_available():
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def _is_cuda(device) -> bool:
+    if isinstance(device, torch.device):
+        return device.type == "cuda"
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    return isinstance(device, int) and not isinstance(device, bool)
+
+
+class _CudaToCpu(TorchFunctionMode):
+    """Rewrites `device=cuda...` (or a device index) keyword arguments of torch calls to the CPU, and answers
+    `tensor.type()` with the CUDA type name (the optimizer's grad clipping asserts 'torch.cuda.FloatTensor');
+    `tensor.cuda()` returns the tensor itself."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.cuda:  # e.g. the tied-embedding all-reduce across pipeline stages at build time
+            return args[0]
+        if "device" in kwargs and _is_cuda(kwargs["device"]):
+            kwargs = {**kwargs, "device": "cpu"}
+        out = func(*args, **kwargs)
+        if (
+            func is torch.Tensor.type
+            and len(args) == 1
+            and not kwargs
+            and out.startswith("torch.")
+            and ".cuda." not in out
+        ):
+            return "torch.cuda." + out[len("torch.") :]
+        return out
+
+
+@contextlib.contextmanager
+def cpu_devices() -> Iterator[None]:
+    """Shim 5: within this scope megatron's CUDA allocations land on the CPU (no-op with CUDA)."""
+    if cuda_available():
+        yield
+        return
+    saved = torch.cuda.current_device, torch.cuda.synchronize
+    torch.cuda.current_device = lambda: "cpu"
+    torch.cuda.synchronize = lambda *a, **k: None
+    try:
+        with _CudaToCpu():
+            yield
+    finally:
+        torch.cuda.current_device, torch.cuda.synchronize = saved
+
+
+def adjust_config(config) -> None:
+    """Shim 6: a TransformerConfig that does not synchronise CUDA around pipeline p2p (no-op with CUDA)."""
+    if not cuda_available():
+        config.batch_p2p_sync = False

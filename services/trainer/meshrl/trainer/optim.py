@@ -1,8 +1,11 @@
-"""Optimizer, learning-rate schedule and data-parallel gradient reduction for trainable roles.
+"""Optimizer, learning-rate schedule and gradient reduction of trainable roles: Megatron's own.
 
-AdamW (torch) over the megatron-core model's parameters; LR warmup then constant / linear / cosine
-decay to min_lr; gradients summed across data-parallel ranks with one flat all-reduce (gloo on CPU,
-NCCL on GPU). `OptimizerConfig` is the one definition of the optimizer settings. Called by `meshrl.trainer.core`.
+A trainable model is wrapped in megatron-core's `DistributedDataParallel` (grads accumulate in fp32 buckets,
+reduced over the data-parallel group; overlapped with backward on CUDA) and stepped by `get_megatron_optimizer`
+(Adam or SGD; fp32 master weights under bf16; the distributed optimizer shards its state over data-parallel
+ranks when asked). Gradients are summed, never averaged: losses arrive normalised by the global token count.
+LR warmup then constant / linear / cosine decay to min_lr. `OptimizerConfig` is the one definition of the
+optimizer settings. Called by `meshrl.trainer.core` and `meshrl.trainer.training`.
 """
 
 from __future__ import annotations
@@ -12,11 +15,12 @@ from typing import ClassVar, Literal
 
 import pydantic
 import torch
-import torch.distributed as dist
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from megatron.core import optimizer as mcore_optim
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 
 from meshrl.common.config import Settings
 from meshrl.common.errors import ConfigError
+from meshrl.trainer import megatron_compat
 
 Field = pydantic.Field
 
@@ -38,11 +42,18 @@ class OptimizerConfig(Settings):
     warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear warm-up from 0 to lr")
     decay_steps: int = Field(0, ge=0, description="optimizer steps of decay after warm-up (0 = constant)")
     decay_style: Literal["constant", "linear", "cosine"] = "constant"
+    name: Literal["adam", "sgd"] = Field(
+        "adam", description="adam (AdamW) or sgd (no momentum: makes layout comparisons sharp)"
+    )
+    distributed: bool = Field(False, description="Megatron's distributed optimizer: Adam state sharded over DP ranks")
 
     @pydantic.model_validator(mode="after")
     def _min_below_peak(self) -> OptimizerConfig:
         if self.min_lr > self.lr:
             raise ConfigError("optimizer.min_lr", self.min_lr, f"is above lr = {self.lr}", "use 0 or a value below lr")
+        if self.distributed and self.name != "adam":
+            raise ConfigError("optimizer.distributed", True, f"Megatron's distributed optimizer needs adam, not "
+                              f"{self.name!r}", "use name=adam or distributed=false")  # fmt: skip
         return self
 
 
@@ -59,41 +70,44 @@ def lr_at(cfg: OptimizerConfig, step: int) -> float:
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1.0 + math.cos(math.pi * progress))
 
 
-def build_optimizer(model: torch.nn.Module, cfg: OptimizerConfig) -> torch.optim.AdamW:
-    """AdamW over the trainable parameters; no weight decay on norms and biases (1-D tensors)."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(
-        groups, lr=lr_at(cfg, 0), betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps, foreach=False
+def wrap_ddp(model: torch.nn.Module, *, distributed: bool) -> DistributedDataParallel:
+    """Megatron DDP around `model`: fp32 grad buckets, summed over data-parallel ranks at the end of backward."""
+    config = model.config
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=torch.cuda.is_available(),
+        use_distributed_optimizer=distributed,
+        bucket_size=40_000_000 if torch.cuda.is_available() else None,
     )
+    with megatron_compat.cpu_devices():
+        ddp = DistributedDataParallel(config=config, ddp_config=ddp_config, module=model)
+    config.no_sync_func = ddp.no_sync
+    # Summed losses: skip finalize_model_grads' division by the token count the schedules report.
+    config.finalize_model_grads_func = lambda chunks, _num_tokens=None, **kw: finalize_model_grads(chunks, None, **kw)
+    return ddp
+
+
+def build_optimizer(ddp: DistributedDataParallel, cfg: OptimizerConfig, dtype: torch.dtype):
+    """`get_megatron_optimizer` over the DDP-wrapped model (no weight decay on norms and biases)."""
+    mcfg = mcore_optim.OptimizerConfig(
+        optimizer=cfg.name,
+        lr=lr_at(cfg, 0),
+        min_lr=cfg.min_lr,
+        weight_decay=cfg.weight_decay,
+        adam_beta1=cfg.adam_beta1,
+        adam_beta2=cfg.adam_beta2,
+        adam_eps=cfg.adam_eps,
+        sgd_momentum=0.0,
+        clip_grad=cfg.clip_grad,
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
+        params_dtype=dtype,
+        use_distributed_optimizer=cfg.distributed,
+    )
+    with megatron_compat.cpu_devices():
+        return mcore_optim.get_megatron_optimizer(mcfg, [ddp])
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr
-
-
-def allreduce_grads(params: list[torch.nn.Parameter]) -> None:
-    """Sums each parameter's gradient over the data-parallel world (a no-op with one rank).
-
-    Losses are already divided by the global token / sequence count, so the sum is the full-batch gradient.
-    """
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    flat = _flatten_dense_tensors(grads)
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-    for p, reduced in zip(params, _unflatten_dense_tensors(flat, grads), strict=True):
-        if p.grad is None:
-            p.grad = reduced.clone()
-        else:
-            p.grad.copy_(reduced)
-
-
-def grad_norm(params: list[torch.nn.Parameter]) -> float:
-    """Global L2 norm of the gradients (inf/nan propagate)."""
-    norms = [p.grad.detach().float().norm(2) for p in params if p.grad is not None]
-    if not norms:
-        return 0.0
-    return float(torch.linalg.vector_norm(torch.stack(norms), 2))

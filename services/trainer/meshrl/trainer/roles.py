@@ -5,6 +5,7 @@ Owned by `meshrl.trainer.core.TrainerCore`; read by `training` (train steps) and
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -13,6 +14,7 @@ from meshrl.common.codec import Ragged
 from meshrl.common.errors import InvalidArgument
 from meshrl.trainer.hf_config import ModelSpec
 from meshrl.trainer.optim import OptimizerConfig
+from meshrl.trainer.parallel import Layout
 
 
 class NonFiniteLoss(InvalidArgument):
@@ -26,11 +28,18 @@ class RoleState:
     spec: ModelSpec
     model: torch.nn.Module
     dtype: str
-    optimizer: torch.optim.Optimizer | None = None
+    layout: Layout = field(default_factory=Layout)
+    ddp: torch.nn.Module | None = None  # Megatron DistributedDataParallel around `model` (trainable roles)
+    optimizer: object | None = None  # a megatron.core.optimizer.MegatronOptimizer (trainable roles)
     optimizer_config: OptimizerConfig | None = None
     train_steps: int = 0  # optimizer steps taken
     weight_version: int = 0  # last version published from this role
-    names: dict[int, str] = field(default_factory=dict)  # id(param) -> megatron name
+    names: dict[int, str] = field(default_factory=dict)  # id(param) -> megatron name (this rank's part)
+
+    @property
+    def runner(self) -> torch.nn.Module:
+        """The module the schedules run: the DDP wrapper when there is one."""
+        return self.ddp if self.ddp is not None else self.model
 
     @property
     def value_head(self) -> bool:
@@ -38,7 +47,17 @@ class RoleState:
 
     @property
     def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())
+        """Parameters of the whole model (HF count), whatever this rank holds."""
+        return sum(math.prod(s) for s in self.spec_shapes().values())
+
+    def spec_shapes(self) -> dict[str, tuple[int, ...]]:
+        from meshrl.trainer.hf_weights import VALUE_HEAD, hf_shapes
+
+        shapes = hf_shapes(self.spec)
+        if self.value_head:
+            shapes.pop("lm_head.weight", None)
+            shapes[VALUE_HEAD] = (1, self.spec.hidden_size)
+        return shapes
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Process set-up shared by the trainer's entry points: the data-parallel world, the core, the data
+"""Process set-up shared by the trainer's entry points: the world of TP x PP x DP ranks, the core, the data
 buffer client and the TrainerService of this rank. Called by `__main__` (rank 0) and `worker` (others).
 """
 
@@ -21,6 +21,8 @@ def make_service(cfg: TrainerConfig, bus: CommandBus | None) -> TrainerService:
         micro_batch_tokens=cfg.defaults.micro_batch_tokens,
         temperature=cfg.defaults.temperature,
         atomic_steps=cfg.atomic_steps,
+        tensor_parallel=cfg.parallel.tensor_parallel,
+        pipeline_parallel=cfg.parallel.pipeline_parallel,
     )
     buffer = None
     peer = cfg.databuffer_peer()
@@ -34,14 +36,16 @@ def make_service(cfg: TrainerConfig, bus: CommandBus | None) -> TrainerService:
 
 
 def build_service(cfg: TrainerConfig) -> tuple[TrainerService, list[subprocess.Popen]]:
-    """Rank 0: starts ranks 1..N-1 (when data_parallel.size > 1), joins the world, returns its service."""
+    """Rank 0: starts ranks 1..N-1 (N = data x tensor x pipeline parallel > 1), joins the world, returns its
+    service."""
     dp = cfg.data_parallel
+    world = cfg.world_size
     workers: list[subprocess.Popen] = []
     bus = None
-    if dp.size > 1:
+    if world > 1:
         port = dp.master_port or free_port(dp.master_address)
-        workers = spawn_workers(dp.size, dp.master_address, port, cfg.model_dump_json())
-        init_ranks(0, dp.size, dp.master_address, port, dp.backend, dp.start_timeout_seconds)
+        workers = spawn_workers(world, dp.master_address, port, cfg.model_dump_json())
+        init_ranks(0, world, dp.master_address, port, dp.backend, dp.start_timeout_seconds)
         bus = CommandBus()
     return make_service(cfg, bus), workers
 

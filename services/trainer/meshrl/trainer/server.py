@@ -52,9 +52,8 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
 
     def LoadModel(self, request: pb.LoadModelRequest, context) -> pb.LoadModelResponse:
         role = role_name(request.role)
-        p = request.parallel
-        if p.tensor_parallel > 1 or p.pipeline_parallel > 1:
-            raise InvalidArgument("tensor/pipeline parallelism > 1 is not supported yet; use data parallelism")
+        self.service.check_layout(request.parallel.tensor_parallel, request.parallel.pipeline_parallel,
+                                  request.parallel.data_parallel)  # fmt: skip
         copy_from = role_name(request.copy_from, "copy_from") if request.copy_from else None
         info = self.service.load_model(
             role,
@@ -168,6 +167,8 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
             roles=roles,
             device=status["device"],
             data_parallel_size=status["data_parallel_size"],
+            tensor_parallel_size=status["tensor_parallel_size"],
+            pipeline_parallel_size=status["pipeline_parallel_size"],
             metrics=status["metrics"],
         )
 

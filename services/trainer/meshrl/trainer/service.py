@@ -32,7 +32,8 @@ from meshrl.trainer.optim import OptimizerConfig
 # Copied into every published version so engines can (re)load it as a Hugging Face model folder.
 MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt", "tokenizer.model")  # fmt: skip
-COLLECTIVE = ("load_model", "compute_logprobs", "compute_values", "train_step", "save_checkpoint", "load_checkpoint")
+COLLECTIVE = ("load_model", "compute_logprobs", "compute_values", "train_step", "save_checkpoint", "load_checkpoint",
+              "gather_weights")  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -119,6 +120,18 @@ class TrainerService:
         self.buffer.put(key.to_proto(), columns)
 
     # --- collective operations ----------------------------------------------------------------
+
+    def check_layout(self, tensor_parallel: int = 0, pipeline_parallel: int = 0, data_parallel: int = 0) -> None:
+        """Refuses a requested layout (0 = any) that differs from the one this trainer's ranks were started with."""
+        have = self.core.layout
+        for name, asked, actual in (("tensor_parallel", tensor_parallel, have.tensor_parallel),
+                                    ("pipeline_parallel", pipeline_parallel, have.pipeline_parallel),
+                                    ("data_parallel", data_parallel, have.data_parallel)):  # fmt: skip
+            if asked and asked != actual:
+                raise InvalidArgument(
+                    f"parallel.{name} = {asked} was asked, but this trainer runs at {have.describe()}; start the "
+                    f"trainer with parallel.{name}={asked} (service config) or leave the request's layout at 0"
+                )
 
     def load_model(self, role: str, path: str, **kwargs: Any) -> dict[str, Any]:
         return self._call("load_model", role=role, path=path, **kwargs)
@@ -216,6 +229,18 @@ class TrainerService:
     def _load_checkpoint(self, role, path) -> tuple[int, bytes]:
         return self.core.load_checkpoint(role, path)
 
+    def _gather_weights(self, role: str, passes: int) -> None:
+        """Worker ranks: take part in `passes` full gathers of the role's weights (checksums, publication)."""
+        for _ in range(passes):
+            for _ in self.core.iter_hf_tensors(role):
+                pass
+
+    def _start_gather(self, role: str, passes: int) -> None:
+        """Rank 0 (holding the lock): with model parallelism, the other ranks must join each weight gather."""
+        self.core.role(role)
+        if self.bus is not None and self.bus.world > 1 and self.core.layout.model_parallel > 1:
+            self.bus.send({"op": "gather_weights", "kwargs": {"role": role, "passes": passes}})
+
     def stop_workers(self) -> None:
         if self.bus is not None and self.bus.world > 1:
             with self._lock:
@@ -225,6 +250,7 @@ class TrainerService:
 
     def checksums(self, role: str) -> tuple[int, dict[str, str]]:
         with self._lock:
+            self._start_gather(role, 1)
             return self.core.role(role).weight_version, self.core.checksums(role)
 
     def join_group(self, group: weights_pb2.CollectiveGroup) -> int:
@@ -248,21 +274,27 @@ class TrainerService:
         bucket_bytes = bucket_bytes or self.cfg.defaults.bucket_bytes
         with self._lock:
             state = self.core.role(role)
+            if transport == "disk" and not disk_root:
+                raise FailedPrecondition("disk publication needs disk_root (the folder of versions)")
+            if transport != "disk" and group_name not in self.groups:
+                raise NotFound(f"no weight group {group_name!r} (joined: {sorted(self.groups)}); join it first")
             start = time.perf_counter()
+            self._start_gather(role, 2)
             sums = self.core.checksums(role)
-            counter = _Counter(self.core.iter_hf_buckets(role, bucket_bytes))
+            buckets = self.core.iter_hf_buckets(role, bucket_bytes)
+            counter = _Counter(buckets)
             disk = None
-            if transport == "disk":
-                if not disk_root:
-                    raise FailedPrecondition("disk publication needs disk_root (the folder of versions)")
-                disk = write_version(
-                    disk_root, version, counter, keep_last, bucket_bytes=bucket_bytes,
-                    extra_files=_model_files(state.model_path), overwrite=True,
-                )  # fmt: skip
-            else:
-                if group_name not in self.groups:
-                    raise NotFound(f"no weight group {group_name!r} (joined: {sorted(self.groups)}); join it first")
-                self.groups[group_name].send(counter, version, bucket_bytes=bucket_bytes)
+            try:
+                if transport == "disk":
+                    disk = write_version(
+                        disk_root, version, counter, keep_last, bucket_bytes=bucket_bytes,
+                        extra_files=_model_files(state.model_path), overwrite=True,
+                    )  # fmt: skip
+                else:
+                    self.groups[group_name].send(counter, version, bucket_bytes=bucket_bytes)
+            finally:
+                for _ in buckets:  # on failure: finish the gather, so the other ranks are not left waiting
+                    pass
             state.weight_version = version
             return Published(version, counter.bytes, counter.buckets, time.perf_counter() - start, sums, disk)
 

@@ -1,9 +1,9 @@
 """One train call of a role: mini-batch optimizer steps with gradient accumulation over micro-batches.
 
 Each mini-batch's loss is normalised by its global token / sequence count, so summing micro-batch
-gradients and all-reducing them over data-parallel ranks gives the full-batch gradient; then grad
-clipping, the LR schedule and one AdamW step. A non-finite loss or gradient restores the state from
-before the call. Called by `meshrl.trainer.core.TrainerCore.train_step`.
+gradients (Megatron's schedules and DDP, summed over data-parallel ranks) gives the full-batch gradient;
+then grad clipping, the LR schedule and one Megatron optimizer step. A non-finite loss or gradient restores
+the state from before the call. Called by `meshrl.trainer.core.TrainerCore.train_step`.
 """
 
 from __future__ import annotations
@@ -16,11 +16,13 @@ import torch
 import torch.distributed as dist
 
 from meshrl.common import batch_schema as S
+from meshrl.trainer import megatron_compat
 from meshrl.trainer.batching import SequenceBatch, collate
-from meshrl.trainer.forward import forward_logprobs, forward_values
+from meshrl.trainer.forward import logprobs_from_logits, values_from_output
 from meshrl.trainer.losses import LossConfig, loss_denominator, policy_objective, value_objective
-from meshrl.trainer.optim import allreduce_grads, lr_at, set_lr
+from meshrl.trainer.optim import lr_at, set_lr
 from meshrl.trainer.roles import NonFiniteLoss, RoleState, TrainResult
+from meshrl.trainer.schedule import run_microbatches
 
 PlanFn = Callable[[SequenceBatch, Sequence[int]], list[list[int]]]
 
@@ -85,16 +87,17 @@ def train_role(
     return TrainResult(totals, tokens, mini_batches, sum(planned))
 
 
-def _microbatch_loss(state, mb, cfg: LossConfig, denominator: float, temperature: float):
+def _microbatch_loss(state, output, mb, cfg: LossConfig, denominator: float, temperature: float):
     col = mb.columns.get
     if cfg.policy_loss == "value":
-        values = forward_values(state.model, mb)
+        values = values_from_output(output, mb)
         return value_objective(
             cfg, mb.mask, denominator, values=values, returns=mb.columns[S.RETURNS], old_values=col(S.VALUES)
         )
-    logp, ent = forward_logprobs(
-        state.model, mb, temperature=temperature, with_entropy=True, entropy_grad=cfg.entropy_coef > 0
-    )
+    logp, ent = logprobs_from_logits(
+        output, mb, vocab_size=state.spec.vocab_size, temperature=temperature, with_entropy=True,
+        entropy_grad=cfg.entropy_coef > 0,
+    )  # fmt: skip
     return policy_objective(
         cfg,
         mb.mask,
@@ -112,23 +115,31 @@ def _one_step(state, batch, chunk, cfg, plan, device, temperature, lr_override) 
     lengths = batch.response_lengths[chunk]
     mask = np.arange(max(int(lengths.max()), 1))[None, :] < lengths[:, None]
     denominator = loss_denominator(torch.from_numpy(mask.astype(np.float32)), cfg.aggregation)
-    params = [p for p in state.model.parameters() if p.requires_grad]
-    state.optimizer.zero_grad(set_to_none=False)
-    sums: dict[str, float] = {}
-    for rows in plan(batch, chunk.tolist()):
-        mb = collate(batch, rows, device, list(batch.token_columns))
-        loss, part = _microbatch_loss(state, mb, cfg, denominator, temperature)
-        loss.backward()
+    plans = plan(batch, chunk.tolist())
+    mbs = [collate(batch, rows, device, list(batch.token_columns)) for rows in plans]
+
+    def head(output, mb):
+        loss, part = _microbatch_loss(state, output, mb, cfg, denominator, temperature)
         part["loss"] = float(loss.detach())
-        part["padded_tokens"] = float(mb.num_tokens)
-        part["sequence_tokens"] = float(batch.total_lengths[rows].sum())
-        for k, v in part.items():
-            sums[k] = sums.get(k, 0.0) + v
-    allreduce_grads(params)
-    sums = _allreduce_sums(sums, device)
-    norm = float(torch.nn.utils.clip_grad_norm_(params, state.optimizer_config.clip_grad or float("inf")))
+        return loss, part
+
+    state.ddp.zero_grad_buffer()
+    state.optimizer.zero_grad()
+    parts = run_microbatches(state.ddp, mbs, head, forward_only=False)
+    sums: dict[str, float] = {}
+    if state.layout.holds_results:
+        for part, rows, mb in zip(parts, plans, mbs, strict=True):
+            part["padded_tokens"] = float(mb.num_tokens)
+            part["sequence_tokens"] = float(batch.total_lengths[rows].sum())
+            for k, v in part.items():
+                sums[k] = sums.get(k, 0.0) + v
+    sums = _allreduce_sums(sums)
+    with megatron_compat.cpu_devices():
+        state.optimizer.prepare_grads()
+        norm = float(state.optimizer.get_grad_norm())
     if not (np.isfinite(sums.get("loss", 0.0)) and np.isfinite(norm)):
-        state.optimizer.zero_grad(set_to_none=False)
+        state.ddp.zero_grad_buffer()
+        state.optimizer.zero_grad()
         raise NonFiniteLoss(
             f"train step of role {state.role!r} produced a non-finite loss ({sums.get('loss')}) or grad norm "
             f"({norm}); the model and optimizer were left unchanged. Check the batch's advantages/log-probs "
@@ -136,19 +147,24 @@ def _one_step(state, batch, chunk, cfg, plan, device, temperature, lr_override) 
         )
     lr = lr_override if lr_override > 0 else lr_at(state.optimizer_config, state.train_steps)
     set_lr(state.optimizer, lr)
-    state.optimizer.step()
+    with megatron_compat.cpu_devices():
+        state.optimizer.step()
     state.train_steps += 1
     return _step_metrics(sums, norm, lr)
 
 
-def _allreduce_sums(sums: dict[str, float], device: torch.device) -> dict[str, float]:
-    """Sums the metric sums over data-parallel ranks (every rank holds the same keys: same code path)."""
+def _allreduce_sums(sums: dict[str, float]) -> dict[str, float]:
+    """Sums the metric sums over all ranks; only one rank per data-parallel replica contributes (the others
+    hold no results), so the key sets differ and travel as small objects."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return sums
-    keys = sorted(sums)
-    buf = torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=device)
-    dist.all_reduce(buf, op=dist.ReduceOp.SUM)
-    return dict(zip(keys, buf.tolist(), strict=True))
+    gathered: list[dict[str, float]] = [{} for _ in range(dist.get_world_size())]
+    dist.all_gather_object(gathered, sums)
+    total: dict[str, float] = {}
+    for part in gathered:
+        for k, v in part.items():
+            total[k] = total.get(k, 0.0) + v
+    return total
 
 
 def _step_metrics(sums: dict[str, float], norm: float, lr: float) -> dict[str, float]:
@@ -164,15 +180,27 @@ def _step_metrics(sums: dict[str, float], norm: float, lr: float) -> dict[str, f
     return out
 
 
-def _snapshot(state: RoleState) -> tuple[dict, dict, int]:
+def _torch_optimizers(optimizer) -> list[torch.optim.Optimizer]:
+    """The torch optimizers inside a Megatron optimizer; their params are the (fp32 master / sharded) copies."""
+    return [inner.optimizer for inner in getattr(optimizer, "chained_optimizers", [optimizer])]
+
+
+def _snapshot(state: RoleState) -> tuple[dict, list, int]:
     params = {n: p.detach().clone() for n, p in state.model.named_parameters()}
-    return params, copy.deepcopy(state.optimizer.state_dict()), state.train_steps
+    inner = [
+        ([p.detach().clone() for g in t.param_groups for p in g["params"]], copy.deepcopy(t.state_dict()))
+        for t in _torch_optimizers(state.optimizer)
+    ]
+    return params, inner, state.train_steps
 
 
-def _restore(state: RoleState, snapshot: tuple[dict, dict, int]) -> None:
-    params, optim_state, steps = snapshot
+def _restore(state: RoleState, snapshot: tuple[dict, list, int]) -> None:
+    params, inner, steps = snapshot
     with torch.no_grad():
         for n, p in state.model.named_parameters():
             p.copy_(params[n])
-    state.optimizer.load_state_dict(optim_state)
+        for t, (mains, optim_state) in zip(_torch_optimizers(state.optimizer), inner, strict=True):
+            for p, saved in zip((p for g in t.param_groups for p in g["params"]), mains, strict=True):
+                p.copy_(saved)
+            t.load_state_dict(optim_state)
     state.train_steps = steps

@@ -1,4 +1,4 @@
-"""`python -m meshrl.trainer.worker --rank R --world N --master HOST:PORT`: a data-parallel trainer rank > 0.
+"""`python -m meshrl.trainer.worker --rank R --world N --master HOST:PORT`: a trainer rank > 0 (TP x PP x DP layout).
 
 Started by rank 0 (`meshrl.trainer.runtime.build_service`) with the service config in the
 MESHRL_TRAINER_CONFIG_JSON environment variable; runs rank 0's commands until told to stop.

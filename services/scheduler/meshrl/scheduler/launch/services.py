@@ -92,6 +92,8 @@ class JobServices:
             t = self.cfg.trainer
             args = [*roots_args(self.run, self.model_path), "--set", f"databuffer_address={buffer_address}",
                     "--set", f"data_parallel.size={t.data_parallel}",
+                    "--set", f"parallel.tensor_parallel={t.tensor_parallel}",
+                    "--set", f"parallel.pipeline_parallel={t.pipeline_parallel}",
                     *telemetry_args(self.cfg, self.run, "trainer"), *[a for kv in t.service_overrides for a in ("--set", kv)]]  # fmt: skip
             specs.append(ServiceSpec("trainer", "trainer", args, gpus=t.gpus))
         for _ in range(self.cfg.rollout.replicas):

@@ -13,6 +13,7 @@ from typing import TextIO
 
 from meshrl.common.config import deep_merge, parse_overrides, read_yaml
 from meshrl.common.errors import MeshrlError
+from meshrl.scheduler.launch.trainer_layout import apply_trainer_layout, trainer_section
 from meshrl.scheduler.planning.apportion import ClusterSpec
 from meshrl.scheduler.planning.plan_render import render_plan
 from meshrl.scheduler.planning.planner import DEFAULT_COSTS, Placement, PlanError, PlanOptions, Strategy, plan_workflow
@@ -64,6 +65,7 @@ def run_plan(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
     config = read_yaml(args.config) if args.config else {}
     config = deep_merge(config, parse_overrides(args.overrides))
     workflow = load_workflow(args.workflow, config, allowed_modules=args.allow_module)
+    apply_trainer_layout(workflow, trainer_section(config))  # the trainer's TP / PP as `meshrl run` launches it
     if args.cpus_per_node is not None:
         cluster = ClusterSpec(args.nodes, args.cpus_per_node, "CPU")
     else:

@@ -35,6 +35,7 @@ from meshrl.scheduler.config import JobConfig
 from meshrl.scheduler.events import EventLog
 from meshrl.scheduler.fleet.weight_sync import WeightPublisher
 from meshrl.scheduler.launch.services import JobServices
+from meshrl.scheduler.launch.trainer_layout import apply_trainer_layout
 from meshrl.scheduler.report import write_report
 from meshrl.scheduler.rundir import RunDir
 from meshrl.scheduler.step.data import DataPosition, PromptEncoder, PromptSampler, load_records
@@ -86,6 +87,7 @@ class JobRunner:
 
     # -- preparation ---------------------------------------------------------------------
     def prepare(self) -> None:
+        apply_trainer_layout(self.workflow, self.cfg.trainer)
         # Services (Ray actors included) may run in another working directory: use absolute paths.
         self.cfg.model.path = str(Path(self.cfg.model.path).resolve())
         for field in ("train", "eval"):

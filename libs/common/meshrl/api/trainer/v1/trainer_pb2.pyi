@@ -67,7 +67,7 @@ KL_ESTIMATOR_K2: KlEstimator
 KL_ESTIMATOR_K3: KlEstimator
 
 class OptimizerConfig(_message.Message):
-    __slots__ = ("lr", "min_lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "clip_grad", "warmup_steps", "decay_steps", "decay_style")
+    __slots__ = ("lr", "min_lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "clip_grad", "warmup_steps", "decay_steps", "decay_style", "name", "distributed")
     LR_FIELD_NUMBER: _ClassVar[int]
     MIN_LR_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_DECAY_FIELD_NUMBER: _ClassVar[int]
@@ -78,6 +78,8 @@ class OptimizerConfig(_message.Message):
     WARMUP_STEPS_FIELD_NUMBER: _ClassVar[int]
     DECAY_STEPS_FIELD_NUMBER: _ClassVar[int]
     DECAY_STYLE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DISTRIBUTED_FIELD_NUMBER: _ClassVar[int]
     lr: float
     min_lr: float
     weight_decay: float
@@ -88,7 +90,9 @@ class OptimizerConfig(_message.Message):
     warmup_steps: int
     decay_steps: int
     decay_style: DecayStyle
-    def __init__(self, lr: _Optional[float] = ..., min_lr: _Optional[float] = ..., weight_decay: _Optional[float] = ..., adam_beta1: _Optional[float] = ..., adam_beta2: _Optional[float] = ..., adam_eps: _Optional[float] = ..., clip_grad: _Optional[float] = ..., warmup_steps: _Optional[int] = ..., decay_steps: _Optional[int] = ..., decay_style: _Optional[_Union[DecayStyle, str]] = ...) -> None: ...
+    name: str
+    distributed: bool
+    def __init__(self, lr: _Optional[float] = ..., min_lr: _Optional[float] = ..., weight_decay: _Optional[float] = ..., adam_beta1: _Optional[float] = ..., adam_beta2: _Optional[float] = ..., adam_eps: _Optional[float] = ..., clip_grad: _Optional[float] = ..., warmup_steps: _Optional[int] = ..., decay_steps: _Optional[int] = ..., decay_style: _Optional[_Union[DecayStyle, str]] = ..., name: _Optional[str] = ..., distributed: _Optional[bool] = ...) -> None: ...
 
 class ParallelConfig(_message.Message):
     __slots__ = ("tensor_parallel", "pipeline_parallel", "data_parallel")
@@ -355,7 +359,7 @@ class RoleStatus(_message.Message):
     def __init__(self, role: _Optional[_Union[Role, str]] = ..., model_path: _Optional[str] = ..., num_parameters: _Optional[int] = ..., train_steps: _Optional[int] = ..., weight_version: _Optional[int] = ...) -> None: ...
 
 class TrainerStatus(_message.Message):
-    __slots__ = ("roles", "device", "data_parallel_size", "metrics")
+    __slots__ = ("roles", "device", "data_parallel_size", "metrics", "tensor_parallel_size", "pipeline_parallel_size")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -367,8 +371,12 @@ class TrainerStatus(_message.Message):
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     DATA_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PIPELINE_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
     roles: _containers.RepeatedCompositeFieldContainer[RoleStatus]
     device: str
     data_parallel_size: int
     metrics: _containers.ScalarMap[str, float]
-    def __init__(self, roles: _Optional[_Iterable[_Union[RoleStatus, _Mapping]]] = ..., device: _Optional[str] = ..., data_parallel_size: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    def __init__(self, roles: _Optional[_Iterable[_Union[RoleStatus, _Mapping]]] = ..., device: _Optional[str] = ..., data_parallel_size: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., tensor_parallel_size: _Optional[int] = ..., pipeline_parallel_size: _Optional[int] = ...) -> None: ...
