@@ -6,22 +6,16 @@ the server and on every client channel (never by the scheduler)."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from meshrl.common.net import free_port
 from meshrl.scheduler.launch.process import ServiceProcess
 from tests.unit.common._certs import CA
 
 TOKEN = "multihost-token"
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 class PKI:

@@ -1,0 +1,100 @@
+"""A GRPO job on a real two-node Ray cluster whose nodes have distinct addresses (`ray start --head` on
+127.0.0.2, a worker on 127.0.0.3, token auth on): the scheduler places its services on bundles spread over
+both nodes, and each service binds and advertises its own node's address."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from meshrl.common.net import free_port
+
+pytestmark = [pytest.mark.multihost, pytest.mark.timeout(600)]
+RAY = str(Path(sys.executable).parent / "ray")
+HEAD, WORKER = "127.0.0.2", "127.0.0.3"
+
+
+def _pids_under(temp_dir: Path) -> list[int]:
+    """Processes this test's cluster started (their command lines name its own temp dir or session)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(temp_dir) in cmdline:
+            pids.append(int(proc.name))
+    return pids
+
+
+@pytest.fixture
+def two_node_cluster(monkeypatch):
+    temp_dir = Path(tempfile.mkdtemp(prefix="mrlray-", dir="/tmp"))  # short: Ray's socket paths have a length limit
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16), "RAY_TMPDIR": str(temp_dir)}
+    for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_TMPDIR"):
+        monkeypatch.setenv(key, env[key])
+    port = free_port(HEAD)
+    common = ["--num-cpus=4", "--disable-usage-stats"]
+    try:
+        subprocess.run([RAY, "start", "--head", f"--node-ip-address={HEAD}", f"--port={port}",
+                        f"--temp-dir={temp_dir}", "--include-dashboard=false", *common],
+                       env=env, check=True, capture_output=True, timeout=180)  # fmt: skip
+        subprocess.run([RAY, "start", f"--address={HEAD}:{port}", f"--node-ip-address={WORKER}", *common],
+                       env=env, check=True, capture_output=True, timeout=180)  # fmt: skip
+        yield f"{HEAD}:{port}"
+    finally:
+        import ray
+
+        ray.shutdown()
+        for sig in (signal.SIGTERM, signal.SIGKILL):  # by pid: never a machine-wide `ray stop`
+            for pid in _pids_under(temp_dir):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            time.sleep(2)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_a_job_on_two_ray_nodes_places_services_on_both(two_node_cluster, tmp_path):
+    from meshrl.scheduler.jobs import JobManager
+    from meshrl.scheduler.workflow import builtin_workflow_text
+    from meshrl.trainer.model_builder import build_small_model
+
+    model = build_small_model(tmp_path / "model", hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, seed=0)
+    rows = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(32)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = {
+        "job": {"name": "twonode", "steps": 1, "run_root": str(tmp_path / "runs")},
+        "model": {"path": str(model)},
+        "data": {"train": str(tmp_path / "train.jsonl"), "prompts_per_step": 4},
+        "rollout": {"replicas": 1, "n": 2, "max_tokens": 6},
+        "eval": {"every": 0},
+        "trainer": {"optimizer": {"lr": 1e-3}},
+        "services": {"use_ray": True, "ray_address": two_node_cluster, "placement_strategy": "SPREAD"},
+    }
+    jobs = JobManager()
+    record = jobs.create(builtin_workflow_text("grpo"), yaml.safe_dump(cfg), [])
+    jobs.run(record)
+    assert record.runner.run.metrics_file.is_file(), record.error
+    events = [json.loads(line) for line in record.runner.run.events_file.read_text().splitlines()]
+    up = next(e["log"] for e in events if e.get("log", "").startswith("services up: "))
+    addresses = yaml.safe_load(up[len("services up: ") :].replace("'", '"'))
+    hosts = {name: address.rsplit(":", 1)[0] for name, address in addresses.items()}
+    assert set(hosts) == {"databuffer", "trainer", "rollout-0"}
+    assert set(hosts.values()) == {HEAD, WORKER}, hosts  # spread over both nodes, each its own node's address
+    step = json.loads(record.runner.run.metrics_file.read_text().splitlines()[0])
+    assert step["weights/version"] >= 1 and step["rollout/samples"] == 8
