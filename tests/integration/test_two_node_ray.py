@@ -25,8 +25,8 @@ RAY = str(Path(sys.executable).parent / "ray")
 HEAD, WORKER = "127.0.0.2", "127.0.0.3"
 
 
-def _pids_under(temp_dir: Path) -> list[int]:
-    """Processes this test's cluster started (their command lines name its own temp dir or session)."""
+def _pids_of(*marks: str) -> list[int]:
+    """Processes this test's cluster started: their command lines name its temp dir or its head's address."""
     pids = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -35,7 +35,7 @@ def _pids_under(temp_dir: Path) -> list[int]:
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if str(temp_dir) in cmdline:
+        if any(mark in cmdline for mark in marks):
             pids.append(int(proc.name))
     return pids
 
@@ -60,7 +60,7 @@ def two_node_cluster(monkeypatch):
 
         ray.shutdown()
         for sig in (signal.SIGTERM, signal.SIGKILL):  # by pid: never a machine-wide `ray stop`
-            for pid in _pids_under(temp_dir):
+            for pid in _pids_of(str(temp_dir), f"{HEAD}:{port}"):
                 try:
                     os.kill(pid, sig)
                 except ProcessLookupError:
