@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import redis
 
-from meshrl.api.common.v1 import tensor_pb2
+from meshrl.api.common.v1 import keys_pb2, tensor_pb2
 from meshrl.api.databuffer.v1 import databuffer_pb2 as pb
 from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import NUMPY_BY_DTYPE, Batch, Ragged, encode_batch
@@ -154,6 +154,13 @@ def _start(key, header):
     return pb.PutBatchRequest(start=pb.PutBatchStart(key=key, header=header))
 
 
+def _unchecked_key(job_id: str, step: int, node_id: str, shard: int | None = None) -> keys_pb2.BatchKey:
+    """A wire key the client would refuse to build (BatchRef checks it), to show the server refuses it too."""
+    if shard is None:
+        return keys_pb2.BatchKey(job_id=job_id, step=step, node_id=node_id, shard=-1)
+    return keys_pb2.BatchKey(job_id=job_id, step=step, node_id=node_id, shard=shard, has_shard=True)
+
+
 def test_bad_input_is_invalid_argument_naming_the_field_and_changes_nothing(service):
     client, buffer, raw = service
     client.put(batch_key("job", 0, "kept"), {"x": np.arange(6, dtype=np.float32)})
@@ -177,8 +184,8 @@ def test_bad_input_is_invalid_argument_naming_the_field_and_changes_nothing(serv
         ([_start(key, edited(nbytes=25)), payload], r"start.header.tensors\['x'\].nbytes = 25"),
         ([_start(key, header), payload[:10]], r"^payload: the stream ended after 10 of the 24 bytes"),
         ([_start(key, header), payload, b"+"], r"^payload: more bytes than start.header.total_bytes = 24"),
-        ([_start(batch_key("job!", 0, "n"), header), payload], r"^start.key.job_id = 'job!' is not a valid name"),
-        ([_start(batch_key("job", -5, "n"), header), payload], r"^start.key.step = -5"),
+        ([_start(_unchecked_key("job!", 0, "n"), header), payload], r"^start.key.job_id = 'job!' is not a valid name"),
+        ([_start(_unchecked_key("job", -5, "n"), header), payload], r"^start.key.step = -5"),
         ([payload], r"^start: the first PutBatch message must be `start`"),
         ([_start(key, header), payload, _start(key, header)], r"^start: a PutBatch stream carries one `start`"),
         ([_start(key, header), bytes(9 * MiB)], r"^payload: a frame of 9437184 bytes exceeds limits.max_frame_bytes"),
@@ -201,7 +208,7 @@ def test_bad_input_is_invalid_argument_naming_the_field_and_changes_nothing(serv
         ),
         (
             "GetBatch",
-            pb.GetBatchRequest(key=batch_key("job", 0, "n", shard=-3)).SerializeToString(),
+            pb.GetBatchRequest(key=_unchecked_key("job", 0, "n", shard=-3)).SerializeToString(),
             r"^key.shard = -3",
         ),
         (
