@@ -113,7 +113,7 @@ def test_up_submit_watch_status_down(cluster, task, tmp_path):
     job.write_text(
         json.dumps(
             {
-                "job": {"name": "local", "steps": 1, "run_root": str(tmp_path / "runs")},
+                "job": {"name": "local", "steps": 1},  # the run goes under the scheduler's own run root
                 "model": {"path": task["model"]},
                 "data": {"train": task["train"], "prompts_per_step": 4},
                 "rollout": {"n": 2, "max_tokens": 6},
@@ -157,7 +157,7 @@ def test_up_submit_watch_status_down(cluster, task, tmp_path):
             channel.close()
         assert reply.replica_id == name and reply.weight_version == 2
     assert _children(by_name["scheduler"]["pid"]) == []
-    run_logs = tmp_path / "runs" / "local-1" / "logs"
+    run_logs = state / "runs" / "local-1" / "logs"
     assert not [p.name for p in run_logs.glob("*.log") if p.stem in by_name], "the scheduler launched services"
 
     started = time.monotonic()
