@@ -42,6 +42,9 @@ def _pids_of(*marks: str) -> list[int]:
 
 @pytest.fixture
 def two_node_cluster(monkeypatch):
+    import ray
+
+    ray.shutdown()  # a driver left connected to another test's cluster would be used instead
     temp_dir = Path(tempfile.mkdtemp(prefix="mrlray-", dir="/tmp"))  # short: Ray's socket paths have a length limit
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16), "RAY_TMPDIR": str(temp_dir)}
     for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_TMPDIR"):

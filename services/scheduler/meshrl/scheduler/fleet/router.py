@@ -12,12 +12,10 @@ from __future__ import annotations
 import collections
 import contextvars
 import logging
-import math
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -29,77 +27,18 @@ from meshrl.common.codec import concat_batches
 from meshrl.common.errors import DeadlineExceeded, InvalidArgument, Unavailable, from_rpc_error
 from meshrl.common.grpc_channel import ChannelConfig, open_channel
 from meshrl.common.registry import DRAINING, SERVING, ReplicaInfo, ReplicaRegistry
-from meshrl.common.suggest import did_you_mean
+from meshrl.scheduler.fleet.router_types import (
+    RETRYABLE,
+    BatchResult,
+    Replica,
+    StreamResult,
+    _Chunk,
+    plan_chunks,
+    sampling_params,
+    summarize,
+)
 
 log = logging.getLogger(__name__)
-# Failures after which the same work is tried on another replica; anything else is the caller's error.
-RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED, grpc.StatusCode.UNKNOWN)
-SAMPLING_KEYS = [f.name for f in pb.SamplingParams.DESCRIPTOR.fields]
-
-
-def sampling_params(values: pb.SamplingParams | Mapping[str, Any]) -> pb.SamplingParams:
-    """A SamplingParams proto from a proto or a dict; an unknown key is INVALID_ARGUMENT naming the closest."""
-    if isinstance(values, pb.SamplingParams):
-        return values
-    for key in values:
-        if key not in SAMPLING_KEYS:
-            hint = did_you_mean(key, SAMPLING_KEYS, f"known keys: {', '.join(SAMPLING_KEYS)}")
-            raise InvalidArgument(f"unknown sampling key '{key}': {hint}", field=f"sampling.{key}")
-    try:
-        return pb.SamplingParams(**{k: v for k, v in values.items() if v is not None})
-    except (TypeError, ValueError) as exc:
-        raise InvalidArgument(f"bad sampling parameters {dict(values)}: {exc}") from None
-
-
-@dataclass
-class Replica:
-    """The router's view of one replica: where it is and the work this router has in flight there."""
-
-    replica_id: str
-    address: str
-    capacity: int = 64
-    state: str = SERVING
-    weight_version: int = 0
-    outstanding: int = 0  # samples in flight from this router
-    calls: int = 0
-    failed_at: float = 0.0  # monotonic time the router last saw it fail (0 = healthy)
-    channel: grpc.Channel | None = field(default=None, repr=False)
-    stub: Any = field(default=None, repr=False)
-
-    def load(self, extra: int = 0) -> float:
-        return (self.outstanding + extra) / max(1, self.capacity)
-
-
-@dataclass
-class BatchResult:
-    keys: list[keys_pb2.BatchKey]  # where the samples are: [output] (merged) or the shards in order
-    samples: int = 0
-    prompt_tokens: int = 0
-    generated_tokens: int = 0
-    seconds: float = 0.0
-    min_weight_version: int = 0
-    max_weight_version: int = 0
-    samples_by_replica: dict[str, int] = field(default_factory=dict)
-    retries: int = 0
-
-
-@dataclass
-class StreamResult:
-    token_ids: list[int]
-    logprobs: list[float]
-    weight_versions: list[int]
-    finish_reason: int
-    text: str
-    replica_id: str
-
-
-@dataclass
-class _Chunk:
-    index: int
-    begin: int
-    end: int
-    attempts: int = 0
-    excluded: set[str] = field(default_factory=set)
 
 
 class RolloutRouter:
@@ -271,77 +210,55 @@ class RolloutRouter:
         start = time.perf_counter()
         deadline = time.monotonic() + (timeout or self.rpc_timeout_s)
         live = self.serving() or self.wait_for_replicas(1, max(0.0, deadline - time.monotonic()))
-        if chunk_prompts is None:
-            if len(live) == 1:
-                chunk_prompts = num_prompts
-            else:
-                cap = min(r.capacity for r in live)
-                chunk_prompts = max(1, min(math.ceil(num_prompts / len(live)), max(1, cap // n)))
-        chunks = [
-            _Chunk(i, b, min(b + chunk_prompts, num_prompts))
-            for i, b in enumerate(range(0, num_prompts, chunk_prompts))
-        ]
+        chunks = plan_chunks(num_prompts, n, chunk_prompts, [r.capacity for r in live])
         single = len(chunks) == 1
-
-        def shard_key(c: _Chunk) -> keys_pb2.BatchKey:
-            if single:
-                return output_key
-            key = keys_pb2.BatchKey()
-            key.CopyFrom(output_key)
-            key.shard, key.has_shard = c.index, True
-            return key
-
         result = BatchResult(keys=[])
         replies: dict[int, pb.GenerateBatchResponse] = {}
+        base = pb.GenerateBatchRequest(input=input_key, sampling=params, n=n, job_id=job_id, step=step)
 
         def run(c: _Chunk) -> None:
-            while True:
-                work = (c.end - c.begin) * n
-                replica = self._pick(work, exclude=c.excluded, deadline=deadline, need_room=True)
-                req = pb.GenerateBatchRequest(
-                    input=input_key, output=shard_key(c), sampling=params, n=n, job_id=job_id, step=step,
-                    row_begin=c.begin, row_end=c.end,
-                )  # fmt: skip
-                c.attempts += 1
-                try:
-                    left = max(1.0, deadline - time.monotonic())
-                    reply = replica.stub.GenerateBatch(req, timeout=left, wait_for_ready=False)
-                except grpc.RpcError as exc:
-                    retry = exc.code() in RETRYABLE
-                    self._release(replica, work, failed=retry)
-                    if not retry or c.attempts >= self.max_attempts or time.monotonic() >= deadline:
-                        raise from_rpc_error(exc) from None
-                    log.warning("rows [%d, %d) failed on %s (%s): retrying elsewhere", c.begin, c.end,
-                                replica.replica_id, exc.code().name)  # fmt: skip
-                    c.excluded.add(replica.replica_id)
-                    with self._lock:
-                        result.retries += 1
-                    continue
-                self._release(replica, work, failed=False)
-                with self._lock:
-                    replies[c.index] = reply
-                    result.samples_by_replica[replica.replica_id] = (
-                        result.samples_by_replica.get(replica.replica_id, 0) + reply.samples
-                    )
-                return
+            replies[c.index] = self._run_range(c, base, c.shard_key(output_key, single), deadline, result)
 
         with ThreadPoolExecutor(max_workers=min(len(chunks), 64), thread_name_prefix="router") as pool:
             # each chunk's RPC runs inside the caller's trace context (pool threads do not inherit it)
             for future in [pool.submit(contextvars.copy_context().run, run, c) for c in chunks]:
                 future.result()
-        ordered = [replies[c.index] for c in chunks]
-        result.samples = sum(r.samples for r in ordered)
-        result.prompt_tokens = sum(r.prompt_tokens for r in ordered)
-        result.generated_tokens = sum(r.generated_tokens for r in ordered)
-        result.min_weight_version = min(r.min_weight_version for r in ordered)
-        result.max_weight_version = max(r.max_weight_version for r in ordered)
-        shards = [shard_key(c) for c in chunks]
-        if single or not merge:
-            result.keys = shards
-        else:
-            result.keys = [self._merge(shards, output_key)]
+        summarize(result, [replies[c.index] for c in chunks])
+        shards = [c.shard_key(output_key, single) for c in chunks]
+        result.keys = shards if single or not merge else [self._merge(shards, output_key)]
         result.seconds = time.perf_counter() - start
         return result
+
+    def _run_range(self, c: _Chunk, base: pb.GenerateBatchRequest, output: keys_pb2.BatchKey, deadline: float,
+                   result: BatchResult) -> pb.GenerateBatchResponse:  # fmt: skip
+        """Rows [c.begin, c.end) on the least loaded replica; after a retryable failure, on another one."""
+        work = (c.end - c.begin) * base.n
+        while True:
+            replica = self._pick(work, exclude=c.excluded, deadline=deadline, need_room=True)
+            req = pb.GenerateBatchRequest()
+            req.CopyFrom(base)
+            req.output.CopyFrom(output)
+            req.row_begin, req.row_end = c.begin, c.end
+            c.attempts += 1
+            try:
+                left = max(1.0, deadline - time.monotonic())
+                reply = replica.stub.GenerateBatch(req, timeout=left, wait_for_ready=False)
+            except grpc.RpcError as exc:
+                retry = exc.code() in RETRYABLE
+                self._release(replica, work, failed=retry)
+                if not retry or c.attempts >= self.max_attempts or time.monotonic() >= deadline:
+                    raise from_rpc_error(exc) from None
+                log.warning("rows [%d, %d) failed on %s (%s): retrying elsewhere", c.begin, c.end,
+                            replica.replica_id, exc.code().name)  # fmt: skip
+                c.excluded.add(replica.replica_id)
+                with self._lock:
+                    result.retries += 1
+                continue
+            self._release(replica, work, failed=False)
+            with self._lock:
+                counted = result.samples_by_replica
+                counted[replica.replica_id] = counted.get(replica.replica_id, 0) + reply.samples
+            return reply
 
     def _merge(self, shards: list[keys_pb2.BatchKey], output_key: keys_pb2.BatchKey) -> keys_pb2.BatchKey:
         if self.databuffer is None:

@@ -14,6 +14,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from meshrl.common.errors import FailedPrecondition
 from meshrl.scheduler.launch.placement import create_worker_bundles, launch_pinned, worker_bundle
 from meshrl.scheduler.launch.process import ServiceProcess
 
@@ -109,6 +110,12 @@ class RayLauncher:
         self.strategy = strategy
         self.owns_ray = not ray.is_initialized() and address is None
         self.temp_dir: str | None = None
+        if ray.is_initialized() and address and ray.get_runtime_context().gcs_address != address:
+            raise FailedPrecondition(
+                f"this scheduler is connected to the Ray cluster at {ray.get_runtime_context().gcs_address}, but the "
+                f"job asks for services.ray_address = {address!r}. Fix: run the job on a scheduler started against "
+                "that cluster, or leave services.ray_address unset to use the connected one"
+            )
         if not ray.is_initialized():
             if address:
                 ray.init(address=address, log_to_driver=False)
