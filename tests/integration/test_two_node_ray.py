@@ -42,9 +42,6 @@ def _pids_of(*marks: str) -> list[int]:
 
 @pytest.fixture
 def two_node_cluster(monkeypatch):
-    import ray
-
-    ray.shutdown()  # a driver left connected to another test's cluster would be used instead
     temp_dir = Path(tempfile.mkdtemp(prefix="mrlray-", dir="/tmp"))  # short: Ray's socket paths have a length limit
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16), "RAY_TMPDIR": str(temp_dir)}
     for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_TMPDIR"):
@@ -59,9 +56,6 @@ def two_node_cluster(monkeypatch):
                        env=env, check=True, capture_output=True, timeout=180)  # fmt: skip
         yield f"{HEAD}:{port}"
     finally:
-        import ray
-
-        ray.shutdown()
         for sig in (signal.SIGTERM, signal.SIGKILL):  # by pid: never a machine-wide `ray stop`
             for pid in _pids_of(str(temp_dir), f"{HEAD}:{port}"):
                 try:
@@ -73,8 +67,8 @@ def two_node_cluster(monkeypatch):
 
 
 def test_a_job_on_two_ray_nodes_places_services_on_both(two_node_cluster, tmp_path):
-    from meshrl.scheduler.jobs import JobManager
-    from meshrl.scheduler.workflow import builtin_workflow_text
+    """`meshrl run` as its own process (Ray reads its auth mode when it is first imported, so the driver
+    gets the cluster's token settings from its environment, as a user's shell would give them)."""
     from meshrl.trainer.model_builder import build_small_model
 
     model = build_small_model(tmp_path / "model", hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, seed=0)
@@ -89,15 +83,19 @@ def test_a_job_on_two_ray_nodes_places_services_on_both(two_node_cluster, tmp_pa
         "trainer": {"optimizer": {"lr": 1e-3}},
         "services": {"use_ray": True, "ray_address": two_node_cluster, "placement_strategy": "SPREAD"},
     }
-    jobs = JobManager()
-    record = jobs.create(builtin_workflow_text("grpo"), yaml.safe_dump(cfg), [])
-    jobs.run(record)
-    assert record.runner.run.metrics_file.is_file(), record.error
-    events = [json.loads(line) for line in record.runner.run.events_file.read_text().splitlines()]
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(cfg))
+    done = subprocess.run(
+        [sys.executable, "-m", "meshrl.scheduler.cli", "run", "grpo", "--config", str(tmp_path / "job.yaml"),
+         "--no-progress"],
+        capture_output=True, text=True, timeout=480, env=dict(os.environ),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (run,) = (tmp_path / "runs").iterdir()
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
     up = next(e["log"] for e in events if e.get("log", "").startswith("services up: "))
     addresses = yaml.safe_load(up[len("services up: ") :].replace("'", '"'))
     hosts = {name: address.rsplit(":", 1)[0] for name, address in addresses.items()}
     assert set(hosts) == {"databuffer", "trainer", "rollout-0"}
     assert set(hosts.values()) == {HEAD, WORKER}, hosts  # spread over both nodes, each its own node's address
-    step = json.loads(record.runner.run.metrics_file.read_text().splitlines()[0])
+    step = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
     assert step["weights/version"] >= 1 and step["rollout/samples"] == 8

@@ -31,14 +31,18 @@ def telemetry_args(cfg: JobConfig, run: RunDir, name: str) -> list[str]:
     return args
 
 
-def roots_args(run: RunDir, model_path: str) -> list[str]:
-    """A launched service may touch the run folder and the model folder only (its `paths.roots`)."""
-    return ["--set", "paths.roots=" + json.dumps([str(run.root), str(Path(model_path).resolve())])]
+def roots_args(run: RunDir, model_path: str, extra: tuple[str, ...] = ()) -> list[str]:
+    """A launched service may touch the run folder, the model folder and the `extra` folders only (its
+    `paths.roots`); `extra` is e.g. the checkpoint `meshrl run --val-only --checkpoint` evaluates."""
+    roots = [str(run.root), str(Path(model_path).resolve()), *(str(Path(p).resolve()) for p in extra)]
+    return ["--set", "paths.roots=" + json.dumps(roots)]
 
 
-def rollout_spec(cfg: JobConfig, run: RunDir, name: str, buffer_address: str, model_path: str) -> ServiceSpec:
+def rollout_spec(
+    cfg: JobConfig, run: RunDir, name: str, buffer_address: str, model_path: str, extra_roots: tuple[str, ...] = ()
+) -> ServiceSpec:
     args = [
-        *roots_args(run, model_path),
+        *roots_args(run, model_path, extra_roots),
         "--set", f"engine.kind={cfg.rollout.engine}",
         "--set", f"engine.model_path={model_path}",
         "--set", f"engine.max_batch_size={cfg.rollout.max_batch_size}",
@@ -57,6 +61,7 @@ class JobServices:
     cfg: JobConfig
     run: RunDir
     model_path: str
+    extra_roots: tuple[str, ...] = ()  # folders outside the run the services may read (a checkpoint to evaluate)
     launcher: RayLauncher | ProcessLauncher | None = None
     buffer: DataBufferClient | None = None
     trainer: TrainerClient | None = None
@@ -90,7 +95,7 @@ class JobServices:
         specs = []
         if self.cfg.trainer.address is None:
             t = self.cfg.trainer
-            args = [*roots_args(self.run, self.model_path), "--set", f"databuffer_address={buffer_address}",
+            args = [*roots_args(self.run, self.model_path, self.extra_roots), "--set", f"databuffer_address={buffer_address}",
                     "--set", f"data_parallel.size={t.data_parallel}",
                     "--set", f"parallel.tensor_parallel={t.tensor_parallel}",
                     "--set", f"parallel.pipeline_parallel={t.pipeline_parallel}",
@@ -128,7 +133,7 @@ class JobServices:
     def _new_replica_spec(self, buffer_address: str) -> ServiceSpec:
         name = f"rollout-{self._next_replica}"
         self._next_replica += 1
-        return rollout_spec(self.cfg, self.run, name, buffer_address, self.model_path)
+        return rollout_spec(self.cfg, self.run, name, buffer_address, self.model_path, self.extra_roots)
 
     def add_replicas(self, count: int) -> list[str]:
         """Starts `count` replicas; they are not given traffic until the caller refits them."""

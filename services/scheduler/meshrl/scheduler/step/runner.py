@@ -276,7 +276,7 @@ class JobRunner:
             raise InvalidArgument("--val-only needs data.eval: a held-out set to evaluate")
         records = load_records(cfg.data.eval, cfg.data.prompt_key, cfg.data.answer_key)[: cfg.eval.max_prompts]
         encoder = PromptEncoder(cfg.model.path, cfg.data.apply_chat_template, cfg.data.system_prompt)
-        svc = JobServices(cfg, self.run, cfg.model.path)
+        svc = JobServices(cfg, self.run, cfg.model.path, extra_roots=(checkpoint,) if checkpoint else ())
         try:
             svc.open()
             if checkpoint:
