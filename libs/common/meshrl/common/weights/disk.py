@@ -18,7 +18,7 @@ import re
 import shutil
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -31,6 +31,7 @@ from .safetensors_io import copy_file_into, read_file, verify_file, write_file
 
 INDEX_NAME = "model.safetensors.index.json"
 _VERSION_DIR = re.compile(r"^v(\d{6,})$")
+_DELTA_DIR = re.compile(r"^d(\d{6,})$")  # delta versions (delta.py)
 _TMP_PREFIX = ".tmp-"
 STALE_TMP_SECONDS = 3600.0
 
@@ -39,20 +40,25 @@ def version_dir_name(version: int) -> str:
     return f"v{version:06d}"
 
 
-def list_versions(root: str) -> list[tuple[int, str]]:
-    """Complete versions under `root`, oldest first, as (version, path)."""
+def delta_dir_name(version: int) -> str:
+    return f"d{version:06d}"
+
+
+def list_versions(root: str, deltas: bool = False) -> list[tuple[int, str]]:
+    """Complete versions under `root` (or, with `deltas`, delta versions), oldest first, as (version, path)."""
     if not os.path.isdir(root):
         return []
     found = []
+    pattern = _DELTA_DIR if deltas else _VERSION_DIR
     for name in os.listdir(root):
-        m = _VERSION_DIR.match(name)
+        m = pattern.match(name)
         if m and os.path.isfile(os.path.join(root, name, MANIFEST_NAME)):
             found.append((int(m.group(1)), os.path.join(root, name)))
     return sorted(found)
 
 
 def gc_versions(root: str, keep_last: int) -> list[str]:
-    """Deletes all but the newest `keep_last` versions (0 keeps all) and stale temp folders.
+    """Deletes all but the newest `keep_last` versions and deltas (0 keeps all) and stale temp folders.
 
     Returns the removed paths. Keep at least 2 when replicas load in place, so a replica that
     is still reading the previous version does not lose it.
@@ -60,9 +66,8 @@ def gc_versions(root: str, keep_last: int) -> list[str]:
     if keep_last < 0:
         raise InvalidArgument(f"keep_last must be >= 0 (0 keeps every version), got {keep_last}")
     removed = []
-    versions = list_versions(root)
     if keep_last:
-        for _, path in versions[:-keep_last]:
+        for _, path in [*list_versions(root)[:-keep_last], *list_versions(root, deltas=True)[:-keep_last]]:
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     if os.path.isdir(root):
@@ -109,11 +114,25 @@ def write_version(
         )
     if os.path.exists(final) and not overwrite:
         raise AlreadyExists(f"{final} already exists; publish a new version number or pass overwrite=True")
-    tmp = os.path.join(root, f"{_TMP_PREFIX}{version_dir_name(version)}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    raw = publish_folder(
+        root,
+        version_dir_name(version),
+        lambda tmp: _write_folder(tmp, version, as_buckets(tensors, bucket_bytes), extra_files or {}, fsync).to_json(),
+        fsync,
+    )
+    gc_versions(root, keep_last)
+    return weights_pb2.DiskWeights(path=final, version=version, manifest_sha256=sha256_hex(raw))
+
+
+def publish_folder(root: str, name: str, fill: Callable[[str], bytes], fsync: bool) -> bytes:
+    """Creates `<root>/<name>/` atomically: `fill(tmp)` writes the files into a temporary folder and
+    returns the manifest, written last; then one rename (an existing folder is swapped out). Returns
+    the manifest's bytes. Also used by delta.py."""
+    tmp = os.path.join(root, f"{_TMP_PREFIX}{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    final = os.path.join(root, name)
     os.mkdir(tmp)
     try:
-        manifest = _write_folder(tmp, version, as_buckets(tensors, bucket_bytes), extra_files or {}, fsync)
-        raw = manifest.to_json()
+        raw = fill(tmp)
         _write_bytes(os.path.join(tmp, MANIFEST_NAME), raw, fsync)
         if fsync:
             _fsync_dir(tmp)
@@ -129,8 +148,7 @@ def write_version(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    gc_versions(root, keep_last)
-    return weights_pb2.DiskWeights(path=final, version=version, manifest_sha256=sha256_hex(raw))
+    return raw
 
 
 def _write_folder(
