@@ -12,8 +12,9 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 
+from meshrl.api.common.v1 import weights_pb2
 from meshrl.common.errors import FailedPrecondition, InvalidArgument
-from meshrl.common.weights import GroupSpec
+from meshrl.common.weights import GroupSpec, apply_delta, stage_delta
 from meshrl.rollout.batcher import ContinuousBatcher
 from meshrl.rollout.config import EngineConfig
 from meshrl.rollout.engine import ChunkCallback, Engine
@@ -108,7 +109,43 @@ class TransformersEngine(Engine):
                 nbytes = self.batcher.run_exclusive(install)
             finally:
                 self.batcher.resume(reason="weights")
-            return WeightUpdateResult(version, staged.seconds + time.perf_counter() - start, nbytes)
+            pause = time.perf_counter() - start
+            return WeightUpdateResult(version, staged.seconds + pause, nbytes, pause_seconds=pause)
+
+    def update_weights_from_delta(
+        self,
+        path: str,
+        version: int,
+        base_version: int,
+        *,
+        manifest_sha256: str = "",
+        pause_mode: PauseMode = PauseMode.IN_PLACE,
+        flush_cache: bool = True,
+    ) -> WeightUpdateResult:
+        """Decodes and verifies the delta against the live parameters while generating (BaseMismatch when they
+        are not `base_version`'s), then pauses only to copy the changed tensors in."""
+        with self._update_lock:
+            start = time.perf_counter()
+            weights = weights_pb2.DiskWeights(
+                path=path, version=version, manifest_sha256=manifest_sha256, delta=True, base_version=base_version
+            )
+            staged = stage_delta(self.runner.named_parameters(), weights, self.batcher.version)
+            paused = time.perf_counter()
+            self.batcher.pause(pause_mode, reason="weights")
+            try:
+
+                def install() -> int:
+                    nbytes = apply_delta(self.runner.named_parameters(), staged)
+                    self.batcher.version = version
+                    if flush_cache:
+                        self.batcher.drop_cache()
+                    return nbytes
+
+                nbytes = self.batcher.run_exclusive(install)
+            finally:
+                self.batcher.resume(reason="weights")
+            end = time.perf_counter()
+            return WeightUpdateResult(version, end - start, nbytes, pause_seconds=end - paused)
 
     def init_weight_update_group(self, group: GroupSpec) -> int:
         return self.receiver.join_group(group)
