@@ -3,6 +3,10 @@
 The trainer calls `write_version` after each update; a replica calls `stage_to_local` (optional,
 while it still generates) and then `read_version` + `apply.apply_to_state` (or `load_version`).
 
+Each bucket's file is written and hashed in one pass (safetensors_io.py), WRITERS buckets at once;
+the files are fsynced together at the end (one wait per version), then the manifest and the folder.
+Delta versions (`<root>/d000008/`) are written by delta.py through `publish_folder`.
+
 Layout of `<root>/v000007/` (created as `<root>/.tmp-v000007-*`, fsynced, then renamed):
     model.safetensors | model-0000i-of-0000n.safetensors   one file per bucket (HF shards)
     model.safetensors.index.json                           HF weight map (several shards only)
@@ -18,7 +22,9 @@ import re
 import shutil
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
@@ -34,6 +40,7 @@ _VERSION_DIR = re.compile(r"^v(\d{6,})$")
 _DELTA_DIR = re.compile(r"^d(\d{6,})$")  # delta versions (delta.py)
 _TMP_PREFIX = ".tmp-"
 STALE_TMP_SECONDS = 3600.0
+WRITERS = 2  # buckets written (and hashed) at once
 
 
 def version_dir_name(version: int) -> str:
@@ -156,14 +163,27 @@ def _write_folder(
 ) -> Manifest:
     parts: list[tuple[str, list, int]] = []
     seen: set[str] = set()
-    for i, bucket in enumerate(buckets):
-        for name, _ in bucket:
-            if name in seen:
-                raise InvalidArgument(f"tensor {name!r} appears twice in the export; every HF name must be unique")
-            seen.add(name)
-        part = os.path.join(tmp, f"part-{i:05d}.safetensors")
-        entries, size = write_file(part, list(bucket), fsync=fsync)
-        parts.append((part, entries, size))
+    pending: deque[tuple[str, Future]] = deque()
+    with ThreadPoolExecutor(WRITERS, thread_name_prefix="weights-write") as pool:
+        try:
+            for i, bucket in enumerate(buckets):
+                for name, _ in bucket:
+                    if name in seen:
+                        raise InvalidArgument(
+                            f"tensor {name!r} appears twice in the export; every HF name must be unique"
+                        )
+                    seen.add(name)
+                if len(pending) >= WRITERS:  # at most WRITERS buckets held at once
+                    part, job = pending.popleft()
+                    parts.append((part, *job.result()))
+                part = os.path.join(tmp, f"part-{i:05d}.safetensors")
+                pending.append((part, pool.submit(write_file, part, list(bucket), fsync=False)))
+            while pending:
+                part, job = pending.popleft()
+                parts.append((part, *job.result()))
+        finally:
+            for _, job in pending:
+                job.cancel()
     n = len(parts)
     files: dict[str, int] = {}
     tensors: dict[str, list] = {}
@@ -180,9 +200,21 @@ def _write_folder(
     for name, data in extra_files.items():
         if "/" in name or name in (MANIFEST_NAME, ".", "..") or name in files:
             raise InvalidArgument(f"extra file name {name!r} must be a plain file name not used by the weights")
-        _write_bytes(os.path.join(tmp, name), data, fsync)
+        _write_bytes(os.path.join(tmp, name), data, fsync=False)
         extras.append(ExtraFile(name, len(data), sha256_hex(data)))
+    if fsync:  # one wait for the whole version: every file's fsync at once
+        paths = [os.path.join(tmp, f) for f in [*files, *(x.name for x in extras)]]
+        with ThreadPoolExecutor(min(8, len(paths)), thread_name_prefix="weights-fsync") as pool:
+            list(pool.map(_fsync_path, paths))
     return Manifest(version, files, tensors, tuple(extras), total)
+
+
+def _fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _write_bytes(path: str, data: bytes, fsync: bool) -> None:
@@ -193,12 +225,7 @@ def _write_bytes(path: str, data: bytes, fsync: bool) -> None:
             os.fsync(f.fileno())
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+_fsync_dir = _fsync_path
 
 
 def read_manifest(path: str, expected_manifest_sha256: str | None = None) -> tuple[Manifest, str]:
