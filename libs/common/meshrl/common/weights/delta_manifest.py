@@ -9,7 +9,6 @@ file. Every tensor of the model is listed, unchanged ones with changed = 0 and n
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import torch
@@ -18,7 +17,7 @@ from meshrl.common.errors import InvalidArgument
 
 from . import dtypes
 from .delta_codec import ENCODING
-from .manifest import _HEX64, _dump, _int, _list, _sha
+from .manifest import _HEX64, _dump, _int, _list, _sha, load_doc, tensor_fields
 
 FORMAT = "meshrl-weights-delta/1"
 DATA_NAME = "delta.bin"
@@ -79,13 +78,7 @@ class DeltaManifest:
     @staticmethod
     def parse(raw: bytes, where: str) -> DeltaManifest:
         """Parses and checks a delta manifest; raises InvalidArgument naming the bad field."""
-        try:
-            doc = json.loads(raw)
-        except ValueError as e:
-            raise InvalidArgument(f"{where}: delta manifest is not valid JSON ({e}); re-publish this version") from e
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
-            raise InvalidArgument(f"{where}: manifest format is {got!r}, expected {FORMAT!r}")
+        doc = load_doc(raw, where, FORMAT)
         if doc.get("encoding") != ENCODING:
             raise InvalidArgument(f"{where}: delta encoding {doc.get('encoding')!r} is not {ENCODING!r}")
         version, base = _int(doc, "version", where), _int(doc, "base_version", where)
@@ -95,14 +88,7 @@ class DeltaManifest:
         entries, seen, covered = [], set(), 0
         for i, item in enumerate(_list(doc, "tensors", where)):
             field = f"tensors[{i}]."
-            name = item.get("name") if isinstance(item, dict) else None
-            if not isinstance(name, str) or not name or name in seen:
-                raise InvalidArgument(f"{where}: {field}name {name!r} is missing, empty or repeated")
-            seen.add(name)
-            dtype = dtypes.from_name(str(item.get("dtype")), f"{where}: tensor {name!r}")
-            shape = item.get("shape")
-            if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-                raise InvalidArgument(f"{where}: tensor {name!r} has bad shape {shape!r}")
+            name, dtype, shape = tensor_fields(item, field, where, seen)
             changed = _int(item, "changed", where, field)
             offsets = item.get("data_offsets")
             if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
