@@ -161,5 +161,9 @@ def test_codec_is_bit_exact_across_dtypes_and_extremes():
     for old, new in cases:
         enc = encode(old, new)
         assert torch.equal(apply(enc.blob, old, enc.changed, "t").view(torch.uint8), new.view(torch.uint8))
+    sparse, dense = encode(*cases[-1]), encode(torch.zeros(64), torch.ones(64))
+    assert sparse.blob[0] != dense.blob[0]  # both forms were taken
     with pytest.raises(DataLoss, match="corrupt"):
-        apply(b"not zlib", cases[0][0], 4, "t")
+        apply(b"\x00not zlib", cases[0][0], 4, "t")
+    with pytest.raises(DataLoss, match="mode 7"):
+        apply(b"\x07" + dense.blob[1:], torch.zeros(64), 64, "t")
