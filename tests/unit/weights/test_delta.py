@@ -158,6 +158,8 @@ def test_codec_is_bit_exact_across_dtypes_and_extremes():
         a = torch.randn(1000, generator=g).to(dtype)
         cases.append((a, (a.double() * 1.01).to(dtype)))
     cases.append((a, a.clone()))
+    a = torch.randn(1000, generator=g).to(torch.bfloat16)
+    cases.append((a, torch.where(torch.arange(1000) % 10 == 0, a * 2, a)))  # a tenth changes: sparse
     for old, new in cases:
         enc = encode(old, new)
         assert torch.equal(apply(enc.blob, old, enc.changed, "t").view(torch.uint8), new.view(torch.uint8))
