@@ -9,6 +9,8 @@ disk:        write_version + load_version (atomic folder, fsync, sha256 per tens
 distributed: WeightGroup.send -> receive into live parameters (metadata, buckets, confirmation),
              flat and per-tensor layouts, vs. one torch.distributed.broadcast of a flat tensor of the
              same bytes on the default group, between 2 processes over gloo on this host.
+delta:       after one AdamW step of a real model (bf16 export), a delta version vs a complete one:
+             bytes, publication time, and the pause (apply) apart from the transfer (delta_bench.py).
 Raw and meshrl alternate within each repetition; the table shows medians and, in brackets, the
 ratio of the best runs (the machine is shared, so both are noisy). The distributed runs first
 warm up once. Ratios > 1 mean slower than raw; the target is <= 1.25. Nothing here asserts timings.
@@ -29,6 +31,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from delta_bench import MODELS, bench_delta, print_delta
 
 from meshrl.common.net import free_port
 
@@ -151,7 +154,10 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3, help="timed repetitions per measurement (median)")
     parser.add_argument("--bucket-mb", type=int, default=512, help="bucket size of both transports, MiB")
     parser.add_argument("--workdir", default=None, help="folder for the disk runs (default: a temp folder)")
-    parser.add_argument("--skip", choices=["disk", "distributed"], default=None, help="leave one transport out")
+    parser.add_argument("--skip", choices=["disk", "distributed", "delta"], action="append", default=[],
+                        help="leave a section out (repeatable)")  # fmt: skip
+    parser.add_argument("--delta-model", default="100M", choices=sorted(MODELS), help="model of the delta section")
+    parser.add_argument("--delta-lrs", default="1e-6,1e-5,1e-3", help="learning rates of the delta section")
     args = parser.parse_args()
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     unknown = [s for s in sizes if s not in SHAPES]
@@ -164,17 +170,22 @@ def main() -> None:
         for size in sizes:
             n = _param_count(size)
             row = {"size": size, "params": n, "bytes": n * DTYPES[args.dtype].itemsize}
-            if args.skip != "disk":
+            if "disk" not in args.skip:
                 row["disk"] = bench_disk(size, DTYPES[args.dtype], args.reps, workdir, bucket)
             gc.collect()
-            if args.skip != "distributed":
+            if "distributed" not in args.skip:
                 row["dist"] = bench_distributed(size, args.dtype, args.reps, bucket)
             rows.append(row)
             print(f"measured {size}", file=sys.stderr, flush=True)
+        if "delta" not in args.skip:
+            lrs = [float(x) for x in args.delta_lrs.split(",") if x.strip()]
+            delta_rows = bench_delta(args.delta_model, lrs, workdir)
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
     _print(rows, args)
+    if "delta" not in args.skip:
+        print_delta(args.delta_model, delta_rows)
 
 
 def _param_count(size: str) -> int:
@@ -196,13 +207,13 @@ def _ratio(times: dict[str, list[float]], key: str) -> str:
 def _print(rows: list[dict], args) -> None:
     print(f"\nweight publication, {args.dtype}, bucket {args.bucket_mb} MiB, {args.reps} reps: median seconds, "
           "ratio to raw as median (best)")  # fmt: skip
-    if args.skip != "disk":
+    if "disk" not in args.skip:
         print("\nDISK    size      params      MiB | raw save+load | ours write+load   ratio       | write   load")
         for r in rows:
             d = r["disk"]
             print(f"       {r['size']:>5} {r['params']:>11,} {r['bytes'] / 2**20:>8.0f} | {_cell(d, 'raw'):>13} | "
                   f"{_cell(d, 'ours'):>15}   {_ratio(d, 'ours'):<11} | {_cell(d, 'write')}  {_cell(d, 'load')}")  # fmt: skip
-    if args.skip != "distributed":
+    if "distributed" not in args.skip:
         print("\nDIST    size      params      MiB | raw broadcast | ours per-tensor  ratio       | ours flat  ratio")
         for r in rows:
             d = r["dist"]

@@ -89,3 +89,25 @@ def test_refit_after_a_collective_publication_loads_the_current_version(services
     publisher.refit_from_disk(second)
     assert second.status().weight_version == publisher.version
     publisher.verify([first, second], publisher.version)
+
+
+def test_delta_publication_and_refit_of_a_replica_that_missed_the_base(services):
+    """Deltas go to the replicas that hold their base; one that missed a version refuses the next delta
+    (BaseMismatch) and the same publish refits it with a complete version, verified by checksums."""
+    cfg = WeightsSection(transport="disk", delta=True, timeout_seconds=30)
+    root = services["root"] / "w-delta"
+    publisher = WeightPublisher(services["trainer"], cfg, str(root))
+    both = services["replicas"]
+    lagging = both[1]
+    publisher.version = max(r.status().weight_version for r in both)
+    first = publisher.publish(both)  # no base on the trainer yet: a complete version, kept as the base
+    assert first.stale == [] and not first.disk.delta
+    second = publisher.publish(both)
+    assert second.stale == [] and second.disk.delta and second.disk.base_version == first.version
+    assert (root / f"d{second.version:06d}").is_dir()
+    publisher.publish([both[0]])  # the lagging replica misses this version
+    behind = lagging.status().weight_version
+    result = publisher.publish(both)  # a delta against a version it does not hold: refused, then refitted
+    assert result.stale == [] and behind < result.version == lagging.status().weight_version
+    assert not publisher.last_disk.delta  # the refit published the version complete
+    publisher.verify(both, result.version)

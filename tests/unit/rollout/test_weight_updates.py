@@ -146,3 +146,24 @@ def test_gloo_distributed_update_matches_the_trainer_bit_for_bit(model_dir, new_
     finally:
         engine.destroy_weight_update_group("test-weights")
         trainer.destroy()
+
+
+def test_delta_update_is_bit_exact_pauses_only_to_copy_and_needs_its_base(model_dir, tmp_path, new_engine):
+    engine = new_engine(model_dir)
+    replica = RolloutReplica(engine, replica_id="r", capacity=8)
+    root = tmp_path / "w"
+    v1 = hf_tensors(model_dir, 0.05, seed=1)
+    base = W.DeltaBase()
+    full = W.write_version(str(root), 1, base.record(1, list(v1.items())), fsync=False)
+    replica.update_weights_from_disk(full.path, 1, manifest_sha256=full.manifest_sha256)
+    v2 = {n: t + 1e-3 * torch.randn_like(t) for n, t in v1.items()}
+    delta, _ = W.write_delta(str(root), 2, base, list(v2.items()), max_fraction=1.0, fsync=False)
+    v3 = {n: t + 1e-3 for n, t in v2.items()}
+    later, _ = W.write_delta(str(root), 3, base, list(v3.items()), max_fraction=1.0, fsync=False)
+    with pytest.raises(W.BaseMismatch, match="against version 2, but this replica serves 1"):  # missed v2
+        replica.update_weights_from_disk(later.path, 3, manifest_sha256=later.manifest_sha256, delta_base=2)
+    assert engine.weight_version == 1 and all(torch.equal(live(engine)[n], t) for n, t in v1.items())
+    result = replica.update_weights_from_disk(delta.path, 2, manifest_sha256=delta.manifest_sha256, delta_base=1)
+    assert result.version == engine.weight_version == 2 and 0 < result.pause_seconds <= result.seconds
+    assert engine.weight_checksums()[1] == W.tensor_checksums(v2)
+    assert all(torch.equal(live(engine)[n], t) for n, t in v2.items())

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 
 from meshrl.common.errors import InvalidArgument
-from meshrl.common.weights import GroupSpec
+from meshrl.common.weights import BaseMismatch, GroupSpec
 from meshrl.rollout.types import (
     EngineStatus,
     GenerationRequest,
@@ -112,6 +112,26 @@ class Engine(abc.ABC):
         Refuses (keeping the old weights) a version not above the current one, a manifest whose sha256
         differs from `manifest_sha256` (when given), a checksum, name or shape mismatch.
         """
+
+    def update_weights_from_delta(
+        self,
+        path: str,
+        version: int,
+        base_version: int,
+        *,
+        manifest_sha256: str = "",
+        pause_mode: PauseMode = PauseMode.IN_PLACE,
+        flush_cache: bool = True,
+    ) -> WeightUpdateResult:
+        """Applies a delta folder (meshrl.common.weights.delta) against `base_version` as `version`.
+
+        Engines that only load complete model folders refuse it with BaseMismatch, and the scheduler
+        refits them with a complete version; the transformers engine applies it in place.
+        """
+        raise BaseMismatch(
+            f"the {self.name} engine loads complete weight versions only; weight version {version} is a delta "
+            "(set weights.delta: false for this fleet)"
+        )
 
     @abc.abstractmethod
     def init_weight_update_group(self, group: GroupSpec) -> int:

@@ -26,7 +26,7 @@ from meshrl.common.codec import Batch, Ragged
 from meshrl.common.errors import FailedPrecondition, InvalidArgument, MeshrlError, NotFound, Unavailable
 from meshrl.common.registry import DRAINING, PAUSED, SERVING, STALE, STARTING, ReplicaInfo
 from meshrl.common.telemetry import attributes as A
-from meshrl.common.weights import GroupSpec
+from meshrl.common.weights import BaseMismatch, GroupSpec
 from meshrl.rollout.call_deadline import await_result, cancel_all
 from meshrl.rollout.engine import Engine
 from meshrl.rollout.limits import RequestLimits
@@ -323,11 +323,26 @@ class RolloutReplica:
         staging_dir: str = "",
         pause_mode: PauseMode = PauseMode.IN_PLACE,
         flush_cache: bool = True,
+        delta_base: int | None = None,
     ) -> WeightUpdateResult:
+        """Loads a complete version, or (`delta_base` set) a delta against that version, which a stale
+        replica or one serving another version refuses with BaseMismatch (the scheduler refits it)."""
         if not path:
             raise InvalidArgument("weights.path is empty: give the folder of the published version")
         if not self._check_version(version):
             return WeightUpdateResult(version, 0.0, 0)
+        if delta_base is not None:
+            if self._state == STALE or self.engine.weight_version != delta_base:
+                raise BaseMismatch(
+                    f"weight version {version} is a delta against version {delta_base}, but this replica "
+                    f"serves {self.engine.weight_version}{' (stale)' if self._state == STALE else ''}; "
+                    "refit it with a complete version"
+                )
+            result = self.engine.update_weights_from_delta(
+                path, version, delta_base, manifest_sha256=manifest_sha256, pause_mode=pause_mode,
+                flush_cache=flush_cache,
+            )  # fmt: skip
+            return self._weights_changed(result, "disk")
         result = self.engine.update_weights_from_disk(
             path,
             version,

@@ -104,6 +104,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             staging_dir=staging,
             pause_mode=pause_mode(request.pause_mode),
             flush_cache=request.flush_cache,
+            delta_base=w.base_version if w.delta else None,
         )
         return self._applied(r, "disk")
 
@@ -130,7 +131,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             A.BYTES: r.bytes,
             A.APPLY_SECONDS: r.seconds,
         })  # fmt: skip
-        return pb.UpdateWeightsResponse(version=r.version, seconds=r.seconds, bytes=r.bytes)
+        return pb.UpdateWeightsResponse(
+            version=r.version, seconds=r.seconds, bytes=r.bytes, pause_seconds=r.pause_seconds
+        )
 
     def DestroyWeightUpdateGroup(self, request: pb.DestroyWeightUpdateGroupRequest, context):
         self.replica.destroy_weight_update_group(request.group_name or "weight_update_group")

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
+from meshrl.api.common.v1 import weights_pb2
 from meshrl.common.errors import FailedPrecondition, InvalidArgument
-from meshrl.common.weights import GroupSpec
+from meshrl.common.weights import GroupSpec, apply_delta, stage_delta
 from meshrl.rollout.batcher import ContinuousBatcher
 from meshrl.rollout.config import EngineConfig
 from meshrl.rollout.engine import ChunkCallback, Engine
@@ -93,22 +94,53 @@ class TransformersEngine(Engine):
     ) -> WeightUpdateResult:
         """Stages and verifies the whole version while generating, then pauses only for the copy."""
         with self._update_lock:
-            staged = read_disk(path, version, manifest_sha256, staging_dir)
             start = time.perf_counter()
-            self.batcher.pause(pause_mode, reason="weights")
-            try:
+            staged = read_disk(path, version, manifest_sha256, staging_dir)
+            copy = lambda: self.receiver.apply(staged.tensors, self.batcher.version, version)  # noqa: E731
+            return self._install(version, start, copy, pause_mode, flush_cache)
 
-                def install() -> int:
-                    nbytes = self.receiver.apply(staged.tensors, self.batcher.version, version)
-                    self.batcher.version = version
-                    if flush_cache:
-                        self.batcher.drop_cache()
-                    return nbytes
+    def update_weights_from_delta(
+        self,
+        path: str,
+        version: int,
+        base_version: int,
+        *,
+        manifest_sha256: str = "",
+        pause_mode: PauseMode = PauseMode.IN_PLACE,
+        flush_cache: bool = True,
+    ) -> WeightUpdateResult:
+        """Decodes and verifies the delta against the live parameters while generating (BaseMismatch when they
+        are not `base_version`'s), then pauses only to copy the changed tensors in."""
+        with self._update_lock:
+            start = time.perf_counter()
+            weights = weights_pb2.DiskWeights(
+                path=path, version=version, manifest_sha256=manifest_sha256, delta=True, base_version=base_version
+            )
+            staged = stage_delta(self.runner.named_parameters(), weights, self.batcher.version)
+            copy = lambda: apply_delta(self.runner.named_parameters(), staged)  # noqa: E731
+            return self._install(version, start, copy, pause_mode, flush_cache)
 
-                nbytes = self.batcher.run_exclusive(install)
-            finally:
-                self.batcher.resume(reason="weights")
-            return WeightUpdateResult(version, staged.seconds + time.perf_counter() - start, nbytes)
+    def _install(
+        self, version: int, start: float, copy: Callable[[], int], pause_mode: PauseMode, flush_cache: bool
+    ) -> WeightUpdateResult:
+        """Pauses, runs `copy` (returns the bytes copied into the parameters) between two decoding steps,
+        bumps the version, flushes the cache (by policy) and continues; the pause is timed apart."""
+        paused = time.perf_counter()
+        self.batcher.pause(pause_mode, reason="weights")
+        try:
+
+            def install() -> int:
+                nbytes = copy()
+                self.batcher.version = version
+                if flush_cache:
+                    self.batcher.drop_cache()
+                return nbytes
+
+            nbytes = self.batcher.run_exclusive(install)
+        finally:
+            self.batcher.resume(reason="weights")
+        end = time.perf_counter()
+        return WeightUpdateResult(version, end - start, nbytes, pause_seconds=end - paused)
 
     def init_weight_update_group(self, group: GroupSpec) -> int:
         return self.receiver.join_group(group)

@@ -203,5 +203,6 @@ class EngineStatus:
 @dataclass
 class WeightUpdateResult:
     version: int
-    seconds: float
+    seconds: float  # the whole update: reading and verifying included
     bytes: int
+    pause_seconds: float = 0.0  # of which generation was paused (the apply); 0 when not measured apart

@@ -130,6 +130,8 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
             keep_last=request.keep_last,
             bucket_bytes=request.bucket_bytes,
             group_name=request.group_name,
+            delta=request.delta,
+            max_delta_fraction=request.max_delta_fraction,
         )
         tag_span({A.TRANSPORT: TRANSPORTS[request.transport], A.WEIGHT_VERSION: out.version, A.BYTES: out.bytes})
         reply = pb.PublishWeightsResponse(
@@ -140,11 +142,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
             checksums=weights_pb2.WeightChecksums(version=out.version, sha256=out.checksums),
         )
         if out.disk is not None:
-            reply.disk.CopyFrom(
-                weights_pb2.DiskWeights(
-                    path=out.disk.path, version=out.version, manifest_sha256=out.disk.manifest_sha256
-                )
-            )
+            reply.disk.CopyFrom(out.disk)
         return reply
 
     def GetWeightChecksums(self, request: pb.GetWeightChecksumsRequest, context) -> weights_pb2.WeightChecksums:

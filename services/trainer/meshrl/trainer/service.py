@@ -22,7 +22,8 @@ from meshrl.api.common.v1 import weights_pb2
 from meshrl.common import batch_schema as S
 from meshrl.common.batch_key import BatchRef
 from meshrl.common.errors import FailedPrecondition, InvalidArgument, NotFound
-from meshrl.common.weights import WeightGroup, write_version
+from meshrl.common.weights import DeltaBase, WeightGroup, write_delta, write_version
+from meshrl.common.weights.delta import DEFAULT_MAX_FRACTION
 from meshrl.trainer.config import TrainerConfig
 from meshrl.trainer.core import TrainerCore
 from meshrl.trainer.dp import CommandBus, require_ok
@@ -77,6 +78,7 @@ class TrainerService:
         self.buffer = buffer  # meshrl.common.databuffer_client.DataBufferClient, or None
         self.bus = bus
         self.groups: dict[str, WeightGroup] = {}
+        self._bases: dict[str, DeltaBase] = {}  # role -> the version published last, while deltas are asked for
         self.last_metrics: dict[str, float] = {}
         self._lock = threading.Lock()
 
@@ -268,12 +270,18 @@ class TrainerService:
             group.destroy()
 
     def publish(self, role: str, transport: str, version: int, *, disk_root: str = "", keep_last: int = 0,
-                bucket_bytes: int = 0, group_name: str = "") -> Published:  # fmt: skip
+                bucket_bytes: int = 0, group_name: str = "", delta: bool = False,
+                max_delta_fraction: float = 0.0) -> Published:  # fmt: skip
         """Publishes the role's weights as `version`: a versioned folder under `disk_root`, or a broadcast
-        over the joined group `group_name` (every receiver confirms, else MembersUnresponsive / UpdateRefused)."""
+        over the joined group `group_name` (every receiver confirms, else MembersUnresponsive / UpdateRefused).
+        `delta` (disk): a delta folder against the version published last when this trainer holds it and the
+        delta is at most `max_delta_fraction` (0: 0.5) of a complete version, else a complete version; either
+        way a copy of the published version is kept as the next base."""
         bucket_bytes = bucket_bytes or self.cfg.defaults.bucket_bytes
         with self._lock:
             state = self.core.role(role)
+            if not 0 <= max_delta_fraction <= 1:
+                raise InvalidArgument(f"max_delta_fraction must be in [0, 1] (0: 0.5), got {max_delta_fraction}")
             if transport == "disk" and not disk_root:
                 raise FailedPrecondition("disk publication needs disk_root (the folder of versions)")
             if transport != "disk" and group_name not in self.groups:
@@ -286,17 +294,34 @@ class TrainerService:
             disk = None
             try:
                 if transport == "disk":
-                    disk = write_version(
-                        disk_root, version, counter, keep_last, bucket_bytes=bucket_bytes,
-                        extra_files=_model_files(state.model_path), overwrite=True,
-                    )  # fmt: skip
+                    disk = self._write_disk(role, version, counter, disk_root, keep_last, bucket_bytes, delta,
+                                            max_delta_fraction or DEFAULT_MAX_FRACTION)  # fmt: skip
                 else:
+                    self._bases.pop(role, None)  # the collective publishes complete versions only
                     self.groups[group_name].send(counter, version, bucket_bytes=bucket_bytes)
             finally:
                 for _ in buckets:  # on failure: finish the gather, so the other ranks are not left waiting
                     pass
             state.weight_version = version
             return Published(version, counter.bytes, counter.buckets, time.perf_counter() - start, sums, disk)
+
+    def _write_disk(self, role: str, version: int, export: Iterable, root: str, keep_last: int, bucket_bytes: int,
+                    delta: bool, max_fraction: float) -> weights_pb2.DiskWeights:  # fmt: skip
+        base = self._bases.get(role)
+        if not delta:
+            if base is not None and not base.holds(version):  # a refit of the base's version keeps it
+                self._bases.pop(role)
+        elif base is not None and base.tensors and base.version < version:
+            disk, _ = write_delta(root, version, base, export, keep_last, max_fraction=max_fraction)
+            if disk is not None:
+                return disk
+            export = base.tensors.items()  # the delta would be too large: the base holds this version now
+        else:
+            base = self._bases[role] = DeltaBase()
+            export = base.record(version, export)
+        model_files = _model_files(self.core.role(role).model_path)
+        return write_version(root, version, export, keep_last, bucket_bytes=bucket_bytes, extra_files=model_files,
+                             overwrite=True)  # fmt: skip
 
     def status(self) -> dict[str, Any]:
         return {**self.core.status(), "metrics": dict(self.last_metrics)}

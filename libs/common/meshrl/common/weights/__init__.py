@@ -11,6 +11,8 @@ collective:  WeightGroup.join(...).send(...) / .receive(...), WeightGroupOptions
              GroupSpec, GroupPlan (rank offsets, re-planning), MembersUnresponsive, UpdateRefused
              (collective.py; bucket wire format in wire.py, store keys in rendezvous.py,
              backends and deadlines in transport.py)
+delta:       DeltaBase + write_delta (trainer), stage_delta + apply_delta (replica), BaseMismatch
+             (delta.py; file format in delta_manifest.py, encoding in delta_codec.py)
 checksums:   tensor_checksums, sample_names, compare_checksums, to_proto
 """
 
@@ -18,13 +20,21 @@ from .apply import apply_to_state
 from .buckets import DEFAULT_BUCKET_BYTES, iter_buckets
 from .checksums import compare_checksums, sample_names, tensor_checksum, tensor_checksums, to_proto
 from .collective import WeightGroup, WeightGroupOptions
+from .delta import DeltaBase, DeltaStats, StagedDelta, apply_delta, stage_delta, write_delta
 from .disk import VersionReader, gc_versions, list_versions, read_manifest, read_version, write_version
-from .errors import MembersUnresponsive, UpdateOutcome, UpdateRefused
+from .errors import BaseMismatch, MembersUnresponsive, UpdateOutcome, UpdateRefused
 from .group_plan import GroupPlan, GroupSpec
 from .loading import load_version, stage_to_local
 from .sink import CallbackSink, InPlaceSink, WeightSink
 
 __all__ = [
+    "BaseMismatch",
+    "DeltaBase",
+    "DeltaStats",
+    "StagedDelta",
+    "apply_delta",
+    "stage_delta",
+    "write_delta",
     "DEFAULT_BUCKET_BYTES",
     "CallbackSink",
     "GroupPlan",

@@ -3,6 +3,10 @@
 The trainer calls `write_version` after each update; a replica calls `stage_to_local` (optional,
 while it still generates) and then `read_version` + `apply.apply_to_state` (or `load_version`).
 
+Each bucket's file is written and hashed in one pass (safetensors_io.py), WRITERS buckets at once;
+the files are fsynced together at the end (one wait per version), then the manifest and the folder.
+Delta versions (`<root>/d000008/`) are written by delta.py through `publish_folder`.
+
 Layout of `<root>/v000007/` (created as `<root>/.tmp-v000007-*`, fsynced, then renamed):
     model.safetensors | model-0000i-of-0000n.safetensors   one file per bucket (HF shards)
     model.safetensors.index.json                           HF weight map (several shards only)
@@ -18,7 +22,9 @@ import re
 import shutil
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
@@ -31,28 +37,35 @@ from .safetensors_io import copy_file_into, read_file, verify_file, write_file
 
 INDEX_NAME = "model.safetensors.index.json"
 _VERSION_DIR = re.compile(r"^v(\d{6,})$")
+_DELTA_DIR = re.compile(r"^d(\d{6,})$")  # delta versions (delta.py)
 _TMP_PREFIX = ".tmp-"
 STALE_TMP_SECONDS = 3600.0
+WRITERS = 2  # buckets written (and hashed) at once
 
 
 def version_dir_name(version: int) -> str:
     return f"v{version:06d}"
 
 
-def list_versions(root: str) -> list[tuple[int, str]]:
-    """Complete versions under `root`, oldest first, as (version, path)."""
+def delta_dir_name(version: int) -> str:
+    return f"d{version:06d}"
+
+
+def list_versions(root: str, deltas: bool = False) -> list[tuple[int, str]]:
+    """Complete versions under `root` (or, with `deltas`, delta versions), oldest first, as (version, path)."""
     if not os.path.isdir(root):
         return []
     found = []
+    pattern = _DELTA_DIR if deltas else _VERSION_DIR
     for name in os.listdir(root):
-        m = _VERSION_DIR.match(name)
+        m = pattern.match(name)
         if m and os.path.isfile(os.path.join(root, name, MANIFEST_NAME)):
             found.append((int(m.group(1)), os.path.join(root, name)))
     return sorted(found)
 
 
 def gc_versions(root: str, keep_last: int) -> list[str]:
-    """Deletes all but the newest `keep_last` versions (0 keeps all) and stale temp folders.
+    """Deletes all but the newest `keep_last` versions and deltas (0 keeps all) and stale temp folders.
 
     Returns the removed paths. Keep at least 2 when replicas load in place, so a replica that
     is still reading the previous version does not lose it.
@@ -60,9 +73,8 @@ def gc_versions(root: str, keep_last: int) -> list[str]:
     if keep_last < 0:
         raise InvalidArgument(f"keep_last must be >= 0 (0 keeps every version), got {keep_last}")
     removed = []
-    versions = list_versions(root)
     if keep_last:
-        for _, path in versions[:-keep_last]:
+        for _, path in [*list_versions(root)[:-keep_last], *list_versions(root, deltas=True)[:-keep_last]]:
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     if os.path.isdir(root):
@@ -109,11 +121,25 @@ def write_version(
         )
     if os.path.exists(final) and not overwrite:
         raise AlreadyExists(f"{final} already exists; publish a new version number or pass overwrite=True")
-    tmp = os.path.join(root, f"{_TMP_PREFIX}{version_dir_name(version)}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    raw = publish_folder(
+        root,
+        version_dir_name(version),
+        lambda tmp: _write_folder(tmp, version, as_buckets(tensors, bucket_bytes), extra_files or {}, fsync).to_json(),
+        fsync,
+    )
+    gc_versions(root, keep_last)
+    return weights_pb2.DiskWeights(path=final, version=version, manifest_sha256=sha256_hex(raw))
+
+
+def publish_folder(root: str, name: str, fill: Callable[[str], bytes], fsync: bool) -> bytes:
+    """Creates `<root>/<name>/` atomically: `fill(tmp)` writes the files into a temporary folder and
+    returns the manifest, written last; then one rename (an existing folder is swapped out). Returns
+    the manifest's bytes. Also used by delta.py."""
+    tmp = os.path.join(root, f"{_TMP_PREFIX}{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    final = os.path.join(root, name)
     os.mkdir(tmp)
     try:
-        manifest = _write_folder(tmp, version, as_buckets(tensors, bucket_bytes), extra_files or {}, fsync)
-        raw = manifest.to_json()
+        raw = fill(tmp)
         _write_bytes(os.path.join(tmp, MANIFEST_NAME), raw, fsync)
         if fsync:
             _fsync_dir(tmp)
@@ -129,8 +155,7 @@ def write_version(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    gc_versions(root, keep_last)
-    return weights_pb2.DiskWeights(path=final, version=version, manifest_sha256=sha256_hex(raw))
+    return raw
 
 
 def _write_folder(
@@ -138,14 +163,27 @@ def _write_folder(
 ) -> Manifest:
     parts: list[tuple[str, list, int]] = []
     seen: set[str] = set()
-    for i, bucket in enumerate(buckets):
-        for name, _ in bucket:
-            if name in seen:
-                raise InvalidArgument(f"tensor {name!r} appears twice in the export; every HF name must be unique")
-            seen.add(name)
-        part = os.path.join(tmp, f"part-{i:05d}.safetensors")
-        entries, size = write_file(part, list(bucket), fsync=fsync)
-        parts.append((part, entries, size))
+    pending: deque[tuple[str, Future]] = deque()
+    with ThreadPoolExecutor(WRITERS, thread_name_prefix="weights-write") as pool:
+        try:
+            for i, bucket in enumerate(buckets):
+                for name, _ in bucket:
+                    if name in seen:
+                        raise InvalidArgument(
+                            f"tensor {name!r} appears twice in the export; every HF name must be unique"
+                        )
+                    seen.add(name)
+                if len(pending) >= WRITERS:  # at most WRITERS buckets held at once
+                    part, job = pending.popleft()
+                    parts.append((part, *job.result()))
+                part = os.path.join(tmp, f"part-{i:05d}.safetensors")
+                pending.append((part, pool.submit(write_file, part, list(bucket), fsync=False)))
+            while pending:
+                part, job = pending.popleft()
+                parts.append((part, *job.result()))
+        finally:
+            for _, job in pending:
+                job.cancel()
     n = len(parts)
     files: dict[str, int] = {}
     tensors: dict[str, list] = {}
@@ -162,9 +200,21 @@ def _write_folder(
     for name, data in extra_files.items():
         if "/" in name or name in (MANIFEST_NAME, ".", "..") or name in files:
             raise InvalidArgument(f"extra file name {name!r} must be a plain file name not used by the weights")
-        _write_bytes(os.path.join(tmp, name), data, fsync)
+        _write_bytes(os.path.join(tmp, name), data, fsync=False)
         extras.append(ExtraFile(name, len(data), sha256_hex(data)))
+    if fsync:  # one wait for the whole version: every file's fsync at once
+        paths = [os.path.join(tmp, f) for f in [*files, *(x.name for x in extras)]]
+        with ThreadPoolExecutor(min(8, len(paths)), thread_name_prefix="weights-fsync") as pool:
+            list(pool.map(_fsync_path, paths))
     return Manifest(version, files, tensors, tuple(extras), total)
+
+
+def _fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _write_bytes(path: str, data: bytes, fsync: bool) -> None:
@@ -175,12 +225,7 @@ def _write_bytes(path: str, data: bytes, fsync: bool) -> None:
             os.fsync(f.fileno())
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+_fsync_dir = _fsync_path
 
 
 def read_manifest(path: str, expected_manifest_sha256: str | None = None) -> tuple[Manifest, str]:

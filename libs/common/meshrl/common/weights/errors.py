@@ -50,3 +50,8 @@ class UpdateRefused(FailedPrecondition):
     def __init__(self, message: str, outcome: UpdateOutcome) -> None:
         super().__init__(message)
         self.outcome = outcome
+
+
+class BaseMismatch(FailedPrecondition):
+    """A replica was sent a delta against a version it does not hold (it missed that version, or its
+    weights differ from it); nothing was changed. The scheduler refits it with a complete version."""

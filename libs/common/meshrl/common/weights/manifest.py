@@ -13,6 +13,8 @@ import json
 import re
 from dataclasses import dataclass
 
+import torch
+
 from meshrl.common.errors import InvalidArgument
 
 from . import dtypes
@@ -71,13 +73,7 @@ class Manifest:
     @staticmethod
     def parse(raw: bytes, where: str) -> Manifest:
         """Parses and checks a manifest; raises InvalidArgument naming the bad field."""
-        try:
-            doc = json.loads(raw)
-        except ValueError as e:
-            raise InvalidArgument(f"{where}: manifest is not valid JSON ({e}); re-publish this version") from e
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
-            raise InvalidArgument(f"{where}: manifest format is {got!r}, expected {FORMAT!r}")
+        doc = load_doc(raw, where, FORMAT)
         version = _int(doc, "version", where)
         files: dict[str, int] = {}
         for i, item in enumerate(_list(doc, "files", where)):
@@ -90,17 +86,10 @@ class Manifest:
         total = 0
         for i, item in enumerate(_list(doc, "tensors", where)):
             field = f"tensors[{i}]."
-            name = item.get("name") if isinstance(item, dict) else None
-            if not isinstance(name, str) or not name or name in seen:
-                raise InvalidArgument(f"{where}: {field}name {name!r} is missing, empty or repeated")
-            seen.add(name)
+            name, dtype, shape = tensor_fields(item, field, where, seen)
             file = item.get("file")
             if file not in tensors:
                 raise InvalidArgument(f"{where}: tensor {name!r} is in file {file!r}, which the manifest does not list")
-            dtype = dtypes.from_name(str(item.get("dtype")), f"{where}: tensor {name!r}")
-            shape = item.get("shape")
-            if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-                raise InvalidArgument(f"{where}: tensor {name!r} has bad shape {shape!r}")
             offsets = item.get("data_offsets")
             nbytes = dtypes.nbytes_of(shape, dtype)
             if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
@@ -119,6 +108,31 @@ class Manifest:
         if _int(doc, "total_bytes", where) != total:
             raise InvalidArgument(f"{where}: total_bytes {doc['total_bytes']} differs from the tensors' sum {total}")
         return Manifest(version, files, tensors, tuple(extras), total)
+
+
+def load_doc(raw: bytes, where: str, fmt: str) -> dict:
+    """The JSON object of a manifest whose "format" is `fmt` (also used by delta_manifest.py)."""
+    try:
+        doc = json.loads(raw)
+    except ValueError as e:
+        raise InvalidArgument(f"{where}: manifest is not valid JSON ({e}); re-publish this version") from e
+    if not isinstance(doc, dict) or doc.get("format") != fmt:
+        got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+        raise InvalidArgument(f"{where}: manifest format is {got!r}, expected {fmt!r}")
+    return doc
+
+
+def tensor_fields(item: object, field: str, where: str, seen: set[str]) -> tuple[str, torch.dtype, list[int]]:
+    """The name (new to `seen`, which it joins), dtype and shape of one manifest tensor entry."""
+    name = item.get("name") if isinstance(item, dict) else None
+    if not isinstance(name, str) or not name or name in seen:
+        raise InvalidArgument(f"{where}: {field}name {name!r} is missing, empty or repeated")
+    seen.add(name)
+    dtype = dtypes.from_name(str(item.get("dtype")), f"{where}: tensor {name!r}")
+    shape = item.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise InvalidArgument(f"{where}: tensor {name!r} has bad shape {shape!r}")
+    return name, dtype, shape
 
 
 def _dump(doc: dict) -> str:

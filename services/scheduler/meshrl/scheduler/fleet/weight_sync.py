@@ -98,8 +98,10 @@ class WeightPublisher:
         self._generation = 0
 
     # -- disk ---------------------------------------------------------------------------
-    def _publish_disk(self, version: int) -> tpb.PublishWeightsResponse:
+    def _publish_disk(self, version: int, delta: bool = False) -> tpb.PublishWeightsResponse:
         req = tpb.PublishWeightsRequest(
+            delta=delta,
+            max_delta_fraction=self.cfg.max_delta_fraction,
             role=tpb.ROLE_ACTOR,
             transport=wpb.WEIGHT_TRANSPORT_DISK,
             version=version,
@@ -116,7 +118,8 @@ class WeightPublisher:
         """Brings one replica (new, restarted or stale) to the current version, then verifies it.
         The last disk version can be behind (later versions went over the collective): then the
         current version is written to disk first, so a refit never loads an old one."""
-        if self.last_disk is None or not self.last_disk.path or self.last_disk.version != self.version:
+        last = self.last_disk
+        if last is None or not last.path or last.version != self.version or last.delta:
             self._publish_disk(self.version)
         flush = self.cfg.flush_cache != "never"
         replica.update_from_disk(self.last_disk, PAUSE[self.cfg.pause_mode], flush, self.cfg.timeout_seconds)
@@ -226,8 +229,8 @@ class WeightPublisher:
         ) as span:
             stale: list[str] = []
             if self.cfg.transport == "disk":
-                reply = self._publish_disk(version)
-                nbytes = reply.bytes
+                reply = self._publish_disk(version, delta=self.cfg.delta)
+                nbytes = reply.disk.delta_bytes if reply.disk.delta else reply.bytes
                 flush = self.cfg.flush_cache != "never"
                 with ThreadPoolExecutor(max(1, len(replicas))) as pool:
                     futures = {
@@ -241,12 +244,12 @@ class WeightPublisher:
                         )
                         for r in replicas
                     }
-                    for address, future in futures.items():
-                        try:
-                            future.result()
-                        except MeshrlError as exc:
-                            log.error("replica %s refused weight version %d: %s", address, version, exc)
-                            stale.append(address)
+                    failed = _failed(futures, f"load weight version {version}")
+                if reply.disk.delta and failed:  # missed the base (or cannot apply deltas): a complete version
+                    self.version = version
+                    stale = self._refit_all([r for r in replicas if r.address in failed])
+                else:
+                    stale = list(failed)
             else:
                 nbytes, stale = self._publish_distributed(version, replicas)
             self.version = version
@@ -256,6 +259,18 @@ class WeightPublisher:
             span.set_attribute(A.BYTES, nbytes)
             span.set_attribute("meshrl.weights.stale_replicas", len(stale))
         return PublishResult(version, time.perf_counter() - start, nbytes, stale, self.last_disk)
+
+    def _refit_all(self, replicas: list[RolloutClient]) -> list[str]:
+        """Refits replicas that refused a delta with a complete version; returns those that still failed."""
+        stale = []
+        for replica in replicas:
+            try:
+                self.refit_from_disk(replica)
+            except MeshrlError as exc:
+                log.error("replica %s could not be refitted with weight version %d: %s", replica.address,
+                          self.version, exc)  # fmt: skip
+                stale.append(replica.address)
+        return stale
 
     def verify(self, replicas: list[RolloutClient], version: int) -> None:
         """Every replica serves `version` with the trainer's checksums, or DataLoss names who differs."""

@@ -38,16 +38,22 @@ CACHE_FLUSH_POLICY_EVERY_N: CacheFlushPolicy
 CACHE_FLUSH_POLICY_NEVER: CacheFlushPolicy
 
 class DiskWeights(_message.Message):
-    __slots__ = ("path", "version", "manifest_sha256", "local_staging_dir")
+    __slots__ = ("path", "version", "manifest_sha256", "local_staging_dir", "delta", "base_version", "delta_bytes")
     PATH_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_SHA256_FIELD_NUMBER: _ClassVar[int]
     LOCAL_STAGING_DIR_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DELTA_BYTES_FIELD_NUMBER: _ClassVar[int]
     path: str
     version: int
     manifest_sha256: str
     local_staging_dir: str
-    def __init__(self, path: _Optional[str] = ..., version: _Optional[int] = ..., manifest_sha256: _Optional[str] = ..., local_staging_dir: _Optional[str] = ...) -> None: ...
+    delta: bool
+    base_version: int
+    delta_bytes: int
+    def __init__(self, path: _Optional[str] = ..., version: _Optional[int] = ..., manifest_sha256: _Optional[str] = ..., local_staging_dir: _Optional[str] = ..., delta: _Optional[bool] = ..., base_version: _Optional[int] = ..., delta_bytes: _Optional[int] = ...) -> None: ...
 
 class CollectiveGroup(_message.Message):
     __slots__ = ("master_address", "master_port", "world_size", "rank_offset", "group_name", "backend", "timeout_seconds")

@@ -27,15 +27,15 @@ from meshrl.api.common.v1 import tensor_pb2 as meshrl_dot_common_dot_v1_dot_tens
 from meshrl.api.common.v1 import weights_pb2 as meshrl_dot_common_dot_v1_dot_weights__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fmeshrl/rollout/v1/rollout.proto\x12\x11meshrl.rollout.v1\x1a\x1bmeshrl/common/v1/keys.proto\x1a\x1dmeshrl/common/v1/tensor.proto\x1a\x1emeshrl/common/v1/weights.proto\"\x91\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\r\n\x05top_p\x18\x02 \x01(\x01\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12\x16\n\x0estop_token_ids\x18\x05 \x03(\x05\x12\x0c\n\x04seed\x18\x06 \x01(\x03\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\"\xef\x01\n\x14GenerateBatchRequest\x12)\n\x05input\x18\x01 \x01(\x0b\x32\x1a.meshrl.common.v1.BatchKey\x12*\n\x06output\x18\x02 \x01(\x0b\x32\x1a.meshrl.common.v1.BatchKey\x12\x33\n\x08sampling\x18\x03 \x01(\x0b\x32!.meshrl.rollout.v1.SamplingParams\x12\t\n\x01n\x18\x04 \x01(\x05\x12\x0e\n\x06job_id\x18\x05 \x01(\t\x12\x0c\n\x04step\x18\x06 \x01(\x03\x12\x11\n\trow_begin\x18\x07 \x01(\x05\x12\x0f\n\x07row_end\x18\x08 \x01(\x05\"\xa2\x01\n\x15GenerateBatchResponse\x12\x0f\n\x07samples\x18\x01 \x01(\x05\x12\x15\n\rprompt_tokens\x18\x02 \x01(\x03\x12\x18\n\x10generated_tokens\x18\x03 \x01(\x03\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\x12\x1a\n\x12min_weight_version\x18\x05 \x01(\x03\x12\x1a\n\x12max_weight_version\x18\x06 \x01(\x03\"\x97\x01\n\x0fGenerateRequest\x12\x12\n\nprompt_ids\x18\x01 \x03(\x05\x12\x13\n\x0bprompt_text\x18\x02 \x01(\t\x12\x33\n\x08sampling\x18\x03 \x01(\x0b\x32!.meshrl.rollout.v1.SamplingParams\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"\x92\x01\n\rGenerateChunk\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x17\n\x0fweight_versions\x18\x03 \x03(\x03\x12\x35\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1e.meshrl.common.v1.FinishReason\x12\x0c\n\x04text\x18\x05 \x01(\t\"\x94\x01\n\x1cUpdateWeightsFromDiskRequest\x12.\n\x07weights\x18\x01 \x01(\x0b\x32\x1d.meshrl.common.v1.DiskWeights\x12/\n\npause_mode\x18\x02 \x01(\x0e\x32\x1b.meshrl.common.v1.PauseMode\x12\x13\n\x0b\x66lush_cache\x18\x03 \x01(\x08\"H\n\x15UpdateWeightsResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\x12\r\n\x05\x62ytes\x18\x03 \x01(\x03\"P\n\x1cInitWeightUpdateGroupRequest\x12\x30\n\x05group\x18\x01 \x01(\x0b\x32!.meshrl.common.v1.CollectiveGroup\"-\n\x1dInitWeightUpdateGroupResponse\x12\x0c\n\x04rank\x18\x01 \x01(\x05\"\xa9\x01\n#UpdateWeightsFromDistributedRequest\x12\x12\n\ngroup_name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12/\n\npause_mode\x18\x03 \x01(\x0e\x32\x1b.meshrl.common.v1.PauseMode\x12\x13\n\x0b\x66lush_cache\x18\x04 \x01(\x08\x12\x17\n\x0ftimeout_seconds\x18\x05 \x01(\x01\"5\n\x1f\x44\x65stroyWeightUpdateGroupRequest\x12\x12\n\ngroup_name\x18\x01 \x01(\t\"\"\n DestroyWeightUpdateGroupResponse\"9\n\x0cPauseRequest\x12)\n\x04mode\x18\x01 \x01(\x0e\x32\x1b.meshrl.common.v1.PauseMode\")\n\rPauseResponse\x12\x18\n\x10\x61\x62orted_requests\x18\x01 \x01(\x05\"\x11\n\x0f\x43ontinueRequest\"\x12\n\x10\x43ontinueResponse\"\x13\n\x11\x46lushCacheRequest\"%\n\x12\x46lushCacheResponse\x12\x0f\n\x07\x66lushed\x18\x01 \x01(\x08\"*\n\x19GetWeightChecksumsRequest\x12\r\n\x05names\x18\x01 \x03(\t\"\x12\n\x10GetStatusRequest\"\x85\x02\n\rRolloutStatus\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x02 \x01(\t\x12\x12\n\nmodel_path\x18\x03 \x01(\t\x12\x16\n\x0eweight_version\x18\x04 \x01(\x03\x12.\n\x05state\x18\x05 \x01(\x0e\x32\x1f.meshrl.rollout.v1.ReplicaState\x12\x13\n\x0bqueue_depth\x18\x06 \x01(\x05\x12\x18\n\x10running_requests\x18\x07 \x01(\x05\x12\x19\n\x11tokens_per_second\x18\x08 \x01(\x01\x12\x10\n\x08\x63\x61pacity\x18\t \x01(\x05\x12\x18\n\x10generated_tokens\x18\n \x01(\x03*\xb3\x01\n\x0cReplicaState\x12\x1d\n\x19REPLICA_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16REPLICA_STATE_STARTING\x10\x01\x12\x19\n\x15REPLICA_STATE_SERVING\x10\x02\x12\x18\n\x14REPLICA_STATE_PAUSED\x10\x03\x12\x17\n\x13REPLICA_STATE_STALE\x10\x04\x12\x1a\n\x16REPLICA_STATE_DRAINING\x10\x05\x32\xf7\x08\n\x07Rollout\x12\x62\n\rGenerateBatch\x12\'.meshrl.rollout.v1.GenerateBatchRequest\x1a(.meshrl.rollout.v1.GenerateBatchResponse\x12X\n\x0eGenerateStream\x12\".meshrl.rollout.v1.GenerateRequest\x1a .meshrl.rollout.v1.GenerateChunk0\x01\x12r\n\x15UpdateWeightsFromDisk\x12/.meshrl.rollout.v1.UpdateWeightsFromDiskRequest\x1a(.meshrl.rollout.v1.UpdateWeightsResponse\x12z\n\x15InitWeightUpdateGroup\x12/.meshrl.rollout.v1.InitWeightUpdateGroupRequest\x1a\x30.meshrl.rollout.v1.InitWeightUpdateGroupResponse\x12\x80\x01\n\x1cUpdateWeightsFromDistributed\x12\x36.meshrl.rollout.v1.UpdateWeightsFromDistributedRequest\x1a(.meshrl.rollout.v1.UpdateWeightsResponse\x12\x83\x01\n\x18\x44\x65stroyWeightUpdateGroup\x12\x32.meshrl.rollout.v1.DestroyWeightUpdateGroupRequest\x1a\x33.meshrl.rollout.v1.DestroyWeightUpdateGroupResponse\x12J\n\x05Pause\x12\x1f.meshrl.rollout.v1.PauseRequest\x1a .meshrl.rollout.v1.PauseResponse\x12S\n\x08\x43ontinue\x12\".meshrl.rollout.v1.ContinueRequest\x1a#.meshrl.rollout.v1.ContinueResponse\x12Y\n\nFlushCache\x12$.meshrl.rollout.v1.FlushCacheRequest\x1a%.meshrl.rollout.v1.FlushCacheResponse\x12\x65\n\x12GetWeightChecksums\x12,.meshrl.rollout.v1.GetWeightChecksumsRequest\x1a!.meshrl.common.v1.WeightChecksums\x12R\n\tGetStatus\x12#.meshrl.rollout.v1.GetStatusRequest\x1a .meshrl.rollout.v1.RolloutStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fmeshrl/rollout/v1/rollout.proto\x12\x11meshrl.rollout.v1\x1a\x1bmeshrl/common/v1/keys.proto\x1a\x1dmeshrl/common/v1/tensor.proto\x1a\x1emeshrl/common/v1/weights.proto\"\x91\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\r\n\x05top_p\x18\x02 \x01(\x01\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12\x16\n\x0estop_token_ids\x18\x05 \x03(\x05\x12\x0c\n\x04seed\x18\x06 \x01(\x03\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\"\xef\x01\n\x14GenerateBatchRequest\x12)\n\x05input\x18\x01 \x01(\x0b\x32\x1a.meshrl.common.v1.BatchKey\x12*\n\x06output\x18\x02 \x01(\x0b\x32\x1a.meshrl.common.v1.BatchKey\x12\x33\n\x08sampling\x18\x03 \x01(\x0b\x32!.meshrl.rollout.v1.SamplingParams\x12\t\n\x01n\x18\x04 \x01(\x05\x12\x0e\n\x06job_id\x18\x05 \x01(\t\x12\x0c\n\x04step\x18\x06 \x01(\x03\x12\x11\n\trow_begin\x18\x07 \x01(\x05\x12\x0f\n\x07row_end\x18\x08 \x01(\x05\"\xa2\x01\n\x15GenerateBatchResponse\x12\x0f\n\x07samples\x18\x01 \x01(\x05\x12\x15\n\rprompt_tokens\x18\x02 \x01(\x03\x12\x18\n\x10generated_tokens\x18\x03 \x01(\x03\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\x12\x1a\n\x12min_weight_version\x18\x05 \x01(\x03\x12\x1a\n\x12max_weight_version\x18\x06 \x01(\x03\"\x97\x01\n\x0fGenerateRequest\x12\x12\n\nprompt_ids\x18\x01 \x03(\x05\x12\x13\n\x0bprompt_text\x18\x02 \x01(\t\x12\x33\n\x08sampling\x18\x03 \x01(\x0b\x32!.meshrl.rollout.v1.SamplingParams\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"\x92\x01\n\rGenerateChunk\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x17\n\x0fweight_versions\x18\x03 \x03(\x03\x12\x35\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1e.meshrl.common.v1.FinishReason\x12\x0c\n\x04text\x18\x05 \x01(\t\"\x94\x01\n\x1cUpdateWeightsFromDiskRequest\x12.\n\x07weights\x18\x01 \x01(\x0b\x32\x1d.meshrl.common.v1.DiskWeights\x12/\n\npause_mode\x18\x02 \x01(\x0e\x32\x1b.meshrl.common.v1.PauseMode\x12\x13\n\x0b\x66lush_cache\x18\x03 \x01(\x08\"_\n\x15UpdateWeightsResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\x12\r\n\x05\x62ytes\x18\x03 \x01(\x03\x12\x15\n\rpause_seconds\x18\x04 \x01(\x01\"P\n\x1cInitWeightUpdateGroupRequest\x12\x30\n\x05group\x18\x01 \x01(\x0b\x32!.meshrl.common.v1.CollectiveGroup\"-\n\x1dInitWeightUpdateGroupResponse\x12\x0c\n\x04rank\x18\x01 \x01(\x05\"\xa9\x01\n#UpdateWeightsFromDistributedRequest\x12\x12\n\ngroup_name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12/\n\npause_mode\x18\x03 \x01(\x0e\x32\x1b.meshrl.common.v1.PauseMode\x12\x13\n\x0b\x66lush_cache\x18\x04 \x01(\x08\x12\x17\n\x0ftimeout_seconds\x18\x05 \x01(\x01\"5\n\x1f\x44\x65stroyWeightUpdateGroupRequest\x12\x12\n\ngroup_name\x18\x01 \x01(\t\"\"\n DestroyWeightUpdateGroupResponse\"9\n\x0cPauseRequest\x12)\n\x04mode\x18\x01 \x01(\x0e\x32\x1b.meshrl.common.v1.PauseMode\")\n\rPauseResponse\x12\x18\n\x10\x61\x62orted_requests\x18\x01 \x01(\x05\"\x11\n\x0f\x43ontinueRequest\"\x12\n\x10\x43ontinueResponse\"\x13\n\x11\x46lushCacheRequest\"%\n\x12\x46lushCacheResponse\x12\x0f\n\x07\x66lushed\x18\x01 \x01(\x08\"*\n\x19GetWeightChecksumsRequest\x12\r\n\x05names\x18\x01 \x03(\t\"\x12\n\x10GetStatusRequest\"\x85\x02\n\rRolloutStatus\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x02 \x01(\t\x12\x12\n\nmodel_path\x18\x03 \x01(\t\x12\x16\n\x0eweight_version\x18\x04 \x01(\x03\x12.\n\x05state\x18\x05 \x01(\x0e\x32\x1f.meshrl.rollout.v1.ReplicaState\x12\x13\n\x0bqueue_depth\x18\x06 \x01(\x05\x12\x18\n\x10running_requests\x18\x07 \x01(\x05\x12\x19\n\x11tokens_per_second\x18\x08 \x01(\x01\x12\x10\n\x08\x63\x61pacity\x18\t \x01(\x05\x12\x18\n\x10generated_tokens\x18\n \x01(\x03*\xb3\x01\n\x0cReplicaState\x12\x1d\n\x19REPLICA_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16REPLICA_STATE_STARTING\x10\x01\x12\x19\n\x15REPLICA_STATE_SERVING\x10\x02\x12\x18\n\x14REPLICA_STATE_PAUSED\x10\x03\x12\x17\n\x13REPLICA_STATE_STALE\x10\x04\x12\x1a\n\x16REPLICA_STATE_DRAINING\x10\x05\x32\xf7\x08\n\x07Rollout\x12\x62\n\rGenerateBatch\x12\'.meshrl.rollout.v1.GenerateBatchRequest\x1a(.meshrl.rollout.v1.GenerateBatchResponse\x12X\n\x0eGenerateStream\x12\".meshrl.rollout.v1.GenerateRequest\x1a .meshrl.rollout.v1.GenerateChunk0\x01\x12r\n\x15UpdateWeightsFromDisk\x12/.meshrl.rollout.v1.UpdateWeightsFromDiskRequest\x1a(.meshrl.rollout.v1.UpdateWeightsResponse\x12z\n\x15InitWeightUpdateGroup\x12/.meshrl.rollout.v1.InitWeightUpdateGroupRequest\x1a\x30.meshrl.rollout.v1.InitWeightUpdateGroupResponse\x12\x80\x01\n\x1cUpdateWeightsFromDistributed\x12\x36.meshrl.rollout.v1.UpdateWeightsFromDistributedRequest\x1a(.meshrl.rollout.v1.UpdateWeightsResponse\x12\x83\x01\n\x18\x44\x65stroyWeightUpdateGroup\x12\x32.meshrl.rollout.v1.DestroyWeightUpdateGroupRequest\x1a\x33.meshrl.rollout.v1.DestroyWeightUpdateGroupResponse\x12J\n\x05Pause\x12\x1f.meshrl.rollout.v1.PauseRequest\x1a .meshrl.rollout.v1.PauseResponse\x12S\n\x08\x43ontinue\x12\".meshrl.rollout.v1.ContinueRequest\x1a#.meshrl.rollout.v1.ContinueResponse\x12Y\n\nFlushCache\x12$.meshrl.rollout.v1.FlushCacheRequest\x1a%.meshrl.rollout.v1.FlushCacheResponse\x12\x65\n\x12GetWeightChecksums\x12,.meshrl.rollout.v1.GetWeightChecksumsRequest\x1a!.meshrl.common.v1.WeightChecksums\x12R\n\tGetStatus\x12#.meshrl.rollout.v1.GetStatusRequest\x1a .meshrl.rollout.v1.RolloutStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'meshrl.rollout.v1.rollout_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_REPLICASTATE']._serialized_start=2151
-  _globals['_REPLICASTATE']._serialized_end=2330
+  _globals['_REPLICASTATE']._serialized_start=2174
+  _globals['_REPLICASTATE']._serialized_end=2353
   _globals['_SAMPLINGPARAMS']._serialized_start=147
   _globals['_SAMPLINGPARAMS']._serialized_end=292
   _globals['_GENERATEBATCHREQUEST']._serialized_start=295
@@ -49,35 +49,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_UPDATEWEIGHTSFROMDISKREQUEST']._serialized_start=1005
   _globals['_UPDATEWEIGHTSFROMDISKREQUEST']._serialized_end=1153
   _globals['_UPDATEWEIGHTSRESPONSE']._serialized_start=1155
-  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=1227
-  _globals['_INITWEIGHTUPDATEGROUPREQUEST']._serialized_start=1229
-  _globals['_INITWEIGHTUPDATEGROUPREQUEST']._serialized_end=1309
-  _globals['_INITWEIGHTUPDATEGROUPRESPONSE']._serialized_start=1311
-  _globals['_INITWEIGHTUPDATEGROUPRESPONSE']._serialized_end=1356
-  _globals['_UPDATEWEIGHTSFROMDISTRIBUTEDREQUEST']._serialized_start=1359
-  _globals['_UPDATEWEIGHTSFROMDISTRIBUTEDREQUEST']._serialized_end=1528
-  _globals['_DESTROYWEIGHTUPDATEGROUPREQUEST']._serialized_start=1530
-  _globals['_DESTROYWEIGHTUPDATEGROUPREQUEST']._serialized_end=1583
-  _globals['_DESTROYWEIGHTUPDATEGROUPRESPONSE']._serialized_start=1585
-  _globals['_DESTROYWEIGHTUPDATEGROUPRESPONSE']._serialized_end=1619
-  _globals['_PAUSEREQUEST']._serialized_start=1621
-  _globals['_PAUSEREQUEST']._serialized_end=1678
-  _globals['_PAUSERESPONSE']._serialized_start=1680
-  _globals['_PAUSERESPONSE']._serialized_end=1721
-  _globals['_CONTINUEREQUEST']._serialized_start=1723
-  _globals['_CONTINUEREQUEST']._serialized_end=1740
-  _globals['_CONTINUERESPONSE']._serialized_start=1742
-  _globals['_CONTINUERESPONSE']._serialized_end=1760
-  _globals['_FLUSHCACHEREQUEST']._serialized_start=1762
-  _globals['_FLUSHCACHEREQUEST']._serialized_end=1781
-  _globals['_FLUSHCACHERESPONSE']._serialized_start=1783
-  _globals['_FLUSHCACHERESPONSE']._serialized_end=1820
-  _globals['_GETWEIGHTCHECKSUMSREQUEST']._serialized_start=1822
-  _globals['_GETWEIGHTCHECKSUMSREQUEST']._serialized_end=1864
-  _globals['_GETSTATUSREQUEST']._serialized_start=1866
-  _globals['_GETSTATUSREQUEST']._serialized_end=1884
-  _globals['_ROLLOUTSTATUS']._serialized_start=1887
-  _globals['_ROLLOUTSTATUS']._serialized_end=2148
-  _globals['_ROLLOUT']._serialized_start=2333
-  _globals['_ROLLOUT']._serialized_end=3476
+  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=1250
+  _globals['_INITWEIGHTUPDATEGROUPREQUEST']._serialized_start=1252
+  _globals['_INITWEIGHTUPDATEGROUPREQUEST']._serialized_end=1332
+  _globals['_INITWEIGHTUPDATEGROUPRESPONSE']._serialized_start=1334
+  _globals['_INITWEIGHTUPDATEGROUPRESPONSE']._serialized_end=1379
+  _globals['_UPDATEWEIGHTSFROMDISTRIBUTEDREQUEST']._serialized_start=1382
+  _globals['_UPDATEWEIGHTSFROMDISTRIBUTEDREQUEST']._serialized_end=1551
+  _globals['_DESTROYWEIGHTUPDATEGROUPREQUEST']._serialized_start=1553
+  _globals['_DESTROYWEIGHTUPDATEGROUPREQUEST']._serialized_end=1606
+  _globals['_DESTROYWEIGHTUPDATEGROUPRESPONSE']._serialized_start=1608
+  _globals['_DESTROYWEIGHTUPDATEGROUPRESPONSE']._serialized_end=1642
+  _globals['_PAUSEREQUEST']._serialized_start=1644
+  _globals['_PAUSEREQUEST']._serialized_end=1701
+  _globals['_PAUSERESPONSE']._serialized_start=1703
+  _globals['_PAUSERESPONSE']._serialized_end=1744
+  _globals['_CONTINUEREQUEST']._serialized_start=1746
+  _globals['_CONTINUEREQUEST']._serialized_end=1763
+  _globals['_CONTINUERESPONSE']._serialized_start=1765
+  _globals['_CONTINUERESPONSE']._serialized_end=1783
+  _globals['_FLUSHCACHEREQUEST']._serialized_start=1785
+  _globals['_FLUSHCACHEREQUEST']._serialized_end=1804
+  _globals['_FLUSHCACHERESPONSE']._serialized_start=1806
+  _globals['_FLUSHCACHERESPONSE']._serialized_end=1843
+  _globals['_GETWEIGHTCHECKSUMSREQUEST']._serialized_start=1845
+  _globals['_GETWEIGHTCHECKSUMSREQUEST']._serialized_end=1887
+  _globals['_GETSTATUSREQUEST']._serialized_start=1889
+  _globals['_GETSTATUSREQUEST']._serialized_end=1907
+  _globals['_ROLLOUTSTATUS']._serialized_start=1910
+  _globals['_ROLLOUTSTATUS']._serialized_end=2171
+  _globals['_ROLLOUT']._serialized_start=2356
+  _globals['_ROLLOUT']._serialized_end=3499
 # @@protoc_insertion_point(module_scope)

@@ -118,14 +118,16 @@ class UpdateWeightsFromDiskRequest(_message.Message):
     def __init__(self, weights: _Optional[_Union[_weights_pb2.DiskWeights, _Mapping]] = ..., pause_mode: _Optional[_Union[_weights_pb2.PauseMode, str]] = ..., flush_cache: _Optional[bool] = ...) -> None: ...
 
 class UpdateWeightsResponse(_message.Message):
-    __slots__ = ("version", "seconds", "bytes")
+    __slots__ = ("version", "seconds", "bytes", "pause_seconds")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
+    PAUSE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     version: int
     seconds: float
     bytes: int
-    def __init__(self, version: _Optional[int] = ..., seconds: _Optional[float] = ..., bytes: _Optional[int] = ...) -> None: ...
+    pause_seconds: float
+    def __init__(self, version: _Optional[int] = ..., seconds: _Optional[float] = ..., bytes: _Optional[int] = ..., pause_seconds: _Optional[float] = ...) -> None: ...
 
 class InitWeightUpdateGroupRequest(_message.Message):
     __slots__ = ("group",)

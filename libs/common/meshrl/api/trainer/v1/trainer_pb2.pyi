@@ -299,7 +299,7 @@ class DestroyWeightUpdateGroupResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class PublishWeightsRequest(_message.Message):
-    __slots__ = ("role", "transport", "version", "disk_root", "keep_last", "bucket_bytes", "group_name", "timeout_seconds")
+    __slots__ = ("role", "transport", "version", "disk_root", "keep_last", "bucket_bytes", "group_name", "timeout_seconds", "delta", "max_delta_fraction")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -308,6 +308,8 @@ class PublishWeightsRequest(_message.Message):
     BUCKET_BYTES_FIELD_NUMBER: _ClassVar[int]
     GROUP_NAME_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    MAX_DELTA_FRACTION_FIELD_NUMBER: _ClassVar[int]
     role: Role
     transport: _weights_pb2.WeightTransport
     version: int
@@ -316,7 +318,9 @@ class PublishWeightsRequest(_message.Message):
     bucket_bytes: int
     group_name: str
     timeout_seconds: float
-    def __init__(self, role: _Optional[_Union[Role, str]] = ..., transport: _Optional[_Union[_weights_pb2.WeightTransport, str]] = ..., version: _Optional[int] = ..., disk_root: _Optional[str] = ..., keep_last: _Optional[int] = ..., bucket_bytes: _Optional[int] = ..., group_name: _Optional[str] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+    delta: bool
+    max_delta_fraction: float
+    def __init__(self, role: _Optional[_Union[Role, str]] = ..., transport: _Optional[_Union[_weights_pb2.WeightTransport, str]] = ..., version: _Optional[int] = ..., disk_root: _Optional[str] = ..., keep_last: _Optional[int] = ..., bucket_bytes: _Optional[int] = ..., group_name: _Optional[str] = ..., timeout_seconds: _Optional[float] = ..., delta: _Optional[bool] = ..., max_delta_fraction: _Optional[float] = ...) -> None: ...
 
 class PublishWeightsResponse(_message.Message):
     __slots__ = ("version", "bytes", "buckets", "disk", "checksums", "seconds")
