@@ -41,6 +41,13 @@ def _alive(pid: int) -> bool:
     return "\nState:\tZ" not in status
 
 
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().decode(errors="replace")
+    except OSError:  # gone meanwhile
+        return ""
+
+
 def _children(pid: int) -> list[int]:
     return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _ppid(int(p.name)) == pid]
 
@@ -214,3 +221,16 @@ def test_down_skips_a_pid_that_no_longer_runs_the_service(tmp_path):
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_up_that_cannot_start_a_service_says_why_and_leaves_nothing_running(tmp_path):
+    state = tmp_path / "state"
+    out = meshrl("up", "--model", str(tmp_path / "no-such-model"), "--state-dir", str(state), "--timeout", "120",
+                 timeout=300)  # fmt: skip
+    assert out.returncode == 2 and "the services did not start" in out.stderr, out.stdout + out.stderr
+    assert "rollout exited" in out.stderr and "no-such-model" in out.stderr, out.stderr
+    assert not (state / "services.json").exists() and not (state / "supervisor.json").exists()
+    mine = [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and str(state) in _cmdline(p)]
+    assert not [p for p in mine if _alive(int(p))], f"processes left by a failed `meshrl up`: {mine}"
+    bad = meshrl("up", "--model", "m", "--max-restarts", "-1", "--state-dir", str(state))
+    assert bad.returncode == 2 and "--max-restarts and --replicas must be >= 0" in bad.stderr

@@ -53,18 +53,22 @@ def _start_supervisor(state: Path, plan: Plan, timeout: float) -> list[dict]:
                                 stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     (state / "supervisor.json").write_text(json.dumps({"name": "supervisor", "service": SUPERVISOR, "pid": proc.pid}))
     deadline = time.monotonic() + 2 * timeout  # two stages, each within `timeout`
-    while time.monotonic() < deadline:
-        if (state / "services.json").exists():
-            return json.loads((state / "services.json").read_text())
-        if proc.poll() is not None:
-            failed = state / "start_failed"
-            reason = failed.read_text() if failed.exists() else (state / "logs" / "supervisor.out").read_text()[-3000:]
-            (state / "supervisor.json").unlink(missing_ok=True)
-            raise Unavailable(f"meshrl up: the services did not start: {reason}")
-        time.sleep(0.1)
-    _stop_all([json.loads((state / "supervisor.json").read_text())], grace=10)
-    (state / "supervisor.json").unlink(missing_ok=True)
-    raise DeadlineExceeded(f"meshrl up: the services did not all serve within {2 * timeout:.0f}s; see {state / 'logs'}")
+    try:
+        while time.monotonic() < deadline:
+            if (state / "services.json").exists():
+                return json.loads((state / "services.json").read_text())
+            if proc.poll() is not None:
+                failed = state / "start_failed"
+                out = state / "logs" / "supervisor.out"
+                reason = failed.read_text() if failed.exists() else out.read_text()[-3000:]
+                raise Unavailable(f"meshrl up: the services did not start: {reason}")
+            time.sleep(0.1)
+        raise DeadlineExceeded(f"meshrl up: the services did not all serve within {2 * timeout:.0f}s; see {state}/logs")
+    except BaseException:  # a failed or interrupted start leaves nothing running
+        _stop_all([json.loads((state / "supervisor.json").read_text())], grace=10)
+        (state / "supervisor.json").unlink(missing_ok=True)
+        (state / "services.json").unlink(missing_ok=True)
+        raise
 
 
 def up(args) -> int:
@@ -158,6 +162,8 @@ def local_main(argv: list[str]) -> int:
         parser.add_argument("--max-restarts", type=int, default=5,
                             help="restarts of one service within 10 minutes before it is left down")  # fmt: skip
     args = parser.parse_args(argv[1:])
+    if argv[0] == "up" and (args.max_restarts < 0 or args.replicas < 0):
+        parser.error("--max-restarts and --replicas must be >= 0")
     try:
         return up(args) if argv[0] == "up" else down(args)
     except MeshrlError as exc:
