@@ -1,6 +1,7 @@
 """`meshrl up` / `submit` / `status` / `watch` / `down` as a developer runs them: `up` starts independent
 service processes that outlive the command, a GRPO job runs against services the scheduler did not
-start, and `down` leaves no process behind (the embedded redis-server included)."""
+start, a service killed with SIGKILL is restarted on its address by `up`'s supervisor, and `down` leaves no
+process behind (the embedded redis-server included)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from meshrl.api.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from meshrl.common.grpc_channel import open_channel
@@ -37,6 +39,13 @@ def _alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return "\nState:\tZ" not in status
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().decode(errors="replace")
+    except OSError:  # gone meanwhile
+        return ""
 
 
 def _children(pid: int) -> list[int]:
@@ -86,7 +95,9 @@ def cluster(task, tmp_path):
     finally:
         if (state / "services.json").exists():
             meshrl("down", "--state-dir", str(state), timeout=120)
-        _kill_leftovers([s["pid"] for s in services] + ([redis_pid] if redis_pid else []))
+        supervisor = state / "supervisor.json"
+        extra = [json.loads(supervisor.read_text())["pid"]] if supervisor.exists() else []
+        _kill_leftovers([s["pid"] for s in services] + ([redis_pid] if redis_pid else []) + extra)
 
 
 @pytest.mark.timeout(420)
@@ -160,11 +171,32 @@ def test_up_submit_watch_status_down(cluster, task, tmp_path):
     run_logs = state / "runs" / "local-1" / "logs"
     assert not [p.name for p in run_logs.glob("*.log") if p.stem in by_name], "the scheduler launched services"
 
+    # supervised: a service killed with SIGKILL comes back on its own address, without a person
+    trainer = by_name["trainer"]
+    os.kill(trainer["pid"], signal.SIGKILL)
+    record, deadline = {}, time.monotonic() + 180
+    while time.monotonic() < deadline:
+        record = {s["name"]: s for s in json.loads((state / "services.json").read_text())}
+        if record["trainer"]["restarts"] == 1:
+            break
+        time.sleep(0.2)
+    back = record["trainer"]
+    assert back["restarts"] == 1 and back["address"] == trainer["address"] and back["pid"] != trainer["pid"], back
+    channel = open_channel(back["address"])
+    try:
+        served = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=30)
+    finally:
+        channel.close()
+    assert served.status == health_pb2.HealthCheckResponse.SERVING
+    log = (state / "logs" / "supervisor.log").read_text()
+    assert "trainer exited (code -9); restarting" in log and f"restarted trainer at {trainer['address']}" in log, log
+    supervisor = json.loads((state / "supervisor.json").read_text())["pid"]
+
     started = time.monotonic()
     down = meshrl("down", "--state-dir", str(state))
     print(f"meshrl down: {time.monotonic() - started:.1f}s")
     assert down.returncode == 0 and down.stdout.startswith(f"stopped {len(services)} services"), down.stdout
-    pids = [s["pid"] for s in services] + [cluster["redis_pid"]]
+    pids = [s["pid"] for s in services] + [cluster["redis_pid"], back["pid"], supervisor]
     deadline = time.monotonic() + 10  # processes reparented to init are reaped by it shortly after they exit
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -189,3 +221,16 @@ def test_down_skips_a_pid_that_no_longer_runs_the_service(tmp_path):
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_up_that_cannot_start_a_service_says_why_and_leaves_nothing_running(tmp_path):
+    state = tmp_path / "state"
+    out = meshrl("up", "--model", str(tmp_path / "no-such-model"), "--state-dir", str(state), "--timeout", "120",
+                 timeout=300)  # fmt: skip
+    assert out.returncode == 2 and "the services did not start" in out.stderr, out.stdout + out.stderr
+    assert "rollout exited" in out.stderr and "no-such-model" in out.stderr, out.stderr
+    assert not (state / "services.json").exists() and not (state / "supervisor.json").exists()
+    mine = [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and str(state) in _cmdline(p)]
+    assert not [p for p in mine if _alive(int(p))], f"processes left by a failed `meshrl up`: {mine}"
+    bad = meshrl("up", "--model", "m", "--max-restarts", "-1", "--state-dir", str(state))
+    assert bad.returncode == 2 and "--max-restarts and --replicas must be >= 0" in bad.stderr

@@ -15,6 +15,7 @@ from meshrl.common import batch_schema as S
 from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import Ragged
 from meshrl.common.databuffer_client import DataBufferClient
+from meshrl.common.errors import Unavailable
 from meshrl.common.grpc_server import ServerConfig, start_server
 from meshrl.common.registry import Heartbeat, ReplicaRegistry
 from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix
@@ -146,3 +147,37 @@ def test_a_fixed_address_list_can_be_changed(fleet, buffer):
         assert [k.shard for k in second.keys] == list(range(6))
     finally:
         router.close()
+
+
+def test_a_replica_behind_the_jobs_weight_version_is_left_out_and_reported(engine, new_engine, model_dir, buffer):
+    """A replica restarted on its address (or one that missed an update unnoticed) answers with older
+    weights: its rows are generated again elsewhere and the router reports it; with none left, it refuses."""
+    namespace = f"routertest-{uuid.uuid4().hex[:8]}"
+    registry = ReplicaRegistry(SYSTEM_REDIS, namespace=namespace, ttl_seconds=1.0)
+    current = new_engine(model_dir, max_batch_size=16)
+    current.batcher.version = 3  # as if weight version 3 had been published to it
+    replicas = [LocalReplica("old", engine, buffer, registry), LocalReplica("new", current, buffer, registry)]
+    router = RolloutRouter(registry=registry, databuffer=buffer, watch_interval_s=0.1, rpc_timeout_s=120)
+    behind: list[str] = []
+    router.on_behind = behind.append
+    try:
+        router.wait_for_replicas(2, timeout=10)
+        router.min_version = 3
+        source, _ = put_prompts(buffer, "behind", 8)
+        out = batch_key("behind", 0, "rollout")
+        result = router.generate_batch(source, out, {"max_tokens": 4}, n=1, chunk_prompts=1)
+        assert result.samples == 8 and set(result.samples_by_replica) == {"new"}
+        assert result.min_weight_version == 3 and behind == [replicas[0].running.address] * len(behind)
+        check_complete(buffer.get(out), 8, 1)
+
+        router.min_version = 4  # no replica serves it: refused at once, not after the deadline
+        started = time.monotonic()
+        with pytest.raises(Unavailable, match="weight version 3 but the job is at version 4"):
+            router.generate_batch(source, batch_key("behind", 1, "rollout"), {"max_tokens": 4}, n=1)
+        assert time.monotonic() - started < 60
+    finally:
+        router.close()
+        for r in replicas:
+            r.kill()
+        for key in redis.Redis.from_url(SYSTEM_REDIS).scan_iter(match=f"{namespace}:*"):
+            redis.Redis.from_url(SYSTEM_REDIS).delete(key)

@@ -46,6 +46,7 @@ class RolloutFleet:
             addresses=addresses, databuffer=buffer, rpc_timeout_s=timeout, channel_config=router_channel,
             allow_empty=registry is not None,
         )  # fmt: skip
+        self.router.on_behind = self._found_behind
         self._clients = {a: self._client(a) for a in addresses}
         self._stale: set[str] = set()  # missed a weight update: no traffic until refitted
         self._lock = threading.Lock()
@@ -73,6 +74,19 @@ class RolloutFleet:
 
     def mark_fresh(self, address: str) -> None:
         self._stale.discard(address)
+        self._route()
+
+    def expect_version(self, version: int) -> None:
+        """From now on a replica that answers with older weights (restarted on its address, or it missed an
+        update unnoticed) is marked stale and its rows go elsewhere; the step loop refits it."""
+        self.router.min_version = version
+
+    def _found_behind(self, address: str) -> None:
+        log.warning("replica %s serves weights older than version %d: stale until refitted", address,
+                    self.router.min_version)  # fmt: skip
+        with self._lock:
+            if address in self._clients:
+                self._stale.add(address)
         self._route()
 
     def _route(self) -> None:

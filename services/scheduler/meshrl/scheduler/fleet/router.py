@@ -14,7 +14,7 @@ import contextvars
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -71,6 +71,9 @@ class RolloutRouter:
         self._max_sessions = max_sessions
         self._lock = threading.Condition()
         self._watcher = None
+        # samples made with weights older than this are refused (the fleet sets it after each publication)
+        self.min_version = 0
+        self.on_behind: Callable[[str], None] | None = None  # told the address of a replica found behind
         if addresses:
             self._sync(
                 [ReplicaInfo(replica_id=a, address=a, capacity=default_capacity, state=SERVING) for a in addresses]
@@ -254,11 +257,32 @@ class RolloutRouter:
                 with self._lock:
                     result.retries += 1
                 continue
+            if reply.samples and reply.min_weight_version < self.min_version:
+                self._behind(replica, work, reply.min_weight_version)  # its shard is rewritten by the retry
+                c.excluded.add(replica.replica_id)
+                with self._lock:
+                    result.retries += 1
+                continue
             self._release(replica, work, failed=False)
             with self._lock:
                 counted = result.samples_by_replica
                 counted[replica.replica_id] = counted.get(replica.replica_id, 0) + reply.samples
             return reply
+
+    def _behind(self, replica: Replica, work: int, version: int) -> None:
+        """A replica answered with weights older than the job's (restarted, or it missed an update unnoticed):
+        it leaves the routing through `on_behind` and the rows go to another replica, or the call fails now."""
+        self._release(replica, work, failed=True)
+        if self.on_behind is not None:
+            self.on_behind(replica.address)
+        log.warning("%s generated with weight version %d, the job is at %d: stale", replica.replica_id, version,
+                    self.min_version)  # fmt: skip
+        if not [r for r in self.serving() if r.replica_id != replica.replica_id]:
+            raise Unavailable(
+                f"rollout replica {replica.replica_id} generated with weight version {version} but the job is at "
+                f"version {self.min_version} (restarted without a refit?), and no other replica serves; "
+                "it is refitted before it serves again"
+            )
 
     def _merge(self, shards: list[keys_pb2.BatchKey], output_key: keys_pb2.BatchKey) -> keys_pb2.BatchKey:
         if self.databuffer is None:

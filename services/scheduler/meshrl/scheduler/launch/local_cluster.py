@@ -1,11 +1,12 @@
 """`meshrl up` / `meshrl down`: a local set of independent service processes for development.
 
-`up` starts a data buffer (embedded Redis unless --redis-url), then a trainer, N rollout
-replicas and a scheduler service side by side, each its own process that outlives the command,
-and writes their addresses to STATE_DIR/services.json plus a job-config overlay
-(STATE_DIR/services.yaml) that points a job at them:
+`up` starts a supervisor (supervisor.py) that starts a data buffer (embedded Redis unless --redis-url),
+then a trainer, N rollout replicas and a scheduler service side by side, each its own process that
+outlives the command and is restarted on its address when it dies. The supervisor records their
+addresses in STATE_DIR/services.json; `up` adds a job-config overlay (STATE_DIR/services.yaml) that
+points a job at them:
 `meshrl submit WORKFLOW --config job.yaml --config .meshrl/services.yaml`.
-`down` stops them (SIGTERM, then SIGKILL), checking first that each pid still runs that service.
+`down` stops the supervisor, then them (SIGTERM, then SIGKILL), checking first that each pid still runs that service.
 """
 
 from __future__ import annotations
@@ -14,65 +15,69 @@ import argparse
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 import yaml
 
-from meshrl.common.errors import MeshrlError
-from meshrl.scheduler.launch.process import ServiceProcess
+from meshrl.common.errors import DeadlineExceeded, MeshrlError, Unavailable
+from meshrl.scheduler.launch.supervisor import Plan, PlannedService, RestartPolicy
+
+SUPERVISOR = "scheduler.launch.supervisor"  # runs as `python -m meshrl.scheduler.launch.supervisor`
 
 
-def _start_together(state: Path, items: list[tuple[str, str, list[str]]], timeout: float) -> list[dict]:
-    """Starts (service, name, args) processes side by side; stops them all if any fails or we are interrupted."""
-    procs = [
-        (name, ServiceProcess(service, args, str(state / "logs" / f"{name}.log"), exit_with_parent=False))
-        for service, name, args in items
-    ]
-    pool = ThreadPoolExecutor(max_workers=len(procs), thread_name_prefix="meshrl-up")
-    futures = [pool.submit(proc.start, timeout) for _, proc in procs]
+def _plan(args, state: Path) -> Plan:
+    redis = ["--set", f"redis.url={args.redis_url}"] if args.redis_url else [
+        "--set", f"redis.embedded.data_dir={state / 'redis'}"]  # fmt: skip
+    with_buffer = ["--set", "databuffer_address={databuffer}"]
+    rest = [PlannedService(service="trainer", name="trainer", args=with_buffer)]
+    for i in range(args.replicas):
+        replica = [*with_buffer, "--set", f"engine.model_path={args.model}", "--set", f"replica_id=rollout-{i}"]
+        rest.append(PlannedService(service="rollout", name=f"rollout-{i}", args=replica))
+    # --port 0: a free port, so several local clusters (and tests) can run side by side
+    scheduler = ["--port", "0", "--set", f"run_root={state / 'runs'}"]
+    rest.append(PlannedService(service="scheduler", name="scheduler", args=scheduler))
+    policy = RestartPolicy(max_restarts=args.max_restarts, start_timeout_seconds=args.timeout)
+    return Plan(stages=[[PlannedService(service="databuffer", name="databuffer", args=redis)], rest], policy=policy)
+
+
+def _start_supervisor(state: Path, plan: Plan, timeout: float) -> list[dict]:
+    """Starts the detached supervisor and waits until every service serves (or the start failed)."""
+    (state / "logs").mkdir(parents=True, exist_ok=True)
+    (state / "start_failed").unlink(missing_ok=True)
+    (state / "plan.json").write_text(plan.model_dump_json(indent=2))
+    with open(state / "logs" / "supervisor.out", "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", f"meshrl.{SUPERVISOR}", str(state)], stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    (state / "supervisor.json").write_text(json.dumps({"name": "supervisor", "service": SUPERVISOR, "pid": proc.pid}))
+    deadline = time.monotonic() + 2 * timeout  # two stages, each within `timeout`
     try:
-        addresses = [f.result() for f in futures]
-    except BaseException:
-        for _, proc in procs:  # a failed start stops itself; the others are told to stop here
-            proc.stop(grace=5)
-        wait(futures)  # a start racing the stop above ends promptly once its process is gone
-        for _, proc in procs:
-            proc.stop(grace=5)
+        while time.monotonic() < deadline:
+            if (state / "services.json").exists():
+                return json.loads((state / "services.json").read_text())
+            if proc.poll() is not None:
+                failed = state / "start_failed"
+                out = state / "logs" / "supervisor.out"
+                reason = failed.read_text() if failed.exists() else out.read_text()[-3000:]
+                raise Unavailable(f"meshrl up: the services did not start: {reason}")
+            time.sleep(0.1)
+        raise DeadlineExceeded(f"meshrl up: the services did not all serve within {2 * timeout:.0f}s; see {state}/logs")
+    except BaseException:  # a failed or interrupted start leaves nothing running
+        _stop_all([json.loads((state / "supervisor.json").read_text())], grace=10)
+        (state / "supervisor.json").unlink(missing_ok=True)
+        (state / "services.json").unlink(missing_ok=True)
         raise
-    finally:
-        pool.shutdown(wait=False)
-    return [
-        {"name": name, "service": proc.service, "address": address, "pid": proc.pid}
-        for (name, proc), address in zip(procs, addresses)
-    ]
 
 
 def up(args) -> int:
     state = Path(args.state_dir)
-    if (state / "services.json").exists():
+    if (state / "services.json").exists() or (state / "supervisor.json").exists():
         print(f"{state}/services.json exists: run `meshrl down --state-dir {state}` first")
         return 1
     state.mkdir(parents=True, exist_ok=True)
-    redis = ["--set", f"redis.url={args.redis_url}"] if args.redis_url else [
-        "--set", f"redis.embedded.data_dir={state / 'redis'}"]  # fmt: skip
-    started: list[dict] = []
-    try:
-        started += _start_together(state, [("databuffer", "databuffer", redis)], args.timeout)
-        with_buffer = ["--set", f"databuffer_address={started[0]['address']}"]
-        rest = [("trainer", "trainer", with_buffer)]
-        for i in range(args.replicas):
-            replica = [*with_buffer, "--set", f"engine.model_path={args.model}", "--set", f"replica_id=rollout-{i}"]
-            rest.append(("rollout", f"rollout-{i}", replica))
-        # --port 0: a free port, so several local clusters (and tests) can run side by side
-        rest.append(("scheduler", "scheduler", ["--port", "0", "--set", f"run_root={state / 'runs'}"]))
-        started += _start_together(state, rest, args.timeout)
-    except BaseException:
-        _stop_all(started)
-        raise
-    (state / "services.json").write_text(json.dumps(started, indent=2))
+    started = _start_supervisor(state, _plan(args, state), args.timeout)
     by_name = {s["name"]: s["address"] for s in started}
     overlay = {
         # the services run already: the job only connects (no Ray cluster, no launched processes)
@@ -83,6 +88,7 @@ def up(args) -> int:
     (state / "services.yaml").write_text(yaml.safe_dump(overlay, sort_keys=False))
     for s in started:
         print(f"{s['name']:<12} {s['address']:<22} pid {s['pid']}")
+    print(f"supervised: a service that exits is restarted on its address (log: {state / 'logs' / 'supervisor.log'})")
     print(f"job config overlay for these services: {state / 'services.yaml'}")
     print(f"scheduler: export MESHRL_SCHEDULER={by_name['scheduler']}")
     return 0
@@ -132,6 +138,10 @@ def down(args) -> int:
         return 0
     services = json.loads(path.read_text())
     gone = [s["name"] for s in services if not _runs_service(s)]
+    supervisor = state / "supervisor.json"
+    if supervisor.exists():  # first, so that nothing is restarted while the services stop (it stops them)
+        _stop_all([json.loads(supervisor.read_text())], grace=30)
+        supervisor.unlink()
     _stop_all(services)
     path.unlink()
     (state / "services.yaml").unlink(missing_ok=True)
@@ -149,7 +159,11 @@ def local_main(argv: list[str]) -> int:
         parser.add_argument("--replicas", type=int, default=1)
         parser.add_argument("--redis-url", help="use this Redis instead of an embedded one")
         parser.add_argument("--timeout", type=float, default=180.0)
+        parser.add_argument("--max-restarts", type=int, default=5,
+                            help="restarts of one service within 10 minutes before it is left down")  # fmt: skip
     args = parser.parse_args(argv[1:])
+    if argv[0] == "up" and (args.max_restarts < 0 or args.replicas < 0):
+        parser.error("--max-restarts and --replicas must be >= 0")
     try:
         return up(args) if argv[0] == "up" else down(args)
     except MeshrlError as exc:

@@ -185,7 +185,7 @@ class JobRunner:
             # them serve exactly the trainer's weights before anything is generated.
             served = [c.status().weight_version for c in svc.fleet.clients()]
             publisher.version = max([publisher.version, *served])
-            publisher.publish(svc.fleet.clients())
+            svc.fleet.expect_version(publisher.publish(svc.fleet.clients()).version)
             if not resumed:
                 summary["eval_step0"] = self._eval(svc, encoder, eval_records, reward_fn).get("eval/accuracy")
             handlers = NodeHandlers(cfg, svc.buffer, svc.trainer, svc.fleet, encoder, sampler, reward_fn)
@@ -309,6 +309,7 @@ class JobRunner:
             self._refit_stale(svc, publisher)
             metrics = executor.run_step(self.job_id, self.step)
             result = publisher.publish(svc.fleet.clients())
+            svc.fleet.expect_version(result.version)
             for address in result.stale:
                 svc.fleet.mark_stale(address)
                 self.events.log(f"replica {address} missed weight version {result.version}: stale, no traffic")
