@@ -81,9 +81,7 @@ class WeightRelay(abc.ABC):
             if folder.exists():
                 shutil.rmtree(folder)
             folder.mkdir(parents=True)
-            save_file(
-                {n: t.detach().cpu().contiguous() for n, t in staged.tensors.items()}, folder / "model.safetensors"
-            )
+            save_file({n: t.detach().cpu().contiguous() for n, t in staged.tensors}, folder / "model.safetensors")
             for name in MODEL_FILES:
                 src = Path(self._relay_model_path) / name
                 if src.is_file():
