@@ -26,7 +26,8 @@ def perturbed(model_dir, seed: int) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(params=["sglang", "vllm"])
 def relay_engine(request, model_dir):
-    fake = FakeSGLang() if request.param == "sglang" else FakeVLLM()
+    hf = load_file(str(model_dir / "model.safetensors"))
+    fake = FakeSGLang() if request.param == "sglang" else FakeVLLM(hf=hf)
     cls = SGLangEngine if request.param == "sglang" else VLLMEngine
     section = {"url": fake.url}
     engine = cls(EngineConfig(kind=request.param, model_path=str(model_dir), **{request.param: section}))

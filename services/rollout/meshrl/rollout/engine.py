@@ -95,6 +95,16 @@ class Engine(abc.ABC):
                 self.cancel(request.request_id)
 
     # --- weights ----------------------------------------------------------------------------
+    @property
+    def device(self) -> str:
+        """Where the live weights are ("cpu", "cuda:0"); the weight group's backend follows it."""
+        return "cpu"
+
+    @property
+    def weight_ranks(self) -> int:
+        """Ranks this engine holds in a weight-update group (an engine server: one per tensor-parallel worker)."""
+        return 1
+
     @abc.abstractmethod
     def update_weights_from_disk(
         self,

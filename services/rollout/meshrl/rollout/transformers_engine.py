@@ -54,6 +54,10 @@ class TransformersEngine(Engine):
 
     # --- facts ----------------------------------------------------------------------------------
     @property
+    def device(self) -> str:
+        return str(self.runner.device)
+
+    @property
     def model_path(self) -> str:
         return self.runner.model_path
 
@@ -111,6 +115,10 @@ class TransformersEngine(Engine):
             return WeightUpdateResult(version, staged.seconds + time.perf_counter() - start, nbytes)
 
     def init_weight_update_group(self, group: GroupSpec) -> int:
+        if group.protocol != "meshrl":
+            raise InvalidArgument(
+                f"the transformers engine receives weight groups of protocol 'meshrl', not {group.protocol!r}"
+            )
         return self.receiver.join_group(group)
 
     def update_weights_from_distributed(

@@ -23,6 +23,7 @@ from meshrl.common import batch_schema as S
 from meshrl.common.batch_key import BatchRef
 from meshrl.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from meshrl.common.weights import WeightGroup, write_version
+from meshrl.common.weights.engine_group import EngineGroupSender, join_sender
 from meshrl.trainer.config import TrainerConfig
 from meshrl.trainer.core import TrainerCore
 from meshrl.trainer.dp import CommandBus, require_ok
@@ -44,6 +45,7 @@ class Published:
     seconds: float
     checksums: dict[str, str]
     disk: weights_pb2.DiskWeights | None = None
+    backend: str = ""  # of the weight group that carried it; "" for disk
 
 
 class _Counter:
@@ -76,7 +78,7 @@ class TrainerService:
         self.core = core
         self.buffer = buffer  # meshrl.common.databuffer_client.DataBufferClient, or None
         self.bus = bus
-        self.groups: dict[str, WeightGroup] = {}
+        self.groups: dict[str, WeightGroup | EngineGroupSender] = {}
         self.last_metrics: dict[str, float] = {}
         self._lock = threading.Lock()
 
@@ -254,11 +256,12 @@ class TrainerService:
             return self.core.role(role).weight_version, self.core.checksums(role)
 
     def join_group(self, group: weights_pb2.CollectiveGroup) -> int:
-        """Joins (as rank 0, hosting the rendezvous) a weight-update group; blocks until all members joined."""
+        """Joins (as rank 0, hosting the rendezvous) a weight-update group of either protocol (meshrl's own,
+        or the engines' wire for SGLang / vLLM workers); blocks until all members joined."""
         old = self.groups.pop(group.group_name, None)
         if old is not None:
             old.destroy()
-        joined = WeightGroup.join(group)
+        joined = join_sender(group)
         self.groups[group.group_name] = joined
         return joined.world_size
 
@@ -283,7 +286,7 @@ class TrainerService:
             sums = self.core.checksums(role)
             buckets = self.core.iter_hf_buckets(role, bucket_bytes)
             counter = _Counter(buckets)
-            disk = None
+            disk, backend = None, ""
             try:
                 if transport == "disk":
                     disk = write_version(
@@ -292,11 +295,12 @@ class TrainerService:
                     )  # fmt: skip
                 else:
                     self.groups[group_name].send(counter, version, bucket_bytes=bucket_bytes)
+                    backend = self.groups[group_name].spec.backend
             finally:
                 for _ in buckets:  # on failure: finish the gather, so the other ranks are not left waiting
                     pass
             state.weight_version = version
-            return Published(version, counter.bytes, counter.buckets, time.perf_counter() - start, sums, disk)
+            return Published(version, counter.bytes, counter.buckets, time.perf_counter() - start, sums, disk, backend)
 
     def status(self) -> dict[str, Any]:
         return {**self.core.status(), "metrics": dict(self.last_metrics)}
