@@ -16,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from meshrl.api.common.v1 import weights_pb2 as wpb
-from meshrl.api.trainer.v1 import trainer_pb2 as tpb
 from meshrl.api.rollout.v1 import rollout_pb2 as rpb
+from meshrl.api.trainer.v1 import trainer_pb2 as tpb
 from meshrl.common import telemetry
 from meshrl.common.comm_backend import resolve_backend
 from meshrl.common.errors import ConfigError, DataLoss, MeshrlError
