@@ -41,6 +41,7 @@ class FakeServer:
     def __init__(self, step_s: float = 0.01) -> None:
         self.step_s = step_s
         self.requests: list[tuple[str, str, Any]] = []
+        self.queries: list[tuple[str, str]] = []
         self.version = "0"
         self.paused = threading.Event()
         self.lock = threading.Lock()
@@ -74,9 +75,10 @@ class FakeServer:
             return [body for _, p, body in self.requests if p == path]
 
     def handle(self, h: BaseHTTPRequestHandler, method: str, body: Any) -> None:
-        path = h.path.split("?")[0]
+        path, _, query = h.path.partition("?")
         with self.lock:
             self.requests.append((method, path, body))
+            self.queries.append((path, query))
         route = self.routes().get((method, path))
         if route is None:
             self.reply(h, 404, {"detail": "Not Found"})
@@ -143,6 +145,8 @@ class FakeSGLang(FakeServer):
             ("POST", "/init_weights_update_group"): self.init_group,
             ("POST", "/update_weights_from_distributed"): self.update_distributed,
             ("POST", "/destroy_weights_update_group"): self.destroy_group,
+            ("POST", "/release_memory_occupation"): lambda h, b: self.reply(h, 200, {"success": True, "message": ""}),
+            ("POST", "/resume_memory_occupation"): lambda h, b: self.reply(h, 200, {"success": True, "message": ""}),
             ("POST", "/get_weights_by_name"): lambda h, b: self.reply(
                 h, 200, self.weights[b["name"]].float().tolist()[: b.get("truncate_size", 100)]
             ),
@@ -298,6 +302,8 @@ class FakeVLLM(FakeServer):
             ("POST", "/v1/completions"): self.completions,
             ("POST", "/reset_prefix_cache"): lambda h, b: self.reply(h, 200, b""),
             ("POST", "/collective_rpc"): self.collective_rpc,
+            ("POST", "/sleep"): lambda h, b: self.reply(h, 200, b""),
+            ("POST", "/wake_up"): lambda h, b: self.reply(h, 200, b""),
         }
 
     def collective_rpc(self, h, body) -> None:

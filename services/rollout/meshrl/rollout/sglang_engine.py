@@ -26,6 +26,7 @@ from meshrl.rollout.config import EngineConfig
 from meshrl.rollout.http_engine import HTTPEngine
 from meshrl.rollout.http_server import ServerProcess, check_known_flags, cli_flags, python_executable
 from meshrl.rollout.http_stream import Event, StreamState
+from meshrl.rollout.memory import check_tags
 from meshrl.rollout.relay import WeightRelay
 from meshrl.rollout.types import FinishReason, PauseMode, SamplingParams
 
@@ -222,6 +223,19 @@ class SGLangEngine(WeightRelay, HTTPEngine):
             t = torch.tensor(values, dtype=torch.float64).to(wdtypes.from_proto(spec.dtype))
             out[spec.name] = W.tensor_checksums({spec.name: t.reshape(list(spec.shape))})[spec.name]
         return out
+
+    # --- sleeping (colocated mode; the server runs with --enable-memory-saver) -------------------------
+    def release_memory(self, tags=()) -> list[str]:
+        tags = check_tags(tags)
+        self.check(self.post("/release_memory_occupation", {"tags": list(tags)}), "release_memory_occupation")
+        self._asleep = sorted(set(getattr(self, "_asleep", [])) | set(tags))
+        return self._asleep
+
+    def resume_memory(self, tags=()) -> list[str]:
+        tags = check_tags(tags)
+        self.check(self.post("/resume_memory_occupation", {"tags": list(tags)}), "resume_memory_occupation")
+        self._asleep = sorted(set(getattr(self, "_asleep", [])) - set(tags))
+        return self._asleep
 
     def shutdown(self) -> None:
         HTTPEngine.shutdown(self)

@@ -24,6 +24,7 @@ from meshrl.rollout.config import EngineConfig
 from meshrl.rollout.http_engine import HTTPEngine
 from meshrl.rollout.http_server import ServerProcess, check_known_flags, cli_flags, python_executable
 from meshrl.rollout.http_stream import Event, StreamState
+from meshrl.rollout.memory import TAGS, check_tags
 from meshrl.rollout.relay import WeightRelay
 from meshrl.rollout.types import FinishReason, PauseMode, SamplingParams
 
@@ -199,6 +200,22 @@ class VLLMEngine(WeightRelay, HTTPEngine):
         names = [s.name for s in specs]
         results = self.rpc("meshrl_checksums", names, [dtype_name(s.dtype) for s in specs])
         return dict(results[0])
+
+    # --- sleeping (colocated mode; the server runs with --enable-sleep-mode) --------------------------
+    def release_memory(self, tags=()) -> list[str]:
+        """vLLM sleeps whole: level 2 drops weights and KV (the next update refills the weights), level 1
+        (KV only asked for) discards the KV and offloads the weights to host memory."""
+        tags = check_tags(tags)
+        level = 2 if "weights" in tags else 1
+        self.check(self.post("/sleep", params={"level": level}), f"sleep(level={level})")
+        self._asleep = sorted(TAGS)
+        return self._asleep
+
+    def resume_memory(self, tags=()) -> list[str]:
+        tags = check_tags(tags)
+        self.check(self.post("/wake_up", params=[("tags", t) for t in tags]), f"wake_up({list(tags)})")
+        self._asleep = sorted(set(getattr(self, "_asleep", [])) - set(tags))
+        return self._asleep
 
     def shutdown(self) -> None:
         HTTPEngine.shutdown(self)
