@@ -27,6 +27,15 @@ from torch.distributed.distributed_c10d import _new_process_group_helper, _world
 from meshrl.rollout.vllm_worker import FUSED, MeshrlWorkerExtension
 
 
+def perturbed(model_dir, seed: int) -> dict[str, torch.Tensor]:
+    """A model folder's checkpoint tensors moved a little (a stand-in for a train step's new weights)."""
+    from safetensors.torch import load_file
+
+    g = torch.Generator().manual_seed(seed)
+    base = load_file(str(model_dir / "model.safetensors"))
+    return {n: t + 0.05 * torch.randn(t.shape, generator=g) for n, t in sorted(base.items())}
+
+
 def token(prompt: list[int], k: int) -> int:
     return (sum(prompt) + k) % 200
 

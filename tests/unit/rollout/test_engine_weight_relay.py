@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-from _rollout_fake_servers import FakeSGLang, FakeVLLM
+from _rollout_fake_servers import FakeSGLang, FakeVLLM, perturbed
 from safetensors.torch import load_file
 
 from meshrl.common import weights as W
@@ -16,12 +16,6 @@ from meshrl.common.net import free_port
 from meshrl.rollout.config import EngineConfig
 from meshrl.rollout.sglang_engine import SGLangEngine
 from meshrl.rollout.vllm_engine import VLLMEngine
-
-
-def perturbed(model_dir, seed: int) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    base = load_file(str(model_dir / "model.safetensors"))
-    return {n: t + 0.05 * torch.randn(t.shape, generator=g) for n, t in sorted(base.items())}
 
 
 @pytest.fixture(params=["sglang", "vllm"])

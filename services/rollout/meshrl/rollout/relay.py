@@ -93,7 +93,13 @@ class WeightRelay(abc.ABC):
     def init_weight_update_group(self, group: W.GroupSpec) -> int:
         if group.protocol != "engine":
             return self._relay_receiver.join_group(group)
-        ranks = getattr(self, "weight_ranks", 1)
+        ranks = self.weight_ranks
+        dp = self.section.data_parallel_size
+        if dp != 1:
+            raise InvalidArgument(
+                f"{self.name}.data_parallel_size = {dp}: the engine's weight-group ranks ignore its data-parallel "
+                "rank; use 1 and one replica per data-parallel copy"
+            )
         if group.rank_offset + ranks > group.world_size:
             raise InvalidArgument(
                 f"{group.group_name}: this engine holds {ranks} ranks from offset {group.rank_offset}, "
@@ -200,6 +206,15 @@ class WeightRelay(abc.ABC):
             self.native_leave_quietly(name)
         self._relay_receiver.close()
         shutil.rmtree(self._relay_dir, ignore_errors=True)
+
+
+def group_request(group: W.GroupSpec) -> dict:
+    """The group as the engines' join calls take it (SGLang's /init_weights_update_group body)."""
+    return {
+        "master_address": group.master_address, "master_port": group.master_port,
+        "rank_offset": group.rank_offset, "world_size": group.world_size,
+        "group_name": group.group_name, "backend": group.backend,
+    }  # fmt: skip
 
 
 def _tensor_files(folder: Path) -> dict[str, str]:

@@ -19,7 +19,7 @@ import torch
 
 from meshrl.api.common.v1 import weights_pb2
 from meshrl.common import weights as W
-from meshrl.common.errors import DataLoss, FailedPrecondition, InvalidArgument
+from meshrl.common.errors import DataLoss, FailedPrecondition
 from meshrl.common.weights import dtypes as wdtypes
 from meshrl.common.weights.engine_group import dtype_name
 from meshrl.rollout.config import EngineConfig
@@ -27,7 +27,7 @@ from meshrl.rollout.http_engine import HTTPEngine
 from meshrl.rollout.http_server import ServerProcess, check_known_flags, cli_flags, python_executable
 from meshrl.rollout.http_stream import Event, StreamState
 from meshrl.rollout.memory import check_tags
-from meshrl.rollout.relay import WeightRelay
+from meshrl.rollout.relay import WeightRelay, group_request
 from meshrl.rollout.types import FinishReason, PauseMode, SamplingParams
 
 SUPPORTED_VERSION = "0.5.5"
@@ -167,25 +167,8 @@ class SGLangEngine(WeightRelay, HTTPEngine):
             self.continue_generation(reason="weights")
 
     # --- native distributed update (SGLang's own TP workers join the weight group) -------------------
-    @property
-    def device(self) -> str:
-        return "cuda"
-
-    @property
-    def weight_ranks(self) -> int:
-        return self.section.tensor_parallel_size
-
     def native_join(self, group: W.GroupSpec) -> None:
-        if self.section.data_parallel_size != 1:
-            raise InvalidArgument(
-                f"sglang.data_parallel_size = {self.section.data_parallel_size}: SGLang's weight-group ranks "
-                "ignore the dp rank; use 1 and one replica per data-parallel copy"
-            )
-        body = {
-            "master_address": group.master_address, "master_port": group.master_port,
-            "rank_offset": group.rank_offset, "world_size": group.world_size,
-            "group_name": group.group_name, "backend": group.backend,
-        }  # fmt: skip
+        body = group_request(group)
         self.check(
             self.post("/init_weights_update_group", body, timeout=group.timeout_s + 30), "init_weights_update_group"
         )

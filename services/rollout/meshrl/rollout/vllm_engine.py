@@ -18,14 +18,14 @@ from typing import Any
 
 from meshrl.api.common.v1 import weights_pb2
 from meshrl.common import weights as W
-from meshrl.common.errors import DataLoss, FailedPrecondition, InvalidArgument
+from meshrl.common.errors import DataLoss, FailedPrecondition
 from meshrl.common.weights.engine_group import dtype_name
 from meshrl.rollout.config import EngineConfig
 from meshrl.rollout.http_engine import HTTPEngine
 from meshrl.rollout.http_server import ServerProcess, check_known_flags, cli_flags, python_executable
 from meshrl.rollout.http_stream import Event, StreamState
 from meshrl.rollout.memory import TAGS, check_tags
-from meshrl.rollout.relay import WeightRelay
+from meshrl.rollout.relay import WeightRelay, group_request
 from meshrl.rollout.types import FinishReason, PauseMode, SamplingParams
 
 SUPPORTED_VERSION = "0.11.0"
@@ -153,25 +153,8 @@ class VLLMEngine(WeightRelay, HTTPEngine):
             self.continue_generation(reason="weights")
 
     # --- native distributed update (every vLLM worker is one rank of the weight group) --------------
-    @property
-    def device(self) -> str:
-        return "cuda"
-
-    @property
-    def weight_ranks(self) -> int:
-        return self.section.tensor_parallel_size
-
     def native_join(self, group: W.GroupSpec) -> None:
-        if self.section.data_parallel_size != 1:
-            raise InvalidArgument(
-                f"vllm.data_parallel_size = {self.section.data_parallel_size}: a native weight group needs 1; "
-                "run one replica per data-parallel copy"
-            )
-        spec = {
-            "master_address": group.master_address, "master_port": group.master_port,
-            "rank_offset": group.rank_offset, "world_size": group.world_size, "group_name": group.group_name,
-            "backend": group.backend, "timeout_s": group.timeout_s,
-        }  # fmt: skip
+        spec = {**group_request(group), "timeout_s": group.timeout_s}
         ranks = self.rpc("meshrl_join_group", spec, timeout=group.timeout_s)
         if len(ranks) != self.weight_ranks:
             raise FailedPrecondition(
