@@ -1,8 +1,14 @@
 """Fake SGLang and vLLM HTTP servers for the adapter tests: they answer with the documented JSON
-shapes (engine-apis.md §1-2: /generate meta_info with output_token_logprobs and weight_version,
-finish_reason objects; /v1/completions choices with token_ids and logprobs; control endpoints),
-stream server-sent events, record every request, and generate deterministic tokens:
+shapes of the pinned versions (engine-apis.md §1-2: /generate meta_info with output_token_logprobs and
+weight_version, finish_reason objects; /v1/completions choices with token_ids and logprobs; control
+endpoints), stream server-sent events, record every request, and generate deterministic tokens:
 token k of a response to prompt p is (sum(p) + k) % 200 with log-prob -0.01 * (k + 1).
+
+SGLang's incremental streaming sends output_ids as deltas and output_token_logprobs cumulatively. The
+distributed-update endpoints are real: the fake SGLang joins the trainer's group the way SGLang's TP
+worker does (tcp rendezvous, group-name prefix, torch's group helper) and receives into live tensors;
+the fake vLLM runs meshrl's real worker extension on a worker whose model fuses qkv and gate/up as
+vLLM's Qwen2 does.
 """
 
 from __future__ import annotations
@@ -10,8 +16,24 @@ from __future__ import annotations
 import json
 import threading
 import time
+from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.distributed_c10d import _new_process_group_helper, _world
+
+from meshrl.rollout.vllm_worker import FUSED, MeshrlWorkerExtension
+
+
+def perturbed(model_dir, seed: int) -> dict[str, torch.Tensor]:
+    """A model folder's checkpoint tensors moved a little (a stand-in for a train step's new weights)."""
+    from safetensors.torch import load_file
+
+    g = torch.Generator().manual_seed(seed)
+    base = load_file(str(model_dir / "model.safetensors"))
+    return {n: t + 0.05 * torch.randn(t.shape, generator=g) for n, t in sorted(base.items())}
 
 
 def token(prompt: list[int], k: int) -> int:
@@ -28,6 +50,7 @@ class FakeServer:
     def __init__(self, step_s: float = 0.01) -> None:
         self.step_s = step_s
         self.requests: list[tuple[str, str, Any]] = []
+        self.queries: list[tuple[str, str]] = []
         self.version = "0"
         self.paused = threading.Event()
         self.lock = threading.Lock()
@@ -61,9 +84,10 @@ class FakeServer:
             return [body for _, p, body in self.requests if p == path]
 
     def handle(self, h: BaseHTTPRequestHandler, method: str, body: Any) -> None:
-        path = h.path.split("?")[0]
+        path, _, query = h.path.partition("?")
         with self.lock:
             self.requests.append((method, path, body))
+            self.queries.append((path, query))
         route = self.routes().get((method, path))
         if route is None:
             self.reply(h, 404, {"detail": "Not Found"})
@@ -108,10 +132,11 @@ class FakeSGLang(FakeServer):
     def __init__(self, incremental: bool = False, **kw: Any) -> None:
         self.incremental = incremental
         self.aborted = threading.Event()
+        self.weights: dict[str, torch.Tensor] = {}
+        self.groups: dict[str, Any] = {}
         super().__init__(**kw)
 
     def routes(self) -> dict:
-        ok = {"success": True, "message": "ok"}
         return {
             **super().routes(),
             ("GET", "/server_info"): lambda h, b: self.reply(
@@ -126,9 +151,47 @@ class FakeSGLang(FakeServer):
             ("POST", "/flush_cache"): lambda h, b: self.reply(h, 200, b"Cache flushed."),
             ("GET", "/flush_cache"): lambda h, b: self.reply(h, 200, b"Cache flushed."),
             ("POST", "/update_weights_from_disk"): self.update,
-            ("POST", "/init_weights_update_group"): lambda h, b: self.reply(h, 200, ok),
-            ("POST", "/destroy_weights_update_group"): lambda h, b: self.reply(h, 200, ok),
+            ("POST", "/init_weights_update_group"): self.init_group,
+            ("POST", "/update_weights_from_distributed"): self.update_distributed,
+            ("POST", "/destroy_weights_update_group"): self.destroy_group,
+            ("POST", "/release_memory_occupation"): lambda h, b: self.reply(h, 200, {"success": True, "message": ""}),
+            ("POST", "/resume_memory_occupation"): lambda h, b: self.reply(h, 200, {"success": True, "message": ""}),
+            ("POST", "/get_weights_by_name"): lambda h, b: self.reply(
+                h, 200, self.weights[b["name"]].float().tolist()[: b.get("truncate_size", 100)]
+            ),
         }
+
+    # --- SGLang's distributed update, as its TP worker 0 runs it ---------------------------------
+    def init_group(self, h, body) -> None:
+        timeout = timedelta(seconds=60)
+        init = f"tcp://{body['master_address']}:{body['master_port']}"
+        store, rank, world = next(dist.rendezvous(init, body["rank_offset"], body["world_size"], timeout=timeout))
+        store = dist.PrefixStore(body["group_name"], store)
+        pg, _ = _new_process_group_helper(
+            world, rank, [], body.get("backend", "nccl"), store, group_name=body["group_name"], timeout=timeout
+        )
+        _world.pg_group_ranks[pg] = {i: i for i in range(world)}
+        self.groups[body["group_name"]] = pg
+        self.reply(h, 200, {"success": True, "message": "Succeeded to initialize custom process group."})
+
+    def update_distributed(self, h, body) -> None:
+        pg = self.groups.get(body.get("group_name", "weight_update_group"))
+        if pg is None:
+            self.reply(h, 400, {"success": False, "message": "group not initialized"})
+            return
+        for name, dtype, shape in zip(body["names"], body["dtypes"], body["shapes"]):
+            t = torch.empty(shape, dtype=getattr(torch, dtype))
+            dist.broadcast(t, src=0, group=pg)
+            self.weights[name] = t  # model.load_weights
+        if body.get("weight_version") is not None:
+            self.version = body["weight_version"]
+        self.reply(h, 200, {"success": True, "message": "Succeeded to update parameter online."})
+
+    def destroy_group(self, h, body) -> None:
+        pg = self.groups.pop(body.get("group_name", "weight_update_group"), None)
+        if pg is not None:
+            dist.destroy_process_group(pg)
+        self.reply(h, 200, {"success": True, "message": "Succeeded to destroy custom process group."})
 
     def pause(self, h, body) -> None:
         if body.get("mode") == "abort":
@@ -157,7 +220,7 @@ class FakeSGLang(FakeServer):
                 if self.aborted.is_set():
                     yield {"text": "", "output_ids": [] if self.incremental else ids, "meta_info": {
                         "id": body["rid"], "finish_reason": {"type": "abort", "message": "Abort by pause"},
-                        "weight_version": self.version, "output_token_logprobs": [] if self.incremental else lps}}  # fmt: skip
+                        "weight_version": self.version, "output_token_logprobs": list(lps)}}  # fmt: skip
                     return
                 time.sleep(self.step_s)
                 t = token(prompt, k)
@@ -170,7 +233,7 @@ class FakeSGLang(FakeServer):
                 meta = {
                     "id": body["rid"], "finish_reason": finish, "prompt_tokens": len(prompt),
                     "weight_version": self.version, "completion_tokens": len(ids), "cached_tokens": 0,
-                    "output_token_logprobs": [lps[-1]] if self.incremental else list(lps),
+                    "output_token_logprobs": list(lps),  # cumulative in both streaming modes
                 }  # fmt: skip
                 yield {"text": "x", "output_ids": [t] if self.incremental else list(ids), "meta_info": meta}
                 if done:
@@ -179,9 +242,67 @@ class FakeSGLang(FakeServer):
         self.stream(h, events())
 
 
+class FusedModel(torch.nn.Module):
+    """vLLM's layout of a Qwen2 checkpoint: q/k/v stacked in qkv_proj, gate/up in gate_up_proj;
+    `load_weights` maps HF names onto them (vLLM's stacked_params_mapping) and returns the names loaded."""
+
+    def __init__(self, hf: dict[str, torch.Tensor]) -> None:
+        super().__init__()
+        fused: dict[str, list[torch.Tensor]] = {}
+        plain = {}
+        for name, t in sorted(hf.items()):
+            part = next((p for p in FUSED if f".{p}." in name), None)
+            if part is None:
+                plain[name] = t
+            else:
+                fused.setdefault(name.replace(f".{part}.", f".{FUSED[part][0]}."), []).append((FUSED[part][1], t))
+        self.rows = {}
+        for name, parts in fused.items():
+            parts.sort(key=lambda p: p[0])
+            plain[name] = torch.cat([t for _, t in parts])
+            self.rows[name] = [t.shape[0] for _, t in parts]
+        self.params = torch.nn.ParameterDict(
+            {n.replace(".", "__"): torch.nn.Parameter(t.clone()) for n, t in plain.items()}
+        )
+        self.post_processed = 0
+
+    def named_parameters(self, *a, **kw):
+        return ((n.replace("__", "."), p) for n, p in self.params.items())
+
+    def parameters(self, *a, **kw):
+        return iter(self.params.values())
+
+    def load_weights(self, weights):
+        loaded = set()
+        for name, t in weights:
+            part = next((p for p in FUSED if f".{p}." in name), None)
+            with torch.no_grad():
+                if part is None:
+                    self.params[name.replace(".", "__")].copy_(t)
+                else:
+                    fused, index = FUSED[part]
+                    target = name.replace(f".{part}.", f".{fused}.")
+                    start = sum(self.rows[target][:index])
+                    self.params[target.replace(".", "__")][start : start + t.shape[0]].copy_(t)
+            loaded.add(name)
+        return loaded
+
+
+class FakeVLLMWorker(MeshrlWorkerExtension):
+    """One vLLM worker (rank 0) with meshrl's extension mixed in, as --worker-extension-cls does."""
+
+    def __init__(self, hf: dict[str, torch.Tensor]) -> None:
+        self.rank = 0
+        self.model_runner = type("Runner", (), {"model": FusedModel(hf)})()
+
+    def _meshrl_process_weights_after_loading(self) -> None:  # vLLM's function, not installed here
+        self.model_runner.model.post_processed += 1
+
+
 class FakeVLLM(FakeServer):
-    def __init__(self, token_ids_field: bool = True, **kw: Any) -> None:
+    def __init__(self, token_ids_field: bool = True, hf: dict[str, torch.Tensor] | None = None, **kw: Any) -> None:
         self.token_ids_field = token_ids_field
+        self.worker = FakeVLLMWorker(hf or {})
         super().__init__(**kw)
 
     def routes(self) -> dict:
@@ -189,8 +310,19 @@ class FakeVLLM(FakeServer):
             **super().routes(),
             ("POST", "/v1/completions"): self.completions,
             ("POST", "/reset_prefix_cache"): lambda h, b: self.reply(h, 200, b""),
-            ("POST", "/collective_rpc"): lambda h, b: self.reply(h, 200, {"results": [26]}),
+            ("POST", "/collective_rpc"): self.collective_rpc,
+            ("POST", "/sleep"): lambda h, b: self.reply(h, 200, b""),
+            ("POST", "/wake_up"): lambda h, b: self.reply(h, 200, b""),
         }
+
+    def collective_rpc(self, h, body) -> None:
+        """vLLM's dev route: runs the method on every worker; None results give an empty 200."""
+        method = getattr(self.worker, body["method"], None)
+        if method is None:
+            self.reply(h, 500, {"detail": f"AttributeError: no method {body['method']}"})
+            return
+        result = method(*body.get("args", []), **body.get("kwargs", {}))
+        self.reply(h, 200, b"" if result is None else {"results": [result]})
 
     def completions(self, h, body) -> None:
         prompt = body["prompt"]

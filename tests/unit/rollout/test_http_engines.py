@@ -114,7 +114,7 @@ def test_sglang_abort_pause(sglang):
 
 @pytest.fixture(params=[True, False], ids=["token_ids", "token_id_strings"])
 def vllm(request, model_dir):
-    fake = FakeVLLM(token_ids_field=request.param)
+    fake = FakeVLLM(token_ids_field=request.param, hf=load_file(str(model_dir / "model.safetensors")))
     engine = VLLMEngine(EngineConfig(kind="vllm", model_path=str(model_dir), vllm={"url": fake.url}))
     yield fake, engine
     engine.shutdown()

@@ -59,6 +59,18 @@ class HTTPEngineConfig(StrictModel):
     startup_timeout_s: float = pydantic.Field(900.0, gt=0, description="wait this long for the server's health")
     request_timeout_s: float = pydantic.Field(600.0, gt=0, description="deadline of one generate request")
     log_file: str | None = pydantic.Field(None, description="where the launched server's output goes")
+    tensor_parallel_size: int = pydantic.Field(
+        1,
+        ge=1,
+        description="GPUs one server splits the model over (SGLang --tp-size, vLLM --tensor-parallel-size); "
+        "its workers are that many ranks of a weight group",
+    )
+    data_parallel_size: int = pydantic.Field(
+        1,
+        ge=1,
+        description="engine-internal data parallelism (SGLang --dp-size, vLLM --data-parallel-size); "
+        "native weight groups need 1 (run one replica per data-parallel copy instead)",
+    )
 
 
 class EngineConfig(StrictModel):

@@ -95,6 +95,26 @@ class Engine(abc.ABC):
                 self.cancel(request.request_id)
 
     # --- weights ----------------------------------------------------------------------------
+    @property
+    def device(self) -> str:
+        """Where the live weights are ("cpu", "cuda:0"); the weight group's backend follows it."""
+        return "cpu"
+
+    @property
+    def weight_ranks(self) -> int:
+        """Ranks this engine holds in a weight-update group (an engine server: one per tensor-parallel worker)."""
+        return 1
+
+    # --- sleeping (colocated mode) -----------------------------------------------------------------
+    @abc.abstractmethod
+    def release_memory(self, tags: Sequence[str] = ()) -> list[str]:
+        """Gives up "weights" and/or "kv_cache" memory (empty = both) while idle; generation waits until
+        they are resumed (and released weights refilled by an update). Returns the tags now released."""
+
+    @abc.abstractmethod
+    def resume_memory(self, tags: Sequence[str] = ()) -> list[str]:
+        """Takes the tags' memory back; returns the tags still released."""
+
     @abc.abstractmethod
     def update_weights_from_disk(
         self,

@@ -132,6 +132,15 @@ class HTTPEngine(Engine):
     def weight_version(self) -> int:
         return self._version
 
+    @property
+    def device(self) -> str:
+        return "cuda"  # SGLang and vLLM serve from GPUs
+
+    @property
+    def weight_ranks(self) -> int:
+        """One rank per tensor-parallel worker in a native weight group."""
+        return self.section.tensor_parallel_size
+
     # --- HTTP helpers -----------------------------------------------------------------------------
     def post(
         self, path: str, body: dict[str, Any] | None = None, *, timeout: float | None = None, **kw

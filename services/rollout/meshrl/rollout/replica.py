@@ -81,6 +81,8 @@ class ReplicaStatus:
     tokens_per_second: float
     capacity: int
     generated_tokens: int
+    device: str = "cpu"
+    weight_ranks: int = 1
 
 
 def sample_seed(seed: int | None, row: int, index: int) -> int | None:
@@ -408,4 +410,6 @@ class RolloutReplica:
             tokens_per_second=s.tokens_per_second,
             capacity=self.capacity,
             generated_tokens=s.generated_tokens,
+            device=self.engine.device,
+            weight_ranks=self.engine.weight_ranks,
         )

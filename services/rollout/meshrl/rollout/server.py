@@ -166,6 +166,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             tokens_per_second=s.tokens_per_second,
             capacity=s.capacity,
             generated_tokens=s.generated_tokens,
+            device=s.device,
+            weight_ranks=s.weight_ranks,
         )
 
 

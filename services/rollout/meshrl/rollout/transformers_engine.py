@@ -18,6 +18,7 @@ from meshrl.common.weights import GroupSpec, apply_delta, stage_delta
 from meshrl.rollout.batcher import ContinuousBatcher
 from meshrl.rollout.config import EngineConfig
 from meshrl.rollout.engine import ChunkCallback, Engine
+from meshrl.rollout.memory import check_tags, release_parameters, restore_parameters
 from meshrl.rollout.model_runner import HFModelRunner
 from meshrl.rollout.types import (
     EngineStatus,
@@ -51,9 +52,16 @@ class TransformersEngine(Engine):
         )
         self.receiver = WeightReceiver(self.runner.named_parameters, self.runner.device)
         self._update_lock = threading.Lock()
+        self._released: set[str] = set()  # memory tags given up while asleep (colocated mode)
+        self._released_params: list = []
+        self._weights_undefined = False  # weights re-taken but not refilled by an update yet
         self.batcher.start()
 
     # --- facts ----------------------------------------------------------------------------------
+    @property
+    def device(self) -> str:
+        return str(self.runner.device)
+
     @property
     def model_path(self) -> str:
         return self.runner.model_path
@@ -94,6 +102,7 @@ class TransformersEngine(Engine):
     ) -> WeightUpdateResult:
         """Stages and verifies the whole version while generating, then pauses only for the copy."""
         with self._update_lock:
+            self._require_weights_memory()
             start = time.perf_counter()
             staged = read_disk(path, version, manifest_sha256, staging_dir)
             copy = lambda: self.receiver.apply(staged.tensors, self.batcher.version, version)  # noqa: E731
@@ -112,6 +121,7 @@ class TransformersEngine(Engine):
         """Decodes and verifies the delta against the live parameters while generating (BaseMismatch when they
         are not `base_version`'s), then pauses only to copy the changed tensors in."""
         with self._update_lock:
+            self._require_weights_memory()
             start = time.perf_counter()
             weights = weights_pb2.DiskWeights(
                 path=path, version=version, manifest_sha256=manifest_sha256, delta=True, base_version=base_version
@@ -139,10 +149,15 @@ class TransformersEngine(Engine):
             nbytes = self.batcher.run_exclusive(install)
         finally:
             self.batcher.resume(reason="weights")
+        self._weights_refilled()
         end = time.perf_counter()
         return WeightUpdateResult(version, end - start, nbytes, pause_seconds=end - paused)
 
     def init_weight_update_group(self, group: GroupSpec) -> int:
+        if group.protocol != "meshrl":
+            raise InvalidArgument(
+                f"the transformers engine receives weight groups of protocol 'meshrl', not {group.protocol!r}"
+            )
         return self.receiver.join_group(group)
 
     def update_weights_from_distributed(
@@ -157,6 +172,7 @@ class TransformersEngine(Engine):
         """Pauses, receives every bucket straight into the parameters, flushes (by policy), continues."""
         with self._update_lock:
             self.receiver.group(group_name)  # NotFound before pausing anything
+            self._require_weights_memory()
             start = time.perf_counter()
             self.batcher.pause(pause_mode, reason="weights")
             try:
@@ -171,10 +187,63 @@ class TransformersEngine(Engine):
                 self.batcher.run_exclusive(bump)
             finally:
                 self.batcher.resume(reason="weights")
+            self._weights_refilled()
             return WeightUpdateResult(version, time.perf_counter() - start, nbytes)
 
     def destroy_weight_update_group(self, group_name: str) -> None:
         self.receiver.leave_group(group_name)
+
+    # --- sleeping (colocated mode) ------------------------------------------------------------------
+    def release_memory(self, tags: Sequence[str] = ()) -> list[str]:
+        """Gives up the KV cache and/or the weights' memory (SGLang's release_memory_occupation). Refused
+        unless idle; generation stays paused until every tag is resumed and the weights were refilled."""
+        tags = check_tags(tags)
+        with self._update_lock:
+            self.batcher.pause(PauseMode.IN_PLACE, reason="sleep")
+
+            def release() -> None:
+                if self.batcher.running or self.batcher.queue_depth:
+                    raise FailedPrecondition(
+                        f"release_memory needs an idle engine; {self.batcher.running} requests run and "
+                        f"{self.batcher.queue_depth} wait (finish or abort them first)"
+                    )
+                self.batcher.drop_cache()  # the prefix cache and any KV
+                if "weights" in tags and not self._released_params:
+                    self._released_params = release_parameters(self.runner.model.parameters())
+
+            try:
+                self.batcher.run_exclusive(release)
+            except BaseException:
+                if not self._released:
+                    self.batcher.resume(reason="sleep")
+                raise
+            self._released |= set(tags)
+            return sorted(self._released)
+
+    def resume_memory(self, tags: Sequence[str] = ()) -> list[str]:
+        """Takes memory back (SGLang's resume_memory_occupation); re-taken weights hold nothing until the
+        next weight update refills them in place. Returns the tags still released."""
+        tags = check_tags(tags)
+        with self._update_lock:
+            if "weights" in tags and self._released_params:
+                self.batcher.run_exclusive(lambda: restore_parameters(self._released_params))
+                self._released_params, self._weights_undefined = [], True
+            self._released -= set(tags)
+            self._wake_if_ready()
+            return sorted(self._released)
+
+    def _wake_if_ready(self) -> None:
+        if not self._released and not self._weights_undefined:
+            self.batcher.resume(reason="sleep")
+
+    def _weights_refilled(self) -> None:
+        if self._weights_undefined:
+            self._weights_undefined = False
+            self._wake_if_ready()
+
+    def _require_weights_memory(self) -> None:
+        if self._released_params:
+            raise FailedPrecondition("the weights' memory is released (asleep); resume_memory(['weights']) first")
 
     def weight_checksums(self, names: Sequence[str] = ()) -> tuple[int, dict[str, str]]:
         return self.batcher.run_exclusive(lambda: (self.batcher.version, self.receiver.checksums(names)))

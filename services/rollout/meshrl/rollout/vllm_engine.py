@@ -3,7 +3,8 @@
 Pinned: vllm 0.11.0 (the `vllm` extra of meshrl-rollout), run with VLLM_SERVER_DEV_MODE=1 and
 `--worker-extension-cls meshrl.rollout.vllm_worker.MeshrlWorkerExtension`. Endpoints used
 (engine-apis.md §2): POST /v1/completions (token-id prompt, logprobs=0, return_token_ids,
-stream), /reset_prefix_cache, /collective_rpc (weights into the workers); GET /health.
+stream), /reset_prefix_cache, /collective_rpc (weights into the workers: a folder, or buckets over a
+weight group of protocol "engine" that every worker joins as one rank); GET /health.
 vLLM 0.11 has no server-side pause: an in-place pause ends the server requests and continues
 each one after the pause from its prompt plus the tokens made so far (their versions kept).
 """
@@ -15,12 +16,16 @@ import math
 import sys
 from typing import Any
 
-from meshrl.common.errors import FailedPrecondition
+from meshrl.api.common.v1 import weights_pb2
+from meshrl.common import weights as W
+from meshrl.common.errors import DataLoss, FailedPrecondition
+from meshrl.common.weights.engine_group import dtype_name
 from meshrl.rollout.config import EngineConfig
 from meshrl.rollout.http_engine import HTTPEngine
 from meshrl.rollout.http_server import ServerProcess, check_known_flags, cli_flags, python_executable
 from meshrl.rollout.http_stream import Event, StreamState
-from meshrl.rollout.relay import WeightRelay
+from meshrl.rollout.memory import TAGS, check_tags
+from meshrl.rollout.relay import WeightRelay, group_request
 from meshrl.rollout.types import FinishReason, PauseMode, SamplingParams
 
 SUPPORTED_VERSION = "0.11.0"
@@ -67,6 +72,8 @@ class VLLMEngine(WeightRelay, HTTPEngine):
         if self.config.context_length:
             extra.setdefault("max_model_len", self.config.context_length)
         extra.setdefault("max_num_seqs", self.config.max_batch_size)
+        extra.setdefault("tensor_parallel_size", self.section.tensor_parallel_size)
+        extra.setdefault("data_parallel_size", self.section.data_parallel_size)
         cmd = [
             python_executable(self.section.python or sys.executable), "-m", "vllm.entrypoints.openai.api_server",
             "--model", self.config.model_path, "--host", self.section.host, "--port", str(port),
@@ -144,6 +151,54 @@ class VLLMEngine(WeightRelay, HTTPEngine):
                 self.flush_cache()
         finally:
             self.continue_generation(reason="weights")
+
+    # --- native distributed update (every vLLM worker is one rank of the weight group) --------------
+    def native_join(self, group: W.GroupSpec) -> None:
+        spec = {**group_request(group), "timeout_s": group.timeout_s}
+        ranks = self.rpc("meshrl_join_group", spec, timeout=group.timeout_s)
+        if len(ranks) != self.weight_ranks:
+            raise FailedPrecondition(
+                f"vllm has {len(ranks)} workers, vllm.tensor_parallel_size says {self.weight_ranks}"
+            )
+
+    def native_bucket(self, group_name: str, meta: weights_pb2.WeightBucketMeta, version: int) -> None:
+        names = [t.name for t in meta.tensors]
+        dtypes = [dtype_name(t.dtype) for t in meta.tensors]
+        self.rpc("meshrl_receive_bucket", group_name, names, dtypes, [list(t.shape) for t in meta.tensors])
+
+    def native_finish(self, version: int, flush_cache: bool) -> None:
+        self.rpc("meshrl_finish_update", version)
+        served = {int(v) for v in self.rpc("meshrl_weight_version")}
+        if served != {version}:
+            raise DataLoss(f"vllm's workers report weight versions {sorted(served)} after update {version}")
+        if flush_cache:
+            self.flush_cache()
+
+    def native_leave(self, group_name: str) -> None:
+        self.rpc("meshrl_leave_group", group_name)
+
+    def native_checksums(self, specs) -> dict[str, str]:
+        if self.weight_ranks != 1:
+            raise FailedPrecondition("checksums of live vLLM weights are read with tensor_parallel_size 1 only")
+        names = [s.name for s in specs]
+        results = self.rpc("meshrl_checksums", names, [dtype_name(s.dtype) for s in specs])
+        return dict(results[0])
+
+    # --- sleeping (colocated mode; the server runs with --enable-sleep-mode) --------------------------
+    def release_memory(self, tags=()) -> list[str]:
+        """vLLM sleeps whole: level 2 drops weights and KV (the next update refills the weights), level 1
+        (KV only asked for) discards the KV and offloads the weights to host memory."""
+        tags = check_tags(tags)
+        level = 2 if "weights" in tags else 1
+        self.check(self.post("/sleep", params={"level": level}), f"sleep(level={level})")
+        self._asleep = sorted(TAGS)
+        return self._asleep
+
+    def resume_memory(self, tags=()) -> list[str]:
+        tags = check_tags(tags)
+        self.check(self.post("/wake_up", params=[("tags", t) for t in tags]), f"wake_up({list(tags)})")
+        self._asleep = sorted(set(getattr(self, "_asleep", [])) - set(tags))
+        return self._asleep
 
     def shutdown(self) -> None:
         HTTPEngine.shutdown(self)

@@ -11,6 +11,7 @@ from typing import Literal
 
 import pydantic
 
+from meshrl.common.comm_backend import CommBackend
 from meshrl.common.config import StrictModel
 from meshrl.common.grpc_channel import ChannelConfig
 from meshrl.common.grpc_server import ServerConfig
@@ -160,6 +161,17 @@ class WeightsSection(StrictModel):
     )
     group_port: int = Field(
         0, ge=0, le=65535, description="distributed: rendezvous port on the trainer's host (0: a free one)"
+    )
+    backend: CommBackend = Field(
+        CommBackend.AUTO,
+        description="distributed: the weight group's backend; auto = nccl when the trainer and every replica hold "
+        "CUDA devices (their status says), else gloo; nccl with a CPU member is refused naming this field",
+    )
+    protocol: Literal["auto", "meshrl", "engine"] = Field(
+        "auto",
+        description="distributed: engine = SGLang/vLLM workers join the group and receive natively; meshrl = each "
+        "replica receives as one rank (SGLang/vLLM adapters relay a folder); auto = engine when every replica "
+        "is an SGLang or vLLM server",
     )
     delta: bool = Field(
         False,

@@ -6,10 +6,9 @@ unknown fields, so a misspelt key fails at start-up naming the field.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import pydantic
 
+from meshrl.common.comm_backend import CommBackend, resolve_backend
 from meshrl.common.config import StrictModel
 from meshrl.common.grpc_channel import ChannelConfig, peer_channel
 from meshrl.common.grpc_server import ServerConfig
@@ -25,12 +24,21 @@ class DataParallelConfig(StrictModel):
     size: int = pydantic.Field(
         1, ge=1, description="data-parallel replicas; ranks = size x tensor_parallel x pipeline_parallel"
     )
-    backend: Literal["auto", "gloo", "nccl"] = pydantic.Field(
-        "auto", description="torch.distributed backend of the ranks: auto = nccl with CUDA, else gloo"
+    backend: CommBackend = pydantic.Field(
+        CommBackend.AUTO, description="torch.distributed backend of the ranks: auto = nccl with CUDA, else gloo"
     )
     master_address: str = pydantic.Field("127.0.0.1", description="rendezvous address of the ranks (rank 0's host)")
     master_port: int = pydantic.Field(0, ge=0, le=65535, description="rendezvous port; 0 = a free one")
     start_timeout_seconds: float = pydantic.Field(300.0, gt=0, description="wait this long for every rank to join")
+
+    @pydantic.field_validator("backend")
+    @classmethod
+    def _device_holds_it(cls, value: CommBackend) -> CommBackend:
+        resolve_backend(value, "data_parallel.backend")  # nccl without CUDA fails at load, naming the field
+        return value
+
+    def resolved_backend(self) -> str:
+        return resolve_backend(self.backend, "data_parallel.backend")
 
 
 class ParallelConfig(StrictModel):

@@ -23,21 +23,16 @@ import torch
 import torch.distributed as dist
 
 from meshrl.common.batch_key import BatchRef
+from meshrl.common.comm_backend import resolve_backend
 from meshrl.common.errors import Unavailable
 
 log = logging.getLogger(__name__)
 STOP = "__stop__"
 
 
-def resolve_backend(backend: str) -> str:
-    if backend == "auto":
-        return "nccl" if torch.cuda.is_available() else "gloo"
-    return backend
-
-
 def init_ranks(rank: int, world: int, address: str, port: int, backend: str, timeout_s: float) -> None:
     """Joins the trainer's torch.distributed world (one process per rank; with CUDA, device = local rank)."""
-    backend = resolve_backend(backend)
+    backend = resolve_backend(backend, "data_parallel.backend")
     if backend == "nccl":
         torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group(

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 from megatron.core import parallel_state as ps
 
+from meshrl.common.comm_backend import CommBackend, resolve_backend
 from meshrl.common.errors import ConfigError, FailedPrecondition
 
 __all__ = ["Layout", "current_layout", "init_parallel_state"]
@@ -72,10 +73,12 @@ def check_layout(world: int, tensor_parallel: int, pipeline_parallel: int) -> in
 
 def init_parallel_state(tensor_parallel: int = 1, pipeline_parallel: int = 1) -> Layout:
     """Initialises megatron-core's groups over the current torch.distributed world (idempotent for the same
-    layout). With no process group yet, starts a single-process gloo group, so one process needs no rendezvous.
+    layout). With no process group yet, starts a single-process group (NCCL with CUDA, else gloo: the one
+    choice in `comm_backend`), so one process needs no rendezvous.
     """
     if not dist.is_initialized():
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        backend = resolve_backend(CommBackend.AUTO, "data_parallel.backend")
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     check_layout(dist.get_world_size(), tensor_parallel, pipeline_parallel)
     if ps.model_parallel_is_initialized():
         have = current_layout()

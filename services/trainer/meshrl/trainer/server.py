@@ -140,6 +140,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
             buckets=out.buckets,
             seconds=out.seconds,
             checksums=weights_pb2.WeightChecksums(version=out.version, sha256=out.checksums),
+            backend=out.backend,
         )
         if out.disk is not None:
             reply.disk.CopyFrom(out.disk)

@@ -24,6 +24,7 @@ from meshrl.common.batch_key import BatchRef
 from meshrl.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from meshrl.common.weights import DeltaBase, WeightGroup, write_delta, write_version
 from meshrl.common.weights.delta import DEFAULT_MAX_FRACTION
+from meshrl.common.weights.engine_group import EngineGroupSender, join_sender
 from meshrl.trainer.config import TrainerConfig
 from meshrl.trainer.core import TrainerCore
 from meshrl.trainer.dp import CommandBus, require_ok
@@ -45,6 +46,7 @@ class Published:
     seconds: float
     checksums: dict[str, str]
     disk: weights_pb2.DiskWeights | None = None
+    backend: str = ""  # of the weight group that carried it; "" for disk
 
 
 class _Counter:
@@ -77,7 +79,7 @@ class TrainerService:
         self.core = core
         self.buffer = buffer  # meshrl.common.databuffer_client.DataBufferClient, or None
         self.bus = bus
-        self.groups: dict[str, WeightGroup] = {}
+        self.groups: dict[str, WeightGroup | EngineGroupSender] = {}
         self._bases: dict[str, DeltaBase] = {}  # role -> the version published last, while deltas are asked for
         self.last_metrics: dict[str, float] = {}
         self._lock = threading.Lock()
@@ -256,11 +258,12 @@ class TrainerService:
             return self.core.role(role).weight_version, self.core.checksums(role)
 
     def join_group(self, group: weights_pb2.CollectiveGroup) -> int:
-        """Joins (as rank 0, hosting the rendezvous) a weight-update group; blocks until all members joined."""
+        """Joins (as rank 0, hosting the rendezvous) a weight-update group of either protocol (meshrl's own,
+        or the engines' wire for SGLang / vLLM workers); blocks until all members joined."""
         old = self.groups.pop(group.group_name, None)
         if old is not None:
             old.destroy()
-        joined = WeightGroup.join(group)
+        joined = join_sender(group)
         self.groups[group.group_name] = joined
         return joined.world_size
 
@@ -291,7 +294,7 @@ class TrainerService:
             sums = self.core.checksums(role)
             buckets = self.core.iter_hf_buckets(role, bucket_bytes)
             counter = _Counter(buckets)
-            disk = None
+            disk, backend = None, ""
             try:
                 if transport == "disk":
                     disk = self._write_disk(role, version, counter, disk_root, keep_last, bucket_bytes, delta,
@@ -299,11 +302,12 @@ class TrainerService:
                 else:
                     self._bases.pop(role, None)  # the collective publishes complete versions only
                     self.groups[group_name].send(counter, version, bucket_bytes=bucket_bytes)
+                    backend = self.groups[group_name].spec.backend
             finally:
                 for _ in buckets:  # on failure: finish the gather, so the other ranks are not left waiting
                     pass
             state.weight_version = version
-            return Published(version, counter.bytes, counter.buckets, time.perf_counter() - start, sums, disk)
+            return Published(version, counter.bytes, counter.buckets, time.perf_counter() - start, sums, disk, backend)
 
     def _write_disk(self, role: str, version: int, export: Iterable, root: str, keep_last: int, bucket_bytes: int,
                     delta: bool, max_fraction: float) -> weights_pb2.DiskWeights:  # fmt: skip

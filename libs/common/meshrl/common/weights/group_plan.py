@@ -16,6 +16,7 @@ from meshrl.api.common.v1 import weights_pb2
 from meshrl.common.errors import InvalidArgument
 
 BACKENDS = ("gloo", "nccl")
+PROTOCOLS = ("meshrl", "engine")  # see CollectiveGroup.protocol and engine_group.py
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class GroupSpec:
     group_name: str = "meshrl-weights"
     backend: str = "gloo"
     timeout_s: float = 60.0
+    protocol: str = "meshrl"
 
     def __post_init__(self) -> None:
         if not self.master_address:
@@ -45,6 +47,8 @@ class GroupSpec:
             raise InvalidArgument(f"CollectiveGroup.rank_offset {self.rank_offset} is outside [0, {self.world_size})")
         if self.backend not in BACKENDS:
             raise InvalidArgument(f"CollectiveGroup.backend {self.backend!r} is not one of {BACKENDS}")
+        if self.protocol not in PROTOCOLS:
+            raise InvalidArgument(f"CollectiveGroup.protocol {self.protocol!r} is not one of {PROTOCOLS}")
         if not self.group_name:
             raise InvalidArgument("CollectiveGroup.group_name is empty; name the group (a fresh name per re-creation)")
         if not self.timeout_s > 0:
@@ -60,6 +64,7 @@ class GroupSpec:
             group_name=msg.group_name or "meshrl-weights",
             backend=msg.backend or "gloo",
             timeout_s=msg.timeout_seconds or 60.0,
+            protocol=msg.protocol or "meshrl",
         )
 
     def to_proto(self) -> weights_pb2.CollectiveGroup:
@@ -71,6 +76,7 @@ class GroupSpec:
             group_name=self.group_name,
             backend=self.backend,
             timeout_seconds=self.timeout_s,
+            protocol=self.protocol,
         )
 
 

@@ -2,7 +2,8 @@
 proving they arrived: every replica must report the new version and the same checksums
 as the trainer, or the update fails loudly. Transports: `disk` (versioned safetensors
 folder) and `distributed` (a torch.distributed group, NCCL or gloo, built once and rebuilt
-without members that stop answering).
+without members that stop answering). The group's backend follows the members' devices
+(`comm_backend.resolve_backend`), its protocol the replicas' engines (`group_layout`).
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from meshrl.api.common.v1 import weights_pb2 as wpb
+from meshrl.api.rollout.v1 import rollout_pb2 as rpb
 from meshrl.api.trainer.v1 import trainer_pb2 as tpb
 from meshrl.common import telemetry
+from meshrl.common.comm_backend import resolve_backend
 from meshrl.common.errors import ConfigError, DataLoss, MeshrlError
 from meshrl.common.telemetry import attributes as A
 from meshrl.scheduler.clients import RolloutClient, TrainerClient
@@ -26,6 +29,9 @@ log = logging.getLogger(__name__)
 PAUSE = {"abort": wpb.PAUSE_MODE_ABORT, "in_place": wpb.PAUSE_MODE_IN_PLACE}
 
 
+NATIVE_ENGINES = ("sglang", "vllm")
+
+
 @dataclass
 class PublishResult:
     version: int
@@ -33,6 +39,31 @@ class PublishResult:
     bytes: int
     stale: list[str] = field(default_factory=list)
     disk: wpb.DiskWeights | None = None
+    backend: str = ""  # of the weight group that carried it ("" for disk)
+
+
+@dataclass(frozen=True)
+class GroupLayout:
+    """One weight group: backend, protocol, each replica's first rank, and the world size (trainer = rank 0)."""
+
+    backend: str
+    protocol: str
+    offsets: tuple[int, ...]
+    world_size: int
+
+
+def group_layout(cfg: WeightsSection, trainer_device: str, replicas: list[rpb.RolloutStatus]) -> GroupLayout:
+    """The weight group of the trainer and `replicas` (their status): NCCL when every member holds a CUDA
+    device (weights.backend auto); the engines' own protocol when every replica is an SGLang / vLLM server,
+    each then holding one rank per tensor-parallel worker (weights.protocol auto)."""
+    devices = [trainer_device or "cpu", *(s.device or "cpu" for s in replicas)]
+    backend = resolve_backend(cfg.backend, "weights.backend", devices)
+    protocol = cfg.protocol
+    if protocol == "auto":
+        protocol = "engine" if replicas and all(s.engine in NATIVE_ENGINES for s in replicas) else "meshrl"
+    ranks = [max(1, s.weight_ranks) if protocol == "engine" else 1 for s in replicas]
+    offsets = tuple(1 + sum(ranks[:i]) for i in range(len(ranks)))
+    return GroupLayout(backend, protocol, offsets, 1 + sum(ranks))
 
 
 def _submit(pool: ThreadPoolExecutor, fn, *args):
@@ -86,11 +117,11 @@ def rendezvous(trainer_address: str, cfg: WeightsSection) -> tuple[str, int]:
 
 
 class WeightPublisher:
-    def __init__(self, trainer: TrainerClient, cfg: WeightsSection, disk_root: str, backend: str = "gloo") -> None:
+    def __init__(self, trainer: TrainerClient, cfg: WeightsSection, disk_root: str) -> None:
         self.trainer = trainer
         self.cfg = cfg
         self.disk_root = disk_root
-        self.backend = backend
+        self.backend = ""  # of the current weight group
         self.version = 0
         self.last_disk: wpb.DiskWeights | None = None
         self._group: str | None = None
@@ -139,23 +170,26 @@ class WeightPublisher:
         name = f"meshrl-weights-{self._generation}"
         host, port = rendezvous(self.trainer.address, self.cfg)
         timeout = self.cfg.timeout_seconds
+        layout = group_layout(self.cfg, self.trainer.status().device, [r.status() for r in replicas])
+        self.backend = layout.backend
 
         def group(offset: int) -> wpb.CollectiveGroup:
             return wpb.CollectiveGroup(
                 master_address=host,
                 master_port=port,
-                world_size=1 + len(replicas),
+                world_size=layout.world_size,
                 rank_offset=offset,
                 group_name=name,
-                backend=self.backend,
+                backend=layout.backend,
                 timeout_seconds=timeout,
+                protocol=layout.protocol,
             )
 
         with ThreadPoolExecutor(len(replicas) + 1) as pool:
             trainer_f = _submit(pool, self.trainer.init_weight_group, group(0), timeout + 10)
             joins = {
-                r.address: _submit(pool, r.init_weight_group, group(i + 1), timeout + 10)
-                for i, r in enumerate(replicas)
+                r.address: _submit(pool, r.init_weight_group, group(offset), timeout + 10)
+                for offset, r in zip(layout.offsets, replicas)
             }
             missing = _failed(joins, f"join weight group {name}")
             host_failed = _failed({self.trainer.address: trainer_f}, f"host weight group {name}")
@@ -256,9 +290,11 @@ class WeightPublisher:
             live = [r for r in replicas if r.address not in stale]
             if self.cfg.verify_checksums:
                 self.verify(live, version)
+            backend = self.backend if self.cfg.transport == "distributed" else ""
             span.set_attribute(A.BYTES, nbytes)
             span.set_attribute("meshrl.weights.stale_replicas", len(stale))
-        return PublishResult(version, time.perf_counter() - start, nbytes, stale, self.last_disk)
+            span.set_attribute("meshrl.weights.backend", backend)
+        return PublishResult(version, time.perf_counter() - start, nbytes, stale, self.last_disk, backend)
 
     def _refit_all(self, replicas: list[RolloutClient]) -> list[str]:
         """Refits replicas that refused a delta with a complete version; returns those that still failed."""

@@ -322,7 +322,8 @@ class JobRunner:
             for key in svc.buffer.list(self.job_id, self.step):
                 svc.buffer.delete(key)
         metrics.update({"weights/version": result.version, "weights/seconds": result.seconds,
-                        "weights/bytes": result.bytes, "weights/stale_replicas": len(result.stale)})  # fmt: skip
+                        "weights/bytes": result.bytes, "weights/stale_replicas": len(result.stale),
+                        "weights/nccl": float(result.backend == "nccl")})  # fmt: skip
         metrics["time/step"] = time.perf_counter() - start
         telemetry.metrics().record_step(metrics["time/step"])
         self.run.log_metrics(self.step, metrics)

@@ -206,7 +206,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RolloutStatus(_message.Message):
-    __slots__ = ("replica_id", "engine", "model_path", "weight_version", "state", "queue_depth", "running_requests", "tokens_per_second", "capacity", "generated_tokens")
+    __slots__ = ("replica_id", "engine", "model_path", "weight_version", "state", "queue_depth", "running_requests", "tokens_per_second", "capacity", "generated_tokens", "weight_ranks", "device")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
@@ -217,6 +217,8 @@ class RolloutStatus(_message.Message):
     TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_RANKS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     engine: str
     model_path: str
@@ -227,4 +229,6 @@ class RolloutStatus(_message.Message):
     tokens_per_second: float
     capacity: int
     generated_tokens: int
-    def __init__(self, replica_id: _Optional[str] = ..., engine: _Optional[str] = ..., model_path: _Optional[str] = ..., weight_version: _Optional[int] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., queue_depth: _Optional[int] = ..., running_requests: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., capacity: _Optional[int] = ..., generated_tokens: _Optional[int] = ...) -> None: ...
+    weight_ranks: int
+    device: str
+    def __init__(self, replica_id: _Optional[str] = ..., engine: _Optional[str] = ..., model_path: _Optional[str] = ..., weight_version: _Optional[int] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., queue_depth: _Optional[int] = ..., running_requests: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., capacity: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., weight_ranks: _Optional[int] = ..., device: _Optional[str] = ...) -> None: ...

@@ -323,20 +323,22 @@ class PublishWeightsRequest(_message.Message):
     def __init__(self, role: _Optional[_Union[Role, str]] = ..., transport: _Optional[_Union[_weights_pb2.WeightTransport, str]] = ..., version: _Optional[int] = ..., disk_root: _Optional[str] = ..., keep_last: _Optional[int] = ..., bucket_bytes: _Optional[int] = ..., group_name: _Optional[str] = ..., timeout_seconds: _Optional[float] = ..., delta: _Optional[bool] = ..., max_delta_fraction: _Optional[float] = ...) -> None: ...
 
 class PublishWeightsResponse(_message.Message):
-    __slots__ = ("version", "bytes", "buckets", "disk", "checksums", "seconds")
+    __slots__ = ("version", "bytes", "buckets", "disk", "checksums", "seconds", "backend")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
     BUCKETS_FIELD_NUMBER: _ClassVar[int]
     DISK_FIELD_NUMBER: _ClassVar[int]
     CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
     version: int
     bytes: int
     buckets: int
     disk: _weights_pb2.DiskWeights
     checksums: _weights_pb2.WeightChecksums
     seconds: float
-    def __init__(self, version: _Optional[int] = ..., bytes: _Optional[int] = ..., buckets: _Optional[int] = ..., disk: _Optional[_Union[_weights_pb2.DiskWeights, _Mapping]] = ..., checksums: _Optional[_Union[_weights_pb2.WeightChecksums, _Mapping]] = ..., seconds: _Optional[float] = ...) -> None: ...
+    backend: str
+    def __init__(self, version: _Optional[int] = ..., bytes: _Optional[int] = ..., buckets: _Optional[int] = ..., disk: _Optional[_Union[_weights_pb2.DiskWeights, _Mapping]] = ..., checksums: _Optional[_Union[_weights_pb2.WeightChecksums, _Mapping]] = ..., seconds: _Optional[float] = ..., backend: _Optional[str] = ...) -> None: ...
 
 class GetWeightChecksumsRequest(_message.Message):
     __slots__ = ("role",)

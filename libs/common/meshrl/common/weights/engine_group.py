@@ -1,0 +1,224 @@
+"""Weight groups in the engines' own wire (CollectiveGroup.protocol "engine"): what SGLang's
+`init_weights_update_group` / `update_weights_from_distributed` and meshrl's vLLM worker extension
+expect. The engine servers' workers join the group themselves (rank = rank_offset + their TP rank);
+the replica's adapter only reads each bucket's names/dtypes/shapes from the rendezvous store and
+tells its engine to receive them; the trainer broadcasts each tensor, in list order, from rank 0.
+
+`engine_process_group` builds the group the way those engines do (tcp rendezvous hosted by rank 0,
+store prefixed by the group name, torch's backend per device), so both ends meet. `EngineGroupSender`
+(trainer rank 0, `join`/`send`/`destroy` like WeightGroup) and `EngineGroupReader` (the adapters)
+share the store keys below. Used by the trainer service and the SGLang / vLLM adapters.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from meshrl.api.common.v1 import weights_pb2
+from meshrl.common.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
+
+from . import dtypes
+from .buckets import DEFAULT_BUCKET_BYTES, as_buckets, bucket_specs
+from .errors import MembersUnresponsive, UpdateOutcome, UpdateRefused
+from .group_plan import GroupSpec
+from .transport import Deadline
+
+POLL_S = 0.02
+
+
+def _key(group: str, seq: int, what: str) -> str:
+    return f"meshrl-engine/{group}/{seq}/{what}"
+
+
+def first_device(backend: str) -> str:
+    """The device torch's group helper builds the backend under: the first of the backend's map (gloo:
+    "cpu", nccl: "cuda"); when every device maps to the same backend it builds that one only."""
+    return next(iter(dist.distributed_c10d.BackendConfig(dist.Backend(backend)).get_device_backend_map()))
+
+
+def engine_process_group(
+    backend: str, store: dist.Store, rank: int, world_size: int, group_name: str, timeout_s: float
+):
+    """The c10d backend of an engine worker's weight group, built over `store` (the rendezvous TCPStore)
+    with the prefixes torch's group helper uses under the engines' group-name prefix. Standalone: it
+    registers no torch.distributed group, so any number coexist in one process."""
+    prefixed = dist.PrefixStore(f"{group_name}/", dist.PrefixStore(group_name, store))
+    per_device = dist.PrefixStore(f"{first_device(backend)}/", prefixed)
+    timeout = timedelta(seconds=timeout_s)
+    if backend == "gloo":
+        return dist.ProcessGroupGloo(per_device, rank, world_size, timeout)
+    opts = dist.ProcessGroupNCCL.Options()
+    opts._timeout = timeout  # no eager connect: the engines create the communicator on the first broadcast
+    return dist.ProcessGroupNCCL(per_device, rank, world_size, opts)
+
+
+def broadcast_all(pg, tensors: list[torch.Tensor], deadline: Deadline) -> None:
+    """One broadcast per tensor from rank 0, as the engines' receivers call them, within `deadline`."""
+    opts = dist.BroadcastOptions()
+    opts.rootRank, opts.rootTensor = 0, 0
+    try:
+        works = [pg.broadcast([t], opts) for t in tensors]
+        for work in works:
+            work.wait(timedelta(seconds=max(deadline.remaining(), 0.001)))
+    except Exception as e:  # gloo's / NCCL's error
+        raise DeadlineExceeded(f"{deadline.what}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+
+
+def dtype_name(spec_dtype: int) -> str:
+    """ "bfloat16", "float32", ... as SGLang's and vLLM's requests name them."""
+    return str(dtypes.from_proto(spec_dtype)).removeprefix("torch.")
+
+
+class EngineGroupSender:
+    """Trainer rank 0 of an "engine" protocol group: hosts the store, broadcasts every bucket."""
+
+    def __init__(self, spec: GroupSpec, device: torch.device) -> None:
+        self.spec = spec
+        self.device = device
+        self.world_size = spec.world_size
+        self.broken = False
+        self._seq = 0
+        self.store = dist.TCPStore(
+            spec.master_address, spec.master_port, spec.world_size, True,
+            timedelta(seconds=spec.timeout_s), wait_for_workers=False, multi_tenant=True,
+        )  # fmt: skip
+        self.pg = engine_process_group(spec.backend, self.store, 0, spec.world_size, spec.group_name, spec.timeout_s)
+
+    @classmethod
+    def join(cls, spec: GroupSpec | weights_pb2.CollectiveGroup) -> EngineGroupSender:
+        if not isinstance(spec, GroupSpec):
+            spec = GroupSpec.from_proto(spec)
+        if spec.rank_offset != 0:
+            raise InvalidArgument(f"the trainer is rank 0 of weight group {spec.group_name!r}, not {spec.rank_offset}")
+        if spec.backend == "nccl":
+            if not torch.cuda.is_available():
+                raise InvalidArgument("backend 'nccl' needs a CUDA device and none is visible; use 'gloo' on CPU")
+            device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            device = torch.device("cpu")
+        try:
+            return cls(spec, device)
+        except Exception as e:  # the store's port taken, or members missing past the deadline (gloo)
+            raise Unavailable(f"joining engine weight group {spec.group_name!r} failed: {e}") from e
+
+    def send(
+        self,
+        tensors: Iterable[tuple[str, torch.Tensor]] | Iterable[list[tuple[str, torch.Tensor]]],
+        version: int,
+        *,
+        bucket_bytes: int | None = None,
+        layout_name: str | None = None,
+    ) -> UpdateOutcome:
+        """Per bucket: its specs on the store, then one broadcast per tensor; then waits until every
+        engine rank confirmed through its adapter (UpdateRefused / MembersUnresponsive otherwise)."""
+        if self.broken:
+            raise FailedPrecondition(f"weight group {self.spec.group_name!r} is unusable after a failed step")
+        del layout_name  # the engines receive each tensor on its own
+        self._seq += 1
+        seq, g, op = self._seq, self.spec.group_name, self.spec.timeout_s
+        count = 0
+        try:
+            for index, bucket in enumerate(as_buckets(tensors, bucket_bytes or DEFAULT_BUCKET_BYTES)):
+                meta = weights_pb2.WeightBucketMeta(version=version, bucket_index=index, tensors=bucket_specs(bucket))
+                self.store.set(_key(g, seq, f"bucket/{index}"), meta.SerializeToString())
+                wire = [t.detach().to(self.device).contiguous() for _, t in bucket]
+                broadcast_all(self.pg, wire, Deadline(op, f"update {version}: bucket {index}"))
+                count = index + 1
+        except DeadlineExceeded as e:
+            self.broken = True
+            raise MembersUnresponsive(f"update {version}: {e}", UpdateOutcome(version)) from e
+        end = weights_pb2.WeightBucketMeta(version=version, bucket_index=count, num_buckets=count)
+        self.store.set(_key(g, seq, "end"), end.SerializeToString())
+        return self._await_acks(seq, version)
+
+    def _await_acks(self, seq: int, version: int) -> UpdateOutcome:
+        deadline = Deadline(self.spec.timeout_s, f"update {version}: confirmations")
+        receivers = self.world_size - 1
+        key = _key(self.spec.group_name, seq, "confirmed_ranks")
+        while self.store.add(key, 0) < receivers:
+            if deadline.expired():
+                self.broken = True
+                raise MembersUnresponsive(
+                    f"{deadline.what}: {self.store.add(key, 0)} of {receivers} engine ranks confirmed within "
+                    f"{deadline.seconds:.1f}s; re-create the group without the silent replicas",
+                    UpdateOutcome(version),
+                )
+            time.sleep(POLL_S)
+        refused_key = _key(self.spec.group_name, seq, "refused")
+        if self.store.check([refused_key]):
+            text = self.store.get(refused_key).decode()
+            refused = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+            outcome = UpdateOutcome(version, refused={int(k): v for k, v in refused.items()})
+            raise UpdateRefused(f"update {version}: refused by engine ranks {sorted(outcome.refused)}: {text}", outcome)
+        return UpdateOutcome(version, acked=tuple(range(1, self.world_size)))
+
+    def destroy(self) -> None:
+        pg, self.pg = self.pg, None
+        if pg is not None and self.broken:
+            for method in ("abort", "shutdown"):
+                try:
+                    getattr(pg, method)()
+                    break
+                except Exception:  # noqa: BLE001 - not offered by this backend / torch version
+                    continue
+        self.broken = True
+
+
+class EngineGroupReader:
+    """A replica adapter's view of an "engine" group: the bucket specs of each update, and its confirmation."""
+
+    def __init__(self, spec: GroupSpec, ranks: int) -> None:
+        self.spec = spec
+        self.ranks = ranks
+        self._seq = 0
+        try:
+            self.store = dist.TCPStore(
+                spec.master_address, spec.master_port, spec.world_size, False, timedelta(seconds=spec.timeout_s)
+            )
+        except Exception as e:
+            raise Unavailable(f"the trainer's weight store at {spec.master_address}:{spec.master_port}: {e}") from e
+
+    def buckets(self, version: int, timeout_s: float) -> Iterator[weights_pb2.WeightBucketMeta]:
+        """The next update's bucket specs, in order (each once the trainer announced it)."""
+        self._seq += 1
+        g, seq = self.spec.group_name, self._seq
+        index = 0
+        deadline = Deadline(timeout_s, f"replica rank {self.spec.rank_offset}: update {version}")
+        while True:
+            bucket, end = _key(g, seq, f"bucket/{index}"), _key(g, seq, "end")
+            while True:
+                if self.store.check([bucket]):
+                    meta = weights_pb2.WeightBucketMeta.FromString(self.store.get(bucket))
+                    break
+                if self.store.check([end]):
+                    return
+                if deadline.expired():
+                    raise DeadlineExceeded(f"{deadline.what}: bucket {index} was not announced in time")
+                time.sleep(POLL_S)
+            if meta.version != version:
+                raise InvalidArgument(f"the trainer sends weight version {meta.version}, but {version} was announced")
+            yield meta
+            index += 1
+
+    def confirm(self, error: Exception | None = None) -> None:
+        """Counts this replica's ranks as done (with its refusal, if any) for the current update."""
+        g, seq = self.spec.group_name, self._seq
+        if error is not None:
+            self.store.append(_key(g, seq, "refused"), f"{self.spec.rank_offset}:{error}\n")
+        self.store.add(_key(g, seq, "confirmed_ranks"), self.ranks)
+
+
+def join_sender(spec: GroupSpec | weights_pb2.CollectiveGroup, **kwargs):
+    """The trainer's member of a weight group of either protocol (WeightGroup or EngineGroupSender)."""
+    from .collective import WeightGroup
+
+    if not isinstance(spec, GroupSpec):
+        spec = GroupSpec.from_proto(spec)
+    if spec.protocol == "engine":
+        return EngineGroupSender.join(spec)
+    return WeightGroup.join(spec, **kwargs)
