@@ -66,7 +66,8 @@ class UserCode:
         """n episodes per prompt of `node`'s environment; environment errors are reported in one line."""
         started = time.monotonic()
         trajs = run_episodes(self.environments, node.executable_ref, prompts, answers, n, router.generate,
-                             self.turns(encoder), limits or self.limits(node), sampling, session)  # fmt: skip
+                             self.turns(encoder), limits or self.limits(node), sampling, session,
+                             concurrency=self.cfg.rollout.max_batch_size)  # fmt: skip
         failed = [t for t in trajs if t.end == ENV_ERROR]
         if failed:
             first = failed[0].error.splitlines()[0] if failed[0].error else ""
