@@ -19,7 +19,7 @@ from pathlib import Path
 
 from examples.countdown.reward import evaluate
 from meshrl.common.errors import InvalidArgument
-from meshrl.scheduler.environments import Environment, StepResult
+from meshrl.scheduler.environments import Environment, StepResult, integer_answer
 
 TOOL_PREFIX = "calc "
 CALC_TOOL = {
@@ -38,10 +38,7 @@ class CalculatorEnv(Environment):
     tools = [CALC_TOOL]
 
     def reset(self, prompt: str, answer: str) -> str:
-        try:
-            self.answer = int(answer)
-        except ValueError:
-            raise InvalidArgument(f"calculator answer {answer!r} is not an integer") from None
+        self.answer = integer_answer(answer, "calculator")
         return prompt
 
     def step(self, turn: str) -> StepResult:
@@ -54,12 +51,17 @@ class CalculatorEnv(Environment):
         return StepResult("", reward=1.0 if text == str(self.answer) else 0.0, done=True)
 
 
+def demonstration(a: int, b: int) -> str:
+    """One whole episode as the warm-up's target text: the tool call, the tool's turn and the answer, in the
+    ChatML turns of the model this example builds (`meshrl.trainer.model_builder`'s chat template, whose
+    special tokens the tokenizer reads back as single tokens)."""
+    return f"{TOOL_PREFIX}{a}*{b}<|im_end|>\n<|im_start|>tool\n{a * b}<|im_end|>\n<|im_start|>assistant\n{a * b}"
+
+
 def write_dataset(out_dir: str | Path, seed: int = 0, n_train: int = 4000, n_eval: int = 256) -> tuple[Path, Path]:
-    """OUT_DIR/train.jsonl and eval.jsonl: rows {prompt: "37*41", answer: "1517", solution: ...}; eval pairs never
-    occur in train. The solution (the warm-up's target, one turn) is the tool call `calc 37*41` in half the rows
-    and the bare answer `1517` in the other half: the warm-up teaches both kinds of turn (a tool call, and a
-    number as the final answer) but never an episode, so RL has to learn to call the tool first and then answer
-    with the number it returned."""
+    """OUT_DIR/train.jsonl and eval.jsonl: rows {prompt: "37*41", answer: "1517", solution: demonstration};
+    eval pairs never occur in train. The solution is the warm-up's target: a demonstration episode (the warm-up
+    trains on all of it, the tool's turn included; RL then trains on the model's own turns only)."""
     rng = random.Random(seed)
     pairs = [(a, b) for a in range(10, 100) for b in range(10, 100)]
     rng.shuffle(pairs)
@@ -69,9 +71,6 @@ def write_dataset(out_dir: str | Path, seed: int = 0, n_train: int = 4000, n_eva
     out.mkdir(parents=True, exist_ok=True)
     paths = (out / "train.jsonl", out / "eval.jsonl")
     for path, chunk in zip(paths, (pairs[n_eval : n_eval + n_train], pairs[:n_eval])):
-        rows = [
-            {"prompt": f"{a}*{b}", "answer": str(a * b), "solution": f"{TOOL_PREFIX}{a}*{b}" if i % 2 else str(a * b)}
-            for i, (a, b) in enumerate(chunk)
-        ]
+        rows = [{"prompt": f"{a}*{b}", "answer": str(a * b), "solution": demonstration(a, b)} for a, b in chunk]
         path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
     return paths

@@ -20,7 +20,7 @@ import random
 from pathlib import Path
 
 from meshrl.common.errors import InvalidArgument
-from meshrl.scheduler.environments import Environment, StepResult
+from meshrl.scheduler.environments import Environment, StepResult, integer_answer
 
 LOW, HIGH = 1, 15
 PROMPT = f"guess {LOW}-{HIGH}"
@@ -28,10 +28,7 @@ PROMPT = f"guess {LOW}-{HIGH}"
 
 class GuessNumberEnv(Environment):
     def reset(self, prompt: str, answer: str) -> str:
-        try:
-            self.secret = int(answer)
-        except ValueError:
-            raise InvalidArgument(f"guess-number answer {answer!r} is not an integer") from None
+        self.secret = integer_answer(answer, "guess-number")
         return prompt
 
     def step(self, turn: str) -> StepResult:

@@ -57,3 +57,19 @@ def test_guess_number_eval_covers_every_secret_equally(tmp_path):
     assert sorted(set(secrets)) == list(range(1, 16)) and all(secrets.count(s) == 10 for s in range(1, 16))
     with pytest.raises(InvalidArgument, match="multiple of 15"):
         write_guess(tmp_path, n_eval=7)
+
+
+def test_the_calculator_demonstration_is_the_trajectory_an_episode_produces(tmp_path):
+    """The warm-up's target tokenizes to exactly the ids an episode of the same turns has (token in, token out)."""
+    from transformers import AutoTokenizer
+
+    from examples.calculator.env import demonstration
+    from meshrl.scheduler.environments.chat import ChatTurns
+    from meshrl.trainer.model_builder import build_tokenizer
+
+    build_tokenizer().save_pretrained(tmp_path)
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    turns = ChatTurns(tok)
+    call = tok.encode("calc 37*41", add_special_tokens=False) + [tok.eos_token_id]
+    episode = call + turns.observation_ids("1517", "tool", call) + tok.encode("1517", add_special_tokens=False)
+    assert tok.encode(demonstration(37, 41), add_special_tokens=False) == episode

@@ -5,6 +5,6 @@ A ROLLOUT node names its environment by `executable_ref` (a class, `package.modu
 in `meshrl.scheduler.step.episodes`, the environment itself in a worker process (`step/worker_pool.py`).
 """
 
-from meshrl.scheduler.environments.base import Environment, StepResult, as_step_result
+from meshrl.scheduler.environments.base import Environment, StepResult, as_step_result, integer_answer
 
-__all__ = ["Environment", "StepResult", "as_step_result"]
+__all__ = ["Environment", "StepResult", "as_step_result", "integer_answer"]

@@ -46,6 +46,14 @@ class Environment:
         raise InvalidArgument(f"{type(self).__name__} does not define step(turn) -> StepResult")
 
 
+def integer_answer(answer: str, task: str) -> int:
+    """A dataset row's answer as an integer (for environments whose reference is a number)."""
+    try:
+        return int(answer)
+    except ValueError:
+        raise InvalidArgument(f"{task} answer {answer!r} is not an integer; fix the dataset's answer column") from None
+
+
 def as_step_result(value: Any) -> StepResult:
     """A StepResult from what `step` returned (a StepResult or an (observation, reward, done) tuple)."""
     if isinstance(value, StepResult):

@@ -288,6 +288,7 @@ class JobRunner:
         records = load_records(cfg.data.eval, cfg.data.prompt_key, cfg.data.answer_key)[: cfg.eval.max_prompts]
         encoder = PromptEncoder(cfg.model.path, cfg.data.apply_chat_template, cfg.data.system_prompt)
         svc = JobServices(cfg, self.run, cfg.model.path, extra_roots=(checkpoint,) if checkpoint else ())
+        self.user_code = UserCode(cfg, self.workflow.nodes, self.events.log)  # episodes, for an environment
         try:
             svc.open()
             if checkpoint:
@@ -296,6 +297,7 @@ class JobRunner:
                 WeightPublisher(svc.trainer, cfg.weights, str(self.run.weights)).publish(svc.fleet.clients())
             return self._eval(svc, encoder, records, resolve_reward(cfg.algorithm.reward, cfg.job.allowed_modules))
         finally:
+            self.user_code.close()
             svc.close()
 
     def _refit_stale(self, svc: JobServices, publisher: WeightPublisher) -> None:
