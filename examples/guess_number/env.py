@@ -8,8 +8,10 @@ environment answers "higher" or "lower", at most 4 guesses (enough for a binary 
     user:      lower
     assistant: 10                        (right: reward 1 and the episode ends)
 
-A turn that is not a number in range is answered "a number from 1 to 15". Success (reward 1) is finding the
-secret within the episode's turns (the workflow's `max_turns`). Named by the workflow's ROLLOUT node
+A turn that is not a number in range is answered "a number from 1 to 15". A wrong guess that the replies so
+far allow (inside what is still possible) earns 0.1, a guess they rule out 0: the reward says how to use the
+feedback before the secret is ever found. Success (reward >= 1) is finding the secret within the episode's
+turns (the workflow's `max_turns`). Named by the workflow's ROLLOUT node
 (`executable_ref: examples.guess_number.env:GuessNumberEnv`); `write_dataset` is the job's `data.generator`.
 """
 
@@ -26,9 +28,15 @@ LOW, HIGH = 1, 15
 PROMPT = f"guess {LOW}-{HIGH}"
 
 
+CONSISTENT_REWARD = 0.1  # a wrong guess that the replies so far allow: at most 0.3 an episode, so success is reward 1
+
+
 class GuessNumberEnv(Environment):
+    """One episode; `low`..`high` is what the replies so far leave possible."""
+
     def reset(self, prompt: str, answer: str) -> str:
         self.secret = integer_answer(answer, "guess-number")
+        self.low, self.high = LOW, HIGH
         return prompt
 
     def step(self, turn: str) -> StepResult:
@@ -38,7 +46,12 @@ class GuessNumberEnv(Environment):
         guess = int(text)
         if guess == self.secret:
             return StepResult("", reward=1.0, done=True)
-        return StepResult("higher" if guess < self.secret else "lower")
+        consistent = self.low <= guess <= self.high
+        if guess < self.secret:
+            self.low = max(self.low, guess + 1)
+        else:
+            self.high = min(self.high, guess - 1)
+        return StepResult("higher" if guess < self.secret else "lower", reward=CONSISTENT_REWARD if consistent else 0.0)
 
 
 def write_dataset(out_dir: str | Path, seed: int = 0, n_train: int = 3000, n_eval: int = 150) -> tuple[Path, Path]:

@@ -35,6 +35,9 @@ def test_guess_number_answers_higher_and_lower():
     ]  # fmt: skip
     right = env.step("10")
     assert (right.reward, right.done) == (1.0, True)
+    env.reset("guess 1-15", "10")
+    rewards = [env.step(t).reward for t in ("8", "3", "12", "13", "11")]  # 3 and 13 are ruled out by then
+    assert rewards == [0.1, 0.0, 0.1, 0.0, 0.1]
 
 
 @pytest.mark.parametrize("write", [write_calculator, write_guess])
