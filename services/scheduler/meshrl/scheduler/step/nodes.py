@@ -120,10 +120,14 @@ class NodeHandlers:
         n = int(c.get("n", r.n))
         rows = batch.num_rows()
         sampling = {"temperature": float(c.get("temperature", r.temperature)), "top_p": float(c.get("top_p", r.top_p))}
+        if S.PROMPT_INDEX not in batch.columns:
+            raise InvalidArgument(f"node '{node.node_id}' runs episodes on dataset rows: add prompt_index to its inputs "
+                                  "(a DATA_LOAD node writes it)")  # fmt: skip
+        records = self.sampler.records  # the environment starts from the row's own prompt text, not its template
+        prompts = [records[int(i)].prompt for i in np.asarray(batch[S.PROMPT_INDEX])]
         trajs, metrics = self.user_code.episodes(
-            node, self.fleet.router, self.encoder, [self.encoder.decode(batch[S.PROMPT_IDS].row(i)) for i in range(rows)],
-            [_text(batch[S.ANSWER], i) for i in range(rows)], n=n, sampling=sampling,
-            session=f"{ctx.job_id}/{ctx.step}/{node.node_id}",
+            node, self.fleet.router, self.encoder, prompts, [_text(batch[S.ANSWER], i) for i in range(rows)], n=n,
+            sampling=sampling, session=f"{ctx.job_id}/{ctx.step}/{node.node_id}",
         )  # fmt: skip
         columns, samples = trajectory_columns(trajs, batch[S.ANSWER], n, ctx.job_id, ctx.step)
         key = self._key(ctx, node)
