@@ -150,3 +150,53 @@ def test_run_episodes_writes_the_rollout_batch(router, pool, turns):
     assert [s.sample_id for s in samples] == ["job/2/0/0", "job/2/0/1", "job/2/1/0", "job/2/1/1"]
     metrics = E.episode_metrics(trajs, 1.0)
     assert metrics["episode/end_done"] == 1.0 and metrics["episode/turns_mean"] == 3.0
+
+
+def test_the_rollout_node_runs_episodes_from_the_rows_prompt_text(router, pool, model_dir):
+    """NodeHandlers.rollout with an environment, over a real data buffer: the environment gets the dataset row's
+    prompt (not the templated ids decoded), and the node writes the episode columns with their metadata."""
+    from types import SimpleNamespace
+
+    import redis
+
+    from meshrl.common.batch_key import batch_key
+    from meshrl.common.databuffer_client import DataBufferClient
+    from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix
+    from meshrl.scheduler.config import JobConfig
+    from meshrl.scheduler.step.data import PromptEncoder, PromptSampler, Record
+    from meshrl.scheduler.step.executor import StepContext
+    from meshrl.scheduler.step.nodes import NodeHandlers
+    from meshrl.scheduler.step.user_code import UserCode
+    from meshrl.scheduler.workflow import load_workflow_data
+
+    cfg = JobConfig.model_validate({"model": {"path": str(model_dir)}, "data": {"train": "unused.jsonl", "prompts_per_step": 2},
+                                    "job": {"allowed_modules": [MOD, "meshrl"]}, "rollout": {"max_tokens": 4}})  # fmt: skip
+    wf = load_workflow_data({"dag_id": "ep", "nodes": [
+        {"node_id": "data", "node_type": "DATA_LOAD", "node_role": "DATA"},
+        {"node_id": "rollout", "node_type": "ROLLOUT", "node_role": "ROLLOUT", "dependencies": ["data"],
+         "executable_ref": f"{MOD}:EchoEnv", "config": {"n": 2, "max_turns": 5}},
+    ]}, allowed_modules=[MOD, "meshrl"])  # fmt: skip
+    records = [Record(0, "2+2", "4"), Record(1, "3+3", "6")]
+    prefix = unique_prefix("episodes")
+    with serving(config(SYSTEM_REDIS, prefix)) as (_, running):
+        buffer = DataBufferClient(running.address)
+        user = UserCode(cfg, wf.nodes, print)
+        try:
+            handlers = NodeHandlers(cfg, buffer, None, SimpleNamespace(router=router), PromptEncoder(str(model_dir)),
+                                    PromptSampler(records, 0), None, user)  # fmt: skip
+            nodes = {n.node_id: n for n in wf.nodes}
+            ctx = StepContext("job", 1, nodes=nodes)
+            ctx.results["data"] = handlers.data_load(nodes["data"], ctx)
+            result = handlers.rollout(nodes["rollout"], ctx)
+            batch = buffer.get(result.outputs[0])
+        finally:
+            user.close()
+            buffer.close()
+    delete_prefix(redis.Redis.from_url(SYSTEM_REDIS), prefix)
+    assert result.rewrites_rows and result.outputs[0] == batch_key("job", 1, "rollout")
+    firsts = [handlers.encoder.tokenizer.decode(row) for row in batch[S.PROMPT_IDS].rows()]
+    assert sorted({f.split("\n")[1] for f in firsts}) == ["task 2+2<|im_end|>", "task 3+3<|im_end|>"]  # the rows
+    assert all(f.count("<|im_start|>user") == 1 for f in firsts)
+    assert batch[S.REWARDS].tolist() == [1.0] * 4 and batch[S.EPISODE_TURNS].tolist() == [3] * 4
+    assert result.metrics["reward/accuracy"] == 1.0 and result.metrics["episode/end_done"] == 1.0
+    assert [s.index_in_group for s in batch.samples] == [0, 1, 0, 1]
