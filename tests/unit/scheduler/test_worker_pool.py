@@ -83,3 +83,59 @@ def test_bad_pool_settings_and_batches_are_refused(pool):
         WorkerPool(1, 0.0, None)
     with pytest.raises(InvalidArgument, match="sizes differ"):
         score_groups(pool, f"{MOD}:length_reward", [""], ["a", "b"], [""], np.zeros(1), retries=0, report=print)
+
+
+def test_the_reward_node_scores_apart_and_goes_on_past_a_hanging_group(tmp_path):
+    """NodeHandlers.reward with `algorithm.reward_workers`, over a real data buffer: the hanging group scores 0
+    after its timeout, the reason is logged, the other groups are scored and the node returns."""
+    import redis
+
+    from meshrl.common import batch_schema as S
+    from meshrl.common.batch_key import batch_key
+    from meshrl.common.codec import Ragged
+    from meshrl.common.databuffer_client import DataBufferClient
+    from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix
+    from meshrl.scheduler.config import JobConfig
+    from meshrl.scheduler.step.data import PromptEncoder
+    from meshrl.scheduler.step.executor import StepContext
+    from meshrl.scheduler.step.nodes import NodeHandlers
+    from meshrl.scheduler.step.user_code import UserCode
+    from meshrl.scheduler.workflow import load_workflow_data
+    from meshrl.trainer.model_builder import build_tokenizer
+
+    build_tokenizer().save_pretrained(tmp_path)
+    cfg = JobConfig.model_validate({
+        "model": {"path": str(tmp_path)}, "data": {"train": "unused.jsonl"}, "job": {"allowed_modules": [MOD, "meshrl"]},
+        "algorithm": {"reward": f"{MOD}:hang_on_answer", "reward_workers": 2, "reward_timeout_seconds": 1.0,
+                      "reward_retries": 0},
+    })  # fmt: skip
+    wf = load_workflow_data({"dag_id": "r", "nodes": [
+        {"node_id": "rollout", "node_type": "ROLLOUT", "node_role": "ROLLOUT"},
+        {"node_id": "reward", "node_type": "COMPUTE", "node_role": "REWARD", "dependencies": ["rollout"]},
+    ]})  # fmt: skip
+    lines: list[str] = []
+    prefix = unique_prefix("rewardnode")
+    with serving(config(SYSTEM_REDIS, prefix)) as (_, running):
+        buffer = DataBufferClient(running.address)
+        user = UserCode(cfg, wf.nodes, lines.append)
+        try:
+            source = batch_key("j", 1, "rollout")
+            answers = [b"ok", b"ok", b"hang", b"hang"]
+            buffer.put(source, {
+                S.PROMPT_IDS: Ragged.from_rows([[1, 2]] * 4, dtype=np.int32),
+                S.RESPONSE_IDS: Ragged.from_rows([[3], [4], [5], [6]], dtype=np.int32),
+                S.ANSWER: Ragged.from_rows([np.frombuffer(a, np.uint8) for a in answers], dtype=np.uint8),
+                S.GROUP_INDEX: np.array([0, 0, 1, 1], dtype=np.int64),
+            })  # fmt: skip
+            handlers = NodeHandlers(cfg, buffer, None, None, PromptEncoder(str(tmp_path)), None, None, user)
+            nodes = {n.node_id: n for n in wf.nodes}
+            ctx = StepContext("j", 1, nodes=nodes)
+            ctx.results["rollout"] = type("R", (), {"outputs": [source], "rewrites_rows": True})()
+            result = handlers.reward(nodes["reward"], ctx)
+            rewards = buffer.get(result.outputs[0])[S.REWARDS].tolist()
+        finally:
+            user.close()
+            buffer.close()
+    delete_prefix(redis.Redis.from_url(SYSTEM_REDIS), prefix)
+    assert rewards == [1.0, 1.0, 0.0, 0.0] and result.metrics["reward/failed_groups"] == 1.0
+    assert any("group 1 failed (DeadlineExceeded" in line and "scored 0" in line for line in lines)
