@@ -20,6 +20,11 @@ RESPONSE_IDS = "response_ids"  # ragged int32: generated token ids
 ROLLOUT_LOGPROBS = "rollout_logprobs"  # ragged float32: log-probs by the rollout engine
 RESPONSE_VERSIONS = "response_versions"  # ragged int64: weight version that produced each token
 GROUP_INDEX = "group_index"  # int64 [N]: index of the sample's prompt in the batch
+# Multi-turn episodes (a ROLLOUT node with an environment): response_ids is the whole trajectory after the
+# first prompt, model turns and environment turns interleaved, exactly the token ids the engine saw and produced.
+LOSS_MASK = "loss_mask"  # ragged float32: 1.0 for model tokens, 0.0 for environment tokens (not trained on)
+EPISODE_TURNS = "episode_turns"  # int32 [N]: model turns of the episode
+EPISODE_END = "episode_end"  # ragged uint8: utf-8 reason the episode ended (done, max_turns, max_tokens, ...)
 
 # --- COMPUTE: reward ------------------------------------------------------------------
 REWARDS = "rewards"  # float32 [N]: scalar reward per sample

@@ -177,8 +177,12 @@ class TrainerService:
         if role == "actor" and same_tokens and rollout.values.size:
             # How far the rollout engine's log-probs are from the trainer's for the same tokens.
             gap = np.abs(np.asarray(rollout.values, np.float64) - np.asarray(result.values.values, np.float64))
-            metrics["logprob_mismatch_mean"] = float(gap.mean())
-            metrics["logprob_mismatch_max"] = float(gap.max())
+            loss_mask = columns.get(S.LOSS_MASK)
+            if loss_mask is not None and loss_mask.values.size == gap.size:  # model tokens only (multi-turn)
+                gap = gap[np.asarray(loss_mask.values) > 0]
+            if gap.size:
+                metrics["logprob_mismatch_mean"] = float(gap.mean())
+                metrics["logprob_mismatch_max"] = float(gap.max())
         self._write(output, out)
         return {"tokens": result.tokens, "micro_batches": result.micro_batches, "metrics": metrics}
 

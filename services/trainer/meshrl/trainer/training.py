@@ -87,12 +87,20 @@ def train_role(
     return TrainResult(totals, tokens, mini_batches, sum(planned))
 
 
+def _loss_mask(mb) -> torch.Tensor:
+    """Tokens that count in the loss: real response tokens, less those a `loss_mask` column zeroes (the
+    environment's tokens of a multi-turn trajectory)."""
+    extra = mb.columns.get(S.LOSS_MASK)
+    return mb.mask if extra is None else mb.mask * extra
+
+
 def _microbatch_loss(state, output, mb, cfg: LossConfig, denominator: float, temperature: float):
     col = mb.columns.get
+    mask = _loss_mask(mb)
     if cfg.policy_loss == "value":
         values = values_from_output(output, mb)
         return value_objective(
-            cfg, mb.mask, denominator, values=values, returns=mb.columns[S.RETURNS], old_values=col(S.VALUES)
+            cfg, mask, denominator, values=values, returns=mb.columns[S.RETURNS], old_values=col(S.VALUES)
         )
     logp, ent = logprobs_from_logits(
         output, mb, vocab_size=state.spec.vocab_size, temperature=temperature, with_entropy=True,
@@ -100,7 +108,7 @@ def _microbatch_loss(state, output, mb, cfg: LossConfig, denominator: float, tem
     )  # fmt: skip
     return policy_objective(
         cfg,
-        mb.mask,
+        mask,
         denominator,
         logprobs=logp,
         old_logprobs=col(S.OLD_LOGPROBS),
@@ -113,8 +121,12 @@ def _microbatch_loss(state, output, mb, cfg: LossConfig, denominator: float, tem
 
 def _one_step(state, batch, chunk, cfg, plan, device, temperature, lr_override) -> dict[str, float]:
     lengths = batch.response_lengths[chunk]
-    mask = np.arange(max(int(lengths.max()), 1))[None, :] < lengths[:, None]
-    denominator = loss_denominator(torch.from_numpy(mask.astype(np.float32)), cfg.aggregation)
+    mask = (np.arange(max(int(lengths.max()), 1))[None, :] < lengths[:, None]).astype(np.float32)
+    if S.LOSS_MASK in batch.token_columns:  # environment tokens of multi-turn trajectories do not count
+        loss_mask = batch.token_columns[S.LOSS_MASK]
+        for i, row in enumerate(chunk):
+            mask[i, : lengths[i]] = loss_mask.row(int(row))
+    denominator = loss_denominator(torch.from_numpy(mask), cfg.aggregation)
     plans = plan(batch, chunk.tolist())
     mbs = [collate(batch, rows, device, list(batch.token_columns)) for rows in plans]
 

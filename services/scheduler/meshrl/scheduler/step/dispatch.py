@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 from meshrl.common.errors import Internal
 from meshrl.common.suggest import did_you_mean
+from meshrl.scheduler.step.episodes import EPISODE_KEYS
 from meshrl.scheduler.workflow import ROLES_BY_TYPE, NodeRole, NodeType, Problem, Workflow, WorkflowError
 from meshrl.scheduler.workflow import compute_catalog as cat
 
@@ -46,7 +47,7 @@ PLAN_ONLY: Mapping[tuple[NodeType, NodeRole], str] = {
 _DECLARED = {cat.CONFIG_INPUTS, cat.CONFIG_OUTPUTS, cat.CONFIG_PARAM_COUNT, cat.CONFIG_TP, cat.CONFIG_PP}
 CONFIG_KEYS: Mapping[str, frozenset[str]] = {
     "data_load": frozenset({"prompts_per_step"}),
-    "rollout": frozenset({"n", "temperature", "top_p", "max_tokens"}),
+    "rollout": frozenset({"n", "temperature", "top_p", "max_tokens", *EPISODE_KEYS}),
     "inference": frozenset({"output_name"}),
     "train": frozenset(),
     "reward": frozenset(),
@@ -90,6 +91,12 @@ def runnable_problems(wf: Workflow) -> list[Problem]:
         if name == "user_compute":
             continue
         known = CONFIG_KEYS[name] | _DECLARED
+        if name == "rollout" and not n.executable_ref:
+            for key in EPISODE_KEYS:
+                if key in n.config:
+                    problems.append(Problem(f"config.{key} limits multi-turn episodes, but this ROLLOUT node names "
+                                            "no environment", "set executable_ref: package.module:EnvClass, or "
+                                            f"remove config.{key}", n.node_id, f"config.{key}"))  # fmt: skip
         for key in n.config:
             if key not in known and key != cat.CONFIG_AGENT:
                 fix = did_you_mean(key, sorted(known), f"remove it; a {n.node_type.value} node reads {sorted(known)}")

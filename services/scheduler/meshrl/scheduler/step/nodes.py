@@ -23,8 +23,10 @@ from meshrl.scheduler.fleet.rollout_fleet import RolloutFleet
 from meshrl.scheduler.step import advantages as adv
 from meshrl.scheduler.step.data import PromptEncoder, PromptSampler
 from meshrl.scheduler.step.dispatch import check_dispatch_table, handler_name
+from meshrl.scheduler.step.episodes import trajectory_columns
 from meshrl.scheduler.step.executor import NodeResult, StepContext
 from meshrl.scheduler.step.rewards import RewardFn, score
+from meshrl.scheduler.step.user_code import UserCode
 from meshrl.scheduler.workflow import resolve_executable
 
 
@@ -53,6 +55,7 @@ class NodeHandlers:
         encoder: PromptEncoder,
         sampler: PromptSampler,
         reward_fn: RewardFn,
+        user_code: UserCode | None = None,
     ) -> None:
         self.cfg = cfg
         self.buffer = buffer
@@ -61,6 +64,7 @@ class NodeHandlers:
         self.encoder = encoder
         self.sampler = sampler
         self.reward_fn = reward_fn
+        self.user_code = user_code  # worker pools for rewards and environments (None: all in-process)
         check_dispatch_table()
 
     def handler_for(self, node: Any) -> Callable[[Any, StepContext], NodeResult]:
@@ -91,6 +95,8 @@ class NodeHandlers:
 
     # -- ROLLOUT -------------------------------------------------------------------------
     def rollout(self, node: Any, ctx: StepContext) -> NodeResult:
+        if node.executable_ref:
+            return self.episodes(node, ctx)
         (source,) = ctx.input_keys(node.node_id)[:1]
         r = self.cfg.rollout
         keys, metrics = self.fleet.generate(
@@ -105,15 +111,47 @@ class NodeHandlers:
         )
         return NodeResult(keys, metrics, rewrites_rows=True)  # one row per sample from here on
 
+    def episodes(self, node: Any, ctx: StepContext) -> NodeResult:
+        """A ROLLOUT node with an environment: n multi-turn episodes per prompt (step/episodes.py)."""
+        if self.user_code is None or self.user_code.environments is None:
+            raise InvalidArgument(f"node '{node.node_id}' names an environment but the job has no environment workers")
+        batch = self.buffer.get_many(ctx.input_keys(node.node_id)[:1])
+        r, c = self.cfg.rollout, node.config
+        n = int(c.get("n", r.n))
+        rows = batch.num_rows()
+        sampling = {"temperature": float(c.get("temperature", r.temperature)), "top_p": float(c.get("top_p", r.top_p))}
+        if S.PROMPT_INDEX not in batch.columns:
+            raise InvalidArgument(f"node '{node.node_id}' runs episodes on dataset rows: add prompt_index to its inputs "
+                                  "(a DATA_LOAD node writes it)")  # fmt: skip
+        records = self.sampler.records  # the environment starts from the row's own prompt text, not its template
+        prompts = [records[int(i)].prompt for i in np.asarray(batch[S.PROMPT_INDEX])]
+        trajs, metrics = self.user_code.episodes(
+            node, self.fleet.router, self.encoder, prompts, [_text(batch[S.ANSWER], i) for i in range(rows)], n=n,
+            sampling=sampling, session=f"{ctx.job_id}/{ctx.step}/{node.node_id}",
+        )  # fmt: skip
+        columns, samples = trajectory_columns(trajs, batch[S.ANSWER], n, ctx.job_id, ctx.step)
+        key = self._key(ctx, node)
+        self.buffer.put(key, columns, samples=samples)
+        metrics["reward/mean"] = float(columns[S.REWARDS].mean()) if trajs else 0.0
+        metrics["reward/accuracy"] = float(columns[S.ACCURACY].mean()) if trajs else 0.0
+        return NodeResult([key], metrics, rewrites_rows=True)
+
     # -- COMPUTE -------------------------------------------------------------------------
     def reward(self, node: Any, ctx: StepContext) -> NodeResult:
         batch = self.buffer.get_many(ctx.input_keys(node.node_id))
-        fn = self._executable(node) if node.executable_ref else None
+        apart = self.user_code is not None and self.user_code.rewards is not None
+        fn = self._executable(node) if node.executable_ref and not apart else None
         rows = batch.num_rows()
         prompts = [self.encoder.decode(batch[S.PROMPT_IDS].row(i)) for i in range(rows)]
         responses = [self.encoder.decode(batch[S.RESPONSE_IDS].row(i)) for i in range(rows)]
         answers = [_text(batch[S.ANSWER], i) for i in range(rows)]
-        rewards = np.asarray(score(fn or self.reward_fn, prompts, responses, answers), dtype=np.float32)
+        failed = 0
+        if apart:  # in worker processes, per group, with a timeout
+            ref = node.executable_ref or self.cfg.algorithm.reward
+            scored = self.user_code.score(ref, prompts, responses, answers, np.asarray(batch[S.GROUP_INDEX]))
+            rewards, failed = scored.rewards, len(scored.failed_groups)
+        else:
+            rewards = np.asarray(score(fn or self.reward_fn, prompts, responses, answers), dtype=np.float32)
         correct = (rewards >= 1.0).astype(np.float32)
         key = self._key(ctx, node)
         self.buffer.put(key, {S.REWARDS: rewards, S.ACCURACY: correct})
@@ -126,6 +164,7 @@ class NodeHandlers:
                 "reward/accuracy": float(correct.mean()) if rows else 0.0,
                 "response/length_mean": float(lengths.mean()) if rows else 0.0,
                 "response/length_max": float(lengths.max()) if rows else 0.0,
+                "reward/failed_groups": float(failed),
             },
         )
 

@@ -44,6 +44,7 @@ from meshrl.scheduler.step.executor import StepExecutor
 from meshrl.scheduler.step.nodes import NodeHandlers
 from meshrl.scheduler.step.progress import StepProgress
 from meshrl.scheduler.step.rewards import resolve_reward
+from meshrl.scheduler.step.user_code import UserCode
 from meshrl.scheduler.step.warmup import SupervisedWarmup, heldout_pairs
 from meshrl.scheduler.trackers import Trackers, open_trackers
 from meshrl.scheduler.workflow import resolve_executable
@@ -80,6 +81,7 @@ class JobRunner:
         self._scaled = threading.Condition()
         self._scale_error: MeshrlError | None = None
         self._replica_addresses: list[str] = []
+        self.user_code: UserCode | None = None  # worker pools for rewards and environments, made by run_job
         self.roles = sorted(
             {str(n.node_role).lower() for n in workflow.nodes if str(n.node_role) in ("ACTOR", "REFERENCE", "CRITIC")}
             | {"actor"}
@@ -150,7 +152,12 @@ class JobRunner:
         if not eval_records:
             return {}
         max_tokens = self.cfg.eval.max_tokens or self.cfg.rollout.max_tokens
-        metrics = evaluate(self.job_id, self.step, eval_records, encoder, svc.buffer, svc.fleet, reward_fn, max_tokens)
+        if self.user_code is not None and self.user_code.env_node is not None:  # multi-turn: greedy episodes
+            session = f"{self.job_id}/{self.step}/eval"
+            metrics = self.user_code.evaluate_episodes(svc.fleet.router, encoder, eval_records, session)
+        else:
+            metrics = evaluate(self.job_id, self.step, eval_records, encoder, svc.buffer, svc.fleet, reward_fn,
+                               max_tokens)  # fmt: skip
         self.run.log_eval(self.step, metrics)
         self.events.metrics(self.step, metrics)
         self.trackers.log(self.step, metrics)
@@ -167,6 +174,7 @@ class JobRunner:
         sampler = PromptSampler(records, d.shuffle_seed)
         reward_fn = resolve_reward(cfg.algorithm.reward, cfg.job.allowed_modules)
         svc = JobServices(cfg, self.run, cfg.model.path)
+        self.user_code = UserCode(cfg, self.workflow.nodes, self.events.log)
         summary: dict = {"job_id": self.job_id, "run_dir": str(self.run.root)}
         started = time.monotonic()
         self.trackers = open_trackers(cfg.logging, self.run.root, self.job_id, cfg.model_dump(mode="json"))
@@ -188,7 +196,9 @@ class JobRunner:
             svc.fleet.expect_version(publisher.publish(svc.fleet.clients()).version)
             if not resumed:
                 summary["eval_step0"] = self._eval(svc, encoder, eval_records, reward_fn).get("eval/accuracy")
-            handlers = NodeHandlers(cfg, svc.buffer, svc.trainer, svc.fleet, encoder, sampler, reward_fn)
+            handlers = NodeHandlers(
+                cfg, svc.buffer, svc.trainer, svc.fleet, encoder, sampler, reward_fn, self.user_code
+            )
             executor = StepExecutor(self.workflow.nodes, handlers.handler_for, self.events)
             with StepProgress(cfg.job.steps, self.step, self.show_progress) as bar:
                 while self.step < cfg.job.steps:
@@ -210,6 +220,7 @@ class JobRunner:
             return summary
         finally:
             summary["seconds"] = round(time.monotonic() - started, 1)
+            self.user_code.close()
             svc.close()
             telemetry.force_flush()
             if self.run.metrics_file.exists():
@@ -277,6 +288,7 @@ class JobRunner:
         records = load_records(cfg.data.eval, cfg.data.prompt_key, cfg.data.answer_key)[: cfg.eval.max_prompts]
         encoder = PromptEncoder(cfg.model.path, cfg.data.apply_chat_template, cfg.data.system_prompt)
         svc = JobServices(cfg, self.run, cfg.model.path, extra_roots=(checkpoint,) if checkpoint else ())
+        self.user_code = UserCode(cfg, self.workflow.nodes, self.events.log)  # episodes, for an environment
         try:
             svc.open()
             if checkpoint:
@@ -285,6 +297,7 @@ class JobRunner:
                 WeightPublisher(svc.trainer, cfg.weights, str(self.run.weights)).publish(svc.fleet.clients())
             return self._eval(svc, encoder, records, resolve_reward(cfg.algorithm.reward, cfg.job.allowed_modules))
         finally:
+            self.user_code.close()
             svc.close()
 
     def _refit_stale(self, svc: JobServices, publisher: WeightPublisher) -> None:

@@ -140,10 +140,11 @@ def node_problems(wf: Workflow) -> list[Problem]:
                     "only_forward_compute",
                 )
             )
-        if n.executable_ref is not None and n.node_type != NodeType.COMPUTE:
+        if n.executable_ref is not None and n.node_type not in RUNS_EXECUTABLE:
             problems.append(
                 Problem(
-                    f"executable_ref is only run on COMPUTE nodes; this is a {n.node_type.value} node, served by a service",
+                    f"executable_ref is only run on COMPUTE nodes (a function) and ROLLOUT nodes (an environment); "
+                    f"this is a {n.node_type.value} node, served by a service",
                     "remove executable_ref, or make it a COMPUTE node",
                     nid,
                     "executable_ref",
@@ -283,10 +284,14 @@ def column_problems(wf: Workflow) -> list[Problem]:
     return problems
 
 
+# Node types whose executable_ref something runs: a COMPUTE node's function, a ROLLOUT node's environment class.
+RUNS_EXECUTABLE = (NodeType.COMPUTE, NodeType.ROLLOUT)
+
+
 def executable_problems(wf: Workflow, allowed: Sequence[str], import_them: bool) -> list[Problem]:
     problems = []
     for n in wf.nodes:
-        if n.executable_ref is None or n.node_type != NodeType.COMPUTE:
+        if n.executable_ref is None or n.node_type not in RUNS_EXECUTABLE:
             continue
         problem = check_executable(n.executable_ref, allowed, n.node_id, import_module=import_them)
         if problem is not None:
