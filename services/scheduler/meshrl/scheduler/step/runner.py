@@ -3,7 +3,8 @@ supervised warm-up if configured, the step-0 evaluation, then the training steps
 
     data_load → rollout → reward → advantage → old/ref log-prob → train → publish weights
 
-with evaluation every K steps, checkpoints, metrics, a report; and everything shut down
+(or, with `training.mode` one_step_off / async, the generation side running ahead in a producer thread:
+step/pipeline.py) with evaluation every K steps, checkpoints, metrics, a report; and everything shut down
 at the end, on failure, on cancel or on Ctrl-C. A run folder can be resumed.
 """
 
@@ -17,8 +18,6 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
-from opentelemetry import context as otel_context
 
 from meshrl.common import telemetry
 from meshrl.common.errors import (
@@ -42,6 +41,7 @@ from meshrl.scheduler.step.data import DataPosition, PromptEncoder, PromptSample
 from meshrl.scheduler.step.evaluation import evaluate
 from meshrl.scheduler.step.executor import StepExecutor
 from meshrl.scheduler.step.nodes import NodeHandlers
+from meshrl.scheduler.step.pipeline import SyncSteps, make_steps
 from meshrl.scheduler.step.progress import StepProgress
 from meshrl.scheduler.step.rewards import resolve_reward
 from meshrl.scheduler.step.warmup import SupervisedWarmup, heldout_pairs
@@ -169,6 +169,7 @@ class JobRunner:
         svc = JobServices(cfg, self.run, cfg.model.path)
         summary: dict = {"job_id": self.job_id, "run_dir": str(self.run.root)}
         started = time.monotonic()
+        steps: SyncSteps | None = None
         self.trackers = open_trackers(cfg.logging, self.run.root, self.job_id, cfg.model_dump(mode="json"))
         try:
             svc.open()
@@ -190,6 +191,8 @@ class JobRunner:
                 summary["eval_step0"] = self._eval(svc, encoder, eval_records, reward_fn).get("eval/accuracy")
             handlers = NodeHandlers(cfg, svc.buffer, svc.trainer, svc.fleet, encoder, sampler, reward_fn)
             executor = StepExecutor(self.workflow.nodes, handlers.handler_for, self.events)
+            steps = make_steps(cfg, executor, svc.buffer, self.job_id, self.workflow.nodes, self.cancelled)
+            steps.start(self.step, publisher.version)
             with StepProgress(cfg.job.steps, self.step, self.show_progress) as bar:
                 while self.step < cfg.job.steps:
                     if self.cancelled.is_set():
@@ -197,9 +200,10 @@ class JobRunner:
                     self._apply_scale(svc, publisher)
                     self._follow_registry(svc, publisher)
                     self.step += 1
-                    metrics = self._train_step(svc, executor, publisher)
+                    metrics = self._train_step(svc, steps, publisher)
                     if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.job.steps:
                         metrics.update(self._eval(svc, encoder, eval_records, reward_fn))
+                    steps.announce(publisher.version)  # generation may move on to the new weights
                     bar.step(self.step, metrics)
                     if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
                         self.save_checkpoint(svc, publisher, sampler)
@@ -210,7 +214,11 @@ class JobRunner:
             return summary
         finally:
             summary["seconds"] = round(time.monotonic() - started, 1)
+            if steps is not None:
+                steps.stop()
             svc.close()
+            if steps is not None:
+                steps.join()
             telemetry.force_flush()
             if self.run.metrics_file.exists():
                 write_report(self.run, summary)
@@ -299,15 +307,12 @@ class JobRunner:
             svc.fleet.mark_fresh(client.address)
             self.events.log(f"replica {client.address} refitted to weight version {publisher.version}")
 
-    def _train_step(self, svc: JobServices, executor: StepExecutor, publisher: WeightPublisher) -> dict[str, float]:
+    def _train_step(self, svc: JobServices, steps: SyncSteps, publisher: WeightPublisher) -> dict[str, float]:
         start = time.perf_counter()
-        with telemetry.tracer().start_as_current_span(
-            A.step_span_name(self.step),
-            context=otel_context.Context(),
-            attributes={A.STEP: self.step, A.JOB_ID: self.job_id},
-        ):
+        with steps.step_span(self.step) as span:
+            span.set_attribute(A.STEP, self.step)
             self._refit_stale(svc, publisher)
-            metrics = executor.run_step(self.job_id, self.step)
+            metrics = steps.run_step(self.step, publisher.version)
             result = publisher.publish(svc.fleet.clients())
             for address in result.stale:
                 svc.fleet.mark_stale(address)
@@ -323,6 +328,7 @@ class JobRunner:
         metrics.update({"weights/version": result.version, "weights/seconds": result.seconds,
                         "weights/bytes": result.bytes, "weights/stale_replicas": len(result.stale)})  # fmt: skip
         metrics["time/step"] = time.perf_counter() - start
+        steps.finish_step(metrics)
         telemetry.metrics().record_step(metrics["time/step"])
         self.run.log_metrics(self.step, metrics)
         self.events.metrics(self.step, metrics)
