@@ -24,7 +24,7 @@ from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, servi
 from meshrl.scheduler.config import TrainingSection
 from meshrl.scheduler.events import EventLog
 from meshrl.scheduler.step.executor import NodeResult, StepExecutor
-from meshrl.scheduler.step.modes import split_at_rollout
+from meshrl.scheduler.step.modes import AsyncPlan, plan_async, split_at_rollout
 from meshrl.scheduler.step.pipeline import AsyncSteps, SyncSteps
 from meshrl.scheduler.step.producer import split_groups
 from meshrl.scheduler.step.staleness import AdmissionGate, logprob_gap_by_lag, staleness_histogram
@@ -116,8 +116,8 @@ def run(sim: Sim, buffer, steps: int, eta: int | None, stream_groups: int = 0) -
         driver = SyncSteps(executor, buffer, job, nodes)
     else:
         bound = stream_groups or (eta + 1) * PROMPTS
-        driver = AsyncSteps(executor, buffer, job, nodes, split_at_rollout(nodes), eta, bound, PROMPTS,
-                            threading.Event())  # fmt: skip
+        plan = AsyncPlan(split_at_rollout(nodes), eta, bound, PROMPTS)
+        driver = AsyncSteps(executor, buffer, job, nodes, plan, threading.Event())
     driver.start(0, sim.fleet_version)
     out = []
     try:
@@ -190,7 +190,7 @@ def test_cancel_stops_both_sides(buffer):
     nodes = grpo_like()
     cancelled = threading.Event()
     driver = AsyncSteps(StepExecutor(nodes, lambda n: sim, EventLog("cancel")), buffer, "canceljob", nodes,
-                        split_at_rollout(nodes), 1, 2 * PROMPTS, PROMPTS, cancelled)  # fmt: skip
+                        AsyncPlan(split_at_rollout(nodes), 1, 2 * PROMPTS, PROMPTS), cancelled)  # fmt: skip
     driver.start(0, 1)
     threading.Timer(0.3, cancelled.set).start()
     start = time.perf_counter()
@@ -200,6 +200,14 @@ def test_cancel_stops_both_sides(buffer):
     driver.stop()
     driver.join()
     assert not driver.producer._thread.is_alive()
+
+
+def test_a_stream_bound_below_one_round_is_refused():
+    training = TrainingSection(mode="async", max_staleness=1, stream_groups=2)
+    with pytest.raises(InvalidArgument, match="training.stream_groups = 2 is below one step's 3 groups"):
+        plan_async(training, PROMPTS, grpo_like())
+    plan = plan_async(TrainingSection(mode="one_step_off"), PROMPTS, grpo_like())
+    assert (plan.eta, plan.stream_groups, plan.round_groups) == (1, 2 * PROMPTS, PROMPTS)
 
 
 def test_a_group_carries_its_oldest_token_version():

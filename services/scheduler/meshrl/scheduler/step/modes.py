@@ -64,3 +64,26 @@ def split_at_rollout(nodes: list[Any]) -> Split:
         raise InvalidArgument(f"the workflow has no MODEL_INFERENCE / MODEL_TRAIN node to consume samples; {fix}")
     boundary = tuple(i for i in by_id if i in producer and any(i in by_id[c].dependencies for c in consumer))
     return Split(producer, consumer, boundary, rollout, trainer)
+
+
+@dataclass(frozen=True)
+class AsyncPlan:
+    split: Split
+    eta: int  # max_staleness
+    stream_groups: int  # most unconsumed groups in the stream (back-pressure)
+    round_groups: int  # groups (prompts) one round generates
+
+
+def plan_async(training: Any, prompts_per_step: int, nodes: list[Any]) -> AsyncPlan:
+    """The asynchronous plan of a job's `training` section over its DAG; refuses (InvalidArgument) what
+    cannot run: a DAG that does not split, or a stream bound below one round."""
+    split = split_at_rollout(nodes)
+    loads = [n for n in nodes if _type(n) == NodeType.DATA_LOAD]
+    round_groups = max([int(n.config.get("prompts_per_step", prompts_per_step)) for n in loads] or [1])
+    bound = training.stream_groups or (training.staleness + 1) * round_groups
+    if bound < round_groups:
+        raise InvalidArgument(
+            f"training.stream_groups = {training.stream_groups} is below one step's {round_groups} groups "
+            f"(data.prompts_per_step): generation could never start; use at least {round_groups} or 0 (automatic)"
+        )
+    return AsyncPlan(split, training.staleness, bound, round_groups)

@@ -21,11 +21,11 @@ from meshrl.common import batch_schema as S
 from meshrl.common import telemetry
 from meshrl.common.codec import concat_batches
 from meshrl.common.databuffer_client import DataBufferClient
-from meshrl.common.errors import Cancelled, InvalidArgument
+from meshrl.common.errors import Cancelled
 from meshrl.common.telemetry import attributes as A
 from meshrl.scheduler.config import JobConfig
 from meshrl.scheduler.step.executor import NodeResult, StepContext, StepExecutor
-from meshrl.scheduler.step.modes import Split, node_kinds, split_at_rollout
+from meshrl.scheduler.step.modes import AsyncPlan, node_kinds, plan_async
 from meshrl.scheduler.step.nodes import enum_name
 from meshrl.scheduler.step.producer import STREAM, Producer, rows_key
 from meshrl.scheduler.step.staleness import AdmissionGate, logprob_gap_by_lag, staleness_histogram
@@ -142,13 +142,13 @@ class SyncSteps:
 class AsyncSteps(SyncSteps):
     """`training.mode: one_step_off / async`: the consumer side of each step, fed from the sample stream."""
 
-    def __init__(self, executor: StepExecutor, buffer: DataBufferClient, job_id: str, nodes: list, split: Split,
-                 eta: int, stream_groups: int, round_groups: int, cancelled: threading.Event) -> None:  # fmt: skip
+    def __init__(self, executor: StepExecutor, buffer: DataBufferClient, job_id: str, nodes: list, plan: AsyncPlan,
+                 cancelled: threading.Event) -> None:  # fmt: skip
         super().__init__(executor, buffer, job_id, nodes)
-        self.split = split
-        self.eta = eta
-        self.stream_groups = stream_groups
-        self.round_groups = round_groups
+        self.split = plan.split
+        self.eta = plan.eta
+        self.stream_groups = plan.stream_groups
+        self.round_groups = plan.round_groups
         self.cancelled = cancelled
         self.gate: AdmissionGate | None = None
         self.producer: Producer | None = None
@@ -242,13 +242,4 @@ def make_steps(cfg: JobConfig, executor: StepExecutor, buffer: DataBufferClient,
     t = cfg.training
     if t.mode == "sync":
         return SyncSteps(executor, buffer, job_id, nodes)
-    split = split_at_rollout(nodes)
-    loads = [n for n in nodes if enum_name(n.node_type) == "DATA_LOAD"]
-    round_groups = max([int(n.config.get("prompts_per_step", cfg.data.prompts_per_step)) for n in loads] or [1])
-    bound = t.stream_groups or (t.staleness + 1) * round_groups
-    if bound < round_groups:
-        raise InvalidArgument(
-            f"training.stream_groups = {t.stream_groups} is below one step's {round_groups} groups "
-            f"(data.prompts_per_step): generation could never start; use at least {round_groups} or 0 (automatic)"
-        )
-    return AsyncSteps(executor, buffer, job_id, nodes, split, t.staleness, bound, round_groups, cancelled)
+    return AsyncSteps(executor, buffer, job_id, nodes, plan_async(t, cfg.data.prompts_per_step, nodes), cancelled)
