@@ -24,10 +24,13 @@ from pathlib import Path
 
 import yaml
 
-from meshrl.api.scheduler.v1 import scheduler_pb2 as spb
-from meshrl.scheduler.jobs import JobManager
-
 ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # the example's modules (data generator, reward)
+
+from meshrl.api.scheduler.v1 import scheduler_pb2 as spb  # noqa: E402
+from meshrl.scheduler.jobs import JobManager  # noqa: E402
+
 EXAMPLE = ROOT / "examples" / "countdown"
 MODES = {
     "sync": {"mode": "sync"},
@@ -94,7 +97,7 @@ def run_mode(a: argparse.Namespace, mode: str, run_root: Path) -> dict:
 
 def seconds_to(result: dict, target: float) -> float | None:
     start = result["evals"][0][2]
-    for step, accuracy, when in result["evals"][1:]:
+    for _step, accuracy, when in result["evals"][1:]:
         if accuracy >= target - 1e-9:
             return when - start
     return None

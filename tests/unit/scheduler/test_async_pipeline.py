@@ -66,9 +66,13 @@ class Sim:
         self.trained: list[tuple[int, np.ndarray]] = []  # (trainer version, token versions of each row)
         self.trainer_version = 1
         self.update_mid_round: set[int] = set()
+        self.loaded = 0  # rounds the data node loaded: the "data position"
+        self.positions: list[str] = []  # what a checkpoint after each step would save
 
     def __call__(self, node, ctx) -> NodeResult:
         key = batch_key(ctx.job_id, ctx.step, node.node_id)
+        if node.node_id == "data":
+            self.loaded += 1
         if node.node_id == "rollout":
             time.sleep(self.rollout_s)
             first = self.fleet_version
@@ -117,7 +121,7 @@ def run(sim: Sim, buffer, steps: int, eta: int | None, stream_groups: int = 0) -
     else:
         bound = stream_groups or (eta + 1) * PROMPTS
         plan = AsyncPlan(split_at_rollout(nodes), eta, bound, PROMPTS)
-        driver = AsyncSteps(executor, buffer, job, nodes, plan, threading.Event())
+        driver = AsyncSteps(executor, buffer, job, nodes, plan, threading.Event(), lambda: str(sim.loaded))
     driver.start(0, sim.fleet_version)
     out = []
     try:
@@ -128,6 +132,7 @@ def run(sim: Sim, buffer, steps: int, eta: int | None, stream_groups: int = 0) -
             sim.fleet_version = sim.trainer_version  # published
             driver.finish_step(metrics)
             driver.announce(sim.trainer_version)
+            sim.positions.append(driver.data_position())
             out.append(metrics)
     finally:
         driver.stop()
@@ -157,6 +162,8 @@ def test_no_trained_sample_is_older_than_eta_over_a_whole_run(buffer, eta):
     sim.update_mid_round = {3}
     metrics, driver = run(sim, buffer, steps=6, eta=eta)
     assert len(sim.trained) == 6
+    assert sim.positions == [str(k) for k in range(1, 7)]  # the consumed rounds', not the producer's, position
+    assert sim.loaded > 6  # while the producer ran ahead
     for version, token_versions in sim.trained:
         assert version - token_versions.values.min() <= eta  # every token of every trained row
     lags = [k for m in metrics for k, v in m.items() if k.startswith("async/staleness_") and k[-1].isdigit() and v]

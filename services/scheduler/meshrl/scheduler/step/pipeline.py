@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 from opentelemetry import context as otel_context
@@ -132,6 +132,10 @@ class SyncSteps:
     def announce(self, version: int) -> None:
         """The fleet serves `version` and the step's evaluation is done."""
 
+    def data_position(self) -> str:
+        """What a checkpoint saves as the data position ("": the sampler's own)."""
+        return ""
+
     def stop(self) -> None:
         self.spans.end_all()
 
@@ -143,8 +147,10 @@ class AsyncSteps(SyncSteps):
     """`training.mode: one_step_off / async`: the consumer side of each step, fed from the sample stream."""
 
     def __init__(self, executor: StepExecutor, buffer: DataBufferClient, job_id: str, nodes: list, plan: AsyncPlan,
-                 cancelled: threading.Event) -> None:  # fmt: skip
+                 cancelled: threading.Event, position_of: Callable[[], str] = lambda: "") -> None:  # fmt: skip
         super().__init__(executor, buffer, job_id, nodes)
+        self.position_of = position_of
+        self.position = ""  # after the last consumed round: the sampler itself runs ahead
         self.split = plan.split
         self.eta = plan.eta
         self.stream_groups = plan.stream_groups
@@ -160,9 +166,10 @@ class AsyncSteps(SyncSteps):
         super().start(step, version)
         self.next_round = step + 1
         self.version = version
+        self.position = self.position_of()
         self.gate = AdmissionGate(step + 1, version, self.eta, self.stream_groups, self.round_groups)
         self.producer = Producer(self.executor, self.split, self.buffer, self.job_id, self.gate, self.spans.use,
-                                 lambda: self.version)  # fmt: skip
+                                 lambda: self.version, self.position_of)  # fmt: skip
         self.producer.start()
 
     def step_span(self, step: int):
@@ -191,7 +198,7 @@ class AsyncSteps(SyncSteps):
         wait_start = time.perf_counter()
         while not groups:  # a round whose groups were all too stale trains nothing: take the next one
             delivered, lost, ids = self._take_round(self.next_round, version)
-            producer_metrics = self.gate.consumed(self.next_round, len(delivered) + lost)
+            producer_metrics, self.position = self.gate.consumed(self.next_round, len(delivered) + lost)
             groups, dropped, entries = groups + delivered, dropped + lost, entries + ids
             self.next_round += 1
             rounds += 1
@@ -217,6 +224,9 @@ class AsyncSteps(SyncSteps):
     def _rollout_busy(self) -> float:
         return self.gate.rollout_busy
 
+    def data_position(self) -> str:
+        return self.position
+
     def announce(self, version: int) -> None:
         self.version = version
         self.gate.announce(version)
@@ -237,9 +247,10 @@ def _renumbered(groups: list) -> np.ndarray:
 
 
 def make_steps(cfg: JobConfig, executor: StepExecutor, buffer: DataBufferClient, job_id: str, nodes: list,
-               cancelled: threading.Event) -> SyncSteps:  # fmt: skip
+               cancelled: threading.Event, position_of: Callable[[], str]) -> SyncSteps:  # fmt: skip
     """The step runner of `training.mode`; refuses (InvalidArgument) a DAG or bound the mode cannot run."""
     t = cfg.training
     if t.mode == "sync":
         return SyncSteps(executor, buffer, job_id, nodes)
-    return AsyncSteps(executor, buffer, job_id, nodes, plan_async(t, cfg.data.prompts_per_step, nodes), cancelled)
+    plan = plan_async(t, cfg.data.prompts_per_step, nodes)
+    return AsyncSteps(executor, buffer, job_id, nodes, plan, cancelled, position_of)

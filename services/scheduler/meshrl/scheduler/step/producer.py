@@ -60,6 +60,7 @@ class Producer:
         gate: AdmissionGate,
         span_for: Callable[[int], object],
         version_of: Callable[[], int],
+        position_of: Callable[[], str] = lambda: "",
     ) -> None:
         self.executor = executor
         self.split = split
@@ -68,6 +69,7 @@ class Producer:
         self.gate = gate
         self.span_for = span_for  # round -> context manager making the step's span current
         self.version_of = version_of  # the fleet's current weight version (a group without token versions)
+        self.position_of = position_of  # the data sampler's position (after a round: where the next starts)
         self._thread = threading.Thread(target=self._run, name="producer", daemon=True)
 
     def start(self) -> None:
@@ -92,13 +94,14 @@ class Producer:
         version = self.version_of()
         with self.span_for(r):
             metrics, ctx = self.executor.run_nodes(self.job_id, r, only=set(self.split.producer))
+            position = self.position_of()
             batch = self.buffer.get_many(boundary_keys(ctx, self.split))
             groups = split_groups(batch, r, version)
             self.buffer.append_groups(self.job_id, STREAM, groups)
         for key in self.buffer.list(self.job_id, r):  # the round's own keys: its rows are in the stream now
             self.buffer.delete(key)
         rollout = sum(metrics.get(f"time/{i}", 0.0) for i in self.split.rollout)
-        self.gate.produced(r, len(groups), metrics, rollout)
+        self.gate.produced(r, len(groups), metrics, rollout, position)
 
 
 def rows_key(job_id: str, step: int):

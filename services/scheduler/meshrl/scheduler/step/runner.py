@@ -80,6 +80,7 @@ class JobRunner:
         self._scaled = threading.Condition()
         self._scale_error: MeshrlError | None = None
         self._replica_addresses: list[str] = []
+        self._steps: SyncSteps | None = None  # how steps run (training.mode); asynchronous ones run ahead
         self.roles = sorted(
             {str(n.node_role).lower() for n in workflow.nodes if str(n.node_role) in ("ACTOR", "REFERENCE", "CRITIC")}
             | {"actor"}
@@ -112,7 +113,7 @@ class JobRunner:
     # -- checkpoints ---------------------------------------------------------------------
     def save_checkpoint(self, svc: JobServices, publisher: WeightPublisher, sampler: PromptSampler) -> None:
         path = self.run.checkpoint_path(self.step)
-        data = sampler.position.to_json()
+        data = (self._steps.data_position() if self._steps else "") or sampler.position.to_json()
         for role in self.roles:
             svc.trainer.save_checkpoint(role, str(path / role), self.step, data.encode())
         state = JobState(self.step, publisher.version, data, warmup_done=True)
@@ -191,7 +192,8 @@ class JobRunner:
                 summary["eval_step0"] = self._eval(svc, encoder, eval_records, reward_fn).get("eval/accuracy")
             handlers = NodeHandlers(cfg, svc.buffer, svc.trainer, svc.fleet, encoder, sampler, reward_fn)
             executor = StepExecutor(self.workflow.nodes, handlers.handler_for, self.events)
-            steps = make_steps(cfg, executor, svc.buffer, self.job_id, self.workflow.nodes, self.cancelled)
+            steps = self._steps = make_steps(cfg, executor, svc.buffer, self.job_id, self.workflow.nodes,
+                                             self.cancelled, lambda: sampler.position.to_json())  # fmt: skip
             steps.start(self.step, publisher.version)
             with StepProgress(cfg.job.steps, self.step, self.show_progress) as bar:
                 while self.step < cfg.job.steps:

@@ -35,6 +35,7 @@ class AdmissionGate:
         self.max_unconsumed = 0
         self.sizes: dict[int, int] = {}  # round -> groups appended
         self.metrics: dict[int, dict[str, float]] = {}  # round -> the producer side's node metrics
+        self.positions: dict[int, str] = {}  # round -> the data position after it (what a checkpoint saves)
         self.rollout_busy = 0.0  # seconds the producer spent in ROLLOUT nodes (total)
         self.rollout_wait = 0.0  # seconds it waited for admission (total)
         self.error: BaseException | None = None
@@ -53,8 +54,10 @@ class AdmissionGate:
             self.rollout_wait += time.perf_counter() - start
             return not self.stopped
 
-    def produced(self, r: int, groups: int, metrics: dict[str, float], rollout_seconds: float) -> None:
+    def produced(self, r: int, groups: int, metrics: dict[str, float], rollout_seconds: float,
+                 position: str = "") -> None:  # fmt: skip
         with self._cond:
+            self.positions[r] = position
             self.sizes[r] = groups
             self.metrics[r] = metrics
             self.unconsumed += groups
@@ -74,13 +77,14 @@ class AdmissionGate:
                 self._cond.wait(poll)
             return self.sizes[r]
 
-    def consumed(self, r: int, groups: int) -> dict[str, float]:
-        """The consumer took round r's `groups` (delivered or dropped); returns the round's producer metrics."""
+    def consumed(self, r: int, groups: int) -> tuple[dict[str, float], str]:
+        """The consumer took round r's `groups` (delivered or dropped); returns the round's producer metrics
+        and the data position after it."""
         with self._cond:
             self.unconsumed -= groups
             self.sizes.pop(r, None)
             self._cond.notify_all()
-            return self.metrics.pop(r, {})
+            return self.metrics.pop(r, {}), self.positions.pop(r, "")
 
     def announce(self, version: int) -> None:
         """The trainer's weights are now `version` (published to the fleet, the step's evaluation done)."""
