@@ -121,7 +121,7 @@ def run(sim: Sim, buffer, steps: int, eta: int | None, stream_groups: int = 0) -
     else:
         bound = stream_groups or (eta + 1) * PROMPTS
         plan = AsyncPlan(split_at_rollout(nodes), eta, bound, PROMPTS)
-        driver = AsyncSteps(executor, buffer, job, nodes, plan, threading.Event(), lambda: str(sim.loaded))
+        driver = AsyncSteps(executor, buffer, job, nodes, plan, threading.Event(), lambda: str(sim.loaded), steps)
     driver.start(0, sim.fleet_version)
     out = []
     try:
@@ -163,7 +163,7 @@ def test_no_trained_sample_is_older_than_eta_over_a_whole_run(buffer, eta):
     metrics, driver = run(sim, buffer, steps=6, eta=eta)
     assert len(sim.trained) == 6
     assert sim.positions == [str(k) for k in range(1, 7)]  # the consumed rounds', not the producer's, position
-    assert sim.loaded > 6  # while the producer ran ahead
+    assert sim.loaded == 6  # the producer ran ahead but not past the job's last step
     for version, token_versions in sim.trained:
         assert version - token_versions.values.min() <= eta  # every token of every trained row
     lags = [k for m in metrics for k, v in m.items() if k.startswith("async/staleness_") and k[-1].isdigit() and v]
@@ -232,6 +232,10 @@ def test_admission_gate_and_figures():
     gate.produced(1, 2, {}, 0.1)
     gate.produced(2, 2, {}, 0.1)
     assert not gate._admits(3)  # the stream is full
+    ending = AdmissionGate(first_round=1, first_version=1, eta=2, stream_groups=9, round_groups=2, last_round=1)
+    assert ending.admit(1) and not ending.admit(2)  # nothing past the job's last step
+    ending.extend()  # ... unless a round was wholly dropped as stale
+    assert ending.admit(2)
     assert staleness_histogram([0, 1, 1]) == {"async/staleness_0": 1.0, "async/staleness_1": 2.0,
                                               "async/staleness_max": 1.0}  # fmt: skip
     batch = Batch({

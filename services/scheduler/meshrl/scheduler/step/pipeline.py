@@ -147,8 +147,10 @@ class AsyncSteps(SyncSteps):
     """`training.mode: one_step_off / async`: the consumer side of each step, fed from the sample stream."""
 
     def __init__(self, executor: StepExecutor, buffer: DataBufferClient, job_id: str, nodes: list, plan: AsyncPlan,
-                 cancelled: threading.Event, position_of: Callable[[], str] = lambda: "") -> None:  # fmt: skip
+                 cancelled: threading.Event, position_of: Callable[[], str] = lambda: "",
+                 last_step: int | None = None) -> None:  # fmt: skip
         super().__init__(executor, buffer, job_id, nodes)
+        self.last_step = last_step
         self.position_of = position_of
         self.position = ""  # after the last consumed round: the sampler itself runs ahead
         self.split = plan.split
@@ -167,7 +169,7 @@ class AsyncSteps(SyncSteps):
         self.next_round = step + 1
         self.version = version
         self.position = self.position_of()
-        self.gate = AdmissionGate(step + 1, version, self.eta, self.stream_groups, self.round_groups)
+        self.gate = AdmissionGate(step + 1, version, self.eta, self.stream_groups, self.round_groups, self.last_step)
         self.producer = Producer(self.executor, self.split, self.buffer, self.job_id, self.gate, self.spans.use,
                                  lambda: self.version, self.position_of)  # fmt: skip
         self.producer.start()
@@ -197,6 +199,8 @@ class AsyncSteps(SyncSteps):
         groups, dropped, entries, producer_metrics, rounds = [], 0, [], {}, 0
         wait_start = time.perf_counter()
         while not groups:  # a round whose groups were all too stale trains nothing: take the next one
+            if rounds:
+                self.gate.extend()
             delivered, lost, ids = self._take_round(self.next_round, version)
             producer_metrics, self.position = self.gate.consumed(self.next_round, len(delivered) + lost)
             groups, dropped, entries = groups + delivered, dropped + lost, entries + ids
@@ -253,4 +257,4 @@ def make_steps(cfg: JobConfig, executor: StepExecutor, buffer: DataBufferClient,
     if t.mode == "sync":
         return SyncSteps(executor, buffer, job_id, nodes)
     plan = plan_async(t, cfg.data.prompts_per_step, nodes)
-    return AsyncSteps(executor, buffer, job_id, nodes, plan, cancelled, position_of)
+    return AsyncSteps(executor, buffer, job_id, nodes, plan, cancelled, position_of, last_step=cfg.job.steps)

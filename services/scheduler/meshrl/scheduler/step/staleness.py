@@ -24,8 +24,10 @@ class AdmissionGate:
     for `round_groups` more (at most `stream_groups`). With eta = 0 every round waits for the step before it:
     exactly the synchronous order."""
 
-    def __init__(self, first_round: int, first_version: int, eta: int, stream_groups: int, round_groups: int):
+    def __init__(self, first_round: int, first_version: int, eta: int, stream_groups: int, round_groups: int,
+                 last_round: int | None = None):  # fmt: skip
         self.first_round = first_round
+        self.last_round = last_round  # the job's last step: no round past it (None: unbounded)
         self.first_version = first_version
         self.eta = eta
         self.stream_groups = stream_groups
@@ -47,12 +49,22 @@ class AdmissionGate:
         return fresh and self.unconsumed + self.round_groups <= self.stream_groups
 
     def admit(self, r: int) -> bool:
-        """Blocks the producer until round r may start; False once the job stops."""
+        """Blocks the producer until round r may start; False once the job stops (or r is past its end)."""
         start = time.perf_counter()
         with self._cond:
-            self._cond.wait_for(lambda: self.stopped or self._admits(r))
+            self._cond.wait_for(lambda: self.stopped or self._past_end(r) or self._admits(r))
             self.rollout_wait += time.perf_counter() - start
-            return not self.stopped
+            return not (self.stopped or self._past_end(r))
+
+    def _past_end(self, r: int) -> bool:
+        return self.last_round is not None and r > self.last_round
+
+    def extend(self) -> None:
+        """A round was wholly dropped as stale: one more round is needed before the job ends."""
+        with self._cond:
+            if self.last_round is not None:
+                self.last_round += 1
+            self._cond.notify_all()
 
     def produced(self, r: int, groups: int, metrics: dict[str, float], rollout_seconds: float,
                  position: str = "") -> None:  # fmt: skip
