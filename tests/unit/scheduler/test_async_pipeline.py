@@ -261,3 +261,26 @@ def test_training_settings_are_checked(values, message):
         TrainingSection(**values)
     assert TrainingSection(mode="one_step_off").staleness == 1
     assert TrainingSection(mode="async", max_staleness=2).staleness == 2
+
+
+def test_the_producers_spans_are_inside_the_consuming_step(buffer):
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from meshrl.common.telemetry import TelemetryConfig, setup_telemetry, shutdown_telemetry
+
+    exporter = InMemorySpanExporter()
+    shutdown_telemetry()
+    setup_telemetry("scheduler", TelemetryConfig(), span_exporter=exporter)
+    try:
+        run(Sim(buffer, train_s=0.05), buffer, steps=3, eta=1)
+    finally:
+        shutdown_telemetry()
+    spans = exporter.get_finished_spans()
+    roots = {s.name: s for s in spans if s.name.startswith("step ")}
+    assert sorted(roots) == ["step 1", "step 2", "step 3"]
+    for k in (1, 2, 3):
+        trace_id = roots[f"step {k}"].context.trace_id
+        nodes = {s.name for s in spans if s.context.trace_id == trace_id and s.name.startswith("node ")}
+        assert nodes == {f"node {n.node_id}" for n in grpo_like()}  # producer's and consumer's nodes, one trace
+    # round 2 was generated while step 1 trained: its step span starts before step 1 ends
+    assert roots["step 2"].start_time < roots["step 1"].end_time
