@@ -32,6 +32,7 @@ LOSS_VALUES = {
     "entropy_coef": 0.01,
     "tis_cap": 2.0,
     "value_clip": 0.0,
+    "mis_cap": 5.0,
 }
 OPTIM_VALUES = {
     "lr": 3e-4,

@@ -13,7 +13,9 @@ from meshrl.trainer.losses import (
     aggregate,
     entropy_from_logits,
     gspo_token_loss,
+    importance_weights,
     kl_penalty,
+    masked_is_weights,
     policy_objective,
     ppo_token_loss,
     truncated_is_weights,
@@ -103,6 +105,22 @@ def test_aggregation_modes():
 def test_truncated_importance_sampling():
     w = truncated_is_weights(t([ln(3.0), ln(0.5)]), torch.zeros(1, 2), cap=2.0)
     torch.testing.assert_close(w, t([2.0, 0.5]))
+
+
+def test_masked_importance_sampling_drops_tokens_above_the_cap():
+    old, rollout = t([ln(3.0), ln(0.5), ln(1.5)]), torch.zeros(1, 3)
+    torch.testing.assert_close(masked_is_weights(old, rollout, cap=2.0), t([0.0, 0.5, 1.5]))
+    both = importance_weights(LossConfig(tis_cap=1.0, mis_cap=2.0), old, rollout)
+    torch.testing.assert_close(both, t([0.0, 0.5, 1.0]))  # masked above 2, truncated at 1
+    logp, adv, mask = t([ln(0.5)] * 3), t([1.0, 1.0, 1.0]), torch.ones(1, 3)
+    loss, sums = policy_objective(LossConfig(mis_cap=2.0), mask, 3.0, logprobs=logp, old_logprobs=logp + old,
+                                  advantages=adv, rollout_logprobs=logp)  # fmt: skip
+    # decoupled PPO: ratio against the proximal (old) policy, weight old / behaviour (rollout): the masked
+    # token adds nothing; the others add max(-A * r, -A * clip(r)) * w: ratio 2 -> -1.2 * 0.5, ratio 1/1.5 -> -(1/1.5) * 1.5
+    assert sums["is_masked"] == 1.0
+    assert loss.item() == pytest.approx((-1.2 * 0.5 - (1 / 1.5) * 1.5) / 3, abs=1e-6)
+    with pytest.raises(ConfigError, match="rollout_logprobs"):
+        policy_objective(LossConfig(mis_cap=2.0), mask, 3.0, logprobs=logp, advantages=adv)
 
 
 def test_value_loss_with_clip():

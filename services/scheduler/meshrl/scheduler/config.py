@@ -1,7 +1,7 @@
 """Typed configuration of a job (what `meshrl run` and SubmitJob take) and of the scheduler service.
 
 Sections: job, model, data, rollout, trainer, algorithm, weights, warmup, eval,
-checkpoint, services, telemetry, logging (experiment trackers). Every field has a default that runs on a CPU; a
+checkpoint, training (sync / one-step-off / async), services, telemetry, logging (experiment trackers). Every field has a default that runs on a CPU; a
 workflow's nodes read their settings from here through `${...}` references.
 """
 
@@ -100,6 +100,7 @@ class LossSection(StrictModel):
     kl_estimator: Literal["k1", "k2", "k3"] | None = None
     entropy_coef: float | None = Field(None, ge=0, description="entropy bonus weight")
     tis_cap: float | None = Field(None, ge=0, description="truncated importance sampling cap; 0 = off")
+    mis_cap: float | None = Field(None, ge=0, description="masked importance sampling: tokens above it leave the loss")
     value_clip: float | None = Field(None, ge=0, description="critic value clip; 0 = off")
 
 
@@ -235,6 +236,38 @@ class EvalSection(StrictModel):
     max_tokens: int | None = None
 
 
+class TrainingSection(StrictModel):
+    """How generation and training overlap (meshrl.scheduler.step.modes): `sync` runs each step's DAG in order;
+    `one_step_off` generates step k+1 while step k trains (samples one weight version old); `async` keeps
+    generating up to `max_staleness` versions ahead of the trainer."""
+
+    mode: Literal["sync", "one_step_off", "async"] = "sync"
+    max_staleness: int | None = Field(
+        None,
+        ge=0,
+        description="eta: versions a consumed sample may lag the trainer (sync 0, one_step_off 1; async: set it)",
+    )
+    stream_groups: int = Field(
+        0, ge=0, description="back-pressure: most unconsumed groups in the sample stream (0: (eta + 1) steps' worth)"
+    )
+
+    @pydantic.model_validator(mode="after")
+    def _staleness_fits_mode(self) -> TrainingSection:
+        fixed = {"sync": 0, "one_step_off": 1}.get(self.mode)
+        if fixed is not None and self.max_staleness not in (None, fixed):
+            raise ValueError(
+                f"training.max_staleness = {self.max_staleness} does not fit training.mode = {self.mode!r} "
+                f"(it is {fixed} there); use mode 'async' for another bound or leave max_staleness unset"
+            )
+        if self.mode == "async" and self.max_staleness is None:
+            raise ValueError("training.max_staleness is unset; mode 'async' needs a bound, e.g. 1 or 2")
+        return self
+
+    @property
+    def staleness(self) -> int:
+        return {"sync": 0, "one_step_off": 1}.get(self.mode, self.max_staleness or 0)
+
+
 class CheckpointSection(StrictModel):
     every: int = Field(0, ge=0, description="save every K steps (0: only at the end)")
 
@@ -276,6 +309,7 @@ class JobConfig(StrictModel):
     warmup: WarmupSection = Field(default_factory=WarmupSection)
     eval: EvalSection = Field(default_factory=EvalSection)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+    training: TrainingSection = Field(default_factory=TrainingSection)
     services: ServicesSection = Field(default_factory=ServicesSection)
     telemetry: TelemetryConfig = Field(default_factory=lambda: TelemetryConfig(exporter="file"))
     logging: LoggingSection = Field(default_factory=LoggingSection)

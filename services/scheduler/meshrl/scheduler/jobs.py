@@ -23,6 +23,7 @@ from meshrl.scheduler.job_policy import JobPolicy, check_run_id
 from meshrl.scheduler.recovery import run_with_restarts, unfinished_runs
 from meshrl.scheduler.rundir import RunDir
 from meshrl.scheduler.step.dispatch import check_runnable
+from meshrl.scheduler.step.modes import plan_async
 from meshrl.scheduler.step.runner import JobRunner
 from meshrl.scheduler.workflow import Workflow, load_workflow_text
 
@@ -105,6 +106,8 @@ class JobManager:
         self.policy.check_overrides(cfg)
         workflow: Workflow = load_workflow_text(workflow_text, raw, allowed_modules=cfg.job.allowed_modules)
         check_runnable(workflow)
+        if cfg.training.mode != "sync":
+            plan_async(cfg.training, cfg.data.prompts_per_step, workflow.nodes)  # refused now, not at step 1
         if resume_dir:
             run = RunDir(self.policy.resume_folder(resume_dir))
             job_id = job_id or run.root.name

@@ -46,6 +46,12 @@ class LossConfig(Settings):
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     entropy_coef: float = Field(0.0, ge=0, description="entropy bonus weight (loss -= coef * entropy)")
     tis_cap: float = Field(0.0, ge=0, description="truncated importance sampling cap vs. rollout log-probs; 0 = off")
+    mis_cap: float = Field(
+        0.0,
+        ge=0,
+        description="masked importance sampling: tokens whose pi_old / pi_rollout exceeds it leave the loss; "
+        "0 = off (with tis_cap too: weights truncated at tis_cap, tokens above mis_cap masked)",
+    )
     value_clip: float = Field(0.2, ge=0, description="critic: clip of value updates around the old values; 0 = off")
 
     @pydantic.model_validator(mode="before")
@@ -188,6 +194,27 @@ def truncated_is_weights(old_logprobs: torch.Tensor, rollout_logprobs: torch.Ten
     return ratio.clamp(max=cap).detach()
 
 
+def masked_is_weights(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, cap: float) -> torch.Tensor:
+    """Masked importance sampling weights: pi_old / pi_rollout where it is at most `cap`, else 0, detached.
+
+    Unlike truncation, a token the rollout sampled far more readily than the trainer would (a stale or
+    mismatched behaviour policy) is left out of the gradient instead of counted at the cap.
+    """
+    ratio = torch.exp((old_logprobs - rollout_logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))
+    return torch.where(ratio <= cap, ratio, torch.zeros_like(ratio)).detach()
+
+
+def importance_weights(cfg: LossConfig, old: torch.Tensor, rollout: torch.Tensor) -> torch.Tensor:
+    """Decoupled PPO's behaviour correction: the PPO ratio is taken against the proximal policy (`old`, the
+    trainer's log-probs before the update) and each token's loss is weighted by pi_old / pi_behaviour (the
+    rollout's own log-probs), truncated at tis_cap and/or masked above mis_cap."""
+    weights = truncated_is_weights(old, rollout, cfg.tis_cap) if cfg.tis_cap else None
+    if cfg.mis_cap:
+        masked = masked_is_weights(old, rollout, cfg.mis_cap)
+        weights = masked if weights is None else torch.where(masked > 0, weights, torch.zeros_like(weights))
+    return weights
+
+
 def value_token_loss(
     values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, *, clip: float = 0.2
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -230,7 +257,7 @@ def policy_objective(
 
     Every tensor is [B, T] aligned with response tokens. old_logprobs defaults to logprobs.detach()
     (on-policy: ratio 1). Returns (loss scalar, already divided by `denominator`; metric sums over this
-    micro-batch's tokens: tokens, pg_loss, kl, entropy, clipped, dual_clipped, ratio, tis_weight).
+    micro-batch's tokens: tokens, pg_loss, kl, entropy, clipped, dual_clipped, ratio, tis_weight, is_masked).
     """
     mask = mask.to(logprobs.dtype)
     agg = cfg.aggregation
@@ -249,11 +276,12 @@ def policy_objective(
             token_loss, clipped, dual = ppo_token_loss(
                 logprobs, old, advantages, clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip
             )
-        if cfg.tis_cap:
-            rollout = _require("rollout_logprobs", rollout_logprobs, "tis_cap > 0 corrects against them")
-            weights = truncated_is_weights(old, rollout, cfg.tis_cap)
+        if cfg.tis_cap or cfg.mis_cap:
+            rollout = _require("rollout_logprobs", rollout_logprobs, "tis_cap / mis_cap > 0 correct against them")
+            weights = importance_weights(cfg, old, rollout)
             token_loss = token_loss * weights
             sums["tis_weight"] = float((weights * mask).sum())
+            sums["is_masked"] = float(((weights == 0).to(mask.dtype) * mask).sum())
         sums["clipped"] = float((clipped.to(mask.dtype) * mask).sum())
         sums["dual_clipped"] = float((dual.to(mask.dtype) * mask).sum())
         sums["ratio"] = float((torch.exp(logprobs.detach() - old) * mask).sum())

@@ -33,6 +33,7 @@ _PER_TOKEN_METRICS = {
     "entropy": "entropy",
     "ratio": "ratio",
     "tis_weight": "tis_weight",
+    "is_masked": "is_masked_fraction",
     "vf_clipped": "vf_clip_fraction",
     "values": "values",
 }
@@ -45,7 +46,7 @@ def needed_columns(cfg: LossConfig) -> list[str]:
     needed = [] if cfg.policy_loss == "sft" else [S.ADVANTAGES]
     if cfg.kl_coef:
         needed.append(S.REF_LOGPROBS)
-    if cfg.tis_cap and cfg.policy_loss != "sft":
+    if (cfg.tis_cap or cfg.mis_cap) and cfg.policy_loss != "sft":
         needed.append(S.ROLLOUT_LOGPROBS)
     return needed
 

@@ -204,9 +204,11 @@ class RolloutFleet:
         temperature: float,
         top_p: float,
         max_tokens: int,
+        seed: int | None = None,
     ) -> tuple[list[keys_pb2.BatchKey], dict[str, float]]:
-        """n samples per prompt of `source`; returns the output shard keys (consumers read them all)."""
-        sampling = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}
+        """n samples per prompt of `source`; returns the output shard keys (consumers read them all).
+        `seed` makes every sample reproducible (each replica derives one per prompt row and sample)."""
+        sampling = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "seed": seed}
         result = self.router.generate_batch(
             source, batch_key(job_id, step, node_id), sampling, n=n, job_id=job_id, step=step, merge=False
         )

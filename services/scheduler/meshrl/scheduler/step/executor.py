@@ -58,7 +58,7 @@ class StepContext:
                 continue
             seen.add(dep)
             result = self.results[dep]
-            keys += result.outputs
+            keys += [k for k in result.outputs if k not in keys]  # given results may share one key
             if not result.rewrites_rows:
                 frontier += list(self.nodes[dep].dependencies)
         return keys
@@ -103,8 +103,15 @@ class StepExecutor:
 
     def run_step(self, job_id: str, step: int) -> dict[str, float]:
         """Runs every node of the DAG once; raises NodeFailed (after the running nodes end) on failure."""
-        ctx = StepContext(job_id, step, nodes=self.nodes)
-        pending = dict(self.nodes)
+        return self.run_nodes(job_id, step)[0]
+
+    def run_nodes(
+        self, job_id: str, step: int, only: set[str] | None = None, given: dict[str, NodeResult] | None = None
+    ) -> tuple[dict[str, float], StepContext]:
+        """Runs the nodes in `only` (default: all), with `given` standing in for the results of nodes
+        that ran elsewhere (the producer side of an asynchronous step); returns (metrics, context)."""
+        ctx = StepContext(job_id, step, results=dict(given or {}), nodes=self.nodes)
+        pending = {i: n for i, n in self.nodes.items() if (only is None or i in only) and i not in ctx.results}
         for node_id in pending:
             self.events.node(step, node_id, spb.NODE_STATE_PENDING)
         running: dict[Future, str] = {}
@@ -131,4 +138,6 @@ class StepExecutor:
                         failure = failure or NodeFailed(node_id, step, detail, exc)
         if failure is not None:
             raise failure
-        return metrics
+        if pending:  # an upstream node was neither run nor given: a wrong split, never a silent skip
+            raise NodeFailed(next(iter(pending)), step, f"upstream results missing for {sorted(pending)}")
+        return metrics, ctx

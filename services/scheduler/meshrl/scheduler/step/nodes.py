@@ -39,6 +39,12 @@ def _text(col: Ragged, i: int) -> str:
     return bytes(col.row(i).astype(np.uint8)).decode("utf-8", errors="replace")
 
 
+def rollout_seed(job_seed: int, step: int) -> int:
+    """The sampling seed of a step's rollout: the same job seed and step give the same samples, whichever
+    mode (sync or asynchronous) runs the step; never 0 (the proto's "no seed")."""
+    return ((job_seed * 1_000_003 + step) & 0x7FFF_FFFF_FFFF) + 1
+
+
 def encode_texts(texts: list[str]) -> Ragged:
     return Ragged.from_rows([np.frombuffer(t.encode(), dtype=np.uint8) for t in texts], dtype=np.uint8)
 
@@ -108,6 +114,7 @@ class NodeHandlers:
             temperature=float(node.config.get("temperature", r.temperature)),
             top_p=float(node.config.get("top_p", r.top_p)),
             max_tokens=int(node.config.get("max_tokens", r.max_tokens)),
+            seed=rollout_seed(self.cfg.job.seed, ctx.step),
         )
         return NodeResult(keys, metrics, rewrites_rows=True)  # one row per sample from here on
 

@@ -3,7 +3,8 @@ supervised warm-up if configured, the step-0 evaluation, then the training steps
 
     data_load → rollout → reward → advantage → old/ref log-prob → train → publish weights
 
-with evaluation every K steps, checkpoints, metrics, a report; and everything shut down
+(or, with `training.mode` one_step_off / async, the generation side running ahead in a producer thread:
+step/pipeline.py) with evaluation every K steps, checkpoints, metrics, a report; and everything shut down
 at the end, on failure, on cancel or on Ctrl-C. A run folder can be resumed.
 """
 
@@ -17,8 +18,6 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
-from opentelemetry import context as otel_context
 
 from meshrl.common import telemetry
 from meshrl.common.errors import (
@@ -42,6 +41,7 @@ from meshrl.scheduler.step.data import DataPosition, PromptEncoder, PromptSample
 from meshrl.scheduler.step.evaluation import evaluate
 from meshrl.scheduler.step.executor import StepExecutor
 from meshrl.scheduler.step.nodes import NodeHandlers
+from meshrl.scheduler.step.pipeline import SyncSteps, make_steps
 from meshrl.scheduler.step.progress import StepProgress
 from meshrl.scheduler.step.rewards import resolve_reward
 from meshrl.scheduler.step.user_code import UserCode
@@ -82,6 +82,7 @@ class JobRunner:
         self._scale_error: MeshrlError | None = None
         self._replica_addresses: list[str] = []
         self.user_code: UserCode | None = None  # worker pools for rewards and environments, made by run_job
+        self._steps: SyncSteps | None = None  # how steps run (training.mode); asynchronous ones run ahead
         self.roles = sorted(
             {str(n.node_role).lower() for n in workflow.nodes if str(n.node_role) in ("ACTOR", "REFERENCE", "CRITIC")}
             | {"actor"}
@@ -114,7 +115,7 @@ class JobRunner:
     # -- checkpoints ---------------------------------------------------------------------
     def save_checkpoint(self, svc: JobServices, publisher: WeightPublisher, sampler: PromptSampler) -> None:
         path = self.run.checkpoint_path(self.step)
-        data = sampler.position.to_json()
+        data = (self._steps.data_position() if self._steps else "") or sampler.position.to_json()
         for role in self.roles:
             svc.trainer.save_checkpoint(role, str(path / role), self.step, data.encode())
         state = JobState(self.step, publisher.version, data, warmup_done=True)
@@ -177,6 +178,7 @@ class JobRunner:
         self.user_code = UserCode(cfg, self.workflow.nodes, self.events.log)
         summary: dict = {"job_id": self.job_id, "run_dir": str(self.run.root)}
         started = time.monotonic()
+        steps: SyncSteps | None = None
         self.trackers = open_trackers(cfg.logging, self.run.root, self.job_id, cfg.model_dump(mode="json"))
         try:
             svc.open()
@@ -200,6 +202,9 @@ class JobRunner:
                 cfg, svc.buffer, svc.trainer, svc.fleet, encoder, sampler, reward_fn, self.user_code
             )
             executor = StepExecutor(self.workflow.nodes, handlers.handler_for, self.events)
+            steps = self._steps = make_steps(cfg, executor, svc.buffer, self.job_id, self.workflow.nodes,
+                                             self.cancelled, lambda: sampler.position.to_json())  # fmt: skip
+            steps.start(self.step, publisher.version)
             with StepProgress(cfg.job.steps, self.step, self.show_progress) as bar:
                 while self.step < cfg.job.steps:
                     if self.cancelled.is_set():
@@ -207,9 +212,10 @@ class JobRunner:
                     self._apply_scale(svc, publisher)
                     self._follow_registry(svc, publisher)
                     self.step += 1
-                    metrics = self._train_step(svc, executor, publisher)
+                    metrics = self._train_step(svc, steps, publisher)
                     if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.job.steps:
                         metrics.update(self._eval(svc, encoder, eval_records, reward_fn))
+                    steps.announce(publisher.version)  # generation may move on to the new weights
                     bar.step(self.step, metrics)
                     if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
                         self.save_checkpoint(svc, publisher, sampler)
@@ -220,8 +226,12 @@ class JobRunner:
             return summary
         finally:
             summary["seconds"] = round(time.monotonic() - started, 1)
-            self.user_code.close()
+            if steps is not None:
+                steps.stop()
             svc.close()
+            if steps is not None:
+                steps.join()
+            self.user_code.close()  # after the producer, whose reward nodes use its workers
             telemetry.force_flush()
             if self.run.metrics_file.exists():
                 write_report(self.run, summary)
@@ -312,17 +322,15 @@ class JobRunner:
             svc.fleet.mark_fresh(client.address)
             self.events.log(f"replica {client.address} refitted to weight version {publisher.version}")
 
-    def _train_step(self, svc: JobServices, executor: StepExecutor, publisher: WeightPublisher) -> dict[str, float]:
+    def _train_step(self, svc: JobServices, steps: SyncSteps, publisher: WeightPublisher) -> dict[str, float]:
         start = time.perf_counter()
-        with telemetry.tracer().start_as_current_span(
-            A.step_span_name(self.step),
-            context=otel_context.Context(),
-            attributes={A.STEP: self.step, A.JOB_ID: self.job_id},
-        ):
+        with steps.step_span(self.step) as span:
+            span.set_attribute(A.STEP, self.step)
             self._refit_stale(svc, publisher)
-            metrics = executor.run_step(self.job_id, self.step)
+            metrics = steps.run_step(self.step, publisher.version)
             result = publisher.publish(svc.fleet.clients())
-            svc.fleet.expect_version(result.version)
+            if self.cfg.training.staleness == 0:  # else generation may lag; a replica below the job's
+                svc.fleet.expect_version(result.version)  # first version (restarted) is still refused
             for address in result.stale:
                 svc.fleet.mark_stale(address)
                 self.events.log(f"replica {address} missed weight version {result.version}: stale, no traffic")
@@ -338,6 +346,7 @@ class JobRunner:
                         "weights/bytes": result.bytes, "weights/stale_replicas": len(result.stale),
                         "weights/nccl": float(result.backend == "nccl")})  # fmt: skip
         metrics["time/step"] = time.perf_counter() - start
+        steps.finish_step(metrics)
         telemetry.metrics().record_step(metrics["time/step"])
         self.run.log_metrics(self.step, metrics)
         self.events.metrics(self.step, metrics)

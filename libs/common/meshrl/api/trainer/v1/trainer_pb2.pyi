@@ -182,7 +182,7 @@ class ComputeResponse(_message.Message):
     def __init__(self, tokens: _Optional[int] = ..., micro_batches: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class LossConfig(_message.Message):
-    __slots__ = ("policy_loss", "clip_low", "clip_high", "dual_clip", "aggregation", "kl_coef", "kl_estimator", "entropy_coef", "tis_cap", "value_clip")
+    __slots__ = ("policy_loss", "clip_low", "clip_high", "dual_clip", "aggregation", "kl_coef", "kl_estimator", "entropy_coef", "tis_cap", "value_clip", "mis_cap")
     POLICY_LOSS_FIELD_NUMBER: _ClassVar[int]
     CLIP_LOW_FIELD_NUMBER: _ClassVar[int]
     CLIP_HIGH_FIELD_NUMBER: _ClassVar[int]
@@ -193,6 +193,7 @@ class LossConfig(_message.Message):
     ENTROPY_COEF_FIELD_NUMBER: _ClassVar[int]
     TIS_CAP_FIELD_NUMBER: _ClassVar[int]
     VALUE_CLIP_FIELD_NUMBER: _ClassVar[int]
+    MIS_CAP_FIELD_NUMBER: _ClassVar[int]
     policy_loss: PolicyLoss
     clip_low: float
     clip_high: float
@@ -203,7 +204,8 @@ class LossConfig(_message.Message):
     entropy_coef: float
     tis_cap: float
     value_clip: float
-    def __init__(self, policy_loss: _Optional[_Union[PolicyLoss, str]] = ..., clip_low: _Optional[float] = ..., clip_high: _Optional[float] = ..., dual_clip: _Optional[float] = ..., aggregation: _Optional[_Union[LossAggregation, str]] = ..., kl_coef: _Optional[float] = ..., kl_estimator: _Optional[_Union[KlEstimator, str]] = ..., entropy_coef: _Optional[float] = ..., tis_cap: _Optional[float] = ..., value_clip: _Optional[float] = ...) -> None: ...
+    mis_cap: float
+    def __init__(self, policy_loss: _Optional[_Union[PolicyLoss, str]] = ..., clip_low: _Optional[float] = ..., clip_high: _Optional[float] = ..., dual_clip: _Optional[float] = ..., aggregation: _Optional[_Union[LossAggregation, str]] = ..., kl_coef: _Optional[float] = ..., kl_estimator: _Optional[_Union[KlEstimator, str]] = ..., entropy_coef: _Optional[float] = ..., tis_cap: _Optional[float] = ..., value_clip: _Optional[float] = ..., mis_cap: _Optional[float] = ...) -> None: ...
 
 class TrainStepRequest(_message.Message):
     __slots__ = ("role", "inputs", "loss", "micro_batch_tokens", "mini_batches", "global_step", "lr_override")

@@ -1,0 +1,108 @@
+"""The producer side of an asynchronous job: a thread that runs the DAG's producer nodes (data load, rollout,
+reward, ...) round after round, as far ahead as `AdmissionGate` allows, and appends each round's samples to the
+job's sample stream in the data buffer, one group per prompt, each stamped with the oldest weight version among
+its tokens. Its spans live in the trace of the step that will consume the round (`StepSpans`).
+Started and stopped by `meshrl.scheduler.step.pipeline.AsyncSteps`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import types
+from collections.abc import Callable
+
+import numpy as np
+
+from meshrl.common import batch_schema as S
+from meshrl.common.batch_key import batch_key
+from meshrl.common.codec import Batch
+from meshrl.common.databuffer_client import DataBufferClient, Group
+from meshrl.scheduler.step.executor import StepContext, StepExecutor
+from meshrl.scheduler.step.modes import Split
+from meshrl.scheduler.step.staleness import AdmissionGate
+
+log = logging.getLogger(__name__)
+
+STREAM = "samples"  # the job's sample stream
+ROWS_NODE = "_stream"  # pseudo node: the consumer side's rows, read from the stream, under (job, step, _stream)
+
+
+def split_groups(batch: Batch, round_: int, fallback_version: int) -> list[Group]:
+    """One group per prompt (rows sharing a group_index, in order of first appearance); a group's
+    weight version is the oldest version among its tokens."""
+    groups = np.asarray(batch[S.GROUP_INDEX], dtype=np.int64)
+    versions = batch.columns.get(S.RESPONSE_VERSIONS)
+    out: list[Group] = []
+    for g in dict.fromkeys(groups.tolist()):
+        rows = np.flatnonzero(groups == g).tolist()
+        part = batch.take(rows)
+        version = fallback_version
+        if versions is not None and part[S.RESPONSE_VERSIONS].values.size:
+            version = int(part[S.RESPONSE_VERSIONS].values.min())
+        out.append(Group(f"r{round_}-g{g}", version, part))
+    return out
+
+
+def boundary_keys(ctx: StepContext, split: Split) -> list:
+    """The keys a consumer node would read from the boundary nodes, as one list."""
+    nodes = {**ctx.nodes, ROWS_NODE: types.SimpleNamespace(dependencies=list(split.boundary))}
+    return StepContext(ctx.job_id, ctx.step, ctx.results, nodes).input_keys(ROWS_NODE)
+
+
+class Producer:
+    def __init__(
+        self,
+        executor: StepExecutor,
+        split: Split,
+        buffer: DataBufferClient,
+        job_id: str,
+        gate: AdmissionGate,
+        span_for: Callable[[int], object],
+        version_of: Callable[[], int],
+        position_of: Callable[[], str] = lambda: "",
+    ) -> None:
+        self.executor = executor
+        self.split = split
+        self.buffer = buffer
+        self.job_id = job_id
+        self.gate = gate
+        self.span_for = span_for  # round -> context manager making the step's span current
+        self.version_of = version_of  # the fleet's current weight version (a group without token versions)
+        self.position_of = position_of  # the data sampler's position (after a round: where the next starts)
+        self._thread = threading.Thread(target=self._run, name="producer", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self, timeout: float) -> None:
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        r = self.gate.first_round
+        try:
+            while self.gate.admit(r):
+                self._round(r)
+                r += 1
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it in the step loop
+            if not self.gate.stopped:
+                log.warning("producer failed at round %d: %s", r, exc)
+            self.gate.fail(exc)
+
+    def _round(self, r: int) -> None:
+        version = self.version_of()
+        with self.span_for(r):
+            metrics, ctx = self.executor.run_nodes(self.job_id, r, only=set(self.split.producer))
+            position = self.position_of()
+            batch = self.buffer.get_many(boundary_keys(ctx, self.split))
+            groups = split_groups(batch, r, version)
+            self.buffer.append_groups(self.job_id, STREAM, groups)
+        for key in self.buffer.list(self.job_id, r):  # the round's own keys: its rows are in the stream now
+            self.buffer.delete(key)
+        rollout = sum(metrics.get(f"time/{i}", 0.0) for i in self.split.rollout)
+        self.gate.produced(r, len(groups), metrics, rollout, position)
+
+
+def rows_key(job_id: str, step: int):
+    return batch_key(job_id, step, ROWS_NODE)
