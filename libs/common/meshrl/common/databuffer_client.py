@@ -31,7 +31,7 @@ from meshrl.common.codec import (
     encode_batch,
     merge_batches,
 )
-from meshrl.common.errors import DataLoss, InvalidArgument, from_rpc_error
+from meshrl.common.errors import DataLoss, InvalidArgument, NotFound, from_rpc_error
 from meshrl.common.grpc_channel import ChannelConfig, call, open_channel, wait_until_serving
 
 SERVICE = "meshrl.databuffer.v1.DataBuffer"
@@ -151,6 +151,9 @@ class BufferStats:
     drops_by_reason: dict[str, int] = field(default_factory=dict)
     budget_bytes: int = 0
     budget_entries: int = 0
+    get_calls: int = 0  # GetBatch calls the service process served since it started, and what they sent
+    get_bytes: int = 0
+    get_rows: int = 0
 
 
 class JobDeletion(NamedTuple):
@@ -204,6 +207,9 @@ class DataBufferClient:
             columns = columns.columns
         header, views = encode_batch(columns, samples, attrs)
         start = pb.PutBatchStart(key=key, header=header, ttl_seconds=ttl_seconds, overwrite=overwrite)
+        if header.total_bytes <= self.chunk_bytes:  # one frame: one unary message, no stream
+            request = pb.PutSmallBatchRequest(start=start, payload=b"".join(views))
+            return call(self._stub.PutSmallBatch, request, timeout=timeout).bytes_written
 
         def requests() -> Iterator[Any]:
             yield pb.PutBatchRequest(start=start)
@@ -211,13 +217,26 @@ class DataBufferClient:
 
         return call(self._put, requests(), timeout=timeout).bytes_written
 
-    def get(self, key: keys_pb2.BatchKey, *, wait_seconds: float = 0.0, timeout: float = 60.0) -> Batch:
+    def get(
+        self,
+        key: keys_pb2.BatchKey,
+        *,
+        columns: Sequence[str] = (),
+        rows: tuple[int, int] | None = None,
+        missing_ok: bool = False,
+        wait_seconds: float = 0.0,
+        timeout: float = 60.0,
+    ) -> Batch:
         """The batch under `key`; waits up to `wait_seconds` for it to appear (then NotFound).
 
-        `timeout` bounds the transfer; the call's deadline is wait_seconds + timeout. The
-        arrays are writable views of one buffer holding the payload.
+        Only `columns` (empty: all; a name the batch lacks is NotFound unless `missing_ok`) of rows
+        [begin, end) (None: all; outside the batch is InvalidArgument) travel. `timeout` bounds the
+        transfer; the call's deadline is wait_seconds + timeout. The arrays are writable views of one
+        buffer holding the payload.
         """
-        request = pb.GetBatchRequest(key=key, wait_seconds=wait_seconds)
+        request = pb.GetBatchRequest(key=key, wait_seconds=wait_seconds, columns=columns, missing_ok=missing_ok)
+        if rows is not None:
+            request.rows.begin, request.rows.end = rows
         replies = self._get(request, timeout=wait_seconds + timeout)
         try:
             first = next(replies, None)
@@ -241,27 +260,47 @@ class DataBufferClient:
             raise DataLoss(f"GetBatch ended after {pos} of the {header.total_bytes} bytes its header announced")
         return decode_batch(header, buf)
 
-    def get_many(self, keys: Sequence[keys_pb2.BatchKey], *, wait_seconds: float = 0.0, timeout: float = 60.0) -> Batch:
+    def get_many(
+        self,
+        keys: Sequence[keys_pb2.BatchKey],
+        *,
+        columns: Sequence[str] = (),
+        wait_seconds: float = 0.0,
+        timeout: float = 60.0,
+    ) -> Batch:
         """The batches of several upstream nodes (same rows), merged by column. The shards of one
-        node's output (same job, step and node) are first concatenated row-wise in shard order."""
+        node's output (same job, step and node) are first concatenated row-wise in shard order.
+        With `columns`, each batch sends only those it holds, and a column none holds is NotFound."""
         if not keys:
+            if columns:
+                raise NotFound(f"columns {list(columns)} were asked for, but no input batch was given")
             return Batch()
         # Each read runs in a copy of the caller's context, so its span joins the caller's trace.
         contexts = [contextvars.copy_context() for _ in keys]
+        opts = {"columns": columns, "missing_ok": bool(columns), "wait_seconds": wait_seconds, "timeout": timeout}
         with ThreadPoolExecutor(max_workers=min(len(keys), 8)) as pool:
-            batches = list(
-                pool.map(lambda c, k: c.run(self.get, k, wait_seconds=wait_seconds, timeout=timeout), contexts, keys)
-            )
+            batches = list(pool.map(lambda c, k: c.run(self.get, k, **opts), contexts, keys))
         by_node: dict[tuple[str, int, str], list[tuple[int, Batch]]] = {}
         for key, batch in zip(keys, batches):
             by_node.setdefault((key.job_id, key.step, key.node_id), []).append(
                 (key.shard if key.has_shard else -1, batch)
             )
         nodes = [concat_batches([b for _, b in sorted(parts, key=lambda p: p[0])]) for parts in by_node.values()]
-        return merge_batches(nodes)
+        merged = merge_batches([b for b in nodes if b.columns or not columns])
+        missing = [c for c in columns if c not in merged.columns]
+        if missing:
+            names = sorted({k.node_id for k in keys})
+            raise NotFound(f"no input batch (of {names}) holds column {missing}; check the upstream nodes' outputs")
+        return merged
 
     def delete(self, key: keys_pb2.BatchKey, *, timeout: float = 30.0) -> bool:
         return call(self._stub.DeleteBatch, pb.DeleteBatchRequest(key=key), timeout=timeout).deleted
+
+    def delete_step(self, job_id: str, step: int, *, timeout: float = 60.0) -> int:
+        """Deletes every batch of one step of a job in one call; returns how many there were."""
+        return call(
+            self._stub.DeleteStep, pb.DeleteStepRequest(job_id=job_id, step=step), timeout=timeout
+        ).batches_deleted
 
     def list(self, job_id: str, step: int = -1, *, timeout: float = 30.0) -> list[keys_pb2.BatchKey]:
         reply = call(self._stub.ListBatches, pb.ListBatchesRequest(job_id=job_id, step=step), timeout=timeout)
@@ -342,8 +381,9 @@ class DataBufferClient:
         reply = call(self._stub.GetStats, pb.GetStatsRequest(job_id=job_id), timeout=timeout)
         streams = [StreamStats(s.job_id, s.stream, s.consumer_group, s.length, s.pending, s.lag) for s in reply.streams]
         return BufferStats(
-            reply.batches, reply.bytes, streams, dict(reply.drops_by_reason), reply.budget_bytes, reply.budget_entries
-        )
+            reply.batches, reply.bytes, streams, dict(reply.drops_by_reason), reply.budget_bytes, reply.budget_entries,
+            reply.get_calls, reply.get_bytes, reply.get_rows,
+        )  # fmt: skip
 
     def close(self) -> None:
         self._channel.close()

@@ -14,7 +14,7 @@ import math
 import secrets
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +28,7 @@ from meshrl.databuffer.keys import BatchRef, KeySpace, check_name
 from meshrl.databuffer.ledger import Ledger, now_ms
 from meshrl.databuffer.notify import CommitNotifier
 from meshrl.databuffer.orphans import PendingCleanups
+from meshrl.databuffer.selection import ReadCounter, chunk_pieces, select
 
 log = logging.getLogger(__name__)
 TTL_MARGIN_MS = 60_000  # chunks outlive their manifest, so a live manifest never points at expired chunks
@@ -104,6 +105,7 @@ class BatchStore:
         self.client = client
         self.keys = keys
         self.orphans = PendingCleanups()  # staged chunks of puts that failed while Redis was down
+        self.reads = ReadCounter()  # what GetBatch sent since this process started
         self.indexes = indexes
         self.ledger = ledger
         self.notifier = notifier
@@ -294,8 +296,17 @@ class BatchStore:
         fields = self.client.hmget(self.keys.manifest(ref), "gen", "n", "cb", "bytes", "h")
         return None if fields[0] is None else fields
 
-    def open(self, ref: BatchRef, *, wait_seconds: float = 0.0) -> StoredBatch:
-        """The committed batch under `ref`, waiting up to `wait_seconds` for it to appear."""
+    def open(
+        self,
+        ref: BatchRef,
+        *,
+        wait_seconds: float = 0.0,
+        columns: Sequence[str] = (),
+        rows: tuple[int, int] | None = None,
+        missing_ok: bool = False,
+    ) -> StoredBatch:
+        """The committed batch under `ref` (only `columns` of rows [begin, end) when given), waiting up to
+        `wait_seconds` for it to appear. Bad columns or rows raise before anything is read."""
         if not 0 <= wait_seconds <= 86400:
             raise InvalidArgument(f"wait_seconds = {wait_seconds} must be in [0, 86400]", field="wait_seconds")
         if wait_seconds == 0:
@@ -313,9 +324,41 @@ class BatchStore:
             waited = f" after waiting {wait_seconds:g}s" if wait_seconds else ""
             raise NotFound(f"batch {ref} is not in the data buffer{waited}; check that its producer ran (and its TTL)")
         gen, n, cb, total, blob = fields
-        header = tensor_pb2.BatchHeader.FromString(blob)
-        chunks = self._read_chunks(ref, gen.decode(), int(n), int(cb), int(total))
-        return StoredBatch(ref, header, int(total), chunks)
+        stored = tensor_pb2.BatchHeader.FromString(blob)
+        chosen = select(stored, columns, rows, missing_ok=missing_ok, what=f"batch {ref}")
+        self.reads.count(chosen.header.total_bytes, chosen.rows)
+        if chosen.whole:
+            chunks = self._read_chunks(ref, gen.decode(), int(n), int(cb), int(total))
+        else:
+            chunks = self._read_pieces(ref, gen.decode(), chunk_pieces(chosen.spans, int(cb)))
+        return StoredBatch(ref, chosen.header, chosen.header.total_bytes, chunks)
+
+    def _read_pieces(self, ref: BatchRef, gen: str, pieces: list[tuple[int, int, int]]) -> Iterator[bytes]:
+        """Byte ranges of chunks (GETRANGE), pipelined in groups of about one chunk's size."""
+        group: list[tuple[int, int, int]] = []
+        size = 0
+        for i, piece in enumerate(pieces):
+            group.append(piece)
+            size += piece[2] - piece[1] + 1
+            if size < self.limits.chunk_bytes and i + 1 < len(pieces):
+                continue
+            pipe = self.client.pipeline(transaction=False)
+            for index, first, last in group:
+                pipe.getrange(self.keys.chunk(ref, gen, index), first, last)
+            for (index, first, last), data in zip(group, pipe.execute()):
+                if len(data) != last - first + 1:
+                    self._lost(ref, gen, index)
+                yield data
+            group, size = [], 0
+
+    def _lost(self, ref: BatchRef, gen: str, index: int) -> None:
+        current = self.client.hget(self.keys.manifest(ref), "gen")
+        if current is None or current.decode() != gen:
+            raise NotFound(f"batch {ref} was deleted while it was being read")
+        raise DataLoss(
+            f"batch {ref}: chunk {index} is missing from Redis or short; was it evicted? Set Redis' "
+            "maxmemory-policy to noeviction"
+        )
 
     def _read_chunks(self, ref: BatchRef, gen: str, n: int, cb: int, total: int) -> Iterator[bytes]:
         """The chunks in order; the next one is fetched while the caller sends the current one."""
@@ -325,13 +368,7 @@ class BatchStore:
             ahead = self._io.submit(self.client.get, self.keys.chunk(ref, gen, i + 1)) if i + 1 < n else None
             expected = cb if i < n - 1 else total - cb * (n - 1)
             if data is None:
-                current = self.client.hget(self.keys.manifest(ref), "gen")
-                if current is None or current.decode() != gen:
-                    raise NotFound(f"batch {ref} was deleted while it was being read")
-                raise DataLoss(
-                    f"batch {ref}: chunk {i} of {n} is missing from Redis; was it evicted? Set Redis' "
-                    "maxmemory-policy to noeviction"
-                )
+                self._lost(ref, gen, i)
             if len(data) != expected:
                 raise DataLoss(f"batch {ref}: chunk {i} holds {len(data)} bytes, expected {expected}")
             yield data

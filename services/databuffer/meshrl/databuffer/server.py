@@ -13,6 +13,7 @@ import grpc
 
 from meshrl.api.databuffer.v1 import databuffer_pb2 as pb
 from meshrl.common.databuffer_client import SERVICE
+from meshrl.common.errors import InvalidArgument
 from meshrl.common.grpc_server import Service
 from meshrl.common.telemetry import attributes as A
 from meshrl.common.telemetry import tag_span
@@ -41,10 +42,33 @@ class DataBufferServicer:
         tag_span({A.BUFFER_KEY: str(ref), A.BYTES: result.bytes_written})
         return pb.PutBatchResponse(bytes_written=result.bytes_written, chunks=result.chunks)
 
+    def PutSmallBatch(self, request: pb.PutSmallBatchRequest, context: grpc.ServicerContext) -> pb.PutBatchResponse:
+        request = checked(request)
+        ref = BatchRef.from_proto(request.start.key, "start.key")
+        if len(request.payload) > self.frame_bytes:
+            raise InvalidArgument(
+                f"payload: {len(request.payload)} bytes is over limits.max_frame_bytes = {self.frame_bytes} for "
+                "PutSmallBatch; stream larger batches with PutBatch",
+                field="payload",
+            )
+        start = request.start
+        result = self.buffer.put_batch(
+            ref, start.header, [request.payload], ttl_seconds=start.ttl_seconds, overwrite=start.overwrite
+        )
+        tag_span({A.BUFFER_KEY: str(ref), A.BYTES: result.bytes_written})
+        return pb.PutBatchResponse(bytes_written=result.bytes_written, chunks=result.chunks)
+
     def GetBatch(self, request: pb.GetBatchRequest, context: grpc.ServicerContext) -> Iterator[Any]:
         request = checked(request)
         ref = BatchRef.from_proto(request.key)
-        stored = self.buffer.open_batch(ref, wait_seconds=_remaining(context, request.wait_seconds))
+        rows = (request.rows.begin, request.rows.end) if request.HasField("rows") else None
+        stored = self.buffer.open_batch(
+            ref,
+            wait_seconds=_remaining(context, request.wait_seconds),
+            columns=list(request.columns),
+            rows=rows,
+            missing_ok=request.missing_ok,
+        )
         tag_span({A.BUFFER_KEY: str(ref), A.BYTES: stored.header.total_bytes})
         yield pb.GetBatchResponse(header=stored.header)
         for chunk in stored.chunks:
@@ -58,6 +82,10 @@ class DataBufferServicer:
     def DeleteBatch(self, request: pb.DeleteBatchRequest, context: grpc.ServicerContext) -> pb.DeleteBatchResponse:
         request = checked(request)
         return pb.DeleteBatchResponse(deleted=self.buffer.delete_batch(BatchRef.from_proto(request.key)))
+
+    def DeleteStep(self, request: pb.DeleteStepRequest, context: grpc.ServicerContext) -> pb.DeleteStepResponse:
+        request = checked(request)
+        return pb.DeleteStepResponse(batches_deleted=self.buffer.delete_step(request.job_id, request.step))
 
     def ListBatches(self, request: pb.ListBatchesRequest, context: grpc.ServicerContext) -> pb.ListBatchesResponse:
         request = checked(request)
@@ -118,6 +146,9 @@ class DataBufferServicer:
             drops_by_reason=stats.drops_by_reason,
             budget_bytes=stats.budget_bytes,
             budget_entries=stats.budget_entries,
+            get_calls=stats.get_calls,
+            get_bytes=stats.get_bytes,
+            get_rows=stats.get_rows,
         )
 
 
@@ -125,7 +156,7 @@ def _add(servicer: DataBufferServicer, server: grpc.Server) -> None:
     """Like the generated add_DataBufferServicer_to_server, with meshrl.databuffer.wire's (de)serializers."""
 
     def reply(name: str) -> Any:
-        return getattr(pb, f"{name}Response").SerializeToString
+        return getattr(pb, "PutBatchResponse" if name == "PutSmallBatch" else f"{name}Response").SerializeToString
 
     handlers = {
         "PutBatch": grpc.stream_unary_rpc_method_handler(
@@ -135,7 +166,17 @@ def _add(servicer: DataBufferServicer, server: grpc.Server) -> None:
             servicer.GetBatch, request_deserializer=lenient(pb.GetBatchRequest), response_serializer=serialize_get
         ),
     }
-    for name in ("DeleteBatch", "ListBatches", "DeleteJob", "AppendGroups", "ReadGroups", "AckGroups", "GetStats"):
+    for name in (
+        "PutSmallBatch",
+        "DeleteBatch",
+        "DeleteStep",
+        "ListBatches",
+        "DeleteJob",
+        "AppendGroups",
+        "ReadGroups",
+        "AckGroups",
+        "GetStats",
+    ):
         handlers[name] = grpc.unary_unary_rpc_method_handler(
             getattr(servicer, name),
             request_deserializer=lenient(getattr(pb, f"{name}Request")),
