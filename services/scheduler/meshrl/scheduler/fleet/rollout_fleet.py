@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from meshrl.api.common.v1 import keys_pb2
 from meshrl.common.batch_key import batch_key
@@ -190,12 +190,16 @@ class RolloutFleet:
         temperature: float,
         top_p: float,
         max_tokens: int,
+        num_prompts: int | None = None,
+        columns: Sequence[str] = (),
     ) -> tuple[list[keys_pb2.BatchKey], dict[str, float]]:
-        """n samples per prompt of `source`; returns the output shard keys (consumers read them all)."""
+        """n samples per prompt of `source` (`num_prompts` rows; `columns` copied into each sample); returns
+        the output shard keys (consumers read them all)."""
         sampling = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}
         result = self.router.generate_batch(
-            source, batch_key(job_id, step, node_id), sampling, n=n, job_id=job_id, step=step, merge=False
-        )
+            source, batch_key(job_id, step, node_id), sampling, n=n, job_id=job_id, step=step, merge=False,
+            num_prompts=num_prompts, columns=columns,
+        )  # fmt: skip
         seconds = max(result.seconds, 1e-9)
         metrics = {
             "rollout/samples": float(result.samples),

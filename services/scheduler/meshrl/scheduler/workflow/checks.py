@@ -255,7 +255,7 @@ def column_problems(wf: Workflow) -> list[Problem]:
                     )
     if problems:
         return problems
-    writes = node_outputs(wf)
+    writes = node_outputs(wf.nodes)
     parents = {n.node_id: n.dependencies for n in wf.nodes}
     for n in wf.nodes:
         inputs = n.config.get(cat.CONFIG_INPUTS)

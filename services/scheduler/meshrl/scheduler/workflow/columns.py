@@ -6,11 +6,11 @@ nearest ancestor that writes each one (`meshrl.scheduler.step.columns`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from meshrl.common import batch_schema as S
 from meshrl.scheduler.workflow import compute_catalog as cat
-from meshrl.scheduler.workflow.model import Node, NodeRole, NodeType, Workflow
+from meshrl.scheduler.workflow.model import Node, NodeRole, NodeType
 
 # What a rollout adds to every sample row (besides the prompt columns it copies from its input).
 GENERATED = (S.RESPONSE_IDS, S.ROLLOUT_LOGPROBS, S.RESPONSE_VERSIONS, S.GROUP_INDEX)
@@ -52,10 +52,10 @@ def builtin_outputs(node: Node, upstream: frozenset[str]) -> frozenset[str]:
     return frozenset()  # a user COMPUTE node declares what it writes; training and barriers write nothing
 
 
-def node_outputs(wf: Workflow) -> Mapping[str, frozenset[str]]:
-    """{node_id: the columns it writes} (declared, else built-in), for an acyclic workflow."""
-    parents = {n.node_id: list(n.dependencies) for n in wf.nodes}
-    by_id = {n.node_id: n for n in wf.nodes}
+def node_outputs(nodes: Iterable[Node]) -> Mapping[str, frozenset[str]]:
+    """{node_id: the columns it writes} (declared, else built-in), for the nodes of an acyclic workflow."""
+    by_id = {n.node_id: n for n in nodes}
+    parents = {nid: list(n.dependencies) for nid, n in by_id.items()}
     out: dict[str, frozenset[str]] = {}
     reach: dict[str, frozenset[str]] = {}  # a node's columns and every ancestor's
 
@@ -67,6 +67,6 @@ def node_outputs(wf: Workflow) -> Mapping[str, frozenset[str]]:
             reach[nid] = out[nid] | upstream
         return reach[nid]
 
-    for n in wf.nodes:
-        visit(n.node_id)
+    for nid in by_id:
+        visit(nid)
     return out
