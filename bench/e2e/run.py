@@ -8,16 +8,19 @@ same prompts each step), n, generation length, loss, optimizer, torch threads, a
 the same verification (--weights memory copies tensors instead). The two modes alternate step by step in
 this process: each service step is followed (odd steps) or preceded (even steps) by one in-process step
 while the job waits, so both see the same machine load. The first --warmup steps are dropped; medians of
-the rest are printed per node with service / in-process ratios (target for the step: <= 1.15), CPU
+the rest are printed per node with service / in-process ratios (target for the step: <= 1.2 at 64
+samples per step, <= 1.05 at 1,024), CPU
 seconds of the whole process tree per step (less sensitive to a busy machine than wall time), start-up
 costs, and where the services' extra time goes (node windows from the job's events matched with the
-spans the services export to their trace files).
+spans the services export to their trace files), and per step what the data plane moved (bench/e2e/dataplane.py):
+RPCs, bytes read from the buffer / bytes the nodes' declared inputs need, and the scheduler's own bulk bytes.
 
 Trainer threads default to 1 on both sides (the trainer service gets MESHRL_TORCH_THREADS): with one
 torch thread per core (the services' default, --trainer-threads 0) a busy 2-core machine makes OpenMP
 barriers, not the services, dominate the trainer phases (10-50x swings between identical calls).
 
 Run: `.venv/bin/python bench/e2e/run.py [--steps 5] [--prompts 32] [--n 8] [--max-tokens 12] [--use-ray]`
+(64 samples per step: --prompts 8 --n 8; 1,024: --prompts 128 --n 8).
 Needs nothing outside this machine (the job embeds its own Redis). Takes about a minute on 2 idle cores,
 most of it starting the services.
 """

@@ -147,7 +147,6 @@ class NodeHandlers:
         batch = self._read(node, ctx)
         estimator = node.config.get("estimator", self.cfg.algorithm.advantage)
         rewards = np.asarray(batch[S.REWARDS], dtype=np.float32)
-        groups = np.asarray(batch[S.GROUP_INDEX], dtype=np.int64)
         offsets = batch[S.RESPONSE_IDS].offsets
         alg = self.cfg.algorithm
         token_kl = None
@@ -164,6 +163,7 @@ class NodeHandlers:
         elif estimator == "reinforce_pp":
             values = adv.reinforce_pp_advantages(rewards, offsets, token_kl=token_kl, kl_coef=kl_coef, gamma=alg.gamma)
         elif estimator in ("grpo", "grpo_no_std", "rloo"):
+            groups = np.asarray(batch[S.GROUP_INDEX], dtype=np.int64)  # only the group estimators read it
             if estimator == "rloo":
                 scalar = adv.rloo_advantages(rewards, groups)
             else:
