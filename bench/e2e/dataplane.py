@@ -7,7 +7,8 @@ bytes the nodes' declared inputs need, and the scheduler process's own bulk byte
   batch that holds each (ragged columns count their values; rows of a range count once). Measured by a
   probe that reads the step's batches just before the scheduler deletes them; its seconds are taken out
   of the step time and its spans out of the counts.
-- Scheduler bulk bytes: the bytes of the data buffer calls (get and put) made by the scheduler process.
+- Scheduler bulk bytes: the bytes of the data buffer calls (get and put) made by the scheduler process (the
+  calls whose parent span no service exported).
 """
 
 from __future__ import annotations
@@ -68,6 +69,10 @@ class StepProbe:
 
             buffer.delete_step = delete_step
 
+    def covers(self, t: float) -> bool:
+        """`t` (wall-clock seconds) falls in one of the probe's own reads."""
+        return any(a - 1e-3 <= t <= b + 1e-3 for a, b in self.windows)
+
     def needed(self, step: int) -> int:
         """Bytes of the declared inputs of every node, each from the nearest upstream batch holding it."""
         sizes = self.sizes.get(step, {})
@@ -101,15 +106,14 @@ def read_spans(traces: Path) -> list[dict]:
 
 def step_traffic(spans: list[dict], windows: Mapping[int, tuple[float, float]], probe: StepProbe) -> dict[int, dict]:
     """Per step: rpcs, read_bytes, scheduler_bulk_bytes (outside the probe's own reads)."""
-    scheduler_ids = {s["span_id"] for s in spans if s["instance"].startswith("scheduler")}
-
-    def probing(t: float) -> bool:
-        return any(a - 1e-3 <= t <= b + 1e-3 for a, b in probe.windows)
+    # The scheduler's calls: data-buffer spans whose parent is no span the services exported (the bench's
+    # scheduler exports none; its client spans, if it did, are listed as the scheduler's too).
+    service_ids = {s["span_id"] for s in spans if not s["instance"].startswith("scheduler")}
 
     out = {}
     for step, (start, end) in windows.items():
         inside = [s for s in spans if start - 1e-3 <= s["start_ns"] / 1e9 and s["end_ns"] / 1e9 <= end + 1e-3]
-        inside = [s for s in inside if not probing(s["start_ns"] / 1e9)]
+        inside = [s for s in inside if not probe.covers(s["start_ns"] / 1e9)]
         server = [s for s in inside if s["kind"] == "SERVER"]
         buffer = [s for s in server if s["instance"].startswith("databuffer")]
 
@@ -121,7 +125,7 @@ def step_traffic(spans: list[dict], windows: Mapping[int, tuple[float, float]], 
             "buffer_rpcs": len(buffer),
             "read_bytes": sum(nbytes(s) for s in buffer if s["name"].endswith("DataBuffer/GetBatch")),
             "scheduler_bulk_bytes": sum(
-                nbytes(s) for s in buffer if s["name"].endswith(BULK) and s.get("parent_span_id") in scheduler_ids
+                nbytes(s) for s in buffer if s["name"].endswith(BULK) and s.get("parent_span_id") not in service_ids
             ),
             "needed_bytes": probe.needed(step),
         }

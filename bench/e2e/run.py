@@ -394,7 +394,7 @@ def measure(a: argparse.Namespace, root: Path) -> dict:
     print("\nstart-up, not in step time (s): " + ", ".join(f"{k} {v:.2f}" for k, v in start.items())
           + f"; in-process set-up {loop.setup_seconds:.2f}; whole job with both modes {job_seconds:.1f}")  # fmt: skip
     print_cpu(svc, inp)
-    spans = read_spans(runner.run.traces)
+    spans = [s for s in read_spans(runner.run.traces) if not probe.covers(s[3])]  # not the bench's own reads
     if spans:
         print_attribution(attribute(record, spans, [m["step"] for m in svc]), inp)
     windows = {step: w["step"] for step, w in node_windows(record).items()}
