@@ -5,14 +5,16 @@ call deletes a step; small batches go in one unary PutSmallBatch."""
 
 from __future__ import annotations
 
+import grpc
 import numpy as np
 import pytest
 import redis
 
 from meshrl.api.common.v1 import tensor_pb2
+from meshrl.api.databuffer.v1 import databuffer_pb2 as pb
 from meshrl.common.batch_key import batch_key
-from meshrl.common.codec import Ragged
-from meshrl.common.databuffer_client import DataBufferClient
+from meshrl.common.codec import Ragged, encode_batch
+from meshrl.common.databuffer_client import SERVICE, DataBufferClient, encode_small_put
 from meshrl.common.errors import InvalidArgument, NotFound
 from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix
 
@@ -25,7 +27,7 @@ def buffer():
     """(client, DataBuffer, raw redis, prefix) with 64 KiB chunks, so a column spans several chunks."""
     raw = redis.Redis.from_url(SYSTEM_REDIS)
     prefix = unique_prefix("sel")
-    cfg = config(SYSTEM_REDIS, prefix, limits={"chunk_bytes": 64 * KiB})
+    cfg = config(SYSTEM_REDIS, prefix, limits={"chunk_bytes": 64 * KiB, "max_frame_bytes": 256 * KiB})
     with serving(cfg) as (store, running):
         client = DataBufferClient(running.address, chunk_bytes=16 * KiB)  # > 16 KiB: streamed puts
         client.wait_until_ready(10)
@@ -150,3 +152,29 @@ def test_a_small_batch_is_one_unary_put(buffer):
     assert np.array_equal(client.get(key)["rewards"], small["rewards"])
     client.put(key, {"rewards": np.zeros(3, np.float32)}, overwrite=True)  # overwrite keeps atomic semantics
     assert client.get(key)["rewards"].tolist() == [0, 0, 0]
+
+
+def test_put_small_batch_in_any_field_order_and_over_the_frame_limit(buffer):
+    """The service reads the client's layout without a copy, a message in another field order through protobuf,
+    and refuses a payload over limits.max_frame_bytes with INVALID_ARGUMENT, storing nothing."""
+    client, _, raw, prefix = buffer
+    stub = client._channel.unary_unary(
+        f"/{SERVICE}/PutSmallBatch", request_serializer=bytes, response_deserializer=pb.PutBatchResponse.FromString
+    )
+    key = batch_key("job", 10, "reward")
+    header, views = encode_batch({"rewards": np.arange(8, dtype=np.float32)})
+    start = pb.PutBatchStart(key=key, header=header, overwrite=True)
+    reordered = (
+        pb.PutSmallBatchRequest(payload=bytes(views[0])).SerializeToString()
+        + pb.PutSmallBatchRequest(start=start).SerializeToString()
+    )
+    assert stub(reordered, timeout=30).bytes_written == 32
+    assert client.get(key)["rewards"].tolist() == list(range(8))
+    big = np.zeros(300 * KiB, np.uint8)
+    header, views = encode_batch({"x": big})
+    start = pb.PutBatchStart(key=batch_key("job", 10, "big"), header=header)
+    before = _contents(raw, prefix)
+    with pytest.raises(grpc.RpcError) as info:
+        stub(encode_small_put(start, views), timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "limits.max_frame_bytes" in info.value.details()
+    assert _contents(raw, prefix) == before

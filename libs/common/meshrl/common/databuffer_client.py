@@ -39,6 +39,7 @@ MiB = 1 << 20
 DEFAULT_FRAME_BYTES = 4 * MiB
 APPEND_REQUEST_BYTES = 8 * MiB  # append_groups splits larger lists into several requests
 PAYLOAD_TAG = b"\x12"  # field 2, wire type 2: `payload` of PutBatchRequest and of GetBatchResponse
+START_TAG = b"\x0a"  # field 1, wire type 2: `start` of PutSmallBatchRequest
 
 
 # --- payload frames in wire format (shared with the service) ------------------------------
@@ -75,6 +76,13 @@ def serialize_put_request(message: pb.PutBatchRequest | bytes | bytearray | memo
     if isinstance(message, bytes | bytearray | memoryview):
         return encode_payload_frame(message)
     return message.SerializeToString()
+
+
+def encode_small_put(start: pb.PutBatchStart, views: Sequence[memoryview]) -> bytes:
+    """A serialized PutSmallBatchRequest (`start`, then `payload` = the views joined) with one copy of the payload."""
+    head = start.SerializeToString()
+    size = sum(v.nbytes for v in views)
+    return b"".join((START_TAG, _varint(len(head)), head, PAYLOAD_TAG, _varint(size), *views))
 
 
 def deserialize_get_response(raw: bytes) -> pb.GetBatchResponse | memoryview:
@@ -179,6 +187,11 @@ class DataBufferClient:
             request_serializer=serialize_put_request,
             response_deserializer=pb.PutBatchResponse.FromString,
         )
+        self._put_small = self._channel.unary_unary(
+            f"/{SERVICE}/PutSmallBatch",
+            request_serializer=bytes,  # already in wire format (encode_small_put)
+            response_deserializer=pb.PutBatchResponse.FromString,
+        )
         self._get = self._channel.unary_stream(
             f"/{SERVICE}/GetBatch",
             request_serializer=pb.GetBatchRequest.SerializeToString,
@@ -208,8 +221,7 @@ class DataBufferClient:
         header, views = encode_batch(columns, samples, attrs)
         start = pb.PutBatchStart(key=key, header=header, ttl_seconds=ttl_seconds, overwrite=overwrite)
         if header.total_bytes <= self.chunk_bytes:  # one frame: one unary message, no stream
-            request = pb.PutSmallBatchRequest(start=start, payload=b"".join(views))
-            return call(self._stub.PutSmallBatch, request, timeout=timeout).bytes_written
+            return call(self._put_small, encode_small_put(start, views), timeout=timeout).bytes_written
 
         def requests() -> Iterator[Any]:
             yield pb.PutBatchRequest(start=start)

@@ -171,7 +171,7 @@ class BatchStore:
 
     def _stage(
         self, ref: BatchRef, gen: str, frames: Iterable[Any], total: int, staging_ms: int
-    ) -> tuple[int, bytearray | None]:
+    ) -> tuple[int, bytearray | memoryview | None]:
         """Writes the payload as chunks of `limits.chunk_bytes` (short TTL); returns the chunk count and the
         last chunk when it is not written yet (the commit's pipeline writes it: one round trip for a small put)."""
         cb = self.limits.chunk_bytes
@@ -186,6 +186,7 @@ class BatchStore:
             while len(pending) >= IN_FLIGHT:
                 pending.popleft().result()
 
+        tail: memoryview | None = None
         try:
             buf = bytearray()
             received = 0
@@ -205,6 +206,9 @@ class BatchStore:
                         field="payload",
                     )
                 received += n
+                if n and not buf and received == total and n < cb:  # the whole rest in this frame: uncopied
+                    tail = view
+                    continue
                 pos = 0
                 while pos < n:
                     if not buf and n - pos >= cb:  # a whole chunk inside this frame: no copy
@@ -228,11 +232,13 @@ class BatchStore:
         finally:
             for future in pending:  # a failed put waits for its writes before deleting them
                 future.exception()
+        if tail is not None:
+            return count + 1, tail
         return (count + 1, buf) if buf else (count, None)
 
     def _commit_manifest(
         self, ref: BatchRef, gen: str, count: int, total: int, blob: bytes, ttl: int, overwrite: bool,
-        last: bytearray | None, staging_ms: int,
+        last: bytearray | memoryview | None, staging_ms: int,
     ) -> None:  # fmt: skip
         """Swaps the manifest to the staged generation. The first try assumes a new key and goes in one
         pipeline with the last chunk's write and the index update: one round trip."""

@@ -19,7 +19,14 @@ from meshrl.common.telemetry import attributes as A
 from meshrl.common.telemetry import tag_span
 from meshrl.databuffer.keys import BatchRef
 from meshrl.databuffer.store import DataBuffer
-from meshrl.databuffer.wire import checked, deserialize_put, lenient, serialize_get, split_put_stream
+from meshrl.databuffer.wire import (
+    checked,
+    deserialize_put,
+    deserialize_small_put,
+    lenient,
+    serialize_get,
+    split_put_stream,
+)
 
 
 def _remaining(context: grpc.ServicerContext, wanted: float, margin: float = 0.5) -> float:
@@ -42,18 +49,18 @@ class DataBufferServicer:
         tag_span({A.BUFFER_KEY: str(ref), A.BYTES: result.bytes_written})
         return pb.PutBatchResponse(bytes_written=result.bytes_written, chunks=result.chunks)
 
-    def PutSmallBatch(self, request: pb.PutSmallBatchRequest, context: grpc.ServicerContext) -> pb.PutBatchResponse:
+    def PutSmallBatch(self, request: Any, context: grpc.ServicerContext) -> pb.PutBatchResponse:
         request = checked(request)
-        ref = BatchRef.from_proto(request.start.key, "start.key")
-        if len(request.payload) > self.frame_bytes:
+        start, payload = request if isinstance(request, tuple) else (request.start, memoryview(request.payload))
+        ref = BatchRef.from_proto(start.key, "start.key")
+        if payload.nbytes > self.frame_bytes:
             raise InvalidArgument(
-                f"payload: {len(request.payload)} bytes is over limits.max_frame_bytes = {self.frame_bytes} for "
+                f"payload: {payload.nbytes} bytes is over limits.max_frame_bytes = {self.frame_bytes} for "
                 "PutSmallBatch; stream larger batches with PutBatch",
                 field="payload",
             )
-        start = request.start
         result = self.buffer.put_batch(
-            ref, start.header, [request.payload], ttl_seconds=start.ttl_seconds, overwrite=start.overwrite
+            ref, start.header, [payload], ttl_seconds=start.ttl_seconds, overwrite=start.overwrite
         )
         tag_span({A.BUFFER_KEY: str(ref), A.BYTES: result.bytes_written})
         return pb.PutBatchResponse(bytes_written=result.bytes_written, chunks=result.chunks)
@@ -156,7 +163,7 @@ def _add(servicer: DataBufferServicer, server: grpc.Server) -> None:
     """Like the generated add_DataBufferServicer_to_server, with meshrl.databuffer.wire's (de)serializers."""
 
     def reply(name: str) -> Any:
-        return getattr(pb, "PutBatchResponse" if name == "PutSmallBatch" else f"{name}Response").SerializeToString
+        return getattr(pb, f"{name}Response").SerializeToString
 
     handlers = {
         "PutBatch": grpc.stream_unary_rpc_method_handler(
@@ -166,8 +173,10 @@ def _add(servicer: DataBufferServicer, server: grpc.Server) -> None:
             servicer.GetBatch, request_deserializer=lenient(pb.GetBatchRequest), response_serializer=serialize_get
         ),
     }
+    handlers["PutSmallBatch"] = grpc.unary_unary_rpc_method_handler(
+        servicer.PutSmallBatch, request_deserializer=deserialize_small_put, response_serializer=reply("PutBatch")
+    )
     for name in (
-        "PutSmallBatch",
         "DeleteBatch",
         "DeleteStep",
         "ListBatches",
