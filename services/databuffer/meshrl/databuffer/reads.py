@@ -29,6 +29,15 @@ class StoredBatch:
     chunks: Iterator[bytes]
 
 
+# KEYS: manifest. The manifest's fields, and for a one-chunk batch its chunk (same hash tag: same slot).
+_OPEN = """
+local f = redis.call('HMGET', KEYS[1], 'gen', 'n', 'cb', 'bytes', 'h')
+if not f[1] then return false end
+if f[2] == '1' then f[6] = redis.call('GET', string.sub(KEYS[1], 1, -2) .. 'c:' .. f[1] .. ':0') end
+return f
+"""
+
+
 class BatchReader:
     def __init__(
         self,
@@ -46,10 +55,12 @@ class BatchReader:
         self.cfg = cfg
         self._io = executor
         self.counter = ReadCounter()
+        self._open = client.register_script(_OPEN)
 
     def _read_manifest(self, ref: BatchRef) -> list[Any] | None:
-        fields = self.client.hmget(self.keys.manifest(ref), "gen", "n", "cb", "bytes", "h")
-        return None if fields[0] is None else fields
+        """[gen, n, cb, bytes, header] of the manifest, plus the payload when it is one chunk (one round trip)."""
+        fields = self._open(keys=[self.keys.manifest(ref)])
+        return fields or None
 
     def open(
         self,
@@ -78,11 +89,16 @@ class BatchReader:
         if fields is None:
             waited = f" after waiting {wait_seconds:g}s" if wait_seconds else ""
             raise NotFound(f"batch {ref} is not in the data buffer{waited}; check that its producer ran (and its TTL)")
-        gen, n, cb, total, blob = fields
+        gen, n, cb, total, blob = fields[:5]
+        only = fields[5] if len(fields) > 5 else None  # the one chunk of a one-chunk batch
         stored = tensor_pb2.BatchHeader.FromString(blob)
         chosen = select(stored, columns, rows, missing_ok=missing_ok, what=f"batch {ref}")
         self.counter.count(chosen.header.total_bytes, chosen.rows)
-        if chosen.whole:
+        if only is not None:
+            if len(only) != int(total):
+                self._lost(ref, gen.decode(), 0)
+            chunks = iter([only] if chosen.whole else [memoryview(only)[o : o + k] for o, k in chosen.spans])
+        elif chosen.whole:
             chunks = self._read_chunks(ref, gen.decode(), int(n), int(cb), int(total))
         else:
             chunks = self._read_pieces(ref, gen.decode(), chunk_pieces(chosen.spans, int(cb)))
