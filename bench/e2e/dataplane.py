@@ -2,7 +2,7 @@
 bytes the nodes' declared inputs need, and the scheduler process's own bulk bytes.
 
 - RPCs: every SERVER span the services and the scheduler export inside the step's window (job events).
-- Read bytes: the payload bytes of the data buffer's GetBatch spans in the window (meshrl.bytes).
+- Read bytes: the payload bytes of the data buffer's GetBatch / GetSmallBatch spans in the window (meshrl.bytes).
 - Needed bytes: for every node that declares `inputs:`, the bytes of those columns in the nearest upstream
   batch that holds each (ragged columns count their values; rows of a range count once). Measured by a
   probe that reads the step's batches just before the scheduler deletes them; its seconds are taken out
@@ -23,7 +23,8 @@ from typing import Any
 from meshrl.common.codec import Ragged
 
 BYTES = "meshrl.bytes"
-BULK = ("DataBuffer/GetBatch", "DataBuffer/PutBatch", "DataBuffer/PutSmallBatch")
+GETS = ("DataBuffer/GetBatch", "DataBuffer/GetSmallBatch")
+BULK = (*GETS, "DataBuffer/PutBatch", "DataBuffer/PutSmallBatch")
 
 
 @dataclass
@@ -123,7 +124,7 @@ def step_traffic(spans: list[dict], windows: Mapping[int, tuple[float, float]], 
         out[step] = {
             "rpcs": len(server),
             "buffer_rpcs": len(buffer),
-            "read_bytes": sum(nbytes(s) for s in buffer if s["name"].endswith("DataBuffer/GetBatch")),
+            "read_bytes": sum(nbytes(s) for s in buffer if s["name"].endswith(GETS)),
             "scheduler_bulk_bytes": sum(
                 nbytes(s) for s in buffer if s["name"].endswith(BULK) and s.get("parent_span_id") not in service_ids
             ),

@@ -43,7 +43,7 @@ START_TAG = b"\x0a"  # field 1, wire type 2: `start` of PutSmallBatchRequest
 
 
 # --- payload frames in wire format (shared with the service) ------------------------------
-def _varint(n: int) -> bytes:
+def encode_varint(n: int) -> bytes:
     out = bytearray()
     while n > 0x7F:
         out.append((n & 0x7F) | 0x80)
@@ -54,7 +54,7 @@ def _varint(n: int) -> bytes:
 
 def encode_payload_frame(data: bytes | bytearray | memoryview) -> bytes:
     """The serialized message whose only field is `payload = data` (one copy of data)."""
-    return b"".join((PAYLOAD_TAG, _varint(memoryview(data).nbytes), data))
+    return b"".join((PAYLOAD_TAG, encode_varint(memoryview(data).nbytes), data))
 
 
 def payload_of(raw: bytes) -> memoryview | None:
@@ -82,7 +82,31 @@ def encode_small_put(start: pb.PutBatchStart, views: Sequence[memoryview]) -> by
     """A serialized PutSmallBatchRequest (`start`, then `payload` = the views joined) with one copy of the payload."""
     head = start.SerializeToString()
     size = sum(v.nbytes for v in views)
-    return b"".join((START_TAG, _varint(len(head)), head, PAYLOAD_TAG, _varint(size), *views))
+    return b"".join((START_TAG, encode_varint(len(head)), head, PAYLOAD_TAG, encode_varint(size), *views))
+
+
+def deserialize_small_get(raw: bytes) -> tuple[tensor_pb2.BatchHeader, memoryview] | pb.GetSmallBatchResponse:
+    """(header, payload view) of a GetSmallBatchResponse as the service writes it, else the parsed message."""
+    if raw[:1] == START_TAG:
+        size, pos = _read_varint(raw, 1)
+        head, pos = raw[pos : pos + size], pos + size
+        if raw[pos : pos + 1] == PAYLOAD_TAG:
+            length, pos = _read_varint(raw, pos + 1)
+            if pos + length == len(raw):
+                return tensor_pb2.BatchHeader.FromString(head), memoryview(raw)[pos:]
+    return pb.GetSmallBatchResponse.FromString(raw)
+
+
+def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    value, shift = 0, 0
+    while pos < len(data) and shift < 64:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, pos
+    return -1, len(data) + 1  # truncated: matches no layout
 
 
 def deserialize_get_response(raw: bytes) -> pb.GetBatchResponse | memoryview:
@@ -192,6 +216,11 @@ class DataBufferClient:
             request_serializer=bytes,  # already in wire format (encode_small_put)
             response_deserializer=pb.PutBatchResponse.FromString,
         )
+        self._get_small = self._channel.unary_unary(
+            f"/{SERVICE}/GetSmallBatch",
+            request_serializer=pb.GetBatchRequest.SerializeToString,
+            response_deserializer=deserialize_small_get,
+        )
         self._get = self._channel.unary_stream(
             f"/{SERVICE}/GetBatch",
             request_serializer=pb.GetBatchRequest.SerializeToString,
@@ -249,7 +278,13 @@ class DataBufferClient:
         request = pb.GetBatchRequest(key=key, wait_seconds=wait_seconds, columns=columns, missing_ok=missing_ok)
         if rows is not None:
             request.rows.begin, request.rows.end = rows
-        replies = self._get(request, timeout=wait_seconds + timeout)
+        small = call(self._get_small, request, timeout=wait_seconds + timeout)  # one unary call when it fits
+        if isinstance(small, tuple):
+            header, view = small
+            return decode_batch(header, bytearray(view))  # one copy: writable arrays, as below
+        if not small.too_large:  # the reply in protobuf's own layout
+            return decode_batch(small.header, bytearray(small.payload))
+        replies = self._get(request, timeout=timeout)
         try:
             first = next(replies, None)
             if not isinstance(first, pb.GetBatchResponse) or first.WhichOneof("body") != "header":

@@ -26,7 +26,7 @@ class StoredBatch:
     ref: BatchRef
     header: tensor_pb2.BatchHeader
     total_bytes: int
-    chunks: Iterator[bytes]
+    chunks: Iterator[bytes] | None  # None: over the caller's limit, nothing read
 
 
 # KEYS: manifest. The manifest's fields, and for a one-chunk batch its chunk (same hash tag: same slot).
@@ -70,6 +70,7 @@ class BatchReader:
         columns: Sequence[str] = (),
         rows: tuple[int, int] | None = None,
         missing_ok: bool = False,
+        limit: int | None = None,
     ) -> StoredBatch:
         """The committed batch under `ref` (only `columns` of rows [begin, end) when given), waiting up to
         `wait_seconds` for it to appear. Bad columns or rows raise before anything is read."""
@@ -93,6 +94,8 @@ class BatchReader:
         only = fields[5] if len(fields) > 5 else None  # the one chunk of a one-chunk batch
         stored = tensor_pb2.BatchHeader.FromString(blob)
         chosen = select(stored, columns, rows, missing_ok=missing_ok, what=f"batch {ref}")
+        if limit is not None and chosen.header.total_bytes > limit:  # not read, not counted: the caller streams it
+            return StoredBatch(ref, chosen.header, chosen.header.total_bytes, None)
         self.counter.count(chosen.header.total_bytes, chosen.rows)
         if only is not None:
             if len(only) != int(total):

@@ -25,6 +25,7 @@ from meshrl.databuffer.wire import (
     deserialize_small_put,
     lenient,
     serialize_get,
+    serialize_small_get,
     split_put_stream,
 )
 
@@ -85,6 +86,24 @@ class DataBufferServicer:
                 view = memoryview(chunk)
                 for i in range(0, len(chunk), self.frame_bytes):
                     yield view[i : i + self.frame_bytes]
+
+    def GetSmallBatch(self, request: pb.GetBatchRequest, context: grpc.ServicerContext) -> Any:
+        """The whole reply in one message (header, then the payload joined once), or too_large."""
+        request = checked(request)
+        ref = BatchRef.from_proto(request.key)
+        rows = (request.rows.begin, request.rows.end) if request.HasField("rows") else None
+        stored = self.buffer.open_batch(
+            ref,
+            wait_seconds=_remaining(context, request.wait_seconds),
+            columns=list(request.columns),
+            rows=rows,
+            missing_ok=request.missing_ok,
+            limit=self.frame_bytes,
+        )
+        if stored.chunks is None:
+            return pb.GetSmallBatchResponse(too_large=True)
+        tag_span({A.BUFFER_KEY: str(ref), A.BYTES: stored.header.total_bytes})
+        return stored.header, list(stored.chunks)
 
     def DeleteBatch(self, request: pb.DeleteBatchRequest, context: grpc.ServicerContext) -> pb.DeleteBatchResponse:
         request = checked(request)
@@ -173,6 +192,11 @@ def _add(servicer: DataBufferServicer, server: grpc.Server) -> None:
             servicer.GetBatch, request_deserializer=lenient(pb.GetBatchRequest), response_serializer=serialize_get
         ),
     }
+    handlers["GetSmallBatch"] = grpc.unary_unary_rpc_method_handler(
+        servicer.GetSmallBatch,
+        request_deserializer=lenient(pb.GetBatchRequest),
+        response_serializer=serialize_small_get,
+    )
     handlers["PutSmallBatch"] = grpc.unary_unary_rpc_method_handler(
         servicer.PutSmallBatch, request_deserializer=deserialize_small_put, response_serializer=reply("PutBatch")
     )

@@ -89,7 +89,8 @@ class DataBuffer:
         columns, rows, missing_ok of `BatchStore.open`."""
         with redis_errors(f"get of batch {ref}"):
             stored = self.batches.open(ref, wait_seconds=wait_seconds, **selection)
-        stored.chunks = self._typed(stored.chunks, f"get of batch {ref}")
+        if stored.chunks is not None:
+            stored.chunks = self._typed(stored.chunks, f"get of batch {ref}")
         return stored
 
     @staticmethod

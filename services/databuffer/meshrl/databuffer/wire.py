@@ -16,7 +16,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from meshrl.api.databuffer.v1 import databuffer_pb2 as pb
-from meshrl.common.databuffer_client import PAYLOAD_TAG, START_TAG, encode_payload_frame, payload_of
+from meshrl.common.databuffer_client import PAYLOAD_TAG, START_TAG, encode_payload_frame, encode_varint, payload_of
 from meshrl.common.errors import InvalidArgument
 
 
@@ -118,6 +118,16 @@ def deserialize_small_put(raw: bytes) -> tuple[pb.PutBatchStart, memoryview] | p
     except (ValueError, DecodeError):
         pass
     return _small_put_message(raw)
+
+
+def serialize_small_get(reply: tuple[Any, list[Any]] | pb.GetSmallBatchResponse) -> bytes:
+    """(header, chunks) as a GetSmallBatchResponse with the payload joined once; a message as itself."""
+    if isinstance(reply, pb.GetSmallBatchResponse):
+        return reply.SerializeToString()
+    header, chunks = reply
+    head = header.SerializeToString()
+    size = sum(memoryview(c).nbytes for c in chunks)
+    return b"".join((START_TAG, encode_varint(len(head)), head, PAYLOAD_TAG, encode_varint(size), *chunks))
 
 
 def serialize_get(reply: pb.GetBatchResponse | bytes | memoryview) -> bytes:

@@ -74,6 +74,16 @@ class GetBatchResponse(_message.Message):
     payload: bytes
     def __init__(self, header: _Optional[_Union[_tensor_pb2.BatchHeader, _Mapping]] = ..., payload: _Optional[bytes] = ...) -> None: ...
 
+class GetSmallBatchResponse(_message.Message):
+    __slots__ = ("header", "payload", "too_large")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    TOO_LARGE_FIELD_NUMBER: _ClassVar[int]
+    header: _tensor_pb2.BatchHeader
+    payload: bytes
+    too_large: bool
+    def __init__(self, header: _Optional[_Union[_tensor_pb2.BatchHeader, _Mapping]] = ..., payload: _Optional[bytes] = ..., too_large: _Optional[bool] = ...) -> None: ...
+
 class DeleteBatchRequest(_message.Message):
     __slots__ = ("key",)
     KEY_FIELD_NUMBER: _ClassVar[int]

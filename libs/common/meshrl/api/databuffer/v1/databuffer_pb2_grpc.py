@@ -49,6 +49,11 @@ class DataBufferStub:
                 request_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetBatchRequest.SerializeToString,
                 response_deserializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetBatchResponse.FromString,
                 _registered_method=True)
+        self.GetSmallBatch = channel.unary_unary(
+                '/meshrl.databuffer.v1.DataBuffer/GetSmallBatch',
+                request_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetBatchRequest.SerializeToString,
+                response_deserializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetSmallBatchResponse.FromString,
+                _registered_method=True)
         self.DeleteBatch = channel.unary_unary(
                 '/meshrl.databuffer.v1.DataBuffer/DeleteBatch',
                 request_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.DeleteBatchRequest.SerializeToString,
@@ -113,6 +118,14 @@ class DataBufferServicer:
 
     def GetBatch(self, request, context):
         """Server-streaming get: one `header` message, then payload frames.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSmallBatch(self, request, context):
+        """Unary get of a batch (or selection) of at most limits.max_frame_bytes: header and payload in one
+        reply. A larger one is not read: the reply says too_large (then use GetBatch).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -185,6 +198,11 @@ def add_DataBufferServicer_to_server(servicer, server):
                     servicer.GetBatch,
                     request_deserializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetBatchRequest.FromString,
                     response_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetBatchResponse.SerializeToString,
+            ),
+            'GetSmallBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSmallBatch,
+                    request_deserializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetBatchRequest.FromString,
+                    response_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetSmallBatchResponse.SerializeToString,
             ),
             'DeleteBatch': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteBatch,
@@ -308,6 +326,33 @@ class DataBuffer:
             '/meshrl.databuffer.v1.DataBuffer/GetBatch',
             meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetBatchRequest.SerializeToString,
             meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSmallBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshrl.databuffer.v1.DataBuffer/GetSmallBatch',
+            meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetBatchRequest.SerializeToString,
+            meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetSmallBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,
