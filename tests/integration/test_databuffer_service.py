@@ -5,6 +5,7 @@ acking every group exactly once, a killed consumer's groups redelivered, two ins
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 import sys
@@ -310,7 +311,8 @@ def test_two_instances_over_one_redis_share_batches_wakeups_and_groups(system_re
         assert np.array_equal(cb.get(batch_key("job", 1, "n"), wait_seconds=10)["x"], np.arange(3))
         assert time.monotonic() - start < 2.5, "instance A's commit woke the get waiting on instance B"
         _run_producers_and_consumers([a.address, b.address], producers=4, consumers=4, per_producer=12)
-        assert ca.stats("job") == cb.stats("job")
+        shared = [dataclasses.replace(c.stats("job"), get_calls=0, get_bytes=0, get_rows=0) for c in (ca, cb)]
+        assert shared[0] == shared[1]  # what Redis holds; the read counters are each process's own
         ca.close()
         cb.close()
     delete_prefix(system_redis, prefix)

@@ -45,9 +45,15 @@ def test_update_reaches_every_replica_bit_exactly(services, transport):
     cfg = WeightsSection(transport=transport, timeout_seconds=30)
     publisher = WeightPublisher(services["trainer"], cfg, str(services["root"] / f"w-{transport}"))
     publisher.version = max(r.status().weight_version for r in services["replicas"])
-    for _ in range(2):
-        result = publisher.publish(services["replicas"])  # verifies versions and checksums, or raises
-        assert result.stale == [] and result.bytes > 0
+    trainer, asked = services["trainer"], []
+    trainer.checksums = lambda *a, **k: asked.append(a) or TrainerClient.checksums(trainer, *a, **k)
+    try:
+        for _ in range(2):
+            result = publisher.publish(services["replicas"])  # verifies versions and checksums, or raises
+            assert result.stale == [] and result.bytes > 0
+    finally:
+        del trainer.checksums
+    assert asked == []  # verify compared with the checksums the publish replies carried
     expected = services["trainer"].checksums("actor").sha256
     for replica in services["replicas"]:
         assert replica.status().weight_version == publisher.version

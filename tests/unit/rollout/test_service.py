@@ -86,12 +86,19 @@ def test_generate_batch_writes_one_row_per_sample(stub, buffer, engine):
     assert [m.index_in_group for m in meta] == [0, 1] * 3
     assert meta[2].group_id == meta[3].group_id != meta[0].group_id
     assert all(m.job_id == "job-s" and m.step == 3 and m.finish_reason == 2 for m in meta)
-    # a prompt range, as a router sends it
+    # a prompt range, as a router sends it: the replica reads only those rows of its declared columns
     shard = batch_key("job-s", 3, "rollout", shard=1)
+    before = buffer.stats()
     reply = stub.GenerateBatch(
-        pb.GenerateBatchRequest(input=source, output=shard, sampling=sampling, n=1, row_begin=1, row_end=3), timeout=60
-    )
-    assert reply.samples == 2 and buffer.get(shard)[S.GROUP_INDEX].tolist() == [1, 2]
+        pb.GenerateBatchRequest(input=source, output=shard, sampling=sampling, n=1, row_begin=1, row_end=3,
+                                columns=[S.PROMPT_IDS]), timeout=60
+    )  # fmt: skip
+    after = buffer.stats()
+    assert (after.get_calls - before.get_calls, after.get_rows - before.get_rows) == (1, 2)
+    assert after.get_bytes - before.get_bytes == sum(np.asarray(p, np.int32).nbytes for p in prompts[1:3])
+    got = buffer.get(shard)
+    assert reply.samples == 2 and got[S.GROUP_INDEX].tolist() == [1, 2] and S.ANSWER not in got.columns
+    assert [r.tolist() for r in got[S.PROMPT_IDS].rows()] == prompts[1:3]
 
 
 BAD = [

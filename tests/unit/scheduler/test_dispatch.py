@@ -13,7 +13,7 @@ from meshrl.common.batch_key import batch_key
 from meshrl.scheduler.config import JobConfig
 from meshrl.scheduler.jobs import JobManager
 from meshrl.scheduler.step.dispatch import CONFIG_KEYS, DISPATCH, PLAN_ONLY, check_dispatch_table, handler_name
-from meshrl.scheduler.step.executor import StepContext
+from meshrl.scheduler.step.executor import NodeResult, StepContext
 from meshrl.scheduler.step.nodes import NodeHandlers
 from meshrl.scheduler.workflow import ROLES_BY_TYPE, WorkflowError, builtin_workflow_text, load_workflow_text
 
@@ -69,17 +69,36 @@ class Recorder:
         return record
 
 
-def _run_node(text: str, node_id: str):
+def _run_node(text: str, node_id: str, rows: int | None = None):
+    """Runs one node's handler after every node before it "ran" (wrote one batch; `rows` rows each)."""
     wf = load_workflow_text(text, CONFIG)
     trainer, fleet = Recorder(), Recorder()
     cfg = JobConfig.model_validate(CONFIG)
     handlers = NodeHandlers(cfg, None, trainer, fleet, None, None, None)
-    node = {n.node_id: n for n in wf.nodes}[node_id]
     ctx = StepContext("j", 1, nodes={n.node_id: n for n in wf.nodes})
-    for dep in node.dependencies:
-        ctx.results[dep] = SimpleNamespace(outputs=[batch_key("j", 1, dep)], rewrites_rows=True)
+    for n in wf.nodes:
+        if n.node_id == node_id:
+            break
+        ctx.results[n.node_id] = NodeResult([batch_key("j", 1, n.node_id)], rewrites_rows=n.node_id == "rollout",
+                                            rows=rows)  # fmt: skip
+    node = ctx.nodes[node_id]
     handlers.handler_for(node)(node, ctx)
     return trainer.calls, fleet.calls
+
+
+def test_the_rollout_gets_the_prompt_count_from_data_load_and_its_declared_columns():
+    _, fleet = _run_node(builtin_workflow_text("grpo"), "rollout", rows=24)
+    ((_, _, kwargs),) = fleet
+    assert kwargs["num_prompts"] == 24 and list(kwargs["columns"]) == ["prompt_ids", "answer"]
+
+
+def test_a_trainer_node_reads_its_declared_columns_from_the_nodes_that_write_them():
+    trainer, _ = _run_node(builtin_workflow_text("grpo"), "actor_train")
+    ((name, args, kwargs),) = trainer
+    assert name == "train_step"
+    assert kwargs["columns"] == ["prompt_ids", "response_ids", "advantages", "old_logprobs", "ref_logprobs"]
+    # reward writes none of them: its batch is not read; data_load is past the rollout (which rewrites rows)
+    assert [k.node_id for k in args[1]] == ["advantage", "old_logprob", "ref_logprob", "rollout"]
 
 
 def test_a_rollout_nodes_top_p_reaches_the_fleet():

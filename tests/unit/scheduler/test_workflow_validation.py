@@ -268,3 +268,21 @@ def test_anchors_and_merge_keys(kit):
     wf = load_workflow_text(textwrap.dedent(text))
     assert wf.node("old_lp").config == {"inputs": ["prompt_ids", "response_ids"], "micro_batch": 8}
     assert wf.node("ref_lp").config == {"inputs": ["prompt_ids", "response_ids"], "micro_batch": 4}
+
+
+def test_reading_a_column_no_ancestor_writes_fails_at_load_even_past_undeclared_nodes(kit, user_module):
+    """Built-in nodes that declare no outputs count with what they write; a user node counts with what it
+    declares, so a read through one that declares nothing is refused and the fix names it."""
+    nodes = kit.chain()  # data -> rollout -> reward -> advantage -> train, no columns declared
+    nodes[4]["config"] = {"inputs": ["prompt_ids", "response_ids", "advantages", "rewards"]}
+    kit.build(nodes)  # the built-ins write all four
+    module = user_module("def fn(batch, config):\n    return {}\n")
+    scorer = kit.node("scorer", "COMPUTE", "DEFAULT", ("advantage",))
+    scorer["executable_ref"] = f"{module}:fn"
+    nodes[4]["dependencies"] = ["scorer"]
+    nodes[4]["config"]["inputs"].append("values")
+    p = only(kit.problems([*nodes[:4], scorer, nodes[4]], allowed_modules=[module]))
+    assert p.node_id == "train" and "reads column 'values', which no upstream node writes" in p.message
+    assert "declare config.outputs on 'scorer'" in p.fix
+    scorer["config"] = {"outputs": ["values"]}
+    kit.build([*nodes[:4], scorer, nodes[4]], allowed_modules=[module])

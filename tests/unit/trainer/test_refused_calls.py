@@ -25,8 +25,9 @@ class DictBuffer:
     def __init__(self) -> None:
         self.batches: dict[str, Batch] = {}
 
-    def get_many(self, keys, *, wait_seconds=0.0, timeout=60.0) -> Batch:
-        return merge_batches(self.batches[k.node_id] for k in keys)
+    def get_many(self, keys, *, columns=(), wait_seconds=0.0, timeout=60.0) -> Batch:
+        merged = merge_batches(self.batches[k.node_id] for k in keys)
+        return Batch({c: merged.columns[c] for c in columns}) if columns else merged
 
     def put(self, key, columns, **_) -> int:
         self.batches[key.node_id] = Batch(dict(columns))

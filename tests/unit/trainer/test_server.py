@@ -37,11 +37,12 @@ class MemoryBuffer:
     def _k(key: keys_pb2.BatchKey) -> tuple:
         return key.job_id, key.step, key.node_id, key.shard if key.has_shard else None
 
-    def get_many(self, keys, *, wait_seconds=0.0, timeout=60.0) -> Batch:
+    def get_many(self, keys, *, columns=(), wait_seconds=0.0, timeout=60.0) -> Batch:
         for key in keys:
             if self._k(key) not in self.batches:
                 raise NotFound(f"no batch {self._k(key)}")
-        return merge_batches(self.batches[self._k(k)] for k in keys)
+        merged = merge_batches(self.batches[self._k(k)] for k in keys)
+        return Batch({c: merged.columns[c] for c in columns}) if columns else merged
 
     def put(self, key, columns, **_) -> int:
         self.batches[self._k(key)] = Batch(dict(columns))

@@ -31,7 +31,7 @@ from meshrl.common.codec import (
     encode_batch,
     merge_batches,
 )
-from meshrl.common.errors import DataLoss, InvalidArgument, from_rpc_error
+from meshrl.common.errors import DataLoss, InvalidArgument, NotFound, from_rpc_error
 from meshrl.common.grpc_channel import ChannelConfig, call, open_channel, wait_until_serving
 
 SERVICE = "meshrl.databuffer.v1.DataBuffer"
@@ -39,10 +39,11 @@ MiB = 1 << 20
 DEFAULT_FRAME_BYTES = 4 * MiB
 APPEND_REQUEST_BYTES = 8 * MiB  # append_groups splits larger lists into several requests
 PAYLOAD_TAG = b"\x12"  # field 2, wire type 2: `payload` of PutBatchRequest and of GetBatchResponse
+START_TAG = b"\x0a"  # field 1, wire type 2: `start` of PutSmallBatchRequest
 
 
 # --- payload frames in wire format (shared with the service) ------------------------------
-def _varint(n: int) -> bytes:
+def encode_varint(n: int) -> bytes:
     out = bytearray()
     while n > 0x7F:
         out.append((n & 0x7F) | 0x80)
@@ -53,7 +54,7 @@ def _varint(n: int) -> bytes:
 
 def encode_payload_frame(data: bytes | bytearray | memoryview) -> bytes:
     """The serialized message whose only field is `payload = data` (one copy of data)."""
-    return b"".join((PAYLOAD_TAG, _varint(memoryview(data).nbytes), data))
+    return b"".join((PAYLOAD_TAG, encode_varint(memoryview(data).nbytes), data))
 
 
 def payload_of(raw: bytes) -> memoryview | None:
@@ -75,6 +76,37 @@ def serialize_put_request(message: pb.PutBatchRequest | bytes | bytearray | memo
     if isinstance(message, bytes | bytearray | memoryview):
         return encode_payload_frame(message)
     return message.SerializeToString()
+
+
+def encode_small_put(start: pb.PutBatchStart, views: Sequence[memoryview]) -> bytes:
+    """A serialized PutSmallBatchRequest (`start`, then `payload` = the views joined) with one copy of the payload."""
+    head = start.SerializeToString()
+    size = sum(v.nbytes for v in views)
+    return b"".join((START_TAG, encode_varint(len(head)), head, PAYLOAD_TAG, encode_varint(size), *views))
+
+
+def deserialize_small_get(raw: bytes) -> tuple[tensor_pb2.BatchHeader, memoryview] | pb.GetSmallBatchResponse:
+    """(header, payload view) of a GetSmallBatchResponse as the service writes it, else the parsed message."""
+    if raw[:1] == START_TAG:
+        size, pos = _read_varint(raw, 1)
+        head, pos = raw[pos : pos + size], pos + size
+        if raw[pos : pos + 1] == PAYLOAD_TAG:
+            length, pos = _read_varint(raw, pos + 1)
+            if pos + length == len(raw):
+                return tensor_pb2.BatchHeader.FromString(head), memoryview(raw)[pos:]
+    return pb.GetSmallBatchResponse.FromString(raw)
+
+
+def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    value, shift = 0, 0
+    while pos < len(data) and shift < 64:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, pos
+    return -1, len(data) + 1  # truncated: matches no layout
 
 
 def deserialize_get_response(raw: bytes) -> pb.GetBatchResponse | memoryview:
@@ -151,6 +183,9 @@ class BufferStats:
     drops_by_reason: dict[str, int] = field(default_factory=dict)
     budget_bytes: int = 0
     budget_entries: int = 0
+    get_calls: int = 0  # GetBatch calls the service process served since it started, and what they sent
+    get_bytes: int = 0
+    get_rows: int = 0
 
 
 class JobDeletion(NamedTuple):
@@ -175,6 +210,16 @@ class DataBufferClient:
             f"/{SERVICE}/PutBatch",
             request_serializer=serialize_put_request,
             response_deserializer=pb.PutBatchResponse.FromString,
+        )
+        self._put_small = self._channel.unary_unary(
+            f"/{SERVICE}/PutSmallBatch",
+            request_serializer=bytes,  # already in wire format (encode_small_put)
+            response_deserializer=pb.PutBatchResponse.FromString,
+        )
+        self._get_small = self._channel.unary_unary(
+            f"/{SERVICE}/GetSmallBatch",
+            request_serializer=pb.GetBatchRequest.SerializeToString,
+            response_deserializer=deserialize_small_get,
         )
         self._get = self._channel.unary_stream(
             f"/{SERVICE}/GetBatch",
@@ -204,6 +249,8 @@ class DataBufferClient:
             columns = columns.columns
         header, views = encode_batch(columns, samples, attrs)
         start = pb.PutBatchStart(key=key, header=header, ttl_seconds=ttl_seconds, overwrite=overwrite)
+        if header.total_bytes <= self.chunk_bytes:  # one frame: one unary message, no stream
+            return call(self._put_small, encode_small_put(start, views), timeout=timeout).bytes_written
 
         def requests() -> Iterator[Any]:
             yield pb.PutBatchRequest(start=start)
@@ -211,14 +258,33 @@ class DataBufferClient:
 
         return call(self._put, requests(), timeout=timeout).bytes_written
 
-    def get(self, key: keys_pb2.BatchKey, *, wait_seconds: float = 0.0, timeout: float = 60.0) -> Batch:
+    def get(
+        self,
+        key: keys_pb2.BatchKey,
+        *,
+        columns: Sequence[str] = (),
+        rows: tuple[int, int] | None = None,
+        missing_ok: bool = False,
+        wait_seconds: float = 0.0,
+        timeout: float = 60.0,
+    ) -> Batch:
         """The batch under `key`; waits up to `wait_seconds` for it to appear (then NotFound).
 
-        `timeout` bounds the transfer; the call's deadline is wait_seconds + timeout. The
-        arrays are writable views of one buffer holding the payload.
+        Only `columns` (empty: all; a name the batch lacks is NotFound unless `missing_ok`) of rows
+        [begin, end) (None: all; outside the batch is InvalidArgument) travel. `timeout` bounds the
+        transfer; the call's deadline is wait_seconds + timeout. The arrays are writable views of one
+        buffer holding the payload.
         """
-        request = pb.GetBatchRequest(key=key, wait_seconds=wait_seconds)
-        replies = self._get(request, timeout=wait_seconds + timeout)
+        request = pb.GetBatchRequest(key=key, wait_seconds=wait_seconds, columns=columns, missing_ok=missing_ok)
+        if rows is not None:
+            request.rows.begin, request.rows.end = rows
+        small = call(self._get_small, request, timeout=wait_seconds + timeout)  # one unary call when it fits
+        if isinstance(small, tuple):
+            header, view = small
+            return decode_batch(header, bytearray(view))  # one copy: writable arrays, as below
+        if not small.too_large:  # the reply in protobuf's own layout
+            return decode_batch(small.header, bytearray(small.payload))
+        replies = self._get(request, timeout=timeout)
         try:
             first = next(replies, None)
             if not isinstance(first, pb.GetBatchResponse) or first.WhichOneof("body") != "header":
@@ -241,27 +307,47 @@ class DataBufferClient:
             raise DataLoss(f"GetBatch ended after {pos} of the {header.total_bytes} bytes its header announced")
         return decode_batch(header, buf)
 
-    def get_many(self, keys: Sequence[keys_pb2.BatchKey], *, wait_seconds: float = 0.0, timeout: float = 60.0) -> Batch:
+    def get_many(
+        self,
+        keys: Sequence[keys_pb2.BatchKey],
+        *,
+        columns: Sequence[str] = (),
+        wait_seconds: float = 0.0,
+        timeout: float = 60.0,
+    ) -> Batch:
         """The batches of several upstream nodes (same rows), merged by column. The shards of one
-        node's output (same job, step and node) are first concatenated row-wise in shard order."""
+        node's output (same job, step and node) are first concatenated row-wise in shard order.
+        With `columns`, each batch sends only those it holds, and a column none holds is NotFound."""
         if not keys:
+            if columns:
+                raise NotFound(f"columns {list(columns)} were asked for, but no input batch was given")
             return Batch()
         # Each read runs in a copy of the caller's context, so its span joins the caller's trace.
         contexts = [contextvars.copy_context() for _ in keys]
+        opts = {"columns": columns, "missing_ok": bool(columns), "wait_seconds": wait_seconds, "timeout": timeout}
         with ThreadPoolExecutor(max_workers=min(len(keys), 8)) as pool:
-            batches = list(
-                pool.map(lambda c, k: c.run(self.get, k, wait_seconds=wait_seconds, timeout=timeout), contexts, keys)
-            )
+            batches = list(pool.map(lambda c, k: c.run(self.get, k, **opts), contexts, keys))
         by_node: dict[tuple[str, int, str], list[tuple[int, Batch]]] = {}
         for key, batch in zip(keys, batches):
             by_node.setdefault((key.job_id, key.step, key.node_id), []).append(
                 (key.shard if key.has_shard else -1, batch)
             )
         nodes = [concat_batches([b for _, b in sorted(parts, key=lambda p: p[0])]) for parts in by_node.values()]
-        return merge_batches(nodes)
+        merged = merge_batches([b for b in nodes if b.columns or not columns])
+        missing = [c for c in columns if c not in merged.columns]
+        if missing:
+            names = sorted({k.node_id for k in keys})
+            raise NotFound(f"no input batch (of {names}) holds column {missing}; check the upstream nodes' outputs")
+        return merged
 
     def delete(self, key: keys_pb2.BatchKey, *, timeout: float = 30.0) -> bool:
         return call(self._stub.DeleteBatch, pb.DeleteBatchRequest(key=key), timeout=timeout).deleted
+
+    def delete_step(self, job_id: str, step: int, *, timeout: float = 60.0) -> int:
+        """Deletes every batch of one step of a job in one call; returns how many there were."""
+        return call(
+            self._stub.DeleteStep, pb.DeleteStepRequest(job_id=job_id, step=step), timeout=timeout
+        ).batches_deleted
 
     def list(self, job_id: str, step: int = -1, *, timeout: float = 30.0) -> list[keys_pb2.BatchKey]:
         reply = call(self._stub.ListBatches, pb.ListBatchesRequest(job_id=job_id, step=step), timeout=timeout)
@@ -342,8 +428,9 @@ class DataBufferClient:
         reply = call(self._stub.GetStats, pb.GetStatsRequest(job_id=job_id), timeout=timeout)
         streams = [StreamStats(s.job_id, s.stream, s.consumer_group, s.length, s.pending, s.lag) for s in reply.streams]
         return BufferStats(
-            reply.batches, reply.bytes, streams, dict(reply.drops_by_reason), reply.budget_bytes, reply.budget_entries
-        )
+            reply.batches, reply.bytes, streams, dict(reply.drops_by_reason), reply.budget_bytes, reply.budget_entries,
+            reply.get_calls, reply.get_bytes, reply.get_rows,
+        )  # fmt: skip
 
     def close(self) -> None:
         self._channel.close()

@@ -4,7 +4,9 @@ A batch is a manifest hash (generation, chunk count and size, the serialized Bat
 plus its payload cut into chunks below Redis' 512 MB value limit, all under one hash tag.
 A put stages its chunks under a fresh generation with a short TTL, then one Lua script
 checks them and swaps the manifest: the batch appears whole or not at all, and a failed or
-cancelled put deletes what it staged. Used by `DataBuffer` (meshrl.databuffer.store).
+cancelled put deletes what it staged; the last chunk's write, the index update and the commit go in one
+pipeline (a one-chunk put is three round trips: reserve, that pipeline, settle). Reads are
+meshrl.databuffer.reads'. Used by `DataBuffer` (meshrl.databuffer.store).
 """
 
 from __future__ import annotations
@@ -12,22 +14,25 @@ from __future__ import annotations
 import logging
 import math
 import secrets
-import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from redis.cluster import RedisCluster
+from redis.exceptions import NoScriptError
+
 from meshrl.api.common.v1 import tensor_pb2
 from meshrl.common.codec import validate_header
-from meshrl.common.errors import Aborted, AlreadyExists, DataLoss, InvalidArgument, NotFound
+from meshrl.common.errors import Aborted, AlreadyExists, InvalidArgument
 from meshrl.databuffer.config import BatchConfig, LimitsConfig
 from meshrl.databuffer.indexes import Indexes
 from meshrl.databuffer.keys import BatchRef, KeySpace, check_name
 from meshrl.databuffer.ledger import Ledger, now_ms
 from meshrl.databuffer.notify import CommitNotifier
 from meshrl.databuffer.orphans import PendingCleanups
+from meshrl.databuffer.reads import BatchReader, StoredBatch
 
 log = logging.getLogger(__name__)
 TTL_MARGIN_MS = 60_000  # chunks outlive their manifest, so a live manifest never points at expired chunks
@@ -74,16 +79,6 @@ class PutResult:
     chunks: int
 
 
-@dataclass
-class StoredBatch:
-    """A committed batch being read: its header and its payload as chunks, in order."""
-
-    ref: BatchRef
-    header: tensor_pb2.BatchHeader
-    total_bytes: int
-    chunks: Iterator[bytes]
-
-
 def _flat(frame: Any) -> memoryview:
     view = memoryview(frame)
     return view if view.ndim == 1 and view.itemsize == 1 else view.cast("B")
@@ -104,6 +99,8 @@ class BatchStore:
         self.client = client
         self.keys = keys
         self.orphans = PendingCleanups()  # staged chunks of puts that failed while Redis was down
+        self.reader = BatchReader(client, keys, notifier, limits, cfg, executor)
+        self.reads = self.reader.counter  # what GetBatch sent since this process started
         self.indexes = indexes
         self.ledger = ledger
         self.notifier = notifier
@@ -164,16 +161,19 @@ class BatchStore:
         self.ledger.reserve({member: total + len(blob)}, now_ms() + staging_ms, f"batch {ref}")
         committed = False
         try:
-            count = self._stage(ref, gen, frames, total, staging_ms)
-            self._commit_manifest(ref, gen, count, total, blob, ttl, overwrite)
+            count, last = self._stage(ref, gen, frames, total, staging_ms)
+            self._commit_manifest(ref, gen, count, total, blob, ttl, overwrite, last, staging_ms)
             committed = True
         finally:
             if not committed:
                 self._discard(ref, gen, math.ceil(total / self.limits.chunk_bytes), member)
         return PutResult(total, count)
 
-    def _stage(self, ref: BatchRef, gen: str, frames: Iterable[Any], total: int, staging_ms: int) -> int:
-        """Writes the payload as chunks of `limits.chunk_bytes` (short TTL); returns the chunk count."""
+    def _stage(
+        self, ref: BatchRef, gen: str, frames: Iterable[Any], total: int, staging_ms: int
+    ) -> tuple[int, bytearray | memoryview | None]:
+        """Writes the payload as chunks of `limits.chunk_bytes` (short TTL); returns the chunk count and the
+        last chunk when it is not written yet (the commit's pipeline writes it: one round trip for a small put)."""
         cb = self.limits.chunk_bytes
         pending: deque[Future] = deque()
         count = 0
@@ -186,6 +186,7 @@ class BatchStore:
             while len(pending) >= IN_FLIGHT:
                 pending.popleft().result()
 
+        tail: memoryview | None = None
         try:
             buf = bytearray()
             received = 0
@@ -205,6 +206,9 @@ class BatchStore:
                         field="payload",
                     )
                 received += n
+                if n and not buf and received == total and n < cb:  # the whole rest in this frame: uncopied
+                    tail = view
+                    continue
                 pos = 0
                 while pos < n:
                     if not buf and n - pos >= cb:  # a whole chunk inside this frame: no copy
@@ -225,22 +229,24 @@ class BatchStore:
                 )
             while pending:
                 pending.popleft().result()
-            if buf:  # the last (or only) chunk: written from this thread, no hand-off
-                self.client.set(self.keys.chunk(ref, gen, count), buf, px=staging_ms)
-                count += 1
         finally:
             for future in pending:  # a failed put waits for its writes before deleting them
                 future.exception()
-        return count
+        if tail is not None:
+            return count + 1, tail
+        return (count + 1, buf) if buf else (count, None)
 
     def _commit_manifest(
-        self, ref: BatchRef, gen: str, count: int, total: int, blob: bytes, ttl: int, overwrite: bool
-    ) -> None:
-        """Swaps the manifest to the staged generation (first assuming a new key: one round trip)."""
+        self, ref: BatchRef, gen: str, count: int, total: int, blob: bytes, ttl: int, overwrite: bool,
+        last: bytearray | memoryview | None, staging_ms: int,
+    ) -> None:  # fmt: skip
+        """Swaps the manifest to the staged generation. The first try assumes a new key and goes in one
+        pipeline with the last chunk's write and the index update: one round trip."""
         manifest = self.keys.manifest(ref)
         ttl_ms = ttl * 1000
         grace_ms = int(self.cfg.overwrite_grace_seconds * 1000)
-        self.indexes.add_batch(ref, ttl_ms + TTL_MARGIN_MS)  # before the commit: a committed batch is listed
+        last_key = self.keys.chunk(ref, gen, count - 1)
+        first_try = True
         new_keys = self.keys.chunks(ref, gen, count)
         old_gen, old_n = "", 0
         for _attempt in range(16):
@@ -254,9 +260,12 @@ class BatchStore:
                 self.keys.commit_channel(),
                 self.keys.batch_tag(ref),
             ]
-            status, current, current_n = (
-                x.decode() for x in self._commit(keys=[manifest, *new_keys, *old_keys], args=args)
-            )
+            keys = [manifest, *new_keys, *old_keys]
+            reply = self._first_commit(ref, keys, args, last_key, last, staging_ms) if first_try else None
+            if reply is None:
+                reply = self._commit(keys=keys, args=args)
+            first_try = False
+            status, current, current_n = (x.decode() for x in reply)
             if status == "ok":
                 old = self.keys.batch_member(ref, old_gen) if old_gen else None
                 self.ledger.settle(self.keys.batch_member(ref, gen), now_ms() + ttl_ms + TTL_MARGIN_MS, old, grace_ms)
@@ -270,6 +279,28 @@ class BatchStore:
                 )
             old_gen, old_n = current, int(current_n)  # 'changed': commit over the generation now there
         raise Aborted(f"batch {ref} kept changing under concurrent puts; retry the put")
+
+    def _first_commit(
+        self, ref: BatchRef, keys: list[str], args: list[Any], last_key: str, last: bytearray | None, staging_ms: int
+    ) -> list[bytes] | None:
+        """In one round trip and in order: the last chunk's write, the index update (before the commit: a
+        committed batch is listed) and the commit. None when Redis lost the scripts (restarted): then the
+        same steps run one by one, loading them."""
+        ttl_ms = int(args[9])
+        if not isinstance(self.client, RedisCluster):  # a cluster pipeline does not keep order across slots
+            pipe = self.client.pipeline(transaction=False)
+            if last is not None:
+                pipe.set(last_key, last, px=staging_ms)
+            self.indexes.queue_add_batch(pipe, ref, ttl_ms)
+            pipe.evalsha(self._commit.sha, len(keys), *keys, *args)
+            try:
+                return pipe.execute()[-1]
+            except NoScriptError:
+                pass
+        if last is not None:
+            self.client.set(last_key, last, px=staging_ms)
+        self.indexes.add_batch(ref, ttl_ms)
+        return None
 
     def _discard(self, ref: BatchRef, gen: str, count: int, member: str) -> None:
         """Removes what a failed put staged; when Redis cannot be reached, retried at the next put."""
@@ -290,51 +321,9 @@ class BatchStore:
         self.ledger.release([member])
 
     # --- get ---------------------------------------------------------------------------
-    def _read_manifest(self, ref: BatchRef) -> list[Any] | None:
-        fields = self.client.hmget(self.keys.manifest(ref), "gen", "n", "cb", "bytes", "h")
-        return None if fields[0] is None else fields
-
-    def open(self, ref: BatchRef, *, wait_seconds: float = 0.0) -> StoredBatch:
-        """The committed batch under `ref`, waiting up to `wait_seconds` for it to appear."""
-        if not 0 <= wait_seconds <= 86400:
-            raise InvalidArgument(f"wait_seconds = {wait_seconds} must be in [0, 86400]", field="wait_seconds")
-        if wait_seconds == 0:
-            fields = self._read_manifest(ref)
-        else:
-            deadline = time.monotonic() + wait_seconds
-            with self.notifier.watch(self.keys.batch_tag(ref)) as committed:
-                while (fields := self._read_manifest(ref)) is None:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    committed.wait(min(remaining, self.cfg.poll_seconds))
-                    committed.clear()
-        if fields is None:
-            waited = f" after waiting {wait_seconds:g}s" if wait_seconds else ""
-            raise NotFound(f"batch {ref} is not in the data buffer{waited}; check that its producer ran (and its TTL)")
-        gen, n, cb, total, blob = fields
-        header = tensor_pb2.BatchHeader.FromString(blob)
-        chunks = self._read_chunks(ref, gen.decode(), int(n), int(cb), int(total))
-        return StoredBatch(ref, header, int(total), chunks)
-
-    def _read_chunks(self, ref: BatchRef, gen: str, n: int, cb: int, total: int) -> Iterator[bytes]:
-        """The chunks in order; the next one is fetched while the caller sends the current one."""
-        ahead: Future | None = None
-        for i in range(n):
-            data = ahead.result() if ahead is not None else self.client.get(self.keys.chunk(ref, gen, i))
-            ahead = self._io.submit(self.client.get, self.keys.chunk(ref, gen, i + 1)) if i + 1 < n else None
-            expected = cb if i < n - 1 else total - cb * (n - 1)
-            if data is None:
-                current = self.client.hget(self.keys.manifest(ref), "gen")
-                if current is None or current.decode() != gen:
-                    raise NotFound(f"batch {ref} was deleted while it was being read")
-                raise DataLoss(
-                    f"batch {ref}: chunk {i} of {n} is missing from Redis; was it evicted? Set Redis' "
-                    "maxmemory-policy to noeviction"
-                )
-            if len(data) != expected:
-                raise DataLoss(f"batch {ref}: chunk {i} holds {len(data)} bytes, expected {expected}")
-            yield data
+    def open(self, ref: BatchRef, **kwargs: Any) -> StoredBatch:
+        """The committed batch under `ref` (meshrl.databuffer.reads: columns, rows, waiting)."""
+        return self.reader.open(ref, **kwargs)
 
     # --- delete / list -------------------------------------------------------------------
     def delete(self, ref: BatchRef) -> bool:

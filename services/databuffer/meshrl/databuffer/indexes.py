@@ -39,6 +39,13 @@ class Indexes:
         self._add(keys=[self.keys.job_batches(ref.job_id)], args=["z", ref.index_member(), ref.step, ttl_ms])
         self._add_job(ref.job_id, ttl_ms)
 
+    def queue_add_batch(self, pipe: Any, ref: BatchRef, ttl_ms: int) -> None:
+        """`add_batch` queued on a pipeline by sha (its execute raises NoScriptError after a Redis restart:
+        then call add_batch, which loads the script)."""
+        sha = self._add.sha
+        pipe.evalsha(sha, 1, self.keys.job_batches(ref.job_id), "z", ref.index_member(), ref.step, ttl_ms)
+        pipe.evalsha(sha, 1, self.keys.jobs(), "s", ref.job_id, 0, ttl_ms)
+
     def remove_batch(self, ref: BatchRef) -> None:
         self.client.zrem(self.keys.job_batches(ref.job_id), ref.index_member())
 

@@ -13,12 +13,21 @@ import grpc
 
 from meshrl.api.databuffer.v1 import databuffer_pb2 as pb
 from meshrl.common.databuffer_client import SERVICE
+from meshrl.common.errors import InvalidArgument
 from meshrl.common.grpc_server import Service
 from meshrl.common.telemetry import attributes as A
 from meshrl.common.telemetry import tag_span
 from meshrl.databuffer.keys import BatchRef
 from meshrl.databuffer.store import DataBuffer
-from meshrl.databuffer.wire import checked, deserialize_put, lenient, serialize_get, split_put_stream
+from meshrl.databuffer.wire import (
+    checked,
+    deserialize_put,
+    deserialize_small_put,
+    lenient,
+    serialize_get,
+    serialize_small_get,
+    split_put_stream,
+)
 
 
 def _remaining(context: grpc.ServicerContext, wanted: float, margin: float = 0.5) -> float:
@@ -41,10 +50,33 @@ class DataBufferServicer:
         tag_span({A.BUFFER_KEY: str(ref), A.BYTES: result.bytes_written})
         return pb.PutBatchResponse(bytes_written=result.bytes_written, chunks=result.chunks)
 
+    def PutSmallBatch(self, request: Any, context: grpc.ServicerContext) -> pb.PutBatchResponse:
+        request = checked(request)
+        start, payload = request if isinstance(request, tuple) else (request.start, memoryview(request.payload))
+        ref = BatchRef.from_proto(start.key, "start.key")
+        if payload.nbytes > self.frame_bytes:
+            raise InvalidArgument(
+                f"payload: {payload.nbytes} bytes is over limits.max_frame_bytes = {self.frame_bytes} for "
+                "PutSmallBatch; stream larger batches with PutBatch",
+                field="payload",
+            )
+        result = self.buffer.put_batch(
+            ref, start.header, [payload], ttl_seconds=start.ttl_seconds, overwrite=start.overwrite
+        )
+        tag_span({A.BUFFER_KEY: str(ref), A.BYTES: result.bytes_written})
+        return pb.PutBatchResponse(bytes_written=result.bytes_written, chunks=result.chunks)
+
     def GetBatch(self, request: pb.GetBatchRequest, context: grpc.ServicerContext) -> Iterator[Any]:
         request = checked(request)
         ref = BatchRef.from_proto(request.key)
-        stored = self.buffer.open_batch(ref, wait_seconds=_remaining(context, request.wait_seconds))
+        rows = (request.rows.begin, request.rows.end) if request.HasField("rows") else None
+        stored = self.buffer.open_batch(
+            ref,
+            wait_seconds=_remaining(context, request.wait_seconds),
+            columns=list(request.columns),
+            rows=rows,
+            missing_ok=request.missing_ok,
+        )
         tag_span({A.BUFFER_KEY: str(ref), A.BYTES: stored.header.total_bytes})
         yield pb.GetBatchResponse(header=stored.header)
         for chunk in stored.chunks:
@@ -55,9 +87,31 @@ class DataBufferServicer:
                 for i in range(0, len(chunk), self.frame_bytes):
                     yield view[i : i + self.frame_bytes]
 
+    def GetSmallBatch(self, request: pb.GetBatchRequest, context: grpc.ServicerContext) -> Any:
+        """The whole reply in one message (header, then the payload joined once), or too_large."""
+        request = checked(request)
+        ref = BatchRef.from_proto(request.key)
+        rows = (request.rows.begin, request.rows.end) if request.HasField("rows") else None
+        stored = self.buffer.open_batch(
+            ref,
+            wait_seconds=_remaining(context, request.wait_seconds),
+            columns=list(request.columns),
+            rows=rows,
+            missing_ok=request.missing_ok,
+            limit=self.frame_bytes,
+        )
+        if stored.chunks is None:
+            return pb.GetSmallBatchResponse(too_large=True)
+        tag_span({A.BUFFER_KEY: str(ref), A.BYTES: stored.header.total_bytes})
+        return stored.header, list(stored.chunks)
+
     def DeleteBatch(self, request: pb.DeleteBatchRequest, context: grpc.ServicerContext) -> pb.DeleteBatchResponse:
         request = checked(request)
         return pb.DeleteBatchResponse(deleted=self.buffer.delete_batch(BatchRef.from_proto(request.key)))
+
+    def DeleteStep(self, request: pb.DeleteStepRequest, context: grpc.ServicerContext) -> pb.DeleteStepResponse:
+        request = checked(request)
+        return pb.DeleteStepResponse(batches_deleted=self.buffer.delete_step(request.job_id, request.step))
 
     def ListBatches(self, request: pb.ListBatchesRequest, context: grpc.ServicerContext) -> pb.ListBatchesResponse:
         request = checked(request)
@@ -118,6 +172,9 @@ class DataBufferServicer:
             drops_by_reason=stats.drops_by_reason,
             budget_bytes=stats.budget_bytes,
             budget_entries=stats.budget_entries,
+            get_calls=stats.get_calls,
+            get_bytes=stats.get_bytes,
+            get_rows=stats.get_rows,
         )
 
 
@@ -135,7 +192,24 @@ def _add(servicer: DataBufferServicer, server: grpc.Server) -> None:
             servicer.GetBatch, request_deserializer=lenient(pb.GetBatchRequest), response_serializer=serialize_get
         ),
     }
-    for name in ("DeleteBatch", "ListBatches", "DeleteJob", "AppendGroups", "ReadGroups", "AckGroups", "GetStats"):
+    handlers["GetSmallBatch"] = grpc.unary_unary_rpc_method_handler(
+        servicer.GetSmallBatch,
+        request_deserializer=lenient(pb.GetBatchRequest),
+        response_serializer=serialize_small_get,
+    )
+    handlers["PutSmallBatch"] = grpc.unary_unary_rpc_method_handler(
+        servicer.PutSmallBatch, request_deserializer=deserialize_small_put, response_serializer=reply("PutBatch")
+    )
+    for name in (
+        "DeleteBatch",
+        "DeleteStep",
+        "ListBatches",
+        "DeleteJob",
+        "AppendGroups",
+        "ReadGroups",
+        "AckGroups",
+        "GetStats",
+    ):
         handlers[name] = grpc.unary_unary_rpc_method_handler(
             getattr(servicer, name),
             request_deserializer=lenient(getattr(pb, f"{name}Request")),

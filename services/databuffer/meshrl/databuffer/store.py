@@ -16,6 +16,7 @@ from typing import Any
 from meshrl.api.common.v1 import tensor_pb2
 from meshrl.api.databuffer.v1 import databuffer_pb2 as pb
 from meshrl.common.codec import Batch, decode_batch, encode_batch
+from meshrl.common.errors import InvalidArgument
 from meshrl.databuffer.batches import BatchStore, PutResult, StoredBatch
 from meshrl.databuffer.config import DataBufferConfig
 from meshrl.databuffer.connection import RedisHandle, open_redis, redis_errors
@@ -38,6 +39,9 @@ class Stats:
     budget_entries: int = 0
     used_bytes: int = 0  # everything the budget counts (all jobs, staged puts included)
     used_entries: int = 0
+    get_calls: int = 0  # GetBatch calls served by this process since it started, and what they sent
+    get_bytes: int = 0
+    get_rows: int = 0
 
 
 class DataBuffer:
@@ -80,11 +84,13 @@ class DataBuffer:
         with redis_errors(f"put of batch {ref}"):
             return self.batches.put(ref, header, frames, ttl_seconds=ttl_seconds, overwrite=overwrite)
 
-    def open_batch(self, ref: BatchRef, *, wait_seconds: float = 0.0) -> StoredBatch:
-        """The batch's header now, its chunks as they are read (errors typed there too)."""
+    def open_batch(self, ref: BatchRef, *, wait_seconds: float = 0.0, **selection: Any) -> StoredBatch:
+        """The batch's header now, its chunks as they are read (errors typed there too). `selection`:
+        columns, rows, missing_ok of `BatchStore.open`."""
         with redis_errors(f"get of batch {ref}"):
-            stored = self.batches.open(ref, wait_seconds=wait_seconds)
-        stored.chunks = self._typed(stored.chunks, f"get of batch {ref}")
+            stored = self.batches.open(ref, wait_seconds=wait_seconds, **selection)
+        if stored.chunks is not None:
+            stored.chunks = self._typed(stored.chunks, f"get of batch {ref}")
         return stored
 
     @staticmethod
@@ -106,14 +112,21 @@ class DataBuffer:
         frames = (v[i : i + step] for v in views for i in range(0, v.nbytes, step))
         return self.put_batch(ref, header, frames, **kwargs)
 
-    def get_batch(self, ref: BatchRef, *, wait_seconds: float = 0.0) -> Batch:
-        """In-process convenience: the whole batch decoded."""
-        stored = self.open_batch(ref, wait_seconds=wait_seconds)
+    def get_batch(self, ref: BatchRef, *, wait_seconds: float = 0.0, **selection: Any) -> Batch:
+        """In-process convenience: the batch (or its selected columns and rows) decoded."""
+        stored = self.open_batch(ref, wait_seconds=wait_seconds, **selection)
         return decode_batch(stored.header, b"".join(stored.chunks))
 
     def delete_batch(self, ref: BatchRef) -> bool:
         with redis_errors(f"delete of batch {ref}"):
             return self.batches.delete(ref)
+
+    def delete_step(self, job_id: str, step: int) -> int:
+        """Deletes every batch of one step of a job; returns how many existed."""
+        if step < 0:
+            raise InvalidArgument(f"step = {step} must be >= 0", field="step")
+        with redis_errors(f"delete of step {step} of job '{job_id}'"):
+            return sum(self.batches.delete(ref) for ref in self.batches.list(job_id, step))
 
     def list_batches(self, job_id: str, step: int = -1) -> list[BatchRef]:
         with redis_errors(f"list of job '{job_id}'"):
@@ -156,6 +169,8 @@ class DataBuffer:
                 out.streams += streams
                 for reason, n in drops.items():
                     out.drops_by_reason[reason] = out.drops_by_reason.get(reason, 0) + n
+            reads = self.batches.reads
+            out.get_calls, out.get_bytes, out.get_rows = reads.calls, reads.bytes, reads.rows
             usage = self.ledger.usage()
             out.used_bytes, out.used_entries = usage.bytes, usage.entries
         return out

@@ -16,7 +16,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from meshrl.api.databuffer.v1 import databuffer_pb2 as pb
-from meshrl.common.databuffer_client import encode_payload_frame, payload_of
+from meshrl.common.databuffer_client import PAYLOAD_TAG, START_TAG, encode_payload_frame, encode_varint, payload_of
 from meshrl.common.errors import InvalidArgument
 
 
@@ -99,6 +99,35 @@ _put_message = lenient(pb.PutBatchRequest)
 def deserialize_put(raw: bytes) -> pb.PutBatchRequest | memoryview | BadRequest:
     frame = payload_of(raw)
     return frame if frame is not None else _put_message(raw)
+
+
+_small_put_message = lenient(pb.PutSmallBatchRequest)
+
+
+def deserialize_small_put(raw: bytes) -> tuple[pb.PutBatchStart, memoryview] | pb.PutSmallBatchRequest | BadRequest:
+    """(start, payload view) of a PutSmallBatchRequest laid out as the client writes it (start, then payload;
+    no copy of the payload), else the message parsed by protobuf (or the BadRequest it deserved)."""
+    try:
+        if raw[:1] == START_TAG:
+            size, pos = _varint(raw, 1)
+            head, pos = raw[pos : pos + size], pos + size
+            if raw[pos : pos + 1] == PAYLOAD_TAG:
+                length, pos = _varint(raw, pos + 1)
+                if pos + length == len(raw):
+                    return pb.PutBatchStart.FromString(head), memoryview(raw)[pos:]
+    except (ValueError, DecodeError):
+        pass
+    return _small_put_message(raw)
+
+
+def serialize_small_get(reply: tuple[Any, list[Any]] | pb.GetSmallBatchResponse) -> bytes:
+    """(header, chunks) as a GetSmallBatchResponse with the payload joined once; a message as itself."""
+    if isinstance(reply, pb.GetSmallBatchResponse):
+        return reply.SerializeToString()
+    header, chunks = reply
+    head = header.SerializeToString()
+    size = sum(memoryview(c).nbytes for c in chunks)
+    return b"".join((START_TAG, encode_varint(len(head)), head, PAYLOAD_TAG, encode_varint(size), *chunks))
 
 
 def serialize_get(reply: pb.GetBatchResponse | bytes | memoryview) -> bytes:

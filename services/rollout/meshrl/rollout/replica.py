@@ -56,6 +56,7 @@ class BatchJob:
     step: int = 0
     row_begin: int = 0
     row_end: int = 0  # both 0 = every prompt
+    columns: tuple[str, ...] = ()  # input columns copied into each sample row (prompt_ids always read); () = all
     alive: Callable[[], bool] | None = None  # False once the caller cancelled or its deadline passed
 
 
@@ -202,15 +203,14 @@ class RolloutReplica:
                 attributes={A.REPLICA: self.replica_id, A.JOB_ID: job.job_id, A.STEP: job.step},
             ) as span:
                 start = time.perf_counter()
-                batch = self.databuffer.get(job.input, wait_seconds=self.buffer_wait_s)
-                rows = self._rows(batch, job)
+                batch, rows = self._read_rows(job)
                 self.limits.check_batch(job.n, len(rows))
                 prompts: Ragged = batch[S.PROMPT_IDS]
                 if not isinstance(prompts, Ragged):
                     raise InvalidArgument(f"input column '{S.PROMPT_IDS}' must be ragged int32 token ids")
                 requests = [
                     GenerationRequest(
-                        prompt_ids=prompts.row(row).tolist(),
+                        prompt_ids=prompts.row(row - job.row_begin).tolist(),  # the batch holds only our rows
                         sampling=job.sampling.with_seed(sample_seed(job.sampling.seed, row, k)),
                         request_id=f"{job.job_id}/{job.step}/{row}/{k}",
                     )
@@ -235,24 +235,25 @@ class RolloutReplica:
         finally:
             self._leave()
 
-    @staticmethod
-    def _rows(batch: Batch, job: BatchJob) -> list[int]:
-        total = batch.num_rows()
+    def _read_rows(self, job: BatchJob) -> tuple[Batch, list[int]]:
+        """Only this job's rows [row_begin, row_end) of its columns, and their row numbers in the whole batch."""
         begin, end = job.row_begin, job.row_end
-        if begin == 0 and end == 0:
-            end = total
-        if not (0 <= begin < end <= total):
+        if begin < 0 or end < begin or (end == begin and begin != 0):
             raise InvalidArgument(
-                f"rows [{job.row_begin}, {job.row_end}) are not inside the input batch of {total} prompts; "
+                f"rows [{job.row_begin}, {job.row_end}) are not a range of prompts; "
                 "give 0 <= row_begin < row_end <= number of prompts (or both 0 for all)"
             )
-        return list(range(begin, end))
+        columns = list(dict.fromkeys([S.PROMPT_IDS, *job.columns])) if job.columns else []
+        rows = None if begin == end == 0 else (begin, end)
+        batch = self.databuffer.get(job.input, columns=columns, rows=rows, wait_seconds=self.buffer_wait_s)
+        return batch, list(range(begin, begin + batch.num_rows()))
 
     def _output(
         self, batch: Batch, job: BatchJob, rows: list[int], results: list[GenerationResult]
     ) -> tuple[dict[str, object], list[tensor_pb2.SampleMeta]]:
         source_rows = [row for row in rows for _ in range(job.n)]
-        out: dict[str, object] = dict(batch.take(source_rows).columns)  # prompt_ids, answer, ... per sample
+        local = [row - job.row_begin for row in source_rows]  # `batch` holds only rows [row_begin, row_end)
+        out: dict[str, object] = dict(batch.take(local).columns)  # prompt_ids, answer, ... per sample
         out[S.RESPONSE_IDS] = Ragged.from_rows([r.token_ids for r in results], dtype=np.int32)
         out[S.ROLLOUT_LOGPROBS] = Ragged.from_rows([r.logprobs for r in results], dtype=np.float32)
         out[S.RESPONSE_VERSIONS] = Ragged.from_rows([r.weight_versions for r in results], dtype=np.int64)

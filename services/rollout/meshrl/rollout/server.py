@@ -52,6 +52,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             step=request.step,
             row_begin=request.row_begin,
             row_end=request.row_end,
+            columns=tuple(request.columns),
             alive=context.is_active,
         )
         s = self.replica.generate_batch(job)

@@ -53,15 +53,20 @@ class TrainerClient:
         return call(self.stub.LoadModel, req, timeout=self.timeout)
 
     def compute_logprobs(
-        self, role: str, inputs: Sequence[keys_pb2.BatchKey], output: keys_pb2.BatchKey, name: str, entropy: bool
-    ) -> tpb.ComputeResponse:
+        self, role: str, inputs: Sequence[keys_pb2.BatchKey], output: keys_pb2.BatchKey, name: str, entropy: bool,
+        columns: Sequence[str] = (),
+    ) -> tpb.ComputeResponse:  # fmt: skip
+        """`columns`: the only input columns the trainer reads (empty: every column)."""
         req = tpb.ComputeLogProbsRequest(
-            role=role_proto(role), inputs=inputs, output=output, output_name=name, with_entropy=entropy, temperature=1.0
-        )
+            role=role_proto(role), inputs=inputs, output=output, output_name=name, with_entropy=entropy,
+            temperature=1.0, columns=columns,
+        )  # fmt: skip
         return call(self.stub.ComputeLogProbs, req, timeout=self.timeout)
 
-    def compute_values(self, inputs: Sequence[keys_pb2.BatchKey], output: keys_pb2.BatchKey) -> tpb.ComputeResponse:
-        req = tpb.ComputeValuesRequest(inputs=inputs, output=output)
+    def compute_values(
+        self, inputs: Sequence[keys_pb2.BatchKey], output: keys_pb2.BatchKey, columns: Sequence[str] = ()
+    ) -> tpb.ComputeResponse:
+        req = tpb.ComputeValuesRequest(inputs=inputs, output=output, columns=columns)
         return call(self.stub.ComputeValues, req, timeout=self.timeout)
 
     def train_step(
@@ -73,6 +78,7 @@ class TrainerClient:
         mini_batches: int,
         step: int,
         lr: float | None = None,
+        columns: Sequence[str] = (),
     ) -> tpb.TrainStepResponse:
         """`loss` (LossConfig field -> value) goes to the trainer; None values and fields left out take the
         trainer's defaults. `lr` overrides the learning-rate schedule for this call."""
@@ -84,6 +90,7 @@ class TrainerClient:
             mini_batches=mini_batches,
             global_step=step,
             lr_override=lr,
+            columns=columns,
         )
         return call(self.stub.TrainStep, req, timeout=self.timeout)
 

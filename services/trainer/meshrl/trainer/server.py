@@ -75,6 +75,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
             temperature=optional_field(request, "temperature"),
             micro_batch_tokens=optional_field(request, "micro_batch_tokens"),
             output_name=request.output_name,
+            columns=list(request.columns),
         )
         return _compute_reply(out)
 
@@ -83,6 +84,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
             [BatchRef.from_proto(k) for k in request.inputs],
             BatchRef.from_proto(request.output),
             optional_field(request, "micro_batch_tokens"),
+            columns=list(request.columns),
         )
         return _compute_reply(out)
 
@@ -95,6 +97,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
             micro_batch_tokens=optional_field(request, "micro_batch_tokens"),
             mini_batches=optional_field(request, "mini_batches"),
             lr_override=optional_field(request, "lr_override"),
+            columns=list(request.columns),
         )
         tag_span({A.TOKENS: out["tokens"], A.MICRO_BATCHES: out.pop("micro_batches")})
         return pb.TrainStepResponse(**out)

@@ -99,13 +99,14 @@ class TrainerService:
             raise ValueError(f"unknown trainer command {command['op']!r}")
         return getattr(self, f"_{command['op']}")(**command["kwargs"])
 
-    def _read(self, keys: Sequence[BatchRef]) -> dict[str, object]:
+    def _read(self, keys: Sequence[BatchRef], names: Sequence[str] = ()) -> dict[str, object]:
+        """The input batches merged by column; only the columns `names` when given (each from the batch holding it)."""
         error, columns = None, {}
         try:
             if self.buffer is None:
                 raise FailedPrecondition("the trainer has no data buffer; set databuffer_address in its config")
             columns = self.buffer.get_many(
-                [k.to_proto() for k in keys], wait_seconds=self.cfg.databuffer_wait_seconds
+                [k.to_proto() for k in keys], columns=list(names), wait_seconds=self.cfg.databuffer_wait_seconds
             ).columns
         except Exception as exc:  # noqa: BLE001 - re-raised below after every rank agreed
             error = exc
@@ -156,9 +157,10 @@ class TrainerService:
         return self._call("compute_logprobs", role=role, inputs=list(inputs), output=output, **kwargs)
 
     def _compute_logprobs(self, role, inputs, output, with_entropy=False, temperature=None, micro_batch_tokens=None,
-                          output_name="") -> dict[str, Any]:  # fmt: skip
+                          output_name="", columns=()) -> dict[str, Any]:  # fmt: skip
         self.core.role(role)  # fail fast (same on every rank) before waiting for the batch
-        columns = self._read(inputs)
+        names = columns
+        columns = self._read(inputs, names)
         result = self.core.compute_logprobs(
             role,
             columns,
@@ -187,13 +189,15 @@ class TrainerService:
         return {"tokens": result.tokens, "micro_batches": result.micro_batches, "metrics": metrics}
 
     def compute_values(
-        self, inputs: Sequence[BatchRef], output: BatchRef, micro_batch_tokens: int | None = None
-    ) -> dict[str, Any]:
-        return self._call("compute_values", inputs=list(inputs), output=output, micro_batch_tokens=micro_batch_tokens)
+        self, inputs: Sequence[BatchRef], output: BatchRef, micro_batch_tokens: int | None = None,
+        columns: Sequence[str] = (),
+    ) -> dict[str, Any]:  # fmt: skip
+        return self._call("compute_values", inputs=list(inputs), output=output, micro_batch_tokens=micro_batch_tokens,
+                          columns=list(columns))  # fmt: skip
 
-    def _compute_values(self, inputs, output, micro_batch_tokens=None) -> dict[str, Any]:
+    def _compute_values(self, inputs, output, micro_batch_tokens=None, columns=()) -> dict[str, Any]:
         self.core.role("critic")
-        columns = self._read(inputs)
+        columns = self._read(inputs, columns)
         result = self.core.compute_values(columns, micro_batch_tokens=self._budget(micro_batch_tokens))
         self._write(output, {S.VALUES: result.values})
         return {"tokens": result.tokens, "micro_batches": result.micro_batches}
@@ -201,14 +205,14 @@ class TrainerService:
     def train_step(self, role: str, inputs: Sequence[BatchRef], loss: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
         return self._call("train_step", role=role, inputs=list(inputs), loss=loss, **kwargs)
 
-    def _train_step(self, role, inputs, loss, micro_batch_tokens=None, mini_batches=None, lr_override=None
-                    ) -> dict[str, Any]:  # fmt: skip
+    def _train_step(self, role, inputs, loss, micro_batch_tokens=None, mini_batches=None, lr_override=None,
+                    columns=()) -> dict[str, Any]:  # fmt: skip
         cfg = LossConfig(**loss)
         if mini_batches is not None and mini_batches < 1:
             raise InvalidArgument(f"mini_batches = {mini_batches} must be at least 1 (or unset)")
         self.core.role(role)
         start = time.perf_counter()
-        columns = self._read(inputs)
+        columns = self._read(inputs, columns)
         read = time.perf_counter() - start
         result = self.core.train_step(
             role,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from meshrl.api.common.v1 import keys_pb2
 from meshrl.common.batch_key import batch_key
@@ -205,13 +205,17 @@ class RolloutFleet:
         top_p: float,
         max_tokens: int,
         seed: int | None = None,
+        num_prompts: int | None = None,
+        columns: Sequence[str] = (),
     ) -> tuple[list[keys_pb2.BatchKey], dict[str, float]]:
-        """n samples per prompt of `source`; returns the output shard keys (consumers read them all).
-        `seed` makes every sample reproducible (each replica derives one per prompt row and sample)."""
+        """n samples per prompt of `source` (`num_prompts` rows; `columns` copied into each sample); returns
+        the output shard keys (consumers read them all). `seed` makes every sample reproducible (each replica
+        derives one per prompt row and sample)."""
         sampling = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "seed": seed}
         result = self.router.generate_batch(
-            source, batch_key(job_id, step, node_id), sampling, n=n, job_id=job_id, step=step, merge=False
-        )
+            source, batch_key(job_id, step, node_id), sampling, n=n, job_id=job_id, step=step, merge=False,
+            num_prompts=num_prompts, columns=columns,
+        )  # fmt: skip
         seconds = max(result.seconds, 1e-9)
         metrics = {
             "rollout/samples": float(result.samples),

@@ -199,8 +199,12 @@ class RolloutRouter:
         chunk_prompts: int | None = None,
         merge: bool = True,
         timeout: float | None = None,
+        columns: Sequence[str] = (),
     ) -> BatchResult:
-        """Generates n samples for every prompt of `input_key` across the replicas; returns where they are."""
+        """Generates n samples for every prompt of `input_key` across the replicas; returns where they are.
+        `num_prompts`: the input's row count (the scheduler's data_load reports it; when None the router
+        reads the batch to count it); `columns`: the input columns each replica reads (rows of its range
+        only) and copies into its samples; empty: every column."""
         params = sampling_params(sampling)
         if n < 1:
             raise InvalidArgument(f"n = {n}: the samples per prompt must be >= 1")
@@ -217,7 +221,7 @@ class RolloutRouter:
         single = len(chunks) == 1
         result = BatchResult(keys=[])
         replies: dict[int, pb.GenerateBatchResponse] = {}
-        base = pb.GenerateBatchRequest(input=input_key, sampling=params, n=n, job_id=job_id, step=step)
+        base = pb.GenerateBatchRequest(input=input_key, sampling=params, n=n, job_id=job_id, step=step, columns=columns)
 
         def run(c: _Chunk) -> None:
             replies[c.index] = self._run_range(c, base, c.shard_key(output_key, single), deadline, result)

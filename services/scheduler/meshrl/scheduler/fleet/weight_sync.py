@@ -124,6 +124,7 @@ class WeightPublisher:
         self.backend = ""  # of the current weight group
         self.version = 0
         self.last_disk: wpb.DiskWeights | None = None
+        self.published_checksums: wpb.WeightChecksums | None = None  # of the last publish reply
         self._group: str | None = None
         self._group_members: tuple[str, ...] = ()
         self._generation = 0
@@ -143,7 +144,13 @@ class WeightPublisher:
         )
         reply = self.trainer.publish(req, timeout=self.cfg.timeout_seconds)
         self.last_disk = reply.disk
+        self._remember_checksums(reply)
         return reply
+
+    def _remember_checksums(self, reply: tpb.PublishWeightsResponse) -> None:
+        """The checksums a publish reply carried: `verify` compares replicas with them (no second trainer call)."""
+        if reply.checksums.sha256:
+            self.published_checksums = reply.checksums
 
     def refit_from_disk(self, replica: RolloutClient) -> None:
         """Brings one replica (new, restarted or stale) to the current version, then verifies it.
@@ -236,6 +243,7 @@ class WeightPublisher:
         if failed or sender:
             self._destroy_group(replicas)  # a broken group is never reused
             return 0, failed or {r.address: sender[self.trainer.address] for r in replicas}
+        self._remember_checksums(sent.result())
         return sent.result().bytes, {}
 
     def _publish_distributed(self, version: int, replicas: list[RolloutClient]) -> tuple[int, list[str]]:
@@ -309,8 +317,11 @@ class WeightPublisher:
         return stale
 
     def verify(self, replicas: list[RolloutClient], version: int) -> None:
-        """Every replica serves `version` with the trainer's checksums, or DataLoss names who differs."""
-        expected = self.trainer.checksums("actor")
+        """Every replica serves `version` with the trainer's checksums (those its publish reply carried; asked
+        for only when that reply had none), or DataLoss names who differs."""
+        expected = self.published_checksums
+        if expected is None or expected.version != version:
+            expected = self.trainer.checksums("actor")
         for replica in replicas:
             status = replica.status()
             if status.weight_version != version:

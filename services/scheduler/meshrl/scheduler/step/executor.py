@@ -38,6 +38,7 @@ class NodeResult:
     outputs: list[keys_pb2.BatchKey] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
     rewrites_rows: bool = False  # downstream nodes read only from here on (e.g. a filter)
+    rows: int | None = None  # rows of the batch it wrote, when it knows (nobody reads the batch to count them)
 
 
 @dataclass

@@ -7,7 +7,7 @@ nodes read their inputs from the data buffer, compute here and write their outpu
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,13 +21,16 @@ from meshrl.scheduler.clients import TrainerClient
 from meshrl.scheduler.config import JobConfig
 from meshrl.scheduler.fleet.rollout_fleet import RolloutFleet
 from meshrl.scheduler.step import advantages as adv
+from meshrl.scheduler.step.columns import Reads, plan_reads
 from meshrl.scheduler.step.data import PromptEncoder, PromptSampler
 from meshrl.scheduler.step.dispatch import check_dispatch_table, handler_name
 from meshrl.scheduler.step.episodes import trajectory_columns
 from meshrl.scheduler.step.executor import NodeResult, StepContext
 from meshrl.scheduler.step.rewards import RewardFn, score
 from meshrl.scheduler.step.user_code import UserCode
+from meshrl.scheduler.workflow import compute_catalog as cat
 from meshrl.scheduler.workflow import resolve_executable
+from meshrl.scheduler.workflow.columns import declared, node_outputs
 
 
 def enum_name(value: Any) -> str:
@@ -97,7 +100,7 @@ class NodeHandlers:
         }
         key = self._key(ctx, node)
         nbytes = self.buffer.put(key, columns)
-        return NodeResult([key], {"data/prompts": len(records), "buffer/bytes_written": nbytes})
+        return NodeResult([key], {"data/prompts": len(records), "buffer/bytes_written": nbytes}, rows=len(records))
 
     # -- ROLLOUT -------------------------------------------------------------------------
     def rollout(self, node: Any, ctx: StepContext) -> NodeResult:
@@ -105,6 +108,7 @@ class NodeHandlers:
             return self.episodes(node, ctx)
         (source,) = ctx.input_keys(node.node_id)[:1]
         r = self.cfg.rollout
+        rows = ctx.results[source.node_id].rows if source.node_id in ctx.results else None
         keys, metrics = self.fleet.generate(
             source,
             job_id=ctx.job_id,
@@ -115,6 +119,8 @@ class NodeHandlers:
             top_p=float(node.config.get("top_p", r.top_p)),
             max_tokens=int(node.config.get("max_tokens", r.max_tokens)),
             seed=rollout_seed(self.cfg.job.seed, ctx.step),
+            num_prompts=rows,
+            columns=declared(node, cat.CONFIG_INPUTS) or (),
         )
         return NodeResult(keys, metrics, rewrites_rows=True)  # one row per sample from here on
 
@@ -144,9 +150,17 @@ class NodeHandlers:
         return NodeResult([key], metrics, rewrites_rows=True)
 
     # -- COMPUTE -------------------------------------------------------------------------
+    def _reads(self, node: Any, ctx: StepContext, also: Sequence[str] = ()) -> Reads:
+        """The upstream batches and columns `node` reads (its declared inputs: step/columns.py)."""
+        return plan_reads(node, ctx.input_keys(node.node_id), node_outputs(ctx.nodes.values()), also)
+
+    def _read(self, node: Any, ctx: StepContext, also: Sequence[str] = ()) -> Batch:
+        reads = self._reads(node, ctx, also)
+        return self.buffer.get_many(reads.keys, columns=reads.columns)
+
     def reward(self, node: Any, ctx: StepContext) -> NodeResult:
-        batch = self.buffer.get_many(ctx.input_keys(node.node_id))
         apart = self.user_code is not None and self.user_code.rewards is not None
+        batch = self._read(node, ctx, also=[S.GROUP_INDEX] if apart else ())  # workers score by group
         fn = self._executable(node) if node.executable_ref and not apart else None
         rows = batch.num_rows()
         prompts = [self.encoder.decode(batch[S.PROMPT_IDS].row(i)) for i in range(rows)]
@@ -176,10 +190,9 @@ class NodeHandlers:
         )
 
     def advantage(self, node: Any, ctx: StepContext) -> NodeResult:
-        batch = self.buffer.get_many(ctx.input_keys(node.node_id))
+        batch = self._read(node, ctx)
         estimator = node.config.get("estimator", self.cfg.algorithm.advantage)
         rewards = np.asarray(batch[S.REWARDS], dtype=np.float32)
-        groups = np.asarray(batch[S.GROUP_INDEX], dtype=np.int64)
         offsets = batch[S.RESPONSE_IDS].offsets
         alg = self.cfg.algorithm
         token_kl = None
@@ -196,6 +209,7 @@ class NodeHandlers:
         elif estimator == "reinforce_pp":
             values = adv.reinforce_pp_advantages(rewards, offsets, token_kl=token_kl, kl_coef=kl_coef, gamma=alg.gamma)
         elif estimator in ("grpo", "grpo_no_std", "rloo"):
+            groups = np.asarray(batch[S.GROUP_INDEX], dtype=np.int64)  # only the group estimators read it
             if estimator == "rloo":
                 scalar = adv.rloo_advantages(rewards, groups)
             else:
@@ -211,8 +225,13 @@ class NodeHandlers:
         return NodeResult([key], stats if values.size else {})
 
     def dynamic_sampling(self, node: Any, ctx: StepContext) -> NodeResult:
-        """DAPO: keep only groups whose rewards differ (others carry no gradient); rewrites all rows."""
-        batch = self.buffer.get_many(ctx.input_keys(node.node_id))
+        """DAPO: keep only groups whose rewards differ (others carry no gradient); rewrites all rows, so it
+        reads (and passes on) its declared outputs too, or every column when it declares none."""
+        outputs = declared(node, cat.CONFIG_OUTPUTS)
+        if outputs is None:
+            batch = self.buffer.get_many(ctx.input_keys(node.node_id))
+        else:
+            batch = self._read(node, ctx, also=outputs)
         rewards = np.asarray(batch[S.REWARDS])
         groups = np.asarray(batch[S.GROUP_INDEX])
         keep = [i for i in range(len(rewards)) if np.ptp(rewards[groups == groups[i]]) > 0]
@@ -226,7 +245,7 @@ class NodeHandlers:
     def user_compute(self, node: Any, ctx: StepContext) -> NodeResult:
         """A user COMPUTE node: `fn(batch: Batch, config: dict) -> dict[str, array | Ragged]` of new columns."""
         fn = self._executable(node)
-        batch = self.buffer.get_many(ctx.input_keys(node.node_id))
+        batch = self._read(node, ctx)
         out = fn(batch, dict(node.config))
         columns = out.columns if isinstance(out, Batch) else dict(out)
         key = self._key(ctx, node)
@@ -237,12 +256,14 @@ class NodeHandlers:
     def inference(self, node: Any, ctx: StepContext) -> NodeResult:
         role = enum_name(node.node_role).lower()
         key = self._key(ctx, node)
-        inputs = ctx.input_keys(node.node_id)
+        reads = self._reads(node, ctx)
         if role == "critic":
-            reply = self.trainer.compute_values(inputs, key)
+            reply = self.trainer.compute_values(reads.keys, key, columns=reads.columns)
         else:
             name = node.config.get("output_name", S.OLD_LOGPROBS if role == "actor" else S.REF_LOGPROBS)
-            reply = self.trainer.compute_logprobs(role, inputs, key, name, entropy=role == "actor")
+            reply = self.trainer.compute_logprobs(
+                role, reads.keys, key, name, entropy=role == "actor", columns=reads.columns
+            )
         return NodeResult([key], {f"{node.node_id}/{k}": v for k, v in reply.metrics.items()})
 
     def train(self, node: Any, ctx: StepContext) -> NodeResult:
@@ -251,8 +272,13 @@ class NodeHandlers:
         if role == "critic":
             loss["policy_loss"] = None  # the trainer's critic objective (value)
         t = self.cfg.trainer
+        # besides its declared inputs: what the loss corrects against, and the loss mask of multi-turn episodes
+        also = [S.ROLLOUT_LOGPROBS] if loss.get("tis_cap") or loss.get("mis_cap") else []
+        if any(S.LOSS_MASK in cols for cols in node_outputs(ctx.nodes.values()).values()):
+            also.append(S.LOSS_MASK)
+        reads = self._reads(node, ctx, also)
         reply = self.trainer.train_step(
-            role, ctx.input_keys(node.node_id), loss, t.micro_batch_tokens, t.mini_batches, ctx.step
+            role, reads.keys, loss, t.micro_batch_tokens, t.mini_batches, ctx.step, columns=reads.columns
         )
         prefix = "critic" if role == "critic" else "actor"
         return NodeResult([], {f"{prefix}/{k}": v for k, v in reply.metrics.items()})

@@ -340,8 +340,7 @@ class JobRunner:
                     "see the replicas' logs in the run folder"
                 )
             metrics["buffer/bytes"] = float(svc.buffer.stats(self.job_id).bytes)
-            for key in svc.buffer.list(self.job_id, self.step):
-                svc.buffer.delete(key)
+            svc.buffer.delete_step(self.job_id, self.step)
         metrics.update({"weights/version": result.version, "weights/seconds": result.seconds,
                         "weights/bytes": result.bytes, "weights/stale_replicas": len(result.stale),
                         "weights/nccl": float(result.backend == "nccl")})  # fmt: skip

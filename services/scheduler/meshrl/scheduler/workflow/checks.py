@@ -12,6 +12,7 @@ from typing import Any
 
 from meshrl.common.suggest import close_match
 from meshrl.scheduler.workflow import compute_catalog as cat
+from meshrl.scheduler.workflow.columns import node_outputs
 from meshrl.scheduler.workflow.cycles import find_cycle
 from meshrl.scheduler.workflow.errors import Problem
 from meshrl.scheduler.workflow.executables import check_executable
@@ -227,11 +228,10 @@ def _builtin_problems(n: Node) -> list[Problem]:
 
 
 def column_problems(wf: Workflow) -> list[Problem]:
-    """`inputs`/`outputs` name batch_schema columns; an input must be written by an ancestor (checked when
-    every ancestor declares its outputs)."""
+    """`inputs`/`outputs` name batch_schema columns; every input must be written by an ancestor (its declared
+    outputs, or what its built-in writes: meshrl.scheduler.workflow.columns)."""
     known = cat.known_columns()
     problems: list[Problem] = []
-    declared: dict[str, set[str] | None] = {}
     for n in wf.nodes:
         for key in (cat.CONFIG_INPUTS, cat.CONFIG_OUTPUTS):
             value = n.config.get(key)
@@ -254,10 +254,9 @@ def column_problems(wf: Workflow) -> list[Problem]:
                     problems.append(
                         Problem(f"config.{key} names an unknown column '{col}'", fix, n.node_id, f"config.{key}")
                     )
-        outs = n.config.get(cat.CONFIG_OUTPUTS)
-        declared[n.node_id] = set(outs) if isinstance(outs, list) else None
     if problems:
         return problems
+    writes = node_outputs(wf.nodes)
     parents = {n.node_id: n.dependencies for n in wf.nodes}
     for n in wf.nodes:
         inputs = n.config.get(cat.CONFIG_INPUTS)
@@ -269,15 +268,17 @@ def column_problems(wf: Workflow) -> list[Problem]:
             if a not in ancestors:
                 ancestors.add(a)
                 stack.extend(parents[a])
-        if any(declared[a] is None for a in ancestors):
-            continue
-        available = set().union(*(declared[a] for a in ancestors)) if ancestors else set()
+        available = set().union(*(writes[a] for a in ancestors))
         for col in inputs:
             if col not in available:
-                writers = [m.node_id for m in wf.nodes if declared[m.node_id] and col in declared[m.node_id]]
-                fix = (
-                    f"add '{writers[0]}' to its dependencies" if writers else f"add a node that writes '{col}' upstream"
-                )
+                writers = [m.node_id for m in wf.nodes if col in writes[m.node_id]]
+                silent = sorted(a for a in ancestors if not writes[a])
+                if writers:
+                    fix = f"add '{writers[0]}' to its dependencies"
+                elif silent:
+                    fix = f"declare config.outputs on '{silent[0]}' if it writes '{col}'"
+                else:
+                    fix = f"add a node that writes '{col}' upstream"
                 problems.append(
                     Problem(f"reads column '{col}', which no upstream node writes", fix, n.node_id, "config.inputs")
                 )

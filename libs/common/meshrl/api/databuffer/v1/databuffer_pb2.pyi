@@ -28,6 +28,14 @@ class PutBatchRequest(_message.Message):
     payload: bytes
     def __init__(self, start: _Optional[_Union[PutBatchStart, _Mapping]] = ..., payload: _Optional[bytes] = ...) -> None: ...
 
+class PutSmallBatchRequest(_message.Message):
+    __slots__ = ("start", "payload")
+    START_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    start: PutBatchStart
+    payload: bytes
+    def __init__(self, start: _Optional[_Union[PutBatchStart, _Mapping]] = ..., payload: _Optional[bytes] = ...) -> None: ...
+
 class PutBatchResponse(_message.Message):
     __slots__ = ("bytes_written", "chunks")
     BYTES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
@@ -36,13 +44,27 @@ class PutBatchResponse(_message.Message):
     chunks: int
     def __init__(self, bytes_written: _Optional[int] = ..., chunks: _Optional[int] = ...) -> None: ...
 
+class RowRange(_message.Message):
+    __slots__ = ("begin", "end")
+    BEGIN_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    begin: int
+    end: int
+    def __init__(self, begin: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
+
 class GetBatchRequest(_message.Message):
-    __slots__ = ("key", "wait_seconds")
+    __slots__ = ("key", "wait_seconds", "columns", "missing_ok", "rows")
     KEY_FIELD_NUMBER: _ClassVar[int]
     WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    MISSING_OK_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
     key: _keys_pb2.BatchKey
     wait_seconds: float
-    def __init__(self, key: _Optional[_Union[_keys_pb2.BatchKey, _Mapping]] = ..., wait_seconds: _Optional[float] = ...) -> None: ...
+    columns: _containers.RepeatedScalarFieldContainer[str]
+    missing_ok: bool
+    rows: RowRange
+    def __init__(self, key: _Optional[_Union[_keys_pb2.BatchKey, _Mapping]] = ..., wait_seconds: _Optional[float] = ..., columns: _Optional[_Iterable[str]] = ..., missing_ok: _Optional[bool] = ..., rows: _Optional[_Union[RowRange, _Mapping]] = ...) -> None: ...
 
 class GetBatchResponse(_message.Message):
     __slots__ = ("header", "payload")
@@ -51,6 +73,16 @@ class GetBatchResponse(_message.Message):
     header: _tensor_pb2.BatchHeader
     payload: bytes
     def __init__(self, header: _Optional[_Union[_tensor_pb2.BatchHeader, _Mapping]] = ..., payload: _Optional[bytes] = ...) -> None: ...
+
+class GetSmallBatchResponse(_message.Message):
+    __slots__ = ("header", "payload", "too_large")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    TOO_LARGE_FIELD_NUMBER: _ClassVar[int]
+    header: _tensor_pb2.BatchHeader
+    payload: bytes
+    too_large: bool
+    def __init__(self, header: _Optional[_Union[_tensor_pb2.BatchHeader, _Mapping]] = ..., payload: _Optional[bytes] = ..., too_large: _Optional[bool] = ...) -> None: ...
 
 class DeleteBatchRequest(_message.Message):
     __slots__ = ("key",)
@@ -63,6 +95,20 @@ class DeleteBatchResponse(_message.Message):
     DELETED_FIELD_NUMBER: _ClassVar[int]
     deleted: bool
     def __init__(self, deleted: _Optional[bool] = ...) -> None: ...
+
+class DeleteStepRequest(_message.Message):
+    __slots__ = ("job_id", "step")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    step: int
+    def __init__(self, job_id: _Optional[str] = ..., step: _Optional[int] = ...) -> None: ...
+
+class DeleteStepResponse(_message.Message):
+    __slots__ = ("batches_deleted",)
+    BATCHES_DELETED_FIELD_NUMBER: _ClassVar[int]
+    batches_deleted: int
+    def __init__(self, batches_deleted: _Optional[int] = ...) -> None: ...
 
 class ListBatchesRequest(_message.Message):
     __slots__ = ("job_id", "step")
@@ -197,7 +243,7 @@ class StreamStats(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., stream: _Optional[str] = ..., consumer_group: _Optional[str] = ..., length: _Optional[int] = ..., pending: _Optional[int] = ..., lag: _Optional[int] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
-    __slots__ = ("batches", "bytes", "streams", "drops_by_reason", "budget_bytes", "budget_entries")
+    __slots__ = ("batches", "bytes", "streams", "drops_by_reason", "budget_bytes", "budget_entries", "get_calls", "get_bytes", "get_rows")
     class DropsByReasonEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -211,10 +257,16 @@ class GetStatsResponse(_message.Message):
     DROPS_BY_REASON_FIELD_NUMBER: _ClassVar[int]
     BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
     BUDGET_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    GET_CALLS_FIELD_NUMBER: _ClassVar[int]
+    GET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GET_ROWS_FIELD_NUMBER: _ClassVar[int]
     batches: int
     bytes: int
     streams: _containers.RepeatedCompositeFieldContainer[StreamStats]
     drops_by_reason: _containers.ScalarMap[str, int]
     budget_bytes: int
     budget_entries: int
-    def __init__(self, batches: _Optional[int] = ..., bytes: _Optional[int] = ..., streams: _Optional[_Iterable[_Union[StreamStats, _Mapping]]] = ..., drops_by_reason: _Optional[_Mapping[str, int]] = ..., budget_bytes: _Optional[int] = ..., budget_entries: _Optional[int] = ...) -> None: ...
+    get_calls: int
+    get_bytes: int
+    get_rows: int
+    def __init__(self, batches: _Optional[int] = ..., bytes: _Optional[int] = ..., streams: _Optional[_Iterable[_Union[StreamStats, _Mapping]]] = ..., drops_by_reason: _Optional[_Mapping[str, int]] = ..., budget_bytes: _Optional[int] = ..., budget_entries: _Optional[int] = ..., get_calls: _Optional[int] = ..., get_bytes: _Optional[int] = ..., get_rows: _Optional[int] = ...) -> None: ...

@@ -39,15 +39,30 @@ class DataBufferStub:
                 request_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.PutBatchRequest.SerializeToString,
                 response_deserializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.PutBatchResponse.FromString,
                 _registered_method=True)
+        self.PutSmallBatch = channel.unary_unary(
+                '/meshrl.databuffer.v1.DataBuffer/PutSmallBatch',
+                request_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.PutSmallBatchRequest.SerializeToString,
+                response_deserializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.PutBatchResponse.FromString,
+                _registered_method=True)
         self.GetBatch = channel.unary_stream(
                 '/meshrl.databuffer.v1.DataBuffer/GetBatch',
                 request_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetBatchRequest.SerializeToString,
                 response_deserializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetBatchResponse.FromString,
                 _registered_method=True)
+        self.GetSmallBatch = channel.unary_unary(
+                '/meshrl.databuffer.v1.DataBuffer/GetSmallBatch',
+                request_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetBatchRequest.SerializeToString,
+                response_deserializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetSmallBatchResponse.FromString,
+                _registered_method=True)
         self.DeleteBatch = channel.unary_unary(
                 '/meshrl.databuffer.v1.DataBuffer/DeleteBatch',
                 request_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.DeleteBatchRequest.SerializeToString,
                 response_deserializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.DeleteBatchResponse.FromString,
+                _registered_method=True)
+        self.DeleteStep = channel.unary_unary(
+                '/meshrl.databuffer.v1.DataBuffer/DeleteStep',
+                request_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.DeleteStepRequest.SerializeToString,
+                response_deserializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.DeleteStepResponse.FromString,
                 _registered_method=True)
         self.ListBatches = channel.unary_unary(
                 '/meshrl.databuffer.v1.DataBuffer/ListBatches',
@@ -93,6 +108,14 @@ class DataBufferServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PutSmallBatch(self, request, context):
+        """Unary put of a small batch (header and payload in one message, under the service's
+        limits.small_batch_bytes): one round trip instead of a stream. Same atomicity.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetBatch(self, request, context):
         """Server-streaming get: one `header` message, then payload frames.
         """
@@ -100,8 +123,23 @@ class DataBufferServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetSmallBatch(self, request, context):
+        """Unary get of a batch (or selection) of at most limits.max_frame_bytes: header and payload in one
+        reply. A larger one is not read: the reply says too_large (then use GetBatch).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def DeleteBatch(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteStep(self, request, context):
+        """Delete every batch of one step of a job in one call.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -151,15 +189,30 @@ def add_DataBufferServicer_to_server(servicer, server):
                     request_deserializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.PutBatchRequest.FromString,
                     response_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.PutBatchResponse.SerializeToString,
             ),
+            'PutSmallBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutSmallBatch,
+                    request_deserializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.PutSmallBatchRequest.FromString,
+                    response_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.PutBatchResponse.SerializeToString,
+            ),
             'GetBatch': grpc.unary_stream_rpc_method_handler(
                     servicer.GetBatch,
                     request_deserializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetBatchRequest.FromString,
                     response_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetBatchResponse.SerializeToString,
             ),
+            'GetSmallBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSmallBatch,
+                    request_deserializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetBatchRequest.FromString,
+                    response_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetSmallBatchResponse.SerializeToString,
+            ),
             'DeleteBatch': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteBatch,
                     request_deserializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.DeleteBatchRequest.FromString,
                     response_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.DeleteBatchResponse.SerializeToString,
+            ),
+            'DeleteStep': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteStep,
+                    request_deserializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.DeleteStepRequest.FromString,
+                    response_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.DeleteStepResponse.SerializeToString,
             ),
             'ListBatches': grpc.unary_unary_rpc_method_handler(
                     servicer.ListBatches,
@@ -230,6 +283,33 @@ class DataBuffer:
             _registered_method=True)
 
     @staticmethod
+    def PutSmallBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshrl.databuffer.v1.DataBuffer/PutSmallBatch',
+            meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.PutSmallBatchRequest.SerializeToString,
+            meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.PutBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def GetBatch(request,
             target,
             options=(),
@@ -257,6 +337,33 @@ class DataBuffer:
             _registered_method=True)
 
     @staticmethod
+    def GetSmallBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshrl.databuffer.v1.DataBuffer/GetSmallBatch',
+            meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetBatchRequest.SerializeToString,
+            meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetSmallBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def DeleteBatch(request,
             target,
             options=(),
@@ -273,6 +380,33 @@ class DataBuffer:
             '/meshrl.databuffer.v1.DataBuffer/DeleteBatch',
             meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.DeleteBatchRequest.SerializeToString,
             meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.DeleteBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteStep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshrl.databuffer.v1.DataBuffer/DeleteStep',
+            meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.DeleteStepRequest.SerializeToString,
+            meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.DeleteStepResponse.FromString,
             options,
             channel_credentials,
             insecure,

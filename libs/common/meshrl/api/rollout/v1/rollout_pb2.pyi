@@ -44,7 +44,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
 
 class GenerateBatchRequest(_message.Message):
-    __slots__ = ("input", "output", "sampling", "n", "job_id", "step", "row_begin", "row_end")
+    __slots__ = ("input", "output", "sampling", "n", "job_id", "step", "row_begin", "row_end", "columns")
     INPUT_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +53,7 @@ class GenerateBatchRequest(_message.Message):
     STEP_FIELD_NUMBER: _ClassVar[int]
     ROW_BEGIN_FIELD_NUMBER: _ClassVar[int]
     ROW_END_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
     input: _keys_pb2.BatchKey
     output: _keys_pb2.BatchKey
     sampling: SamplingParams
@@ -61,7 +62,8 @@ class GenerateBatchRequest(_message.Message):
     step: int
     row_begin: int
     row_end: int
-    def __init__(self, input: _Optional[_Union[_keys_pb2.BatchKey, _Mapping]] = ..., output: _Optional[_Union[_keys_pb2.BatchKey, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., n: _Optional[int] = ..., job_id: _Optional[str] = ..., step: _Optional[int] = ..., row_begin: _Optional[int] = ..., row_end: _Optional[int] = ...) -> None: ...
+    columns: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, input: _Optional[_Union[_keys_pb2.BatchKey, _Mapping]] = ..., output: _Optional[_Union[_keys_pb2.BatchKey, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., n: _Optional[int] = ..., job_id: _Optional[str] = ..., step: _Optional[int] = ..., row_begin: _Optional[int] = ..., row_end: _Optional[int] = ..., columns: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GenerateBatchResponse(_message.Message):
     __slots__ = ("samples", "prompt_tokens", "generated_tokens", "seconds", "min_weight_version", "max_weight_version")

@@ -137,7 +137,7 @@ class LoadModelResponse(_message.Message):
     def __init__(self, role: _Optional[_Union[Role, str]] = ..., num_parameters: _Optional[int] = ..., architecture: _Optional[str] = ..., vocab_size: _Optional[int] = ...) -> None: ...
 
 class ComputeLogProbsRequest(_message.Message):
-    __slots__ = ("role", "inputs", "output", "with_entropy", "temperature", "micro_batch_tokens", "output_name")
+    __slots__ = ("role", "inputs", "output", "with_entropy", "temperature", "micro_batch_tokens", "output_name", "columns")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
@@ -145,6 +145,7 @@ class ComputeLogProbsRequest(_message.Message):
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     MICRO_BATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_NAME_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
     role: Role
     inputs: _containers.RepeatedCompositeFieldContainer[_keys_pb2.BatchKey]
     output: _keys_pb2.BatchKey
@@ -152,17 +153,20 @@ class ComputeLogProbsRequest(_message.Message):
     temperature: float
     micro_batch_tokens: int
     output_name: str
-    def __init__(self, role: _Optional[_Union[Role, str]] = ..., inputs: _Optional[_Iterable[_Union[_keys_pb2.BatchKey, _Mapping]]] = ..., output: _Optional[_Union[_keys_pb2.BatchKey, _Mapping]] = ..., with_entropy: _Optional[bool] = ..., temperature: _Optional[float] = ..., micro_batch_tokens: _Optional[int] = ..., output_name: _Optional[str] = ...) -> None: ...
+    columns: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, role: _Optional[_Union[Role, str]] = ..., inputs: _Optional[_Iterable[_Union[_keys_pb2.BatchKey, _Mapping]]] = ..., output: _Optional[_Union[_keys_pb2.BatchKey, _Mapping]] = ..., with_entropy: _Optional[bool] = ..., temperature: _Optional[float] = ..., micro_batch_tokens: _Optional[int] = ..., output_name: _Optional[str] = ..., columns: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ComputeValuesRequest(_message.Message):
-    __slots__ = ("inputs", "output", "micro_batch_tokens")
+    __slots__ = ("inputs", "output", "micro_batch_tokens", "columns")
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
     MICRO_BATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
     inputs: _containers.RepeatedCompositeFieldContainer[_keys_pb2.BatchKey]
     output: _keys_pb2.BatchKey
     micro_batch_tokens: int
-    def __init__(self, inputs: _Optional[_Iterable[_Union[_keys_pb2.BatchKey, _Mapping]]] = ..., output: _Optional[_Union[_keys_pb2.BatchKey, _Mapping]] = ..., micro_batch_tokens: _Optional[int] = ...) -> None: ...
+    columns: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, inputs: _Optional[_Iterable[_Union[_keys_pb2.BatchKey, _Mapping]]] = ..., output: _Optional[_Union[_keys_pb2.BatchKey, _Mapping]] = ..., micro_batch_tokens: _Optional[int] = ..., columns: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ComputeResponse(_message.Message):
     __slots__ = ("tokens", "micro_batches", "metrics")
@@ -208,7 +212,7 @@ class LossConfig(_message.Message):
     def __init__(self, policy_loss: _Optional[_Union[PolicyLoss, str]] = ..., clip_low: _Optional[float] = ..., clip_high: _Optional[float] = ..., dual_clip: _Optional[float] = ..., aggregation: _Optional[_Union[LossAggregation, str]] = ..., kl_coef: _Optional[float] = ..., kl_estimator: _Optional[_Union[KlEstimator, str]] = ..., entropy_coef: _Optional[float] = ..., tis_cap: _Optional[float] = ..., value_clip: _Optional[float] = ..., mis_cap: _Optional[float] = ...) -> None: ...
 
 class TrainStepRequest(_message.Message):
-    __slots__ = ("role", "inputs", "loss", "micro_batch_tokens", "mini_batches", "global_step", "lr_override")
+    __slots__ = ("role", "inputs", "loss", "micro_batch_tokens", "mini_batches", "global_step", "lr_override", "columns")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
@@ -216,6 +220,7 @@ class TrainStepRequest(_message.Message):
     MINI_BATCHES_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
     LR_OVERRIDE_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
     role: Role
     inputs: _containers.RepeatedCompositeFieldContainer[_keys_pb2.BatchKey]
     loss: LossConfig
@@ -223,7 +228,8 @@ class TrainStepRequest(_message.Message):
     mini_batches: int
     global_step: int
     lr_override: float
-    def __init__(self, role: _Optional[_Union[Role, str]] = ..., inputs: _Optional[_Iterable[_Union[_keys_pb2.BatchKey, _Mapping]]] = ..., loss: _Optional[_Union[LossConfig, _Mapping]] = ..., micro_batch_tokens: _Optional[int] = ..., mini_batches: _Optional[int] = ..., global_step: _Optional[int] = ..., lr_override: _Optional[float] = ...) -> None: ...
+    columns: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, role: _Optional[_Union[Role, str]] = ..., inputs: _Optional[_Iterable[_Union[_keys_pb2.BatchKey, _Mapping]]] = ..., loss: _Optional[_Union[LossConfig, _Mapping]] = ..., micro_batch_tokens: _Optional[int] = ..., mini_batches: _Optional[int] = ..., global_step: _Optional[int] = ..., lr_override: _Optional[float] = ..., columns: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TrainStepResponse(_message.Message):
     __slots__ = ("metrics", "tokens", "optimizer_steps")
