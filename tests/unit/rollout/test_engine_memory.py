@@ -46,8 +46,7 @@ def test_transformers_engine_releases_and_refills_its_weights(model_dir, tmp_pat
 def test_release_refuses_while_requests_run(model_dir, new_engine):
     engine = new_engine(model_dir)
     running = engine.submit(GenerationRequest([1, 2], SamplingParams(max_tokens=80, ignore_eos=True)))
-    time.sleep(0.1)
-    with pytest.raises(FailedPrecondition, match="idle"):
+    with pytest.raises(FailedPrecondition, match="idle"):  # at once: the request is queued or decoding
         engine.release_memory()
     assert len(running.result(timeout=60).token_ids) == 80  # it went on
 
