@@ -58,3 +58,12 @@ def test_a_plan_with_an_unknown_field_or_a_bad_policy_is_refused():
         Plan.model_validate({"stages": [], "replicas": 2})
     with pytest.raises(ValidationError, match="max_restarts"):
         RestartPolicy(max_restarts=-1)
+
+
+def test_a_stop_ends_a_start_in_progress_instead_of_waiting_for_it(supervisor, tmp_path):
+    proc = ServiceProcess("trainer", [], str(tmp_path / "logs" / "trainer.log"))
+    proc.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    supervisor.starting = [proc]
+    supervisor.on_signal()
+    assert supervisor.stopping.is_set()
+    assert proc.proc.wait(timeout=10) != 0  # ended by SIGTERM, not left to outlive the supervisor

@@ -142,6 +142,7 @@ def down(args) -> int:
     if supervisor.exists():  # first, so that nothing is restarted while the services stop (it stops them)
         _stop_all([json.loads(supervisor.read_text())], grace=30)
         supervisor.unlink()
+        services = json.loads(path.read_text())  # as it last wrote it (a restart changes a pid)
     _stop_all(services)
     path.unlink()
     (state / "services.yaml").unlink(missing_ok=True)

@@ -81,6 +81,7 @@ class Supervisor:
         self.plan = plan
         self.members: list[Supervised] = []
         self.stopping = threading.Event()
+        self.starting: list[ServiceProcess] = []  # being started now: a stop must not wait for them
         self.log_file = open(state / "logs" / "supervisor.log", "a", buffering=1)  # noqa: SIM115 - our lifetime
 
     def log(self, message: str) -> None:
@@ -103,8 +104,10 @@ class Supervisor:
                     Supervised(planned, ServiceProcess(planned.service, args, str(log_path), exit_with_parent=False))
                 )
             pool = ThreadPoolExecutor(max_workers=len(batch), thread_name_prefix="meshrl-up")
+            self.starting = [m.proc for m in batch]
             futures = [pool.submit(m.proc.start, self.plan.policy.start_timeout_seconds) for m in batch]
             wait(futures)
+            self.starting = []
             pool.shutdown(wait=False)
             self.members += batch
             errors = [f.exception() for f in futures if f.exception() is not None]
@@ -141,12 +144,17 @@ class Supervisor:
         m.next_try = 0.0
         m.recent.append(time.monotonic())
         m.restarts += 1
+        self.starting = [m.proc]
         try:
             address = m.proc.start(self.plan.policy.start_timeout_seconds)
         except MeshrlError as exc:
+            if self.stopping.is_set():
+                return
             self.log(f"{m.planned.name} restart {m.restarts} failed: {str(exc)[-500:]}")
             self._due(m, time.monotonic())
             return
+        finally:
+            self.starting = []
         if address != m.address:
             self.log(f"{m.planned.name} came back at {address}, not {m.address}")
         self.log(f"restarted {m.planned.name} at {address} (pid {m.proc.pid}, restart {m.restarts})")
@@ -164,6 +172,13 @@ class Supervisor:
                 elif now >= m.next_try:
                     self._restart(m)
 
+    def on_signal(self, *_) -> None:
+        """SIGTERM / SIGINT: stop watching, and end any start in progress now (its wait ends with it)."""
+        self.stopping.set()
+        for proc in self.starting:
+            if proc.proc is not None and proc.proc.poll() is None:
+                proc.proc.send_signal(signal.SIGTERM)
+
     def stop_all(self, grace: float = 15.0) -> None:
         for m in reversed(self.members):
             m.proc.stop(grace)
@@ -174,8 +189,8 @@ def main(argv: list[str]) -> int:
     state = Path(argv[0])
     plan = Plan.model_validate_json((state / "plan.json").read_text())
     supervisor = Supervisor(state, plan)
-    signal.signal(signal.SIGTERM, lambda *_: supervisor.stopping.set())
-    signal.signal(signal.SIGINT, lambda *_: supervisor.stopping.set())
+    signal.signal(signal.SIGTERM, supervisor.on_signal)
+    signal.signal(signal.SIGINT, supervisor.on_signal)
     try:
         supervisor.start_all()
     except BaseException as exc:
