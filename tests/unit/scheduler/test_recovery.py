@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from meshrl.common.errors import DeadlineExceeded, InvalidArgument, Unavailable
+from meshrl.common.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
 from meshrl.scheduler.recovery import restartable, unfinished_runs
 from meshrl.scheduler.step.executor import NodeFailed
 
@@ -16,6 +16,10 @@ def test_a_dead_peer_restarts_bad_input_and_user_errors_do_not():
     assert not restartable(NodeFailed("reward", 2, "...", RuntimeError("user reward raised")))
     assert not restartable(NodeFailed("rollout", 2, "...", InvalidArgument("bad n")))
     assert not restartable(ValueError("bug"))
+    # a trainer restarted (by a supervisor) while its call was retried answers without its models
+    lost = FailedPrecondition("no model loaded for role 'actor' (loaded: none); call LoadModel first")
+    assert restartable(NodeFailed("actor_train", 3, "...", lost))
+    assert not restartable(FailedPrecondition("weights are released; resume them first"))
     try:
         try:
             raise Unavailable("redis down")

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from meshrl.api.scheduler.v1 import scheduler_pb2 as spb
-from meshrl.common.errors import Aborted, DeadlineExceeded, MeshrlError, Unavailable
+from meshrl.common.errors import Aborted, DeadlineExceeded, FailedPrecondition, MeshrlError, Unavailable
 
 # a peer that went away (killed, restarting, unreachable): the job restarts its services
 RESTARTABLE = (Unavailable, DeadlineExceeded, Aborted)
@@ -24,12 +24,19 @@ TERMINAL_NAMES = {
 }
 
 
+# A trainer that forgot its models was restarted (by a supervisor) while a call was being retried to it.
+LOST_STATE = "no model loaded for role"
+
+
 def restartable(exc: BaseException) -> bool:
-    """A dead or unreachable service (not bad input, not a user function's error, not a cancel)."""
+    """A dead or unreachable service, or one that restarted and lost its state (not bad input, not a user
+    function's error, not a cancel)."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         if isinstance(exc, RESTARTABLE):
+            return True
+        if isinstance(exc, FailedPrecondition) and LOST_STATE in str(exc):
             return True
         if isinstance(exc, MeshrlError):
             return False
