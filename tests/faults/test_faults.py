@@ -82,6 +82,16 @@ def _tail(record, lines: int = 30) -> str:
     return "\n".join(out[-lines:])
 
 
+def add_rows(faults: list, record, lost: dict[int, int], survived: bool, steps: int) -> None:
+    """One TABLE row per fault (in injection order): steps redone and samples lost until the next fault."""
+    for i, f in enumerate(faults):
+        nxt = faults[i + 1] if i + 1 < len(faults) and faults[i + 1].injected else None
+        steps_lost = (nxt.steps_lost_before if nxt else record.steps_lost) - f.steps_lost_before
+        upto = nxt.step if nxt else steps + 1
+        TABLE.append((f.name, f.injected, survived and f.injected > 0, steps_lost,
+                      sum(v for s, v in lost.items() if f.step <= s < upto)))  # fmt: skip
+
+
 def _print_table(capsys) -> None:
     with capsys.disabled():
         print("\n\nfault                                 injected  survived  steps lost  samples lost")
@@ -120,12 +130,7 @@ def test_one_job_survives_a_kill_of_each_of_its_services(tiny_task, tmp_path, ca
     assert not thread.is_alive(), f"the job did not end within {JOB_SECONDS} s:\n" + _tail(record)
     survived = record.state == spb.JOB_STATE_SUCCEEDED
     lost = _samples_lost(run)
-    for i, f in enumerate(faults):
-        nxt = faults[i + 1] if i + 1 < len(faults) else None
-        steps_lost = (nxt.steps_lost_before if nxt and nxt.injected else record.steps_lost) - f.steps_lost_before
-        upto = nxt.step if nxt else STEPS + 1
-        TABLE.append((f.name, f.injected, survived and f.injected > 0, steps_lost,
-                      sum(v for s, v in lost.items() if f.step <= s < upto)))  # fmt: skip
+    add_rows(faults, record, lost, survived, STEPS)
     _print_table(capsys)
     assert survived, record.error + _tail(record)
     assert all(f.injected == 1 for f in faults), [(f.name, f.injected) for f in faults]

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_faults import JOB_SECONDS, TABLE, _kill, _print_table, _samples_lost, _tail, job_config
+from test_faults import JOB_SECONDS, TABLE, _kill, _print_table, _samples_lost, _tail, add_rows, job_config
 
 from meshrl.api.scheduler.v1 import scheduler_pb2 as spb
 from meshrl.scheduler.jobs import JobManager
@@ -125,12 +125,7 @@ def test_a_job_on_supervised_services_survives_a_frozen_and_a_killed_replica_and
     assert not thread.is_alive(), f"the job did not end within {JOB_SECONDS} s:\n" + _tail(record)
     survived = record.state == spb.JOB_STATE_SUCCEEDED
     lost = _samples_lost(run)
-    for i, f in enumerate(faults):
-        nxt = faults[i + 1] if i + 1 < len(faults) else None
-        steps_lost = (nxt.steps_lost_before if nxt and nxt.injected else record.steps_lost) - f.steps_lost_before
-        upto = nxt.step if nxt and nxt.injected else STEPS + 1
-        TABLE.append((f.name, f.injected, survived and f.injected > 0, steps_lost,
-                      sum(v for s, v in lost.items() if f.step <= s < upto)))  # fmt: skip
+    add_rows(faults, record, lost, survived, STEPS)
     _print_table(capsys)
     logs = _tail(record, lines=400)
     assert survived, record.error + logs
