@@ -3,12 +3,18 @@
 TP=2, PP=2 and TP=2 x DP=2 (4 processes) against one in-process TP=1 trainer with the same weights: per-token
 log-probs within 1e-5; after one SGD step the same loss, grad norm, log-probs and exported HF weights within
 1e-4. At TP=2 also: publication to two rollout replicas verified by checksums equal to the TP=1 trainer's,
-and checkpoints saved at TP=2 resume at TP=1 and back with the same log-probs. The model (Qwen2-style: qkv
+and checkpoints saved at TP=2 resume at TP=1 and back with the same log-probs. A TP=2 trainer whose ranks torchrun starts on two
+simulated hosts (127.0.0.2, 127.0.0.3) matches the TP=1 trainer the same way. The model (Qwen2-style: qkv
 bias, tied embeddings, GQA, vocabulary 275 padded to 276 at TP=2) is split for real at every layout.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +26,7 @@ from meshrl.api.trainer.v1 import trainer_pb2 as tpb
 from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import Ragged
 from meshrl.common.databuffer_client import DataBufferClient
+from meshrl.common.net import free_port
 from meshrl.scheduler.clients import RolloutClient, TrainerClient
 from meshrl.scheduler.config import OptimSection, WeightsSection
 from meshrl.scheduler.fleet.weight_sync import WeightPublisher
@@ -174,3 +181,56 @@ def test_tensor_parallel_publishes_checkpoints_and_matches(stack, reference):
     expected = core.compute_logprobs("actor", stack["batch"], micro_batch_tokens=MICRO).values.values
     np.testing.assert_allclose(served_logprobs(stack, trainer, "tp2-resumed"), expected, atol=1e-4, rtol=0)
     stack["launcher"].stop("trainer-tp2")
+
+
+def start_torchrun_hosts(stack, hosts: list[str], tp: int) -> tuple[list[subprocess.Popen], TrainerClient]:
+    """One torchrun agent per simulated host (1 rank each, `--nnodes len(hosts)`), every rank started with the
+    same trainer config; rank 0 (on hosts[0]) serves gRPC there and hosts the rendezvous."""
+    master = free_port(hosts[0])
+    port_file = stack["root"] / "torchrun-trainer.port"
+    config = ["--set", f"databuffer_address={stack['buffer_address']}", "--set", f"parallel.tensor_parallel={tp}",
+              "--set", "torch_threads=1", "--set", "databuffer_wait_seconds=0", "--set", "data_parallel.launcher=environment",
+              "--set", f"server.host={hosts[0]}", "--set", "server.port=0", "--set", f"server.port_file={port_file}"]  # fmt: skip
+    agents = []
+    for node, host in enumerate(hosts):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(hosts)), "--node-rank", str(node),
+               "--nproc-per-node", "1", "--master-addr", hosts[0], "--master-port", str(master),
+               "--local-addr", host, "-m", "meshrl.trainer", *config]  # fmt: skip
+        log = open(stack["root"] / f"torchrun-{node}.log", "wb")  # noqa: SIM115 - the child owns it
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        agents.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+        log.close()
+    deadline = time.monotonic() + 240
+    while not port_file.exists():
+        exited = [a.returncode for a in agents if a.poll() is not None]
+        if exited or time.monotonic() > deadline:
+            logs = "\n".join((stack["root"] / f"torchrun-{n}.log").read_text()[-2000:] for n in range(len(hosts)))
+            stop_agents(agents)
+            pytest.fail(f"torchrun trainer did not start (agents exited: {exited}):\n{logs}")
+        time.sleep(0.2)
+    client = TrainerClient(f"{hosts[0]}:{port_file.read_text().strip()}", timeout=300)
+    client.load_model("actor", stack["model"], "float32", OptimSection(**SGD), 0)
+    return agents, client
+
+
+def stop_agents(agents: list[subprocess.Popen]) -> None:
+    for agent in agents:
+        if agent.poll() is None:
+            os.killpg(agent.pid, signal.SIGKILL)
+            agent.wait(10)
+
+
+def test_torchrun_ranks_on_two_hosts_match_one_process(stack, reference):
+    """Ranks started by torchrun, one per simulated host (127.0.0.2, 127.0.0.3), with only the environment
+    torchrun sets: rank 0 serves and drives rank 1, and the TP=2 trainer equals the TP=1 one."""
+    agents, trainer = start_torchrun_hosts(stack, ["127.0.0.2", "127.0.0.3"], tp=2)
+    try:
+        status = trainer.status()
+        assert (status.tensor_parallel_size, status.data_parallel_size) == (2, 1)
+        check_against_reference(stack, reference, trainer, "torchrun")
+        # SIGTERM to rank 0's host: rank 0 stops, telling rank 1 to stop, so the second host's agent ends cleanly.
+        os.killpg(agents[0].pid, signal.SIGTERM)
+        assert agents[1].wait(120) == 0
+        agents[0].wait(60)
+    finally:
+        stop_agents(agents)

@@ -171,10 +171,10 @@ def test_incomplete_or_corrupt_checkpoints_are_refused(core, tmp_path):
     with pytest.raises(FailedPrecondition, match="no COMPLETE marker"):
         core.load_checkpoint("actor", str(path))
     (path / "COMPLETE.bak").rename(path / "COMPLETE")
-    data = bytearray((path / "model.safetensors").read_bytes())
+    data = bytearray((path / "model-tp0-pp0.safetensors").read_bytes())
     data[-1] ^= 0xFF
-    (path / "model.safetensors").write_bytes(bytes(data))
-    with pytest.raises(DataLoss, match="model.safetensors is missing or corrupt"):
+    (path / "model-tp0-pp0.safetensors").write_bytes(bytes(data))
+    with pytest.raises(DataLoss, match="model-tp0-pp0.safetensors is missing or corrupt"):
         core.load_checkpoint("actor", str(path))
     for name, param in core.role("actor").model.named_parameters():
         assert torch.equal(param, before[name])

@@ -1,5 +1,6 @@
 """`python -m meshrl.trainer`: the trainer service — start the data-parallel ranks, serve gRPC on rank 0,
-and on SIGTERM stop the ranks and exit.
+and on SIGTERM stop the ranks and exit. Under a launcher (`torchrun ... -m meshrl.trainer`, see
+`meshrl.trainer.launched`) every rank runs this: rank 0 serves, ranks > 0 join and run rank 0's commands.
 
 Config: `--config FILE`, `--set key=value`, MESHRL_* environment (see meshrl.trainer.config).
 """
@@ -14,6 +15,7 @@ import torch
 from meshrl.common.config import parse_service_args
 from meshrl.common.service_main import Hosted, run_service
 from meshrl.trainer.config import TrainerConfig
+from meshrl.trainer.launched import launched_rank
 from meshrl.trainer.runtime import build_service, shutdown
 from meshrl.trainer.server import service
 
@@ -28,10 +30,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         description="The trainer: megatron-core policy / reference / critic models, log-probs, RL train steps.",
     )
 
+    launched = launched_rank(cfg.data_parallel.launcher, cfg.world_size)
+    if launched is not None and launched.rank > 0:
+        from meshrl.trainer.worker import serve_rank
+
+        serve_rank(cfg, launched, from_environment=True, watch_parent=False)
+        return
+
     def build() -> Hosted:
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
-        trainer, workers = build_service(cfg)
+        trainer, workers = build_service(cfg, launched)
         log.info("trainer: %d data-parallel rank(s) on %s", trainer.core.world, trainer.core.device)
         return Hosted([service(trainer)], stopped=lambda: shutdown(trainer, workers))
 

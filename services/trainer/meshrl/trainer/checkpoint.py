@@ -1,14 +1,16 @@
-"""Atomic trainer checkpoints: model, optimizer, RNG, step and the job's opaque data position.
+"""Atomic trainer checkpoint directories written by every rank at once: files, verification, RNG states.
 
-Layout of a checkpoint directory (safetensors + JSON, nothing pickled):
-  model.safetensors      megatron-core parameter names -> tensors
-  optimizer.safetensors  "<param name>/<state key>" -> AdamW state tensors (absent for frozen roles)
-  rng.safetensors        torch CPU (and CUDA) generator states
-  meta.json              role, step, optimizer step, optimizer param groups, model spec, source model path
-  data_state.bin         the caller's opaque bytes (e.g. the dataset position as JSON)
-  COMPLETE               written last: sha256 of every other file
-Everything is written into a temporary sibling directory, fsynced, then renamed into place, so a
-crash never leaves a directory that looks complete. Called by `meshrl.trainer.core`.
+Layout of a checkpoint directory (safetensors + JSON, nothing pickled; what the shard files hold is
+`meshrl.trainer.checkpoint_shards`):
+  meta.json                          role, step, counters, optimizer config, model spec, the saved layout
+  data_state.bin                     the caller's opaque bytes (e.g. the dataset position as JSON)
+  model-tp{T}-pp{P}.safetensors      one per model-parallel rank: its slice of every parameter it holds
+  optim-tp{T}-pp{P}-dp{D}.safetensors  its optimizer state (every DP rank with the distributed optimizer)
+  rng-{RANK}.safetensors             each rank's torch CPU (and CUDA) generator states
+  COMPLETE                           written last by rank 0: sha256 of every other file
+Every rank writes its own files into one temporary sibling directory (on storage that every rank sees, e.g. a
+shared filesystem across hosts); once all have fsynced them rank 0 writes COMPLETE and renames the directory
+into place, so a crash never leaves a directory that looks complete. Called by `meshrl.trainer.core`.
 """
 
 from __future__ import annotations
@@ -18,18 +20,20 @@ import json
 import os
 import shutil
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
-from meshrl.common.errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound
+from meshrl.common.errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound, Unavailable
 
-FORMAT = "meshrl-trainer-checkpoint/1"
+FORMAT = "meshrl-trainer-checkpoint/2"
 COMPLETE = "COMPLETE"
-_FILES = ("model.safetensors", "optimizer.safetensors", "rng.safetensors", "meta.json", "data_state.bin")
+META = "meta.json"
+DATA_STATE = "data_state.bin"
 
 
 def _sha256(path: Path) -> str:
@@ -64,126 +68,134 @@ def set_rng_state(state: dict[str, torch.Tensor]) -> None:
             torch.cuda.set_rng_state_all(cuda)
 
 
-def _state_owner(optimizer, param: torch.nn.Parameter):
-    """The inner torch optimizer and the tensor its state is keyed by (the fp32 master copy under bf16)."""
-    main = getattr(param, "main_param", param)
-    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
-        if "DistributedOptimizer" in type(inner).__name__:
-            raise FailedPrecondition(
-                "checkpoints do not hold the distributed optimizer's sharded state; set optimizer.distributed=false "
-                "for roles that are checkpointed"
-            )
-        torch_opt = inner.optimizer
-        if any(main is q for g in torch_opt.param_groups for q in g["params"]):
-            return torch_opt, main
-    raise InvalidArgument("a model parameter is not managed by the role's optimizer")
+def rng_file(rank: int) -> str:
+    return f"rng-{rank:05d}.safetensors"
 
 
-def optimizer_state(optimizer, params: dict[str, torch.nn.Parameter]) -> dict[str, dict[str, torch.Tensor]]:
-    """{state key: {local param name: tensor shaped like the param}}: Adam's moments, and the fp32 master
-    weights ("main_param") under bf16. Every rank of a layout returns the same keys (scalar states such as
-    Adam's step count are restored from the step counter)."""
-    out: dict[str, dict[str, torch.Tensor]] = {}
-    for name, param in params.items():
-        torch_opt, main = _state_owner(optimizer, param)
-        if main is not param:
-            out.setdefault("main_param", {})[name] = main.detach()
-        for key, value in torch_opt.state.get(main, {}).items():
-            if torch.is_tensor(value) and value.shape == main.shape:
-                out.setdefault(key, {})[name] = value.detach()
-    return out
+def all_ok(ok: bool) -> bool:
+    """A collective AND over every trainer rank (True in a single process), so a rank that failed fails the
+    whole save or load on every rank instead of leaving the others waiting."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return ok
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
 
 
-def restore_optimizer_state(optimizer, params: dict[str, torch.nn.Parameter], key: str, name: str,
-                            value: torch.Tensor, steps: int) -> None:  # fmt: skip
-    """Sets one state tensor (this rank's slice) of the optimizer state of `params[name]`."""
-    torch_opt, main = _state_owner(optimizer, params[name])
-    if key == "main_param":
-        with torch.no_grad():
-            main.copy_(value.to(main.dtype))
-        return
-    state = torch_opt.state[main]
-    if "step" not in state and key.startswith("exp_avg"):
-        state["step"] = torch.tensor(float(steps))
-    state[key] = value.to(device=main.device, dtype=main.dtype).clone()
+def agree(error: BaseException | None, what: str) -> None:
+    """Raises `error` on the rank that had it and Unavailable on the others, unless every rank succeeded."""
+    if not all_ok(error is None):
+        if error is not None:
+            raise error
+        raise Unavailable(f"another trainer rank failed to {what}; see that rank's log")
 
 
-@dataclass
-class LoadedCheckpoint:
-    meta: dict[str, Any]
-    model: dict[str, torch.Tensor]
-    optimizer: dict[str, torch.Tensor] | None
-    rng: dict[str, torch.Tensor]
-    data_state: bytes
-
-
-def save_checkpoint(
-    path: str | Path,
-    *,
-    model: dict[str, torch.Tensor],
-    optimizer: dict[str, torch.Tensor] | None,
-    meta: dict[str, Any],
-    data_state: bytes = b"",
-) -> int:
-    """Writes a complete checkpoint at `path` atomically (replacing an existing one); returns its bytes."""
+def write_collective(path: str | Path, rank: int, write: Callable[[Path], None], meta: dict[str, Any],
+                     data_state: bytes) -> int:  # fmt: skip
+    """Every rank calls this together: `write(tmp_dir)` writes this rank's files; rank 0 adds meta.json and
+    data_state.bin, then COMPLETE, and renames the directory to `path` (replacing an existing checkpoint).
+    Returns the checkpoint's bytes on rank 0 (0 elsewhere)."""
     final = Path(path)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
+    tmp = final.parent / f".{final.name}.tmp-partial"  # one name every rank derives alike
+    error = None
+    if rank == 0:
+        try:
+            final.parent.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+        except OSError as exc:
+            error = exc
+    agree(error, "create the checkpoint directory")
     try:
-        save_file({k: v.detach().cpu().contiguous() for k, v in model.items()}, tmp / "model.safetensors")
-        if optimizer is not None:
-            save_file(optimizer, tmp / "optimizer.safetensors")
-        save_file({k: v.contiguous() for k, v in rng_state().items()}, tmp / "rng.safetensors")
-        (tmp / "meta.json").write_text(json.dumps({"format": FORMAT, **meta}, indent=1, sort_keys=True))
-        (tmp / "data_state.bin").write_bytes(bytes(data_state))
-        files = {name: _sha256(tmp / name) for name in _FILES if (tmp / name).exists()}
-        for name in files:
-            _fsync(tmp / name)
-        (tmp / COMPLETE).write_text(json.dumps({"format": FORMAT, "sha256": files}, indent=1, sort_keys=True))
-        _fsync(tmp / COMPLETE)
-        _fsync(tmp)
-        old = None
-        if final.exists():
-            old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
-            final.rename(old)
-        tmp.rename(final)
-        _fsync(final.parent)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        write(tmp)
+        if rank == 0:
+            (tmp / META).write_text(json.dumps({"format": FORMAT, **meta}, indent=1, sort_keys=True))
+            (tmp / DATA_STATE).write_bytes(bytes(data_state))
+        for file in tmp.iterdir():
+            if file.is_file():
+                _fsync(file)
+    except Exception as exc:  # noqa: BLE001 - agreed on below, then re-raised
+        error = exc
+    try:
+        agree(error, "write its checkpoint files")
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
+    size = 0
+    if rank == 0:
+        try:
+            size = _seal(tmp, final)
+        except BaseException as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            error = exc
+    agree(error, "complete the checkpoint")
+    return size
+
+
+def _seal(tmp: Path, final: Path) -> int:
+    files = {f.name: _sha256(f) for f in sorted(tmp.iterdir()) if f.is_file()}
+    (tmp / COMPLETE).write_text(json.dumps({"format": FORMAT, "sha256": files}, indent=1, sort_keys=True))
+    _fsync(tmp / COMPLETE)
+    _fsync(tmp)
+    old = None
+    if final.exists():
+        old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
+        final.rename(old)
+    tmp.rename(final)
+    _fsync(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
     return sum(f.stat().st_size for f in final.iterdir())
 
 
-def is_complete(path: str | Path) -> bool:
-    return (Path(path) / COMPLETE).is_file()
+def save_tensors(tensors: dict[str, torch.Tensor], file: Path, metadata: dict[str, Any] | None = None) -> None:
+    """One safetensors file of CPU tensors; `metadata` (JSON-able) is kept in its header under "meshrl"."""
+    header = {"meshrl": json.dumps(metadata, sort_keys=True)} if metadata is not None else None
+    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, file, metadata=header)
 
 
-def read_checkpoint(path: str | Path) -> LoadedCheckpoint:
-    """Reads and verifies a checkpoint (every file's sha256 against COMPLETE)."""
-    root = Path(path)
-    if not root.is_dir():
-        raise NotFound(f"no checkpoint directory at {str(root)!r}")
-    if not is_complete(root):
-        raise FailedPrecondition(
-            f"checkpoint {str(root)!r} has no COMPLETE marker: it was not fully written; use an earlier checkpoint"
-        )
-    try:
-        manifest = json.loads((root / COMPLETE).read_text())
-    except json.JSONDecodeError as err:
-        raise DataLoss(f"checkpoint {str(root)!r}: COMPLETE is not valid JSON ({err})") from None
-    if manifest.get("format") != FORMAT:
-        raise InvalidArgument(f"checkpoint {str(root)!r} has format {manifest.get('format')!r}, expected {FORMAT!r}")
-    for name, digest in manifest["sha256"].items():
-        if not (root / name).is_file() or _sha256(root / name) != digest:
-            raise DataLoss(f"checkpoint {str(root)!r}: {name} is missing or corrupt (sha256 mismatch)")
-    optimizer = load_file(root / "optimizer.safetensors") if "optimizer.safetensors" in manifest["sha256"] else None
-    return LoadedCheckpoint(
-        meta=json.loads((root / "meta.json").read_text()),
-        model=load_file(root / "model.safetensors"),
-        optimizer=optimizer,
-        rng=load_file(root / "rng.safetensors"),
-        data_state=(root / "data_state.bin").read_bytes(),
-    )
+class CheckpointDir:
+    """A complete checkpoint opened for reading: its manifest and meta; files are verified when asked for."""
+
+    def __init__(self, path: str | Path) -> None:
+        root = Path(path)
+        if not root.is_dir():
+            raise NotFound(f"no checkpoint directory at {str(root)!r}")
+        if not (root / COMPLETE).is_file():
+            raise FailedPrecondition(
+                f"checkpoint {str(root)!r} has no COMPLETE marker: it was not fully written; use an earlier checkpoint"
+            )
+        try:
+            manifest = json.loads((root / COMPLETE).read_text())
+        except json.JSONDecodeError as err:
+            raise DataLoss(f"checkpoint {str(root)!r}: COMPLETE is not valid JSON ({err})") from None
+        if manifest.get("format") != FORMAT:
+            raise InvalidArgument(
+                f"checkpoint {str(root)!r} has format {manifest.get('format')!r}, this trainer reads {FORMAT!r}; "
+                "resume it with the trainer version that wrote it"
+            )
+        self.root = root
+        self.sha256: dict[str, str] = manifest["sha256"]
+        self.verify([META, DATA_STATE])
+        self.meta: dict[str, Any] = json.loads((root / META).read_text())
+
+    def has(self, name: str) -> bool:
+        return name in self.sha256
+
+    def verify(self, names: Iterable[str]) -> None:
+        """Raises DataLoss unless every named file is listed in COMPLETE and matches its sha256."""
+        for name in names:
+            file = self.root / name
+            if name not in self.sha256 or not file.is_file() or _sha256(file) != self.sha256[name]:
+                raise DataLoss(f"checkpoint {str(self.root)!r}: {name} is missing or corrupt (sha256 mismatch)")
+
+    def data_state(self) -> bytes:
+        return (self.root / DATA_STATE).read_bytes()
+
+    def rng(self, rank: int) -> dict[str, torch.Tensor]:
+        """The RNG states saved by `rank`, or rank 0's when the saved world had fewer ranks."""
+        name = rng_file(rank) if self.has(rng_file(rank)) else rng_file(0)
+        self.verify([name])
+        return load_file(self.root / name)

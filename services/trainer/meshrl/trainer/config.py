@@ -14,6 +14,7 @@ from meshrl.common.grpc_channel import ChannelConfig, peer_channel
 from meshrl.common.grpc_server import ServerConfig
 from meshrl.common.path_roots import PathRoots
 from meshrl.common.telemetry import TelemetryConfig
+from meshrl.trainer.launched import Launcher
 from meshrl.trainer.losses import LossConfig
 from meshrl.trainer.optim import OptimizerConfig
 
@@ -30,6 +31,12 @@ class DataParallelConfig(StrictModel):
     master_address: str = pydantic.Field("127.0.0.1", description="rendezvous address of the ranks (rank 0's host)")
     master_port: int = pydantic.Field(0, ge=0, le=65535, description="rendezvous port; 0 = a free one")
     start_timeout_seconds: float = pydantic.Field(300.0, gt=0, description="wait this long for every rank to join")
+    launcher: Launcher = pydantic.Field(
+        Launcher.AUTO,
+        description="spawn: rank 0 starts the other ranks as its children; environment: every rank is started by a "
+        "launcher such as torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK); auto: environment "
+        "when RANK and WORLD_SIZE are set",
+    )
 
     @pydantic.field_validator("backend")
     @classmethod

@@ -21,6 +21,7 @@ from meshrl.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from meshrl.common.roles import ROLES
 from meshrl.common.weights import iter_buckets, sample_names, tensor_checksums
 from meshrl.trainer import checkpoint as ckpt
+from meshrl.trainer import checkpoint_shards as shards
 from meshrl.trainer.batching import SequenceBatch, collate, plan_micro_batches, sequence_batch, shard_rows, to_ragged
 from meshrl.trainer.export import DEFAULT_BUCKET_BYTES
 from meshrl.trainer.forward import logprobs_from_logits, values_from_output
@@ -31,17 +32,7 @@ from meshrl.trainer.model import build_gpt_model, ensure_parallel_state, parse_d
 from meshrl.trainer.optim import OptimizerConfig, build_optimizer, wrap_ddp
 from meshrl.trainer.roles import ComputeResult, NonFiniteLoss, RoleState, TrainResult
 from meshrl.trainer.schedule import run_microbatches
-from meshrl.trainer.sharding import (
-    full_shape,
-    iter_full,
-    iter_gathered,
-    load_sharded,
-    local_targets,
-    padded_rows,
-    placements,
-    scatter_full,
-    shard,
-)  # fmt: skip
+from meshrl.trainer.sharding import iter_gathered, load_sharded, local_targets, padded_rows
 from meshrl.trainer.training import needed_columns, train_role
 
 __all__ = ["ROLES", "ComputeResult", "NonFiniteLoss", "RoleState", "TrainResult", "TrainerCore"]
@@ -260,63 +251,41 @@ class TrainerCore:
     # --- checkpoints, export ----------------------------------------------------------------------
 
     def save_checkpoint(self, role: str, path: str, *, step: int, data_state: bytes = b"") -> int:
-        """Writes the role's checkpoint atomically in a layout-free form: every weight and optimizer state is
-        gathered (TP all-gather, stages send their own) to rank 0 as full Megatron-fused tensors, so it resumes
-        at any TP / PP / DP. Every rank takes part and waits for it. Returns bytes written (rank 0)."""
+        """Writes the role's checkpoint atomically, every rank its own shards (`checkpoint_shards`: weight slices,
+        optimizer state, also the distributed optimizer's), resumable at any TP / PP / DP. Every rank takes
+        part and waits for it. Returns bytes written (rank 0)."""
         state = self.role(role)
-        params = dict(state.model.named_parameters())
-        model = {p.mapping.megatron: t.cpu() for p, t in iter_full(params, state.spec, self.layout,
-                                                                     value_head=state.value_head)}  # fmt: skip
-        optimizer = None
-        if state.optimizer is not None:
-            optimizer = {}
-            for key, tensors in sorted(ckpt.optimizer_state(state.optimizer, params).items()):
-                for placed, t in iter_full(tensors, state.spec, self.layout, value_head=state.value_head):
-                    optimizer[f"{placed.mapping.megatron}/{key}"] = t.cpu()
-        size = 0
-        if self.rank == 0:
-            meta = {
-                "role": role, "step": int(step), "train_steps": state.train_steps,
-                "weight_version": state.weight_version, "model_path": state.model_path, "dtype": state.dtype,
-                "architecture": state.spec.architecture, "saved_layout": self.layout.describe(),
-                "optimizer_config": None if state.optimizer_config is None else state.optimizer_config.model_dump(),
-            }  # fmt: skip
-            size = ckpt.save_checkpoint(path, model=model, optimizer=optimizer, meta=meta, data_state=data_state)
-        if self.world > 1:
-            dist.barrier()
-        return size
+        meta = {
+            "role": role, "step": int(step), "train_steps": state.train_steps,
+            "weight_version": state.weight_version, "model_path": state.model_path, "dtype": state.dtype,
+            "architecture": state.spec.architecture, "layout": shards.layout_meta(self.layout, state),
+            "optimizer_config": None if state.optimizer_config is None else state.optimizer_config.model_dump(),
+        }  # fmt: skip
+        write = lambda tmp: shards.write_rank_files(tmp, state, self.layout, self.rank)  # noqa: E731
+        return ckpt.write_collective(path, self.rank, write, meta, data_state)
 
     def load_checkpoint(self, role: str, path: str) -> tuple[int, bytes]:
         """Restores model, optimizer, RNG and counters of a loaded role (at this process's layout, whatever the
-        layout it was saved at); returns (step, data_state). Everything is verified before anything changes."""
+        layout it was saved at); returns (step, data_state). Every rank verifies the files it reads, and all
+        agree, before anything changes."""
         state = self.role(role)
-        loaded = ckpt.read_checkpoint(path)
-        if loaded.meta.get("role") != role:
-            raise InvalidArgument(f"checkpoint {path!r} holds role {loaded.meta.get('role')!r}, not {role!r}")
-        expected = {p.mapping.megatron: p for p in placements(state.spec, self.layout, value_head=state.value_head)}
-        if set(loaded.model) != set(expected):
-            diff = sorted(set(loaded.model) ^ set(expected))
-            raise InvalidArgument(f"checkpoint {path!r} does not match the loaded model: tensor {diff[0]!r} differs")
-        for name, tensor in loaded.model.items():
-            want = full_shape(expected[name].mapping, state.spec, state.value_head)
-            if tuple(tensor.shape) != want:
-                raise InvalidArgument(f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, model {want}")
-        params = dict(state.model.named_parameters())
-        rows = padded_rows(params)
-        scatter_full(params, lambda p: loaded.model[p.mapping.megatron], state.spec, self.layout, rows,
-                     value_head=state.value_head)  # fmt: skip
-        steps = int(loaded.meta.get("train_steps", 0))
-        if state.optimizer is not None and loaded.optimizer:
-            keys = sorted({k.rpartition("/")[2] for k in loaded.optimizer})
-            for key in keys:
-                for placed, name in local_targets(state.spec, self.layout, value_head=state.value_head):
-                    value = loaded.optimizer[f"{placed.mapping.megatron}/{key}"]
-                    part = shard(value, placed.split, self.layout.tensor_parallel, self.layout.tp_rank, rows)
-                    ckpt.restore_optimizer_state(state.optimizer, params, key, name, part, steps)
-        ckpt.set_rng_state(loaded.rng)
+        error = None
+        try:
+            opened = ckpt.CheckpointDir(path)
+            if opened.meta.get("role") != role:
+                raise InvalidArgument(f"checkpoint {path!r} holds role {opened.meta.get('role')!r}, not {role!r}")
+            reader = shards.ShardReader(opened, state)
+            reader.check([p for p, _ in local_targets(state.spec, self.layout, value_head=state.value_head)])
+            rng = opened.rng(self.rank)
+        except Exception as exc:  # noqa: BLE001 - agreed on by every rank, then re-raised
+            error = exc
+        ckpt.agree(error, "verify the checkpoint")
+        steps = int(opened.meta.get("train_steps", 0))
+        shards.restore(reader, state, self.layout, padded_rows(dict(state.model.named_parameters())), steps)
+        ckpt.set_rng_state(rng)
         state.train_steps = steps
-        state.weight_version = int(loaded.meta.get("weight_version", 0))
-        return int(loaded.meta["step"]), loaded.data_state
+        state.weight_version = int(opened.meta.get("weight_version", 0))
+        return int(opened.meta["step"]), opened.data_state()
 
     def iter_hf_tensors(self, role: str) -> Iterator[tuple[str, torch.Tensor]]:
         """The role's weights as (HF name, full tensor), gathered over TP and PP: yielded on rank 0 only.

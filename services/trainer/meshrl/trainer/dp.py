@@ -30,14 +30,17 @@ log = logging.getLogger(__name__)
 STOP = "__stop__"
 
 
-def init_ranks(rank: int, world: int, address: str, port: int, backend: str, timeout_s: float) -> None:
-    """Joins the trainer's torch.distributed world (one process per rank; with CUDA, device = local rank)."""
+def init_ranks(rank: int, world: int, address: str, port: int, backend: str, timeout_s: float, *,
+               local_rank: int | None = None, from_environment: bool = False) -> None:  # fmt: skip
+    """Joins the trainer's torch.distributed world (one process per rank; with CUDA, device = local rank).
+    `from_environment`: a launcher set MASTER_ADDR / MASTER_PORT (and may host the store itself, as torchrun's
+    agent does), so the rendezvous is `env://`; else rank 0 hosts it at tcp://address:port."""
     backend = resolve_backend(backend, "data_parallel.backend")
     if backend == "nccl":
-        torch.cuda.set_device(rank % torch.cuda.device_count())
+        torch.cuda.set_device((rank if local_rank is None else local_rank) % torch.cuda.device_count())
     dist.init_process_group(
         backend,
-        init_method=f"tcp://{address}:{port}",
+        init_method="env://" if from_environment else f"tcp://{address}:{port}",
         rank=rank,
         world_size=world,
         timeout=datetime.timedelta(seconds=timeout_s),

@@ -11,6 +11,7 @@ from meshrl.common.net import free_port
 from meshrl.trainer.config import TrainerConfig
 from meshrl.trainer.core import TrainerCore
 from meshrl.trainer.dp import CommandBus, init_ranks, spawn_workers
+from meshrl.trainer.launched import LaunchedRank
 from meshrl.trainer.service import TrainerService
 
 log = logging.getLogger(__name__)
@@ -35,14 +36,20 @@ def make_service(cfg: TrainerConfig, bus: CommandBus | None) -> TrainerService:
     return TrainerService(cfg, core, buffer, bus)
 
 
-def build_service(cfg: TrainerConfig) -> tuple[TrainerService, list[subprocess.Popen]]:
+def build_service(
+    cfg: TrainerConfig, launched: LaunchedRank | None = None
+) -> tuple[TrainerService, list[subprocess.Popen]]:
     """Rank 0: starts ranks 1..N-1 (N = data x tensor x pipeline parallel > 1), joins the world, returns its
-    service."""
+    service. `launched`: a launcher (torchrun) started every rank; rank 0 only joins the world it set up."""
     dp = cfg.data_parallel
     world = cfg.world_size
     workers: list[subprocess.Popen] = []
     bus = None
-    if world > 1:
+    if launched is not None and world > 1:
+        init_ranks(0, world, launched.master_address, launched.master_port, dp.backend, dp.start_timeout_seconds,
+                   local_rank=launched.local_rank, from_environment=True)  # fmt: skip
+        bus = CommandBus()
+    elif world > 1:
         port = dp.master_port or free_port(dp.master_address)
         workers = spawn_workers(world, dp.master_address, port, cfg.model_dump_json())
         init_ranks(0, world, dp.master_address, port, dp.backend, dp.start_timeout_seconds)
