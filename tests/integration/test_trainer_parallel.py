@@ -165,6 +165,8 @@ def test_tensor_parallel_publishes_checkpoints_and_matches(stack, reference):
     core = reference["core"]
     saved = stack["root"] / "ckpt-tp2"
     trainer.save_checkpoint("actor", str(saved), 5, b"pos")
+    written = sorted(f.name for f in saved.iterdir() if f.name.startswith(("model-", "optim-")))
+    assert written == ["model-tp0-pp0.safetensors", "model-tp1-pp0.safetensors"]  # each TP rank its own slice
     at_tp2 = served_logprobs(stack, trainer, "tp2-ckpt")
     assert core.load_checkpoint("actor", str(saved)) == (5, b"pos")
     np.testing.assert_allclose(core.compute_logprobs("actor", stack["batch"], micro_batch_tokens=MICRO).values.values,

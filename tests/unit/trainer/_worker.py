@@ -1,6 +1,7 @@
 """Subprocess helper of the trainer tests: data-parallel ranks and resume-from-checkpoint runs.
 
 Usage: python _worker.py dp MODEL_DIR OUT_JSON RANK WORLD INIT_FILE
+       python _worker.py dp_ckpt MODEL_DIR OUT_JSON RANK WORLD INIT_FILE LOAD_DIR SAVE_DIR
        python _worker.py resume MODEL_DIR CKPT_DIR OUT_JSON
 Each writes a JSON result (metrics, log-probs, weight checksums) for the test to compare.
 """
@@ -63,6 +64,27 @@ def _dp(model_dir: str, out: str, rank: int, world: int, init_file: str) -> None
     dist.destroy_process_group()
 
 
+def _dp_ckpt(model_dir: str, out: str, rank: int, world: int, init_file: str, load_dir: str, save_dir: str) -> None:
+    """Two ranks with the distributed optimizer resume a single process's checkpoint, take a step, and save
+    their own (every rank its share of the Adam state)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    from meshrl.trainer.core import TrainerCore
+    from meshrl.trainer.optim import OptimizerConfig
+
+    core = TrainerCore()
+    core.load_model("actor", model_dir, optimizer=OptimizerConfig(lr=1e-3, warmup_steps=2, distributed=True))
+    step, _ = core.load_checkpoint("actor", load_dir)
+    metrics = run_steps(core, make_batch(core.role("actor").spec.vocab_size, seed=1), steps=1)
+    core.save_checkpoint("actor", save_dir, step=step + 1)
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump({"metrics": metrics, "step": step}, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def _resume(model_dir: str, ckpt_dir: str, out: str) -> None:
     from meshrl.trainer.core import TrainerCore
     from meshrl.trainer.optim import OptimizerConfig
@@ -83,5 +105,7 @@ if __name__ == "__main__":
     mode, args = sys.argv[1], sys.argv[2:]
     if mode == "dp":
         _dp(args[0], args[1], int(args[2]), int(args[3]), args[4])
+    elif mode == "dp_ckpt":
+        _dp_ckpt(args[0], args[1], int(args[2]), int(args[3]), args[4], args[5], args[6])
     else:
         _resume(*args)

@@ -206,3 +206,37 @@ def test_two_data_parallel_ranks_equal_one(qwen2_dir, tmp_path):
     logprobs = single.compute_logprobs("actor", batch, micro_batch_tokens=24).values.values
     np.testing.assert_allclose(np.array(two["logprobs"]), logprobs, atol=1e-4)
     assert LOSS["kl_coef"] > 0  # the DP run exercised the KL and entropy terms too
+
+
+def test_distributed_optimizer_checkpoints_resume_at_another_layout(qwen2_dir, tmp_path):
+    """Plain Adam (1 process) -> a checkpoint -> 2 ranks with Megatron's distributed optimizer resume it, step,
+    and save their shards of the Adam state -> 1 process with plain Adam resumes that: each resumed step equals
+    the step of a process that never stopped."""
+    single = TrainerCore()
+    single.load_model("actor", str(qwen2_dir), optimizer=OptimizerConfig(lr=1e-3, warmup_steps=2))
+    vocab = single.role("actor").spec.vocab_size
+    run_steps(single, make_batch(vocab))
+    single.save_checkpoint("actor", str(tmp_path / "plain"), step=3)
+    out, init = tmp_path / "dp.json", tmp_path / "init"
+    args = [str(qwen2_dir), str(out), "RANK", "2", str(init), str(tmp_path / "plain"), str(tmp_path / "sharded")]
+    procs = [subprocess.Popen([sys.executable, WORKER, "dp_ckpt", *[str(r) if a == "RANK" else a for a in args]],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]  # fmt: skip
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+    two = json.loads(out.read_text())
+    files = sorted(f.name for f in (tmp_path / "sharded").iterdir() if f.name.startswith("optim-"))
+    assert files == ["optim-tp0-pp0-dp0.safetensors", "optim-tp0-pp0-dp1.safetensors"]  # each rank its share
+    expected = run_steps(single, make_batch(vocab, seed=1), steps=1)
+    assert two["step"] == 3
+    for key in ("loss", "grad_norm", "kl", "entropy", "lr"):
+        assert two["metrics"][0][key] == pytest.approx(expected[0][key], rel=1e-4, abs=1e-6), key
+    resumed = TrainerCore()
+    resumed.load_model("actor", str(qwen2_dir), optimizer=OptimizerConfig(lr=1e-3, warmup_steps=2))
+    assert resumed.load_checkpoint("actor", str(tmp_path / "sharded"))[0] == 4
+    batch = make_batch(vocab, seed=2)
+    got, want = run_steps(resumed, batch, steps=1)[0], run_steps(single, batch, steps=1)[0]
+    for key in ("loss", "grad_norm", "kl", "entropy", "lr"):
+        assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
+    np.testing.assert_allclose(resumed.compute_logprobs("actor", batch).values.values,
+                               single.compute_logprobs("actor", batch).values.values, atol=1e-5)  # fmt: skip
