@@ -7,7 +7,7 @@ import pytest
 
 from meshrl.common.errors import ConfigError
 from meshrl.trainer.config import TrainerConfig
-from meshrl.trainer.launched import Launcher, LaunchedRank, launched_rank
+from meshrl.trainer.launched import LaunchedRank, Launcher, launched_rank
 
 TORCHRUN = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.2", "MASTER_PORT": "29500"}
 
