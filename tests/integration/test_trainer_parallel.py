@@ -166,7 +166,10 @@ def test_tensor_parallel_publishes_checkpoints_and_matches(stack, reference):
     saved = stack["root"] / "ckpt-tp2"
     trainer.save_checkpoint("actor", str(saved), 5, b"pos")
     written = sorted(f.name for f in saved.iterdir() if f.name.startswith(("model-", "optim-")))
-    assert written == ["model-tp0-pp0.safetensors", "model-tp1-pp0.safetensors"]  # each TP rank its own slice
+    # each TP rank its own slice and optimizer state
+    assert written == [
+        f"{kind}-tp{t}-pp0{dp}.safetensors" for kind, dp in (("model", ""), ("optim", "-dp0")) for t in (0, 1)
+    ]
     at_tp2 = served_logprobs(stack, trainer, "tp2-ckpt")
     assert core.load_checkpoint("actor", str(saved)) == (5, b"pos")
     np.testing.assert_allclose(core.compute_logprobs("actor", stack["batch"], micro_batch_tokens=MICRO).values.values,
