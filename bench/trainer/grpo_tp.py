@@ -31,7 +31,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--layouts", default="1,2", help="tensor-parallel sizes to run, in order")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--run-root", default="", help="folder of the runs (default: a new temporary folder)")
+    p.add_argument("--report-only", action="store_true", help="print the report of the runs already in --run-root")
     return p.parse_args(argv)
+
+
+def read_run(root: Path, seconds: float) -> dict:
+    (run,) = [p for p in root.iterdir() if (p / "eval.jsonl").exists()]
+    read = lambda name: [json.loads(line) for line in (run / name).read_text().splitlines() if line.strip()]  # noqa: E731
+    return {"evals": read("eval.jsonl"), "metrics": read("metrics.jsonl"), "seconds": seconds, "run": str(run)}
 
 
 def run_layout(tp: int, args, run_root: Path) -> dict:
@@ -48,9 +55,7 @@ def run_layout(tp: int, args, run_root: Path) -> dict:
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"TP={tp} run failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    (run,) = [p for p in root.iterdir() if (p / "eval.jsonl").exists()]
-    read = lambda name: [json.loads(line) for line in (run / name).read_text().splitlines() if line.strip()]  # noqa: E731
-    return {"evals": read("eval.jsonl"), "metrics": read("metrics.jsonl"), "seconds": seconds, "run": str(run)}
+    return read_run(root, seconds)
 
 
 def mean(values: list[float]) -> float:
@@ -73,8 +78,9 @@ def report(results: dict[int, dict], block: int) -> None:
         metrics = results[tp]["metrics"]
         rewards = [m.get("reward/mean") for m in metrics if m.get("reward/mean") is not None]
         blocks = [f"{mean(rewards[i : i + block]):.3f}" for i in range(0, len(rewards), block)]
-        gap = [v for m in metrics for k, v in m.items() if k.endswith("logprob_mismatch_mean")]
-        print(f"  TP={tp}: reward {' '.join(blocks)}   gap {mean(gap):.2e}   "
+        gap = [m["async/logprob_gap_lag0"] for m in metrics if m.get("async/logprob_gap_lag0") is not None]
+        step = [m["time/step"] for m in metrics if m.get("time/step") is not None]
+        print(f"  TP={tp}: reward {' '.join(blocks)}   gap {mean(gap):.2e}   {mean(step):.1f} s/step   "
               f"{results[tp]['seconds']:.0f} s in all ({results[tp]['run']})")  # fmt: skip
 
 
@@ -83,6 +89,9 @@ def main(argv=None) -> None:
     run_root = Path(args.run_root) if args.run_root else Path(tempfile.mkdtemp(prefix="grpo-tp-"))
     results = {}
     for tp in [int(x) for x in args.layouts.split(",")]:
+        if args.report_only:
+            results[tp] = read_run(run_root / f"tp{tp}", float("nan"))
+            continue
         results[tp] = run_layout(tp, args, run_root)
         print(f"TP={tp}: done in {results[tp]['seconds']:.0f} s", flush=True)
     report(results, block=max(args.eval_every, 1))
