@@ -41,7 +41,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
         trainer, workers = build_service(cfg, launched)
-        log.info("trainer: %d data-parallel rank(s) on %s", trainer.core.world, trainer.core.device)
+        log.info(
+            "trainer: %d rank(s), %s, on %s", trainer.core.world, trainer.core.layout.describe(), trainer.core.device
+        )
         return Hosted([service(trainer)], stopped=lambda: shutdown(trainer, workers))
 
     run_service("trainer", cfg, build)
