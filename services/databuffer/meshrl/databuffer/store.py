@@ -24,6 +24,7 @@ from meshrl.databuffer.indexes import Indexes
 from meshrl.databuffer.keys import BatchRef, KeySpace, check_name
 from meshrl.databuffer.ledger import Ledger
 from meshrl.databuffer.notify import CommitNotifier
+from meshrl.databuffer.reads import BatchReader
 from meshrl.databuffer.streams import ReadResult, StreamStat, StreamStore
 
 log = logging.getLogger(__name__)
@@ -56,9 +57,8 @@ class DataBuffer:
         self.indexes = Indexes(client, self.keys)
         self.notifier = CommitNotifier(client, self.keys.commit_channel())
         self._io = ThreadPoolExecutor(max_workers=16, thread_name_prefix="databuffer-io")
-        self.batches = BatchStore(
-            client, self.keys, self.indexes, self.ledger, self.notifier, cfg.limits, cfg.batches, self._io
-        )
+        reader = BatchReader(client, self.keys, self.notifier, cfg.limits, cfg.batches, self._io)
+        self.batches = BatchStore(reader, self.indexes, self.ledger)
         self.streams = StreamStore(client, self.keys, self.indexes, self.ledger, cfg.limits, cfg.streams)
 
     @classmethod
@@ -73,16 +73,11 @@ class DataBuffer:
 
     # --- keyed batches -------------------------------------------------------------------
     def put_batch(
-        self,
-        ref: BatchRef,
-        header: tensor_pb2.BatchHeader,
-        frames: Iterable[Any],
-        *,
-        ttl_seconds: int = 0,
-        overwrite: bool = True,
+        self, ref: BatchRef, header: tensor_pb2.BatchHeader, frames: Iterable[Any], **options: Any
     ) -> PutResult:
+        """`BatchStore.put` (options: ttl_seconds, overwrite) with Redis errors typed."""
         with redis_errors(f"put of batch {ref}"):
-            return self.batches.put(ref, header, frames, ttl_seconds=ttl_seconds, overwrite=overwrite)
+            return self.batches.put(ref, header, frames, **options)
 
     def open_batch(self, ref: BatchRef, *, wait_seconds: float = 0.0, **selection: Any) -> StoredBatch:
         """The batch's header now, its chunks as they are read (errors typed there too). `selection`:
