@@ -121,16 +121,8 @@ class DataBufferServicer:
 
     def ReadGroups(self, request: pb.ReadGroupsRequest, context: grpc.ServicerContext) -> pb.ReadGroupsResponse:
         request = checked(request)
-        result = self.buffer.read_groups(
-            request.job_id,
-            request.stream,
-            request.consumer_group,
-            request.consumer,
-            max_groups=request.max_groups,
-            block_seconds=_remaining(context, request.block_seconds),
-            min_weight_version=request.min_weight_version,
-            claim_idle_seconds=request.claim_idle_seconds,
-        )
+        request.block_seconds = _remaining(context, request.block_seconds)
+        result = self.buffer.read(request)
         groups = [
             pb.DeliveredGroup(entry_id=d.entry_id, group=d.group, delivery_count=d.delivery_count)
             for d in result.groups

@@ -141,9 +141,16 @@ class DataBuffer:
         with redis_errors(f"append to stream '{stream}'"):
             return self.streams.append(job_id, stream, groups)
 
-    def read_groups(self, job_id: str, stream: str, consumer_group: str, consumer: str, **kwargs: Any) -> ReadResult:
-        with redis_errors(f"read of stream '{stream}'"):
-            return self.streams.read(job_id, stream, consumer_group, consumer, **kwargs)
+    def read_groups(self, job_id: str, stream: str, consumer_group: str, consumer: str, **options: Any) -> ReadResult:
+        """`read` of a ReadGroupsRequest made of these fields and `options` (max_groups, block_seconds, ...)."""
+        request = pb.ReadGroupsRequest(job_id=job_id, stream=stream, consumer_group=consumer_group, consumer=consumer)
+        for name, value in options.items():
+            setattr(request, name, value)
+        return self.read(request)
+
+    def read(self, request: pb.ReadGroupsRequest) -> ReadResult:
+        with redis_errors(f"read of stream '{request.stream}'"):
+            return self.streams.read(request)
 
     def ack_groups(self, job_id: str, stream: str, consumer_group: str, entry_ids: Sequence[str]) -> int:
         with redis_errors(f"ack on stream '{stream}'"):
