@@ -16,6 +16,7 @@ from typing import Any
 from meshrl.api.common.v1 import tensor_pb2
 from meshrl.api.databuffer.v1 import databuffer_pb2 as pb
 from meshrl.common.codec import Batch, decode_batch, encode_batch
+from meshrl.common.databuffer_client import StreamStats
 from meshrl.common.errors import InvalidArgument
 from meshrl.databuffer.batches import BatchStore, PutResult, StoredBatch
 from meshrl.databuffer.config import DataBufferConfig
@@ -25,7 +26,7 @@ from meshrl.databuffer.keys import BatchRef, KeySpace, check_name
 from meshrl.databuffer.ledger import Ledger
 from meshrl.databuffer.notify import CommitNotifier
 from meshrl.databuffer.reads import BatchReader
-from meshrl.databuffer.streams import ReadResult, StreamStat, StreamStore
+from meshrl.databuffer.streams import ReadResult, StreamStore
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 class Stats:
     batches: int = 0
     bytes: int = 0
-    streams: list[StreamStat] = field(default_factory=list)
+    streams: list[StreamStats] = field(default_factory=list)
     drops_by_reason: dict[str, int] = field(default_factory=dict)
     budget_bytes: int = 0
     budget_entries: int = 0

@@ -19,6 +19,7 @@ import redis
 
 from meshrl.api.databuffer.v1 import databuffer_pb2 as pb
 from meshrl.common.codec import batch_from_proto
+from meshrl.common.databuffer_client import StreamStats
 from meshrl.common.errors import InvalidArgument, NotFound
 from meshrl.databuffer.config import LimitsConfig, StreamConfig
 from meshrl.databuffer.indexes import Indexes
@@ -43,16 +44,6 @@ class Delivered:
 class ReadResult:
     groups: list[Delivered]
     dropped_stale: int
-
-
-@dataclass(frozen=True)
-class StreamStat:
-    job_id: str
-    stream: str
-    consumer_group: str
-    length: int
-    pending: int
-    lag: int
 
 
 def _check_ids(ids: Sequence[str]) -> list[str]:
@@ -259,9 +250,9 @@ class StreamStore:
     def delete_job(self, job_id: str) -> int:
         return sum(self.delete(job_id, stream) for stream in self.indexes.streams(job_id))
 
-    def stats(self, job_id: str) -> tuple[list[StreamStat], dict[str, int], int, int]:
+    def stats(self, job_id: str) -> tuple[list[StreamStats], dict[str, int], int, int]:
         """Per (stream, consumer group) length / pending / lag, drops by reason, groups held and their bytes."""
-        out: list[StreamStat] = []
+        out: list[StreamStats] = []
         drops: dict[str, int] = {}
         entries = held = 0
         for stream in self.indexes.streams(job_id):
@@ -279,5 +270,5 @@ class StreamStore:
                 lag = g.get("lag")
                 if lag is None:
                     lag = int(self._lag(keys=[key], args=[g["last-delivered-id"]]))
-                out.append(StreamStat(job_id, stream, g["name"].decode(), length, int(g["pending"]), int(lag)))
+                out.append(StreamStats(job_id, stream, g["name"].decode(), length, int(g["pending"]), int(lag)))
         return out, drops, entries, held
