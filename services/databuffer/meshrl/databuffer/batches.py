@@ -182,19 +182,7 @@ class BatchStore:
             for frame in frames:
                 view = _flat(frame)
                 n = view.nbytes
-                if n > self.limits.max_frame_bytes:
-                    raise InvalidArgument(
-                        f"payload: a frame of {n} bytes exceeds limits.max_frame_bytes = "
-                        f"{self.limits.max_frame_bytes}; send the payload in smaller frames",
-                        field="payload",
-                    )
-                if received + n > total:
-                    raise InvalidArgument(
-                        f"payload: more bytes than start.header.total_bytes = {total} arrived; the header's tensor "
-                        "nbytes must add up to the payload",
-                        field="payload",
-                    )
-                received += n
+                received = self._check_frame(n, received, total)
                 if n and not buf and received == total and n < cb:  # the whole rest in this frame: uncopied
                     tail = view
                     continue
@@ -224,6 +212,22 @@ class BatchStore:
         if tail is not None:
             return count + 1, tail
         return (count + 1, buf) if buf else (count, None)
+
+    def _check_frame(self, n: int, received: int, total: int) -> int:
+        """Bytes received with this frame of `n` bytes; refuses an oversized frame or one past the announced total."""
+        if n > self.limits.max_frame_bytes:
+            raise InvalidArgument(
+                f"payload: a frame of {n} bytes exceeds limits.max_frame_bytes = "
+                f"{self.limits.max_frame_bytes}; send the payload in smaller frames",
+                field="payload",
+            )
+        if received + n > total:
+            raise InvalidArgument(
+                f"payload: more bytes than start.header.total_bytes = {total} arrived; the header's tensor "
+                "nbytes must add up to the payload",
+                field="payload",
+            )
+        return received + n
 
     def _commit_manifest(
         self, ref: BatchRef, gen: str, count: int, total: int, blob: bytes, ttl: int, overwrite: bool,
