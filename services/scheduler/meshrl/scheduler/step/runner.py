@@ -43,6 +43,7 @@ from meshrl.scheduler.step.executor import StepExecutor
 from meshrl.scheduler.step.nodes import NodeHandlers
 from meshrl.scheduler.step.pipeline import SyncSteps, make_steps
 from meshrl.scheduler.step.progress import StepProgress
+from meshrl.scheduler.step.reward_model import load_reward_model, reward_model_path
 from meshrl.scheduler.step.rewards import resolve_reward
 from meshrl.scheduler.step.user_code import UserCode
 from meshrl.scheduler.step.warmup import SupervisedWarmup, heldout_pairs
@@ -174,7 +175,8 @@ class JobRunner:
         encoder = PromptEncoder(cfg.model.path, d.apply_chat_template, d.system_prompt)
         sampler = PromptSampler(records, d.shuffle_seed)
         reward_fn = resolve_reward(cfg.algorithm.reward, cfg.job.allowed_modules)
-        svc = JobServices(cfg, self.run, cfg.model.path)
+        rm_path = reward_model_path(self.workflow.nodes)  # the trainer may read it (its paths.roots)
+        svc = JobServices(cfg, self.run, cfg.model.path, extra_roots=(rm_path,) if rm_path else ())
         self.user_code = UserCode(cfg, self.workflow.nodes, self.events.log)
         summary: dict = {"job_id": self.job_id, "run_dir": str(self.run.root)}
         started = time.monotonic()
@@ -187,6 +189,7 @@ class JobRunner:
                 opt = cfg.trainer.critic_optimizer if role == "critic" else cfg.trainer.optimizer
                 svc.trainer.load_model(role, cfg.model.path, cfg.model.dtype, opt, cfg.job.seed,
                                        gradient_checkpointing=cfg.trainer.gradient_checkpointing)  # fmt: skip
+            load_reward_model(svc.trainer, self.workflow.nodes, cfg.model.dtype, cfg.job.seed)
             publisher = WeightPublisher(svc.trainer, cfg.weights, str(self.run.weights))
             resumed = resume and self.restore(svc, publisher, sampler)
             if not resumed and (cfg.warmup.steps or cfg.warmup.epochs):
