@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 from meshrl.common.errors import Internal
 from meshrl.common.suggest import did_you_mean
+from meshrl.scheduler.step.agents import agent_problems
 from meshrl.scheduler.step.episodes import EPISODE_KEYS
 from meshrl.scheduler.step.reward_model import REWARD_MODEL_KEYS, reward_model_problems
 from meshrl.scheduler.workflow import ROLES_BY_TYPE, NodeRole, NodeType, Problem, Workflow, WorkflowError
@@ -75,8 +76,8 @@ def handler_name(node) -> str:
 
 
 def runnable_problems(wf: Workflow) -> list[Problem]:
-    """What in a valid workflow a job would not honour: plan-only nodes, multi-agent nodes, config keys that
-    no handler reads."""
+    """What in a valid workflow a job would not honour: plan-only nodes, config keys that no handler reads,
+    reward-model and multi-agent nodes it cannot run (step/reward_model.py, step/agents.py)."""
     problems: list[Problem] = []
     for n in wf.nodes:
         pair = (n.node_type, n.node_role)
@@ -84,9 +85,6 @@ def runnable_problems(wf: Workflow) -> list[Problem]:
             problems.append(Problem(f"{n.node_type.value} with role {n.node_role.value} is plan-only",
                                     PLAN_ONLY[pair], n.node_id, "node_role"))  # fmt: skip
             continue
-        if n.agent is not None:
-            problems.append(Problem("config.agent (multi-agent workflows) is planned by `meshrl plan` but a job "
-                                    "trains one agent", "remove config.agent to run it", n.node_id, "config.agent"))  # fmt: skip
         name = handler_name(n)
         if name == "user_compute":
             continue
@@ -102,7 +100,7 @@ def runnable_problems(wf: Workflow) -> list[Problem]:
                 fix = did_you_mean(key, sorted(known), f"remove it; a {n.node_type.value} node reads {sorted(known)}")
                 problems.append(Problem(f"config.{key} is read by nothing that runs this node", fix, n.node_id,
                                         f"config.{key}"))  # fmt: skip
-    return problems + reward_model_problems(wf.nodes)
+    return problems + reward_model_problems(wf.nodes) + agent_problems(wf.nodes)
 
 
 def check_runnable(wf: Workflow) -> None:

@@ -37,6 +37,8 @@ from meshrl.scheduler.launch.services import JobServices
 from meshrl.scheduler.launch.trainer_layout import apply_trainer_layout
 from meshrl.scheduler.report import write_report
 from meshrl.scheduler.rundir import RunDir
+from meshrl.scheduler.step.agent_runner import AgentJob
+from meshrl.scheduler.step.agents import agents_of
 from meshrl.scheduler.step.data import DataPosition, PromptEncoder, PromptSampler, load_records
 from meshrl.scheduler.step.evaluation import evaluate
 from meshrl.scheduler.step.executor import StepExecutor
@@ -167,6 +169,8 @@ class JobRunner:
 
     # -- the job -------------------------------------------------------------------------
     def run_job(self, resume: bool = False) -> dict:
+        if agents_of(self.workflow.nodes):  # one trainer and fleet per agent (step/agent_runner.py)
+            return AgentJob(self).run(resume)
         cfg = self.cfg
         self.prepare()
         d = cfg.data
