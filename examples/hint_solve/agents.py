@@ -2,8 +2,8 @@
 writes a short hint; the `solver` reads the sum and that hint and answers. Each is rewarded by its own rule.
 
 `hand_over` is the COMPUTE node between them (one solver prompt per hinter sample, token for token: the
-hinter's prompt and response, never decoded and re-encoded); `hint_reward` is the hinter's rule; the solver's
-is the built-in `exact_match`. `write_dataset` is the job's `data.generator`.
+hinter's prompt and response, never decoded and re-encoded); `hint_reward` is the hinter's rule and
+`solve_reward` the solver's. `write_dataset` is the job's `data.generator`.
 """
 
 from __future__ import annotations
@@ -33,6 +33,12 @@ def hint_reward(prompts: Sequence[str], responses: Sequence[str], answers: Seque
     """1.0 for a hint that names the sum's result, 0.2 for one that names some other number, else 0."""
     return [1.0 if answer in _NUMBER.findall(hint) else 0.2 if _NUMBER.search(hint) else 0.0
             for hint, answer in zip(responses, answers, strict=True)]  # fmt: skip
+
+
+def solve_reward(prompts: Sequence[str], responses: Sequence[str], answers: Sequence[str]) -> list[float]:
+    """1.0 when the answer's first number is the sum's result, 0.2 when it starts with another number, else 0."""
+    firsts = [_NUMBER.findall(r)[:1] for r in responses]
+    return [1.0 if first == [answer] else 0.2 if first else 0.0 for first, answer in zip(firsts, answers, strict=True)]
 
 
 def write_dataset(out_dir: str | Path, seed: int = 0, n_train: int = 512) -> tuple[Path]:
