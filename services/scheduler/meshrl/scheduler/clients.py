@@ -69,6 +69,14 @@ class TrainerClient:
         req = tpb.ComputeValuesRequest(inputs=inputs, output=output, columns=columns)
         return call(self.stub.ComputeValues, req, timeout=self.timeout)
 
+    def compute_scores(
+        self, inputs: Sequence[keys_pb2.BatchKey], output: keys_pb2.BatchKey, name: str, columns: Sequence[str] = ()
+    ) -> tpb.ComputeResponse:
+        """The reward model's score per row, written to `output` as the column `name`."""
+        req = tpb.ComputeScoresRequest(role=tpb.ROLE_REWARD, inputs=inputs, output=output, output_name=name,
+                                       columns=columns)  # fmt: skip
+        return call(self.stub.ComputeScores, req, timeout=self.timeout)
+
     def train_step(
         self,
         role: str,

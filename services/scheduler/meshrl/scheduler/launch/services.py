@@ -56,6 +56,18 @@ def rollout_spec(
     return ServiceSpec("rollout", name, args, gpus=cfg.rollout.gpus_per_replica)
 
 
+def trainer_spec(
+    cfg: JobConfig, run: RunDir, name: str, buffer_address: str, model_path: str, extra_roots: tuple[str, ...] = ()
+) -> ServiceSpec:
+    t = cfg.trainer
+    args = [*roots_args(run, model_path, extra_roots), "--set", f"databuffer_address={buffer_address}",
+            "--set", f"data_parallel.size={t.data_parallel}",
+            "--set", f"parallel.tensor_parallel={t.tensor_parallel}",
+            "--set", f"parallel.pipeline_parallel={t.pipeline_parallel}",
+            *telemetry_args(cfg, run, name), *[a for kv in t.service_overrides for a in ("--set", kv)]]  # fmt: skip
+    return ServiceSpec("trainer", name, args, gpus=t.gpus)
+
+
 @dataclass
 class JobServices:
     cfg: JobConfig
@@ -94,13 +106,7 @@ class JobServices:
         check_peer("the data buffer", channels.databuffer, field="services.channels.databuffer", address=buffer_address)
         specs = []
         if self.cfg.trainer.address is None:
-            t = self.cfg.trainer
-            args = [*roots_args(self.run, self.model_path, self.extra_roots), "--set", f"databuffer_address={buffer_address}",
-                    "--set", f"data_parallel.size={t.data_parallel}",
-                    "--set", f"parallel.tensor_parallel={t.tensor_parallel}",
-                    "--set", f"parallel.pipeline_parallel={t.pipeline_parallel}",
-                    *telemetry_args(self.cfg, self.run, "trainer"), *[a for kv in t.service_overrides for a in ("--set", kv)]]  # fmt: skip
-            specs.append(ServiceSpec("trainer", "trainer", args, gpus=t.gpus))
+            specs.append(trainer_spec(self.cfg, self.run, "trainer", buffer_address, self.model_path, self.extra_roots))
         for _ in range(self.cfg.rollout.replicas):
             specs.append(self._new_replica_spec(buffer_address))
         started = self._launcher().start(specs) if specs else {}

@@ -37,12 +37,15 @@ from meshrl.scheduler.launch.services import JobServices
 from meshrl.scheduler.launch.trainer_layout import apply_trainer_layout
 from meshrl.scheduler.report import write_report
 from meshrl.scheduler.rundir import RunDir
+from meshrl.scheduler.step.agent_runner import AgentJob
+from meshrl.scheduler.step.agents import agents_of
 from meshrl.scheduler.step.data import DataPosition, PromptEncoder, PromptSampler, load_records
 from meshrl.scheduler.step.evaluation import evaluate
 from meshrl.scheduler.step.executor import StepExecutor
 from meshrl.scheduler.step.nodes import NodeHandlers
 from meshrl.scheduler.step.pipeline import SyncSteps, make_steps
 from meshrl.scheduler.step.progress import StepProgress
+from meshrl.scheduler.step.reward_model import load_reward_model, reward_model_path
 from meshrl.scheduler.step.rewards import resolve_reward
 from meshrl.scheduler.step.user_code import UserCode
 from meshrl.scheduler.step.warmup import SupervisedWarmup, heldout_pairs
@@ -166,6 +169,8 @@ class JobRunner:
 
     # -- the job -------------------------------------------------------------------------
     def run_job(self, resume: bool = False) -> dict:
+        if agents_of(self.workflow.nodes):  # one trainer and fleet per agent (step/agent_runner.py)
+            return AgentJob(self).run(resume)
         cfg = self.cfg
         self.prepare()
         d = cfg.data
@@ -174,7 +179,8 @@ class JobRunner:
         encoder = PromptEncoder(cfg.model.path, d.apply_chat_template, d.system_prompt)
         sampler = PromptSampler(records, d.shuffle_seed)
         reward_fn = resolve_reward(cfg.algorithm.reward, cfg.job.allowed_modules)
-        svc = JobServices(cfg, self.run, cfg.model.path)
+        rm_path = reward_model_path(self.workflow.nodes)  # the trainer may read it (its paths.roots)
+        svc = JobServices(cfg, self.run, cfg.model.path, extra_roots=(rm_path,) if rm_path else ())
         self.user_code = UserCode(cfg, self.workflow.nodes, self.events.log)
         summary: dict = {"job_id": self.job_id, "run_dir": str(self.run.root)}
         started = time.monotonic()
@@ -187,6 +193,7 @@ class JobRunner:
                 opt = cfg.trainer.critic_optimizer if role == "critic" else cfg.trainer.optimizer
                 svc.trainer.load_model(role, cfg.model.path, cfg.model.dtype, opt, cfg.job.seed,
                                        gradient_checkpointing=cfg.trainer.gradient_checkpointing)  # fmt: skip
+            load_reward_model(svc.trainer, self.workflow.nodes, cfg.model.dtype, cfg.job.seed)
             publisher = WeightPublisher(svc.trainer, cfg.weights, str(self.run.weights))
             resumed = resume and self.restore(svc, publisher, sampler)
             if not resumed and (cfg.warmup.steps or cfg.warmup.epochs):
