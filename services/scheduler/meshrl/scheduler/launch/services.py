@@ -53,7 +53,12 @@ def rollout_spec(
         *(["--set", "engine.transformers.device=cuda"] if cfg.rollout.gpus_per_replica >= 1 else []),
         *[a for kv in cfg.rollout.service_overrides for a in ("--set", kv)],
     ]  # fmt: skip
-    return ServiceSpec("rollout", name, args, gpus=cfg.rollout.gpus_per_replica)
+    return ServiceSpec("rollout", name, args, gpus=cfg.rollout.gpus_per_replica, share=colocation(cfg))
+
+
+def colocation(cfg: JobConfig) -> str:
+    """The `ServiceSpec.share` of the trainer and the replicas: one bundle for all of them when colocated."""
+    return "colocated" if cfg.services.placement == "colocated" else ""
 
 
 @dataclass
@@ -100,7 +105,7 @@ class JobServices:
                     "--set", f"parallel.tensor_parallel={t.tensor_parallel}",
                     "--set", f"parallel.pipeline_parallel={t.pipeline_parallel}",
                     *telemetry_args(self.cfg, self.run, "trainer"), *[a for kv in t.service_overrides for a in ("--set", kv)]]  # fmt: skip
-            specs.append(ServiceSpec("trainer", "trainer", args, gpus=t.gpus))
+            specs.append(ServiceSpec("trainer", "trainer", args, gpus=t.gpus, share=colocation(self.cfg)))
         for _ in range(self.cfg.rollout.replicas):
             specs.append(self._new_replica_spec(buffer_address))
         started = self._launcher().start(specs) if specs else {}
