@@ -154,6 +154,12 @@ class JobServices:
             self.launcher.stop(name)
             del self.addresses[name]
 
+    def shared_bundle(self) -> str:
+        """Where colocated services run: each one's placement group, bundle index and GPU ids (Ray launcher)."""
+        placed = getattr(self.launcher, "bundles", {})
+        return ", ".join(f"{name}: group {pg[:8]} bundle {loc.bundle_index} GPUs {list(loc.gpu_ids)}"
+                         for name, (pg, loc) in placed.items() if name != "databuffer")  # fmt: skip
+
     def close(self) -> None:
         for client in (self.fleet, self.trainer, self.buffer):
             if client is not None:

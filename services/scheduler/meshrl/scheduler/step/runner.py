@@ -191,6 +191,7 @@ class JobRunner:
             self.events.log(f"services up: {svc.addresses}")
             if cfg.services.placement == "colocated":  # the replicas sleep until the first publication
                 self.turns = Turns(svc.fleet.clients, svc.trainer)
+                self.events.log(f"colocated on one bundle: {svc.shared_bundle()}")
                 self.turns.sleep_replicas()
             for role in self.roles:
                 opt = cfg.trainer.critic_optimizer if role == "critic" else cfg.trainer.optimizer
