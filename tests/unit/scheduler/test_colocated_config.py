@@ -27,7 +27,7 @@ def test_a_plain_colocated_job_loads():
         (["training.mode=async", "training.max_staleness=1"], "training.mode must be 'sync'"),
         (["services.use_ray=false"], "services.use_ray: true"),
         (["trainer.address=127.0.0.1:5"], "unset trainer.address"),
-        (["rollout.addresses=[\"127.0.0.1:6\"]"], "empty rollout.addresses"),
+        (['rollout.addresses=["127.0.0.1:6"]'], "empty rollout.addresses"),
         (["rollout.registry.redis_url=redis://127.0.0.1:6379/0"], "unset rollout.registry.redis_url"),
         (["rollout.replicas=0"], "rollout.replicas >= 1"),
         (["weights.delta=true"], "weights.delta: false"),

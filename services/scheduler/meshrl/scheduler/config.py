@@ -324,7 +324,9 @@ class JobConfig(StrictModel):
         if self.services.placement == "colocated":
             problem = colocated_problem(self)
             if problem:
-                raise ValueError(f"services.placement = 'colocated' {problem}, or set services.placement: disaggregated")
+                raise ValueError(
+                    f"services.placement = 'colocated' {problem}, or set services.placement: disaggregated"
+                )
         return self
 
 
