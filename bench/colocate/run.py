@@ -11,7 +11,9 @@ offloaded bytes, and the bundle both services ran in.
 
 Run: `.venv/bin/python bench/colocate/run.py [--steps 60] [--eval-every 10] [--prompts 128]` (from the
 repository root; the example's model and data are built under runs/ on first use). Each placement costs
-about what `make run` costs (minutes on 2 cores); --steps and --prompts shrink it.
+about what `make run` costs (minutes on 2 cores); --steps and --prompts shrink it. `--hidden H --layers L`
+builds a bigger model of the same shape (e.g. 512 x 8, ~100 MiB of fp32 weights), so that the replica's
+memory release shows above the ~400 MiB a replica process holds anyway (the example's model is ~0.4 MiB).
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--eval-every", type=int, default=10, help="held-out evaluation every K steps")
     p.add_argument("--prompts", type=int, default=0, help="prompts per step (0: the example's)")
     p.add_argument("--warmup-steps", type=int, default=-1, help="supervised warm-up steps (-1: the example's)")
+    p.add_argument("--hidden", type=int, default=0, help="build a model of this hidden size instead (0: the example's)")
+    p.add_argument("--layers", type=int, default=0, help="and this many layers (with --hidden; 0: the example's)")
     p.add_argument("--placements", default=",".join(PLACEMENTS), help=f"comma-separated, from {list(PLACEMENTS)}")
     p.add_argument("--out", default="", help="write the figures as JSON here too")
     return p.parse_args(argv)
@@ -52,6 +56,11 @@ def job_yaml(a: argparse.Namespace, placement: str, run_root: Path) -> str:
     cfg["job"].update(name=f"bench-{placement}", steps=a.steps, run_root=str(run_root))
     for section, field in (("model", "path"), ("data", "train"), ("data", "eval")):
         cfg[section][field] = str(ROOT / cfg[section][field])  # shared by both placements: built once
+    if a.hidden:  # a bigger model shows the replica's memory release above the process's own resident memory
+        cfg["model"]["build"].update(hidden_size=a.hidden, num_layers=a.layers or cfg["model"]["build"]["num_layers"])
+        cfg["model"]["path"] = str(
+            ROOT / f"runs/models/countdown-qwen2-h{a.hidden}-l{cfg['model']['build']['num_layers']}"
+        )
     cfg["eval"]["every"] = a.eval_every
     cfg["checkpoint"] = {"every": 0}
     cfg["services"] = {**cfg.get("services", {}), "use_ray": True, "placement": placement}

@@ -15,7 +15,7 @@ ROLLOUT_CALLS = ("GenerateBatch", "ReleaseMemory", "ResumeMemory", "UpdateWeight
 def rollout_calls(run) -> list[str]:
     """The rollout service's server spans of the calls above, in the order they started."""
     spans = [json.loads(line) for f in run.traces.glob("rollout-0*.jsonl") for line in f.read_text().splitlines()]
-    named = [(s.get("start_time", 0), s["name"].rsplit("/", 1)[-1]) for s in spans if "name" in s]
+    named = [(s["start_ns"], s["name"].rsplit("/", 1)[-1]) for s in spans if s["kind"] == "SERVER"]
     return [name for _, name in sorted(named) if name in ROLLOUT_CALLS]
 
 
