@@ -99,6 +99,11 @@ def run_placement(a: argparse.Namespace, placement: str, run_root: Path) -> dict
         "resume_seconds": series("colocate/resume_seconds"),
         "offloaded_mib": series("colocate/trainer_offloaded_mib"),
         "bundle": bundles[0] if bundles else "",
+        "median_seconds": {
+            k: statistics.median(series(k))
+            for k in sorted({k for m in steps for k in m})
+            if k.startswith("time/") or k == "weights/seconds"
+        },  # fmt: skip
     }
 
 
@@ -121,6 +126,9 @@ def main(argv=None) -> int:
     for placement, r in results.items():
         curve = "  ".join(f"{s}:{acc:.3f}" for s, acc in r["evals"])
         print(f"{placement:<15}{r['rl_seconds']:>8.1f}{r['step_seconds']:>8.2f}  {curve}")
+    for placement, r in results.items():
+        parts = ", ".join(f"{k.split('/', 1)[1]} {v:.2f}" for k, v in r["median_seconds"].items())
+        print(f"{placement:<15}median s per step: {parts}")
     if len(results) == 2:
         d, c = results["disaggregated"], results["colocated"]
         print(f"colocated / disaggregated RL wall-clock: {c['rl_seconds'] / d['rl_seconds']:.2f}x; final accuracy "
