@@ -127,7 +127,8 @@ def main(argv=None) -> int:
         curve = "  ".join(f"{s}:{acc:.3f}" for s, acc in r["evals"])
         print(f"{placement:<15}{r['rl_seconds']:>8.1f}{r['step_seconds']:>8.2f}  {curve}")
     for placement, r in results.items():
-        parts = ", ".join(f"{k.split('/', 1)[1]} {v:.2f}" for k, v in r["median_seconds"].items())
+        parts = ", ".join(f"{k.replace('time/', '').replace('weights/seconds', 'publish')} {v:.2f}"
+                          for k, v in r["median_seconds"].items())  # fmt: skip
         print(f"{placement:<15}median s per step: {parts}")
     if len(results) == 2:
         d, c = results["disaggregated"], results["colocated"]
