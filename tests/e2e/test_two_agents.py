@@ -55,8 +55,9 @@ def test_two_agents_train_in_turn_with_their_own_weights(tiny_task, tmp_path):
         ({"training": {"mode": "one_step_off"}}, "does not support training.mode"),
         ({"checkpoint": {"every": 1}}, "does not support checkpoints"),
         ({"data": {"eval": "x.jsonl"}}, "does not support a held-out evaluation"),
+        ({"services": {"placement": "colocated", "use_ray": True}}, "does not support services.placement"),
     ],
-    ids=["async", "checkpoints", "eval"],
+    ids=["async", "checkpoints", "eval", "colocated"],
 )
 def test_a_two_agent_job_refuses_what_it_does_not_support(tiny_task, tmp_path, sections, expected):
     merged = {k: {**SECTIONS.get(k, {}), **v} for k, v in {**SECTIONS, **sections}.items()}

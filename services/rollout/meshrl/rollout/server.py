@@ -15,6 +15,7 @@ from meshrl.common.path_roots import PathRoots
 from meshrl.common.telemetry import attributes as A
 from meshrl.common.telemetry import tag_span
 from meshrl.common.weights import GroupSpec
+from meshrl.rollout.memory import MemoryChange, change_memory
 from meshrl.rollout.replica import BatchJob, RolloutReplica
 from meshrl.rollout.types import (
     DiskUpdate,
@@ -173,6 +174,18 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             device=s.device,
             weight_ranks=s.weight_ranks,
         )
+
+    def ReleaseMemory(self, request: pb.MemoryRequest, context) -> pb.MemoryResponse:
+        return _memory_reply(change_memory(self.replica.engine, True, list(request.tags)))
+
+    def ResumeMemory(self, request: pb.MemoryRequest, context) -> pb.MemoryResponse:
+        return _memory_reply(change_memory(self.replica.engine, False, list(request.tags)))
+
+
+def _memory_reply(c: MemoryChange) -> pb.MemoryResponse:
+    tag_span({A.BYTES: c.resident_before - c.resident_after})
+    return pb.MemoryResponse(released=c.released, resident_bytes_before=c.resident_before,
+                             resident_bytes_after=c.resident_after, seconds=c.seconds)  # fmt: skip
 
 
 def service(replica: RolloutReplica, roots: PathRoots | None = None) -> Service:

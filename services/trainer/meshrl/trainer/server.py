@@ -190,6 +190,12 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
             metrics=status["metrics"],
         )
 
+    def Offload(self, request: pb.OffloadRequest, context) -> pb.OffloadResponse:
+        return pb.OffloadResponse(**self.service.set_residency(False))
+
+    def Onload(self, request: pb.OffloadRequest, context) -> pb.OffloadResponse:
+        return pb.OffloadResponse(**self.service.set_residency(True))
+
 
 def service(trainer: TrainerService) -> Service:
     return Service(trainer_pb2_grpc.add_TrainerServicer_to_server, TrainerServicer(trainer), SERVICE_NAME)

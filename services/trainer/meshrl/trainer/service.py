@@ -29,6 +29,7 @@ from meshrl.trainer.config import TrainerConfig
 from meshrl.trainer.core import TrainerCore
 from meshrl.trainer.dp import CommandBus, require_ok
 from meshrl.trainer.losses import LossConfig
+from meshrl.trainer.offload import set_residency
 from meshrl.trainer.optim import OptimizerConfig
 from meshrl.trainer.reward_model import REWARD_ROLE, SCORES, compute_scores
 
@@ -36,7 +37,7 @@ from meshrl.trainer.reward_model import REWARD_ROLE, SCORES, compute_scores
 MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt", "tokenizer.model")  # fmt: skip
 COLLECTIVE = ("load_model", "compute_logprobs", "compute_values", "train_step", "save_checkpoint", "load_checkpoint",
-              "gather_weights", "compute_scores")  # fmt: skip
+              "gather_weights", "compute_scores", "set_residency")  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -351,3 +352,10 @@ class TrainerService:
 
     def status(self) -> dict[str, Any]:
         return {**self.core.status(), "metrics": dict(self.last_metrics)}
+
+    def set_residency(self, resident: bool) -> dict[str, Any]:
+        """Colocated mode: offloads (False) or onloads (True) the optimizer state on every rank (offload.py)."""
+        return self._call("set_residency", resident=resident)
+
+    def _set_residency(self, resident: bool) -> dict[str, Any]:
+        return set_residency(self.core.roles.values(), self.core.device, resident)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from meshrl.common.databuffer_client import DataBufferClient
@@ -53,7 +53,12 @@ def rollout_spec(
         *(["--set", "engine.transformers.device=cuda"] if cfg.rollout.gpus_per_replica >= 1 else []),
         *[a for kv in cfg.rollout.service_overrides for a in ("--set", kv)],
     ]  # fmt: skip
-    return ServiceSpec("rollout", name, args, gpus=cfg.rollout.gpus_per_replica)
+    return ServiceSpec("rollout", name, args, gpus=cfg.rollout.gpus_per_replica, share=colocation(cfg))
+
+
+def colocation(cfg: JobConfig) -> str:
+    """The `ServiceSpec.share` of the trainer and the replicas: one bundle for all of them when colocated."""
+    return "colocated" if cfg.services.placement == "colocated" else ""
 
 
 def trainer_spec(
@@ -106,7 +111,8 @@ class JobServices:
         check_peer("the data buffer", channels.databuffer, field="services.channels.databuffer", address=buffer_address)
         specs = []
         if self.cfg.trainer.address is None:
-            specs.append(trainer_spec(self.cfg, self.run, "trainer", buffer_address, self.model_path, self.extra_roots))
+            trainer = trainer_spec(self.cfg, self.run, "trainer", buffer_address, self.model_path, self.extra_roots)
+            specs.append(replace(trainer, share=colocation(self.cfg)))
         for _ in range(self.cfg.rollout.replicas):
             specs.append(self._new_replica_spec(buffer_address))
         started = self._launcher().start(specs) if specs else {}
@@ -154,6 +160,12 @@ class JobServices:
         if name is not None and self.launcher is not None:
             self.launcher.stop(name)
             del self.addresses[name]
+
+    def shared_bundle(self) -> str:
+        """Where colocated services run: each one's placement group, bundle index and GPU ids (Ray launcher)."""
+        placed = getattr(self.launcher, "bundles", {})
+        return ", ".join(f"{name}: group {pg[:8]} bundle {loc.bundle_index} GPUs {list(loc.gpu_ids)}"
+                         for name, (pg, loc) in placed.items() if name != "databuffer")  # fmt: skip
 
     def close(self) -> None:
         for client in (self.fleet, self.trainer, self.buffer):

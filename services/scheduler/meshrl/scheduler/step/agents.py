@@ -73,6 +73,8 @@ def check_agent_job(cfg: Any, nodes: list[Any], resume: bool = False) -> None:
         (cfg.weights.transport != "disk", f"weights.transport = {cfg.weights.transport!r}", "use transport: disk"),
         (bool(cfg.data.eval), "a held-out evaluation (data.eval)", "remove data.eval (each agent's reward is logged "
          "per step)"),
+        (cfg.services.placement == "colocated", "services.placement = 'colocated'",
+         "use placement: disaggregated (each agent has its own trainer and replicas)"),
     ]  # fmt: skip
     for bad, what, fix in unsupported:
         if bad:

@@ -412,3 +412,17 @@ class TrainerStatus(_message.Message):
     tensor_parallel_size: int
     pipeline_parallel_size: int
     def __init__(self, roles: _Optional[_Iterable[_Union[RoleStatus, _Mapping]]] = ..., device: _Optional[str] = ..., data_parallel_size: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., tensor_parallel_size: _Optional[int] = ..., pipeline_parallel_size: _Optional[int] = ...) -> None: ...
+
+class OffloadRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class OffloadResponse(_message.Message):
+    __slots__ = ("bytes", "seconds", "device")
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    bytes: int
+    seconds: float
+    device: str
+    def __init__(self, bytes: _Optional[int] = ..., seconds: _Optional[float] = ..., device: _Optional[str] = ...) -> None: ...
