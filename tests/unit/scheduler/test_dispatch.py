@@ -40,13 +40,19 @@ def test_the_table_covers_what_the_validator_accepts():
 @pytest.mark.parametrize(
     ("change", "expected"),
     [
-        (lambda n: n["old_logprob"].update(node_role="REWARD"), "plan-only"),
+        (lambda n: n["old_logprob"].update(node_role="REWARD"), "config.model_path: Field required"),
         (lambda n: n["rollout"]["config"].update(agent="a"), "config.agent"),
         (lambda n: n["rollout"]["config"].update(topp=0.9), "did you mean 'top_p'"),
         (lambda n: n["actor_train"]["config"].update(estimator="grpo"), "config.estimator is read by nothing"),
         (lambda n: n["rollout"]["config"].update(max_turns=3), "config.max_turns limits multi-turn episodes"),
     ],
-    ids=["reward-model", "multi-agent", "misspelt-key", "key-of-another-node", "episode-limit-without-env"],
+    ids=[
+        "reward-model-without-model",
+        "multi-agent",
+        "misspelt-key",
+        "key-of-another-node",
+        "episode-limit-without-env",
+    ],
 )
 def test_a_job_refuses_what_it_would_ignore(tmp_path, change, expected):
     text = grpo_with(change)

@@ -29,6 +29,7 @@ EPISODE_END = "episode_end"  # ragged uint8: utf-8 reason the episode ended (don
 # --- COMPUTE: reward ------------------------------------------------------------------
 REWARDS = "rewards"  # float32 [N]: scalar reward per sample
 ACCURACY = "accuracy"  # float32 [N]: 1.0 when the answer is correct
+RM_SCORES = "rm_scores"  # float32 [N]: a reward model's score per sample (MODEL_INFERENCE node of role REWARD)
 
 # --- COMPUTE: dynamic sampling (DAPO) keeps a subset of rows; it rewrites all columns ---
 # --- COMPUTE: advantage ---------------------------------------------------------------

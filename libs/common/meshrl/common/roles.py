@@ -7,8 +7,13 @@ from __future__ import annotations
 from meshrl.api.trainer.v1 import trainer_pb2 as tpb
 from meshrl.common.errors import InvalidArgument
 
-ROLES: tuple[str, ...] = ("actor", "reference", "critic")
-_PROTO = {"actor": tpb.ROLE_ACTOR, "reference": tpb.ROLE_REFERENCE, "critic": tpb.ROLE_CRITIC}
+ROLES: tuple[str, ...] = ("actor", "reference", "critic", "reward")
+_PROTO = {
+    "actor": tpb.ROLE_ACTOR,
+    "reference": tpb.ROLE_REFERENCE,
+    "critic": tpb.ROLE_CRITIC,
+    "reward": tpb.ROLE_REWARD,
+}
 _NAME = {v: k for k, v in _PROTO.items()}
 
 
@@ -23,5 +28,7 @@ def role_proto(name: str) -> int:
 def role_name(value: int, field: str = "role") -> str:
     """ROLE_ACTOR -> "actor"; anything else is refused with the field's name."""
     if value not in _NAME:
-        raise InvalidArgument(f"{field} = {value} is not a role; use ROLE_ACTOR, ROLE_REFERENCE or ROLE_CRITIC")
+        raise InvalidArgument(
+            f"{field} = {value} is not a role; use ROLE_ACTOR, ROLE_REFERENCE, ROLE_CRITIC or ROLE_REWARD"
+        )
     return _NAME[value]

@@ -3,7 +3,8 @@ replica time-share a device): the tag vocabulary of the engines' own calls (SGLa
 release/resume_memory_occupation, vLLM's sleep/wake_up), freeing parameters' memory (the Parameter
 objects stay, so a weight update refills them), and the process's resident memory.
 
-Used by `TransformersEngine.release_memory` / `resume_memory`; `resident_bytes` by the tests and benches.
+Used by `TransformersEngine.release_memory` / `resume_memory`; `change_memory` by the rollout servicer
+(ReleaseMemory / ResumeMemory, which the scheduler's colocated step loop calls); `resident_bytes` by the benches.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import ctypes
 import ctypes.util
 import gc
 import os
+import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -68,3 +71,22 @@ def restore_parameters(released: list[tuple[torch.nn.Parameter, torch.Size]]) ->
     for p, shape in released:
         p.data = torch.empty(shape, dtype=p.dtype, device=p.device)
     return sum(p.numel() * p.element_size() for p, _ in released)
+
+
+@dataclass(frozen=True)
+class MemoryChange:
+    """What one release or resume did: the tags released afterwards and this process's resident set size
+    before and after (an engine server's own process is not counted: SGLang / vLLM hold their memory there)."""
+
+    released: list[str]
+    resident_before: int
+    resident_after: int
+    seconds: float
+
+
+def change_memory(engine, release: bool, tags: Sequence[str] = ()) -> MemoryChange:
+    """`engine.release_memory(tags)` (or `resume_memory`), measured; called by the rollout servicer."""
+    check_tags(tags)
+    before, start = resident_bytes(), time.perf_counter()
+    released = engine.release_memory(tags) if release else engine.resume_memory(tags)
+    return MemoryChange(list(released), before, resident_bytes(), time.perf_counter() - start)

@@ -15,8 +15,17 @@ from meshrl.common.path_roots import PathRoots
 from meshrl.common.telemetry import attributes as A
 from meshrl.common.telemetry import tag_span
 from meshrl.common.weights import GroupSpec
+from meshrl.rollout.memory import MemoryChange, change_memory
 from meshrl.rollout.replica import BatchJob, RolloutReplica
-from meshrl.rollout.types import GenerationRequest, PauseMode, SamplingParams, WeightUpdateResult, new_request_id
+from meshrl.rollout.types import (
+    DiskUpdate,
+    GenerationRequest,
+    GroupUpdate,
+    PauseMode,
+    SamplingParams,
+    WeightUpdateResult,
+    new_request_id,
+)
 
 SERVICE_NAME = "meshrl.rollout.v1.Rollout"
 STATES = {
@@ -98,15 +107,12 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
     def UpdateWeightsFromDisk(self, request: pb.UpdateWeightsFromDiskRequest, context) -> pb.UpdateWeightsResponse:
         w = request.weights
         staging = self.roots.inside(w.local_staging_dir, "weights.local_staging_dir") if w.local_staging_dir else ""
-        r = self.replica.update_weights_from_disk(
-            self.roots.inside(w.path, "weights.path"),
-            w.version,
-            manifest_sha256=w.manifest_sha256,
-            staging_dir=staging,
-            pause_mode=pause_mode(request.pause_mode),
-            flush_cache=request.flush_cache,
+        update = DiskUpdate(
+            self.roots.inside(w.path, "weights.path"), w.version, manifest_sha256=w.manifest_sha256,
+            staging_dir=staging, pause_mode=pause_mode(request.pause_mode), flush_cache=request.flush_cache,
             delta_base=w.base_version if w.delta else None,
-        )
+        )  # fmt: skip
+        r = self.replica.update_weights_from_disk(update)
         return self._applied(r, "disk")
 
     def InitWeightUpdateGroup(self, request: pb.InitWeightUpdateGroupRequest, context):
@@ -114,13 +120,11 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         return pb.InitWeightUpdateGroupResponse(rank=self.replica.init_weight_update_group(spec))
 
     def UpdateWeightsFromDistributed(self, request: pb.UpdateWeightsFromDistributedRequest, context):
-        r = self.replica.update_weights_from_distributed(
-            request.group_name or "weight_update_group",
-            request.version,
-            pause_mode=pause_mode(request.pause_mode),
-            flush_cache=request.flush_cache,
-            timeout_seconds=request.timeout_seconds or 120.0,
-        )
+        update = GroupUpdate(
+            request.group_name or "weight_update_group", request.version, pause_mode=pause_mode(request.pause_mode),
+            flush_cache=request.flush_cache, timeout_seconds=request.timeout_seconds or 120.0,
+        )  # fmt: skip
+        r = self.replica.update_weights_from_distributed(update)
         return self._applied(r, "distributed")
 
     def _applied(self, r: WeightUpdateResult, transport: str) -> pb.UpdateWeightsResponse:
@@ -170,6 +174,18 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             device=s.device,
             weight_ranks=s.weight_ranks,
         )
+
+    def ReleaseMemory(self, request: pb.MemoryRequest, context) -> pb.MemoryResponse:
+        return _memory_reply(change_memory(self.replica.engine, True, list(request.tags)))
+
+    def ResumeMemory(self, request: pb.MemoryRequest, context) -> pb.MemoryResponse:
+        return _memory_reply(change_memory(self.replica.engine, False, list(request.tags)))
+
+
+def _memory_reply(c: MemoryChange) -> pb.MemoryResponse:
+    tag_span({A.BYTES: c.resident_before - c.resident_after})
+    return pb.MemoryResponse(released=c.released, resident_bytes_before=c.resident_before,
+                             resident_bytes_after=c.resident_after, seconds=c.seconds)  # fmt: skip
 
 
 def service(replica: RolloutReplica, roots: PathRoots | None = None) -> Service:

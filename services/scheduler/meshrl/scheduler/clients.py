@@ -69,6 +69,14 @@ class TrainerClient:
         req = tpb.ComputeValuesRequest(inputs=inputs, output=output, columns=columns)
         return call(self.stub.ComputeValues, req, timeout=self.timeout)
 
+    def compute_scores(
+        self, inputs: Sequence[keys_pb2.BatchKey], output: keys_pb2.BatchKey, name: str, columns: Sequence[str] = ()
+    ) -> tpb.ComputeResponse:
+        """The reward model's score per row, written to `output` as the column `name`."""
+        req = tpb.ComputeScoresRequest(role=tpb.ROLE_REWARD, inputs=inputs, output=output, output_name=name,
+                                       columns=columns)  # fmt: skip
+        return call(self.stub.ComputeScores, req, timeout=self.timeout)
+
     def train_step(
         self,
         role: str,
@@ -118,6 +126,13 @@ class TrainerClient:
     def status(self) -> tpb.TrainerStatus:
         return call(self.stub.GetStatus, tpb.GetStatusRequest(), timeout=30)
 
+    def offload(self) -> tpb.OffloadResponse:
+        """Colocated mode: the optimizer state to host memory while the replicas use the device."""
+        return call(self.stub.Offload, tpb.OffloadRequest(), timeout=self.timeout)
+
+    def onload(self) -> tpb.OffloadResponse:
+        return call(self.stub.Onload, tpb.OffloadRequest(), timeout=self.timeout)
+
     def close(self) -> None:
         self.channel.close()
 
@@ -154,6 +169,13 @@ class RolloutClient:
 
     def status(self, timeout: float = 30.0) -> rpb.RolloutStatus:
         return call(self.stub.GetStatus, rpb.GetStatusRequest(), timeout=timeout, wait_for_ready=False)
+
+    def release_memory(self, tags: Sequence[str] = ()) -> rpb.MemoryResponse:
+        """Colocated mode: the replica gives up its weights' and/or KV cache's memory (empty = both)."""
+        return call(self.stub.ReleaseMemory, rpb.MemoryRequest(tags=list(tags)), timeout=self.timeout)
+
+    def resume_memory(self, tags: Sequence[str] = ()) -> rpb.MemoryResponse:
+        return call(self.stub.ResumeMemory, rpb.MemoryRequest(tags=list(tags)), timeout=self.timeout)
 
     def close(self) -> None:
         self.channel.close()

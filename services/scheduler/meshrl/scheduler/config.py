@@ -293,6 +293,11 @@ class ServicesSection(StrictModel):
     redis_url: str | None = Field(None, description="Redis for the launched data buffer (else embedded)")
     ray_address: str | None = Field(None, description="an existing Ray cluster (else a local one)")
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK"] = "PACK"
+    placement: Literal["disaggregated", "colocated"] = Field(
+        "disaggregated",
+        description="colocated: the trainer and the replicas share one Ray bundle (its devices) and take turns "
+        "(meshrl.scheduler.step.colocate); disaggregated: each on its own bundle",
+    )
     use_ray: bool = Field(True, description="place launched services as Ray actors (else plain processes)")
     start_timeout_seconds: float = Field(180.0, gt=0)
     channels: PeerChannels = Field(default_factory=PeerChannels)
@@ -313,6 +318,33 @@ class JobConfig(StrictModel):
     services: ServicesSection = Field(default_factory=ServicesSection)
     telemetry: TelemetryConfig = Field(default_factory=lambda: TelemetryConfig(exporter="file"))
     logging: LoggingSection = Field(default_factory=LoggingSection)
+
+    @pydantic.model_validator(mode="after")
+    def _colocated_fits(self) -> JobConfig:
+        if self.services.placement == "colocated":
+            problem = colocated_problem(self)
+            if problem:
+                raise ValueError(
+                    f"services.placement = 'colocated' {problem}, or set services.placement: disaggregated"
+                )
+        return self
+
+
+def colocated_problem(cfg: JobConfig) -> str:
+    """Why a job cannot run colocated ('' when it can): the scheduler must launch the trainer and every
+    replica itself on Ray, generation and training must take turns, and a replica that gave up its weights
+    must be refilled with a complete version."""
+    checks = [
+        (not cfg.services.use_ray, "needs services.use_ray: true (the shared bundle is a Ray placement group)"),
+        (cfg.trainer.address is not None, "needs a launched trainer; unset trainer.address"),
+        (bool(cfg.rollout.addresses) or cfg.rollout.registry.redis_url is not None,
+         "needs launched replicas only; empty rollout.addresses and unset rollout.registry.redis_url"),
+        (cfg.rollout.replicas < 1, "needs rollout.replicas >= 1"),
+        (cfg.training.mode != "sync", f"takes turns on the device, so training.mode must be 'sync' "
+         f"(got {cfg.training.mode!r}); set training.mode: sync"),
+        (cfg.weights.delta, "refills released weights with complete versions; set weights.delta: false"),
+    ]  # fmt: skip
+    return next((msg for bad, msg in checks if bad), "")
 
 
 class SchedulerServiceConfig(StrictModel):

@@ -22,6 +22,7 @@ from meshrl.scheduler.events import EventLog
 from meshrl.scheduler.job_policy import JobPolicy, check_run_id
 from meshrl.scheduler.recovery import run_with_restarts, unfinished_runs
 from meshrl.scheduler.rundir import RunDir
+from meshrl.scheduler.step.agents import check_agent_job
 from meshrl.scheduler.step.dispatch import check_runnable
 from meshrl.scheduler.step.modes import plan_async
 from meshrl.scheduler.step.runner import JobRunner
@@ -106,6 +107,7 @@ class JobManager:
         self.policy.check_overrides(cfg)
         workflow: Workflow = load_workflow_text(workflow_text, raw, allowed_modules=cfg.job.allowed_modules)
         check_runnable(workflow)
+        check_agent_job(cfg, workflow.nodes, resume=bool(resume_dir))  # multi-agent jobs: what they support
         if cfg.training.mode != "sync":
             plan_async(cfg.training, cfg.data.prompts_per_step, workflow.nodes)  # refused now, not at step 1
         if resume_dir:

@@ -30,6 +30,7 @@ from meshrl.trainer.hf_weights import read_hf_tensors
 from meshrl.trainer.losses import LossConfig
 from meshrl.trainer.model import build_gpt_model, ensure_parallel_state, parse_dtype
 from meshrl.trainer.optim import OptimizerConfig, build_optimizer, wrap_ddp
+from meshrl.trainer.reward_model import REWARD_ROLE, load_reward_model
 from meshrl.trainer.roles import ComputeResult, NonFiniteLoss, RoleState, TrainResult
 from meshrl.trainer.schedule import run_microbatches
 from meshrl.trainer.sharding import iter_gathered, load_sharded, local_targets, padded_rows
@@ -91,6 +92,11 @@ class TrainerCore:
         """
         if role not in ROLES:
             raise InvalidArgument(f"role {role!r} is not one of {ROLES}")
+        if role == REWARD_ROLE:  # a frozen sequence classifier with the critic's head (reward_model.py)
+            if copy_from:
+                raise InvalidArgument("the reward role loads from its own folder: copy_from is not allowed for it")
+            self.roles[role] = load_reward_model(self, path, dtype=dtype, seed=seed)
+            return self.roles[role]
         source = self.role(copy_from) if copy_from else None
         if source is not None:
             path = source.model_path

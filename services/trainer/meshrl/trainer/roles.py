@@ -16,6 +16,8 @@ from meshrl.trainer.hf_config import ModelSpec
 from meshrl.trainer.optim import OptimizerConfig
 from meshrl.trainer.parallel import Layout
 
+VALUE_HEAD_ROLES = ("critic", "reward")  # roles whose output layer is the [1, hidden] head `score.weight`
+
 
 class NonFiniteLoss(InvalidArgument):
     """A train step produced a NaN/inf loss or gradient; the model and optimizer were left unchanged."""
@@ -35,6 +37,7 @@ class RoleState:
     train_steps: int = 0  # optimizer steps taken
     weight_version: int = 0  # last version published from this role
     names: dict[int, str] = field(default_factory=dict)  # id(param) -> megatron name (this rank's part)
+    pad_token_id: int | None = None  # reward role: the id a sequence classifier pools past (reward_model.py)
 
     @property
     def runner(self) -> torch.nn.Module:
@@ -43,7 +46,7 @@ class RoleState:
 
     @property
     def value_head(self) -> bool:
-        return self.role == "critic"
+        return self.role in VALUE_HEAD_ROLES
 
     @property
     def num_parameters(self) -> int:

@@ -67,12 +67,28 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
         return pb.LoadModelResponse(role=request.role, **info)
 
     def ComputeLogProbs(self, request: pb.ComputeLogProbsRequest, context) -> pb.ComputeResponse:
+        if request.role == pb.ROLE_REWARD:
+            raise InvalidArgument("the reward model has a score head, no log-probs: call ComputeScores for it")
         out = self.service.compute_logprobs(
             role_name(request.role),
             [BatchRef.from_proto(k) for k in request.inputs],
             BatchRef.from_proto(request.output),
             with_entropy=request.with_entropy,
             temperature=optional_field(request, "temperature"),
+            micro_batch_tokens=optional_field(request, "micro_batch_tokens"),
+            output_name=request.output_name,
+            columns=list(request.columns),
+        )
+        return _compute_reply(out)
+
+    def ComputeScores(self, request: pb.ComputeScoresRequest, context) -> pb.ComputeResponse:
+        role = role_name(request.role) if request.role else "reward"
+        if role != "reward":
+            raise InvalidArgument(f"ComputeScores scores with the reward model: role {role!r} has no score head; "
+                                  "leave role unset (or ROLE_REWARD) and load the reward model under ROLE_REWARD")  # fmt: skip
+        out = self.service.compute_scores(
+            [BatchRef.from_proto(k) for k in request.inputs],
+            BatchRef.from_proto(request.output),
             micro_batch_tokens=optional_field(request, "micro_batch_tokens"),
             output_name=request.output_name,
             columns=list(request.columns),
@@ -173,6 +189,12 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
             pipeline_parallel_size=status["pipeline_parallel_size"],
             metrics=status["metrics"],
         )
+
+    def Offload(self, request: pb.OffloadRequest, context) -> pb.OffloadResponse:
+        return pb.OffloadResponse(**self.service.set_residency(False))
+
+    def Onload(self, request: pb.OffloadRequest, context) -> pb.OffloadResponse:
+        return pb.OffloadResponse(**self.service.set_residency(True))
 
 
 def service(trainer: TrainerService) -> Service:

@@ -29,13 +29,15 @@ from meshrl.trainer.config import TrainerConfig
 from meshrl.trainer.core import TrainerCore
 from meshrl.trainer.dp import CommandBus, require_ok
 from meshrl.trainer.losses import LossConfig
+from meshrl.trainer.offload import set_residency
 from meshrl.trainer.optim import OptimizerConfig
+from meshrl.trainer.reward_model import REWARD_ROLE, SCORES, compute_scores
 
 # Copied into every published version so engines can (re)load it as a Hugging Face model folder.
 MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt", "tokenizer.model")  # fmt: skip
 COLLECTIVE = ("load_model", "compute_logprobs", "compute_values", "train_step", "save_checkpoint", "load_checkpoint",
-              "gather_weights")  # fmt: skip
+              "gather_weights", "compute_scores", "set_residency")  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -202,6 +204,19 @@ class TrainerService:
         self._write(output, {S.VALUES: result.values})
         return {"tokens": result.tokens, "micro_batches": result.micro_batches}
 
+    def compute_scores(self, inputs: Sequence[BatchRef], output: BatchRef, **kwargs: Any) -> dict[str, Any]:
+        """The reward model's score per row, written to `output` (reward_model.py)."""
+        return self._call("compute_scores", inputs=list(inputs), output=output, **kwargs)
+
+    def _compute_scores(self, inputs, output, micro_batch_tokens=None, output_name="", columns=()) -> dict[str, Any]:
+        self.core.role(REWARD_ROLE)  # fail fast (same on every rank) before waiting for the batch
+        columns = self._read(inputs, columns)
+        result = compute_scores(self.core, columns, micro_batch_tokens=self._budget(micro_batch_tokens))
+        scores = result.values.values
+        self._write(output, {output_name or SCORES: scores})
+        metrics = {"score_mean": float(scores.mean()), "score_std": float(scores.std())} if scores.size else {}
+        return {"tokens": result.tokens, "micro_batches": result.micro_batches, "metrics": metrics}
+
     def train_step(self, role: str, inputs: Sequence[BatchRef], loss: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
         return self._call("train_step", role=role, inputs=list(inputs), loss=loss, **kwargs)
 
@@ -337,3 +352,10 @@ class TrainerService:
 
     def status(self) -> dict[str, Any]:
         return {**self.core.status(), "metrics": dict(self.last_metrics)}
+
+    def set_residency(self, resident: bool) -> dict[str, Any]:
+        """Colocated mode: offloads (False) or onloads (True) the optimizer state on every rank (offload.py)."""
+        return self._call("set_residency", resident=resident)
+
+    def _set_residency(self, resident: bool) -> dict[str, Any]:
+        return set_residency(self.core.roles.values(), self.core.device, resident)

@@ -15,7 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from meshrl.common.errors import FailedPrecondition
-from meshrl.scheduler.launch.placement import create_worker_bundles, launch_pinned, worker_bundle
+from meshrl.scheduler.launch.placement import (
+    BundleLocation,
+    bundle_shares,
+    create_worker_bundles,
+    launch_pinned,
+    worker_bundle,
+)
 from meshrl.scheduler.launch.process import ServiceProcess
 
 log = logging.getLogger(__name__)
@@ -29,6 +35,7 @@ class ServiceSpec:
     env: dict[str, str] = field(default_factory=dict)
     cpus: float = 1.0
     gpus: float = 0.0
+    share: str = ""  # instances with the same `share` are colocated: one bundle, its devices seen by each
 
 
 def child_env(extra: dict[str, str]) -> dict[str, str]:
@@ -79,10 +86,12 @@ def on_node(args: list[str], env: dict[str, str], node_ip: str, gpu_ids: list) -
 class _ServiceActorImpl:
     """Body of the Ray actor that owns one service process on its bundle."""
 
-    def __init__(self, service: str, args: list[str], log_path: str, env: dict[str, str]) -> None:
+    def __init__(self, service: str, args: list[str], log_path: str, env: dict[str, str], gpu_ids: list) -> None:
         import ray
 
-        args, env = on_node(args, env, ray.util.get_node_ip_address(), list(ray.get_gpu_ids()))
+        # The bundle's GPU ids (its probe's), not the actor's own claim: colocated actors claim a share, or
+        # none where Ray cannot split the bundle's GPUs (see `bundle_shares`), and still see all of them.
+        args, env = on_node(args, env, ray.util.get_node_ip_address(), gpu_ids)
         self.proc = ServiceProcess(service, args, log_path, env)
 
     def start(self, timeout: float) -> str:
@@ -132,25 +141,31 @@ class RayLauncher:
         self.actors: dict[str, object] = {}
         self.groups: list[object] = []
         self.placements: dict[str, dict] = {}
+        self.bundles: dict[str, tuple[str, BundleLocation]] = {}  # name -> (placement group id, its bundle)
 
     def start(self, specs: list[ServiceSpec]) -> dict[str, str]:
-        """One placement group per kind of bundle; bundles ordered by node and device (placement.py)."""
-        by_bundle: dict[tuple[float, float], list[ServiceSpec]] = {}
+        """One placement group per kind of bundle (one bundle per instance), bundles ordered by node and device
+        (placement.py); the instances of one `share` get a single bundle together (`bundle_shares`)."""
+        by_bundle: dict[tuple, list[ServiceSpec]] = {}
         for spec in specs:
-            by_bundle.setdefault((spec.cpus, spec.gpus), []).append(spec)
+            by_bundle.setdefault(("share", spec.share) if spec.share else (spec.cpus, spec.gpus), []).append(spec)
         pending = {}
-        for (cpus, gpus), group in by_bundle.items():
-            bundles = create_worker_bundles(
-                len(group), worker_bundle(cpus, gpus), self.strategy, timeout_s=self.timeout
-            )
+        for key, group in by_bundle.items():
+            shared = key[0] == "share"
+            bundle = worker_bundle(max(s.cpus for s in group), max(s.gpus for s in group))
+            bundles = create_worker_bundles(1 if shared else len(group), bundle, self.strategy, timeout_s=self.timeout)
             self.groups.append(bundles)
-            for worker, spec in enumerate(group):
+            cpus, gpus = bundle_shares(bundle, len(group)) if shared else (0.0, 0.0)
+            for i, spec in enumerate(group):
+                worker = 0 if shared else i
                 log_path = str(self.logs / f"{spec.name}.log")
                 actor = launch_pinned(
                     self.actor_cls, bundles, worker, spec.service, spec.args, log_path, child_env(spec.env),
-                    name=f"meshrl-{spec.name}-{os.getpid()}", num_cpus=0, num_gpus=0,
+                    list(bundles.locations[worker].gpu_ids),
+                    name=f"meshrl-{spec.name}-{os.getpid()}", num_cpus=cpus, num_gpus=gpus,
                 )  # fmt: skip
                 self.actors[spec.name] = actor
+                self.bundles[spec.name] = (bundles.placement_group.id.hex(), bundles.locations[worker])
                 pending[spec.name] = actor.start.remote(self.timeout)
         addresses = {}
         for name, ref in pending.items():

@@ -126,6 +126,17 @@ def worker_bundle(
     return bundle
 
 
+def bundle_shares(bundle: Mapping[str, float], members: int) -> tuple[float, float]:
+    """(CPUs, GPUs) each of `members` colocated actors claims from one bundle: an equal share of its CPUs, and
+    of its GPUs when Ray can split them (a fractional claim must be below one GPU, so a bundle of 2+ GPUs is
+    claimed by none: its members then see every GPU of the bundle through CUDA_VISIBLE_DEVICES and take
+    turns by the step loop's order, not by Ray's accounting)."""
+    if members < 1:
+        raise InvalidArgument(f"a shared bundle needs at least one member, got {members}")
+    gpus = bundle.get("GPU", 0.0)
+    return bundle.get("CPU", 0.0) / members, gpus / members if gpus <= 1 else 0.0
+
+
 def _probe(pg: PlacementGroup, bundle: Mapping[str, float], count: int, timeout_s: float) -> list[BundleLocation]:
     gpus = bundle.get("GPU", 0.0)
     probes = [

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from meshrl.common.databuffer_client import DataBufferClient
@@ -53,7 +53,24 @@ def rollout_spec(
         *(["--set", "engine.transformers.device=cuda"] if cfg.rollout.gpus_per_replica >= 1 else []),
         *[a for kv in cfg.rollout.service_overrides for a in ("--set", kv)],
     ]  # fmt: skip
-    return ServiceSpec("rollout", name, args, gpus=cfg.rollout.gpus_per_replica)
+    return ServiceSpec("rollout", name, args, gpus=cfg.rollout.gpus_per_replica, share=colocation(cfg))
+
+
+def colocation(cfg: JobConfig) -> str:
+    """The `ServiceSpec.share` of the trainer and the replicas: one bundle for all of them when colocated."""
+    return "colocated" if cfg.services.placement == "colocated" else ""
+
+
+def trainer_spec(
+    cfg: JobConfig, run: RunDir, name: str, buffer_address: str, model_path: str, extra_roots: tuple[str, ...] = ()
+) -> ServiceSpec:
+    t = cfg.trainer
+    args = [*roots_args(run, model_path, extra_roots), "--set", f"databuffer_address={buffer_address}",
+            "--set", f"data_parallel.size={t.data_parallel}",
+            "--set", f"parallel.tensor_parallel={t.tensor_parallel}",
+            "--set", f"parallel.pipeline_parallel={t.pipeline_parallel}",
+            *telemetry_args(cfg, run, name), *[a for kv in t.service_overrides for a in ("--set", kv)]]  # fmt: skip
+    return ServiceSpec("trainer", name, args, gpus=t.gpus)
 
 
 @dataclass
@@ -94,13 +111,8 @@ class JobServices:
         check_peer("the data buffer", channels.databuffer, field="services.channels.databuffer", address=buffer_address)
         specs = []
         if self.cfg.trainer.address is None:
-            t = self.cfg.trainer
-            args = [*roots_args(self.run, self.model_path, self.extra_roots), "--set", f"databuffer_address={buffer_address}",
-                    "--set", f"data_parallel.size={t.data_parallel}",
-                    "--set", f"parallel.tensor_parallel={t.tensor_parallel}",
-                    "--set", f"parallel.pipeline_parallel={t.pipeline_parallel}",
-                    *telemetry_args(self.cfg, self.run, "trainer"), *[a for kv in t.service_overrides for a in ("--set", kv)]]  # fmt: skip
-            specs.append(ServiceSpec("trainer", "trainer", args, gpus=t.gpus))
+            trainer = trainer_spec(self.cfg, self.run, "trainer", buffer_address, self.model_path, self.extra_roots)
+            specs.append(replace(trainer, share=colocation(self.cfg)))
         for _ in range(self.cfg.rollout.replicas):
             specs.append(self._new_replica_spec(buffer_address))
         started = self._launcher().start(specs) if specs else {}
@@ -148,6 +160,12 @@ class JobServices:
         if name is not None and self.launcher is not None:
             self.launcher.stop(name)
             del self.addresses[name]
+
+    def shared_bundle(self) -> str:
+        """Where colocated services run: each one's placement group, bundle index and GPU ids (Ray launcher)."""
+        placed = getattr(self.launcher, "bundles", {})
+        return ", ".join(f"{name}: group {pg[:8]} bundle {loc.bundle_index} GPUs {list(loc.gpu_ids)}"
+                         for name, (pg, loc) in placed.items() if name != "databuffer")  # fmt: skip
 
     def close(self) -> None:
         for client in (self.fleet, self.trainer, self.buffer):

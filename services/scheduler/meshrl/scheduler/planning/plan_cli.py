@@ -37,8 +37,9 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     devices.add_argument("--gpus-per-node", type=int, help="GPUs per machine (default 8)")
     devices.add_argument("--cpus-per-node", type=int, help="CPU worker slots per machine, for clusters without GPUs")
     parser.add_argument(
-        "--placement", choices=[p.value for p in Placement], default=Placement.COLOCATED.value,
-        help="colocated: every model on every device; disaggregated: rollout and trainer models on separate devices",
+        "--placement", choices=[p.value for p in Placement], default=None,
+        help="colocated: every model on every device; disaggregated: rollout and trainer models on separate devices "
+        "(default: the job config's services.placement, which `meshrl run` launches; else colocated)",
     )  # fmt: skip
     parser.add_argument("--strategy", choices=[s.value for s in Strategy], default=Strategy.PARAM_AWARE.value)
     parser.add_argument(
@@ -79,7 +80,7 @@ def run_plan(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         except ValueError:
             raise PlanError(f"--cost {kind}={value}: not a number. Fix: write e.g. {kind}=2.5") from None
     options = PlanOptions(
-        placement=Placement(args.placement),
+        placement=Placement(args.placement or (config.get("services") or {}).get("placement") or "colocated"),
         strategy=Strategy(args.strategy),
         param_counts=_pairs(args.param_counts, "--param-counts", "actor=7B"),
         costs=costs,

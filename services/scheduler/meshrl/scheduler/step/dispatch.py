@@ -13,7 +13,9 @@ from collections.abc import Mapping
 
 from meshrl.common.errors import Internal
 from meshrl.common.suggest import did_you_mean
+from meshrl.scheduler.step.agents import agent_problems
 from meshrl.scheduler.step.episodes import EPISODE_KEYS
+from meshrl.scheduler.step.reward_model import REWARD_MODEL_KEYS, reward_model_problems
 from meshrl.scheduler.workflow import ROLES_BY_TYPE, NodeRole, NodeType, Problem, Workflow, WorkflowError
 from meshrl.scheduler.workflow import compute_catalog as cat
 
@@ -27,6 +29,7 @@ DISPATCH: Mapping[tuple[NodeType, NodeRole], str] = {
     (T.MODEL_INFERENCE, R.ACTOR): "inference",
     (T.MODEL_INFERENCE, R.REFERENCE): "inference",
     (T.MODEL_INFERENCE, R.CRITIC): "inference",
+    (T.MODEL_INFERENCE, R.REWARD): "reward_model",
     (T.MODEL_TRAIN, R.ACTOR): "train",
     (T.MODEL_TRAIN, R.CRITIC): "train",
     (T.COMPUTE, R.REWARD): "reward",
@@ -37,10 +40,7 @@ DISPATCH: Mapping[tuple[NodeType, NodeRole], str] = {
 }
 
 # What `meshrl plan` places but no job runs yet, and what to write instead.
-PLAN_ONLY: Mapping[tuple[NodeType, NodeRole], str] = {
-    (T.MODEL_INFERENCE, R.REWARD): "a learned reward model is planned by `meshrl plan` but not run by jobs yet; "
-    "score responses with a COMPUTE node of role REWARD (a built-in reward or executable_ref)",
-}
+PLAN_ONLY: Mapping[tuple[NodeType, NodeRole], str] = {}
 
 # The node-config keys each handler reads (besides the declarations every node may carry). A user COMPUTE
 # node (executable_ref) receives its whole config, so any key is its own.
@@ -51,6 +51,7 @@ CONFIG_KEYS: Mapping[str, frozenset[str]] = {
     "inference": frozenset({"output_name"}),
     "train": frozenset(),
     "reward": frozenset(),
+    "reward_model": REWARD_MODEL_KEYS,
     "advantage": frozenset({"estimator"}),
     "dynamic_sampling": frozenset(),
     "barrier": frozenset(),
@@ -75,8 +76,8 @@ def handler_name(node) -> str:
 
 
 def runnable_problems(wf: Workflow) -> list[Problem]:
-    """What in a valid workflow a job would not honour: plan-only nodes, multi-agent nodes, config keys that
-    no handler reads."""
+    """What in a valid workflow a job would not honour: plan-only nodes, config keys that no handler reads,
+    reward-model and multi-agent nodes it cannot run (step/reward_model.py, step/agents.py)."""
     problems: list[Problem] = []
     for n in wf.nodes:
         pair = (n.node_type, n.node_role)
@@ -84,9 +85,6 @@ def runnable_problems(wf: Workflow) -> list[Problem]:
             problems.append(Problem(f"{n.node_type.value} with role {n.node_role.value} is plan-only",
                                     PLAN_ONLY[pair], n.node_id, "node_role"))  # fmt: skip
             continue
-        if n.agent is not None:
-            problems.append(Problem("config.agent (multi-agent workflows) is planned by `meshrl plan` but a job "
-                                    "trains one agent", "remove config.agent to run it", n.node_id, "config.agent"))  # fmt: skip
         name = handler_name(n)
         if name == "user_compute":
             continue
@@ -102,7 +100,7 @@ def runnable_problems(wf: Workflow) -> list[Problem]:
                 fix = did_you_mean(key, sorted(known), f"remove it; a {n.node_type.value} node reads {sorted(known)}")
                 problems.append(Problem(f"config.{key} is read by nothing that runs this node", fix, n.node_id,
                                         f"config.{key}"))  # fmt: skip
-    return problems
+    return problems + reward_model_problems(wf.nodes) + agent_problems(wf.nodes)
 
 
 def check_runnable(wf: Workflow) -> None:

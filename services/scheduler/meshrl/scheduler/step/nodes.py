@@ -26,6 +26,7 @@ from meshrl.scheduler.step.data import PromptEncoder, PromptSampler
 from meshrl.scheduler.step.dispatch import check_dispatch_table, handler_name
 from meshrl.scheduler.step.episodes import trajectory_columns
 from meshrl.scheduler.step.executor import NodeResult, StepContext
+from meshrl.scheduler.step.reward_model import score_node
 from meshrl.scheduler.step.rewards import RewardFn, score
 from meshrl.scheduler.step.user_code import UserCode
 from meshrl.scheduler.workflow import compute_catalog as cat
@@ -158,21 +159,25 @@ class NodeHandlers:
         reads = self._reads(node, ctx, also)
         return self.buffer.get_many(reads.keys, columns=reads.columns)
 
-    def reward(self, node: Any, ctx: StepContext) -> NodeResult:
+    def rule_rewards(self, node: Any, ctx: StepContext, also: Sequence[str] = ()) -> tuple[Batch, np.ndarray, int]:
+        """(the rows read, their rule rewards float32 [N], failed groups): the node's executable_ref or
+        algorithm.reward, in worker processes per group when algorithm.reward_workers is set."""
         apart = self.user_code is not None and self.user_code.rewards is not None
-        batch = self._read(node, ctx, also=[S.GROUP_INDEX] if apart else ())  # workers score by group
+        batch = self._read(node, ctx, also=[*also, *([S.GROUP_INDEX] if apart else [])])  # workers score by group
         fn = self._executable(node) if node.executable_ref and not apart else None
         rows = batch.num_rows()
         prompts = [self.encoder.decode(batch[S.PROMPT_IDS].row(i)) for i in range(rows)]
         responses = [self.encoder.decode(batch[S.RESPONSE_IDS].row(i)) for i in range(rows)]
         answers = [_text(batch[S.ANSWER], i) for i in range(rows)]
-        failed = 0
         if apart:  # in worker processes, per group, with a timeout
             ref = node.executable_ref or self.cfg.algorithm.reward
             scored = self.user_code.score(ref, prompts, responses, answers, np.asarray(batch[S.GROUP_INDEX]))
-            rewards, failed = scored.rewards, len(scored.failed_groups)
-        else:
-            rewards = np.asarray(score(fn or self.reward_fn, prompts, responses, answers), dtype=np.float32)
+            return batch, scored.rewards, len(scored.failed_groups)
+        return batch, np.asarray(score(fn or self.reward_fn, prompts, responses, answers), dtype=np.float32), 0
+
+    def reward(self, node: Any, ctx: StepContext) -> NodeResult:
+        batch, rewards, failed = self.rule_rewards(node, ctx)
+        rows = batch.num_rows()
         correct = (rewards >= 1.0).astype(np.float32)
         key = self._key(ctx, node)
         self.buffer.put(key, {S.REWARDS: rewards, S.ACCURACY: correct})
@@ -253,6 +258,11 @@ class NodeHandlers:
         return NodeResult([key])
 
     # -- MODEL_* -------------------------------------------------------------------------
+    def reward_model(self, node: Any, ctx: StepContext) -> NodeResult:
+        """MODEL_INFERENCE / REWARD: the trainer's reward model scores the rows (step/reward_model.py)."""
+        keys, metrics = score_node(self, node, ctx)
+        return NodeResult(keys, metrics)
+
     def inference(self, node: Any, ctx: StepContext) -> NodeResult:
         role = enum_name(node.node_role).lower()
         key = self._key(ctx, node)

@@ -10,6 +10,7 @@ at the end, on failure, on cancel or on Ctrl-C. A run folder can be resumed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import subprocess
@@ -37,12 +38,16 @@ from meshrl.scheduler.launch.services import JobServices
 from meshrl.scheduler.launch.trainer_layout import apply_trainer_layout
 from meshrl.scheduler.report import write_report
 from meshrl.scheduler.rundir import RunDir
+from meshrl.scheduler.step.agent_runner import AgentJob
+from meshrl.scheduler.step.agents import agents_of
+from meshrl.scheduler.step.colocate import Turns, check_colocated_workflow
 from meshrl.scheduler.step.data import DataPosition, PromptEncoder, PromptSampler, load_records
 from meshrl.scheduler.step.evaluation import evaluate
 from meshrl.scheduler.step.executor import StepExecutor
 from meshrl.scheduler.step.nodes import NodeHandlers
 from meshrl.scheduler.step.pipeline import SyncSteps, make_steps
 from meshrl.scheduler.step.progress import StepProgress
+from meshrl.scheduler.step.reward_model import load_reward_model, reward_model_path
 from meshrl.scheduler.step.rewards import resolve_reward
 from meshrl.scheduler.step.user_code import UserCode
 from meshrl.scheduler.step.warmup import SupervisedWarmup, heldout_pairs
@@ -83,6 +88,7 @@ class JobRunner:
         self._replica_addresses: list[str] = []
         self.user_code: UserCode | None = None  # worker pools for rewards and environments, made by run_job
         self._steps: SyncSteps | None = None  # how steps run (training.mode); asynchronous ones run ahead
+        self.turns: Turns | None = None  # colocated mode's order of sleeping and waking (services.placement)
         self.roles = sorted(
             {str(n.node_role).lower() for n in workflow.nodes if str(n.node_role) in ("ACTOR", "REFERENCE", "CRITIC")}
             | {"actor"}
@@ -91,6 +97,8 @@ class JobRunner:
     # -- preparation ---------------------------------------------------------------------
     def prepare(self) -> None:
         apply_trainer_layout(self.workflow, self.cfg.trainer)
+        if self.cfg.services.placement == "colocated":
+            check_colocated_workflow(self.workflow.nodes)
         # Services (Ray actors included) may run in another working directory: use absolute paths.
         self.cfg.model.path = str(Path(self.cfg.model.path).resolve())
         for field in ("train", "eval"):
@@ -116,8 +124,9 @@ class JobRunner:
     def save_checkpoint(self, svc: JobServices, publisher: WeightPublisher, sampler: PromptSampler) -> None:
         path = self.run.checkpoint_path(self.step)
         data = (self._steps.data_position() if self._steps else "") or sampler.position.to_json()
-        for role in self.roles:
-            svc.trainer.save_checkpoint(role, str(path / role), self.step, data.encode())
+        with self.turns.trainer_only() if self.turns else contextlib.nullcontext():
+            for role in self.roles:
+                svc.trainer.save_checkpoint(role, str(path / role), self.step, data.encode())
         state = JobState(self.step, publisher.version, data, warmup_done=True)
         (path / "job_state.json").write_text(json.dumps(state.__dict__))
         (path / "COMPLETE").write_text("")
@@ -166,6 +175,8 @@ class JobRunner:
 
     # -- the job -------------------------------------------------------------------------
     def run_job(self, resume: bool = False) -> dict:
+        if agents_of(self.workflow.nodes):  # one trainer and fleet per agent (step/agent_runner.py)
+            return AgentJob(self).run(resume)
         cfg = self.cfg
         self.prepare()
         d = cfg.data
@@ -174,7 +185,8 @@ class JobRunner:
         encoder = PromptEncoder(cfg.model.path, d.apply_chat_template, d.system_prompt)
         sampler = PromptSampler(records, d.shuffle_seed)
         reward_fn = resolve_reward(cfg.algorithm.reward, cfg.job.allowed_modules)
-        svc = JobServices(cfg, self.run, cfg.model.path)
+        rm_path = reward_model_path(self.workflow.nodes)  # the trainer may read it (its paths.roots)
+        svc = JobServices(cfg, self.run, cfg.model.path, extra_roots=(rm_path,) if rm_path else ())
         self.user_code = UserCode(cfg, self.workflow.nodes, self.events.log)
         summary: dict = {"job_id": self.job_id, "run_dir": str(self.run.root)}
         started = time.monotonic()
@@ -183,10 +195,15 @@ class JobRunner:
         try:
             svc.open()
             self.events.log(f"services up: {svc.addresses}")
+            if cfg.services.placement == "colocated":  # the replicas sleep until the first publication
+                self.turns = Turns(svc.fleet.clients, svc.trainer)
+                self.events.log(f"colocated on one bundle: {svc.shared_bundle()}")
+                self.turns.sleep_replicas()
             for role in self.roles:
                 opt = cfg.trainer.critic_optimizer if role == "critic" else cfg.trainer.optimizer
                 svc.trainer.load_model(role, cfg.model.path, cfg.model.dtype, opt, cfg.job.seed,
                                        gradient_checkpointing=cfg.trainer.gradient_checkpointing)  # fmt: skip
+            load_reward_model(svc.trainer, self.workflow.nodes, cfg.model.dtype, cfg.job.seed)
             publisher = WeightPublisher(svc.trainer, cfg.weights, str(self.run.weights))
             resumed = resume and self.restore(svc, publisher, sampler)
             if not resumed and (cfg.warmup.steps or cfg.warmup.epochs):
@@ -195,13 +212,14 @@ class JobRunner:
             # them serve exactly the trainer's weights before anything is generated.
             served = [c.status().weight_version for c in svc.fleet.clients()]
             publisher.version = max([publisher.version, *served])
-            svc.fleet.expect_version(publisher.publish(svc.fleet.clients()).version)
+            svc.fleet.expect_version(self._publish(svc, publisher).version)
             if not resumed:
                 summary["eval_step0"] = self._eval(svc, encoder, eval_records, reward_fn).get("eval/accuracy")
             handlers = NodeHandlers(
                 cfg, svc.buffer, svc.trainer, svc.fleet, encoder, sampler, reward_fn, self.user_code
             )
-            executor = StepExecutor(self.workflow.nodes, handlers.handler_for, self.events)
+            handler_for = self.turns.wrap(handlers.handler_for) if self.turns else handlers.handler_for
+            executor = StepExecutor(self.workflow.nodes, handler_for, self.events)
             steps = self._steps = make_steps(cfg, executor, svc.buffer, self.job_id, self.workflow.nodes,
                                              self.cancelled, lambda: sampler.position.to_json())  # fmt: skip
             steps.start(self.step, publisher.version)
@@ -252,7 +270,13 @@ class JobRunner:
     def _apply_scale(self, svc: JobServices, publisher: WeightPublisher) -> None:
         with self._scaled:
             target = self._scale_target
-            if target is not None and (svc.registry is not None or self.cfg.rollout.addresses):
+            if target is not None and self.turns is not None:
+                self._scale_error = FailedPrecondition(
+                    "this job runs colocated (services.placement: colocated): its replicas share the trainer's "
+                    "bundle, which has no room for more. Run it disaggregated to scale the fleet"
+                )
+                self._scale_target = None
+            elif target is not None and (svc.registry is not None or self.cfg.rollout.addresses):
                 self._scale_error = FailedPrecondition(
                     "this job's rollout replicas are deployed on their own (rollout.registry / rollout.addresses): "
                     "the scheduler cannot start or stop processes in that cluster. Scale them with its own "
@@ -322,13 +346,21 @@ class JobRunner:
             svc.fleet.mark_fresh(client.address)
             self.events.log(f"replica {client.address} refitted to weight version {publisher.version}")
 
+    def _publish(self, svc: JobServices, publisher: WeightPublisher):
+        """Publishes the trainer's weights to the fleet; colocated, inside the publication turn (colocate.py)."""
+        if self.turns is None:
+            return publisher.publish(svc.fleet.clients())
+        return self.turns.publish(lambda: publisher.publish(svc.fleet.clients()))
+
     def _train_step(self, svc: JobServices, steps: SyncSteps, publisher: WeightPublisher) -> dict[str, float]:
         start = time.perf_counter()
         with steps.step_span(self.step) as span:
             span.set_attribute(A.STEP, self.step)
             self._refit_stale(svc, publisher)
             metrics = steps.run_step(self.step, publisher.version)
-            result = publisher.publish(svc.fleet.clients())
+            result = self._publish(svc, publisher)
+            if self.turns is not None:
+                metrics.update(self.turns.metrics())
             if self.cfg.training.staleness == 0:  # else generation may lag; a replica below the job's
                 svc.fleet.expect_version(result.version)  # first version (restarted) is still refused
             for address in result.stale:

@@ -48,6 +48,8 @@ def builtin_outputs(node: Node, upstream: frozenset[str]) -> frozenset[str]:
             return frozenset({S.ADVANTAGES, S.RETURNS} if gae else {S.ADVANTAGES})
         if r == NodeRole.DYNAMIC_SAMPLING:
             return upstream
+    if t == NodeType.MODEL_INFERENCE and r == NodeRole.REWARD:  # a reward model (step/reward_model.py)
+        return frozenset({S.REWARDS, S.ACCURACY, S.RM_SCORES})
     if t == NodeType.MODEL_INFERENCE or t == NodeType.MODEL_TRAIN and node.only_forward_compute:
         if r == NodeRole.CRITIC:
             return frozenset({S.VALUES})

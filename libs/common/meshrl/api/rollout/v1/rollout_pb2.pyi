@@ -234,3 +234,21 @@ class RolloutStatus(_message.Message):
     weight_ranks: int
     device: str
     def __init__(self, replica_id: _Optional[str] = ..., engine: _Optional[str] = ..., model_path: _Optional[str] = ..., weight_version: _Optional[int] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., queue_depth: _Optional[int] = ..., running_requests: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., capacity: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., weight_ranks: _Optional[int] = ..., device: _Optional[str] = ...) -> None: ...
+
+class MemoryRequest(_message.Message):
+    __slots__ = ("tags",)
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    tags: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tags: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class MemoryResponse(_message.Message):
+    __slots__ = ("released", "resident_bytes_before", "resident_bytes_after", "seconds")
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_BYTES_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_BYTES_AFTER_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    released: _containers.RepeatedScalarFieldContainer[str]
+    resident_bytes_before: int
+    resident_bytes_after: int
+    seconds: float
+    def __init__(self, released: _Optional[_Iterable[str]] = ..., resident_bytes_before: _Optional[int] = ..., resident_bytes_after: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...

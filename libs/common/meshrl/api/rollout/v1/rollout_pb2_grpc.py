@@ -90,6 +90,16 @@ class RolloutStub:
                 request_serializer=meshrl_dot_rollout_dot_v1_dot_rollout__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=meshrl_dot_rollout_dot_v1_dot_rollout__pb2.RolloutStatus.FromString,
                 _registered_method=True)
+        self.ReleaseMemory = channel.unary_unary(
+                '/meshrl.rollout.v1.Rollout/ReleaseMemory',
+                request_serializer=meshrl_dot_rollout_dot_v1_dot_rollout__pb2.MemoryRequest.SerializeToString,
+                response_deserializer=meshrl_dot_rollout_dot_v1_dot_rollout__pb2.MemoryResponse.FromString,
+                _registered_method=True)
+        self.ResumeMemory = channel.unary_unary(
+                '/meshrl.rollout.v1.Rollout/ResumeMemory',
+                request_serializer=meshrl_dot_rollout_dot_v1_dot_rollout__pb2.MemoryRequest.SerializeToString,
+                response_deserializer=meshrl_dot_rollout_dot_v1_dot_rollout__pb2.MemoryResponse.FromString,
+                _registered_method=True)
 
 
 class RolloutServicer:
@@ -165,6 +175,20 @@ class RolloutServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReleaseMemory(self, request, context):
+        """Colocated mode: give up "weights" and/or "kv_cache" memory while the trainer uses the device (empty = both);
+        generation waits until they are resumed and released weights are refilled by the next weight update.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeMemory(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RolloutServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -222,6 +246,16 @@ def add_RolloutServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=meshrl_dot_rollout_dot_v1_dot_rollout__pb2.GetStatusRequest.FromString,
                     response_serializer=meshrl_dot_rollout_dot_v1_dot_rollout__pb2.RolloutStatus.SerializeToString,
+            ),
+            'ReleaseMemory': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseMemory,
+                    request_deserializer=meshrl_dot_rollout_dot_v1_dot_rollout__pb2.MemoryRequest.FromString,
+                    response_serializer=meshrl_dot_rollout_dot_v1_dot_rollout__pb2.MemoryResponse.SerializeToString,
+            ),
+            'ResumeMemory': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeMemory,
+                    request_deserializer=meshrl_dot_rollout_dot_v1_dot_rollout__pb2.MemoryRequest.FromString,
+                    response_serializer=meshrl_dot_rollout_dot_v1_dot_rollout__pb2.MemoryResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -521,6 +555,60 @@ class Rollout:
             '/meshrl.rollout.v1.Rollout/GetStatus',
             meshrl_dot_rollout_dot_v1_dot_rollout__pb2.GetStatusRequest.SerializeToString,
             meshrl_dot_rollout_dot_v1_dot_rollout__pb2.RolloutStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseMemory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshrl.rollout.v1.Rollout/ReleaseMemory',
+            meshrl_dot_rollout_dot_v1_dot_rollout__pb2.MemoryRequest.SerializeToString,
+            meshrl_dot_rollout_dot_v1_dot_rollout__pb2.MemoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeMemory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshrl.rollout.v1.Rollout/ResumeMemory',
+            meshrl_dot_rollout_dot_v1_dot_rollout__pb2.MemoryRequest.SerializeToString,
+            meshrl_dot_rollout_dot_v1_dot_rollout__pb2.MemoryResponse.FromString,
             options,
             channel_credentials,
             insecure,

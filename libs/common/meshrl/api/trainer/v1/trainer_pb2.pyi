@@ -15,6 +15,7 @@ class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ROLE_ACTOR: _ClassVar[Role]
     ROLE_REFERENCE: _ClassVar[Role]
     ROLE_CRITIC: _ClassVar[Role]
+    ROLE_REWARD: _ClassVar[Role]
 
 class DecayStyle(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -48,6 +49,7 @@ ROLE_UNSPECIFIED: Role
 ROLE_ACTOR: Role
 ROLE_REFERENCE: Role
 ROLE_CRITIC: Role
+ROLE_REWARD: Role
 DECAY_STYLE_UNSPECIFIED: DecayStyle
 DECAY_STYLE_CONSTANT: DecayStyle
 DECAY_STYLE_LINEAR: DecayStyle
@@ -167,6 +169,22 @@ class ComputeValuesRequest(_message.Message):
     micro_batch_tokens: int
     columns: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, inputs: _Optional[_Iterable[_Union[_keys_pb2.BatchKey, _Mapping]]] = ..., output: _Optional[_Union[_keys_pb2.BatchKey, _Mapping]] = ..., micro_batch_tokens: _Optional[int] = ..., columns: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ComputeScoresRequest(_message.Message):
+    __slots__ = ("role", "inputs", "output", "micro_batch_tokens", "output_name", "columns")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    MICRO_BATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_NAME_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    role: Role
+    inputs: _containers.RepeatedCompositeFieldContainer[_keys_pb2.BatchKey]
+    output: _keys_pb2.BatchKey
+    micro_batch_tokens: int
+    output_name: str
+    columns: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, role: _Optional[_Union[Role, str]] = ..., inputs: _Optional[_Iterable[_Union[_keys_pb2.BatchKey, _Mapping]]] = ..., output: _Optional[_Union[_keys_pb2.BatchKey, _Mapping]] = ..., micro_batch_tokens: _Optional[int] = ..., output_name: _Optional[str] = ..., columns: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ComputeResponse(_message.Message):
     __slots__ = ("tokens", "micro_batches", "metrics")
@@ -394,3 +412,17 @@ class TrainerStatus(_message.Message):
     tensor_parallel_size: int
     pipeline_parallel_size: int
     def __init__(self, roles: _Optional[_Iterable[_Union[RoleStatus, _Mapping]]] = ..., device: _Optional[str] = ..., data_parallel_size: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., tensor_parallel_size: _Optional[int] = ..., pipeline_parallel_size: _Optional[int] = ...) -> None: ...
+
+class OffloadRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class OffloadResponse(_message.Message):
+    __slots__ = ("bytes", "seconds", "device")
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    bytes: int
+    seconds: float
+    device: str
+    def __init__(self, bytes: _Optional[int] = ..., seconds: _Optional[float] = ..., device: _Optional[str] = ...) -> None: ...

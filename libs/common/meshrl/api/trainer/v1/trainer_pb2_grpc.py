@@ -50,6 +50,11 @@ class TrainerStub:
                 request_serializer=meshrl_dot_trainer_dot_v1_dot_trainer__pb2.ComputeValuesRequest.SerializeToString,
                 response_deserializer=meshrl_dot_trainer_dot_v1_dot_trainer__pb2.ComputeResponse.FromString,
                 _registered_method=True)
+        self.ComputeScores = channel.unary_unary(
+                '/meshrl.trainer.v1.Trainer/ComputeScores',
+                request_serializer=meshrl_dot_trainer_dot_v1_dot_trainer__pb2.ComputeScoresRequest.SerializeToString,
+                response_deserializer=meshrl_dot_trainer_dot_v1_dot_trainer__pb2.ComputeResponse.FromString,
+                _registered_method=True)
         self.TrainStep = channel.unary_unary(
                 '/meshrl.trainer.v1.Trainer/TrainStep',
                 request_serializer=meshrl_dot_trainer_dot_v1_dot_trainer__pb2.TrainStepRequest.SerializeToString,
@@ -90,6 +95,16 @@ class TrainerStub:
                 request_serializer=meshrl_dot_trainer_dot_v1_dot_trainer__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=meshrl_dot_trainer_dot_v1_dot_trainer__pb2.TrainerStatus.FromString,
                 _registered_method=True)
+        self.Offload = channel.unary_unary(
+                '/meshrl.trainer.v1.Trainer/Offload',
+                request_serializer=meshrl_dot_trainer_dot_v1_dot_trainer__pb2.OffloadRequest.SerializeToString,
+                response_deserializer=meshrl_dot_trainer_dot_v1_dot_trainer__pb2.OffloadResponse.FromString,
+                _registered_method=True)
+        self.Onload = channel.unary_unary(
+                '/meshrl.trainer.v1.Trainer/Onload',
+                request_serializer=meshrl_dot_trainer_dot_v1_dot_trainer__pb2.OffloadRequest.SerializeToString,
+                response_deserializer=meshrl_dot_trainer_dot_v1_dot_trainer__pb2.OffloadResponse.FromString,
+                _registered_method=True)
 
 
 class TrainerServicer:
@@ -110,6 +125,14 @@ class TrainerServicer:
 
     def ComputeValues(self, request, context):
         """Critic values per token, written to `output`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ComputeScores(self, request, context):
+        """One score per sequence from the reward model (ROLE_REWARD: a sequence classifier with one label),
+        read at each sequence's last non-pad token, written to `output` as float32 [rows].
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -164,6 +187,19 @@ class TrainerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Offload(self, request, context):
+        """Colocated mode: the trainable roles' optimizer state to host memory while the replicas generate, and back.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Onload(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TrainerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -180,6 +216,11 @@ def add_TrainerServicer_to_server(servicer, server):
             'ComputeValues': grpc.unary_unary_rpc_method_handler(
                     servicer.ComputeValues,
                     request_deserializer=meshrl_dot_trainer_dot_v1_dot_trainer__pb2.ComputeValuesRequest.FromString,
+                    response_serializer=meshrl_dot_trainer_dot_v1_dot_trainer__pb2.ComputeResponse.SerializeToString,
+            ),
+            'ComputeScores': grpc.unary_unary_rpc_method_handler(
+                    servicer.ComputeScores,
+                    request_deserializer=meshrl_dot_trainer_dot_v1_dot_trainer__pb2.ComputeScoresRequest.FromString,
                     response_serializer=meshrl_dot_trainer_dot_v1_dot_trainer__pb2.ComputeResponse.SerializeToString,
             ),
             'TrainStep': grpc.unary_unary_rpc_method_handler(
@@ -221,6 +262,16 @@ def add_TrainerServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=meshrl_dot_trainer_dot_v1_dot_trainer__pb2.GetStatusRequest.FromString,
                     response_serializer=meshrl_dot_trainer_dot_v1_dot_trainer__pb2.TrainerStatus.SerializeToString,
+            ),
+            'Offload': grpc.unary_unary_rpc_method_handler(
+                    servicer.Offload,
+                    request_deserializer=meshrl_dot_trainer_dot_v1_dot_trainer__pb2.OffloadRequest.FromString,
+                    response_serializer=meshrl_dot_trainer_dot_v1_dot_trainer__pb2.OffloadResponse.SerializeToString,
+            ),
+            'Onload': grpc.unary_unary_rpc_method_handler(
+                    servicer.Onload,
+                    request_deserializer=meshrl_dot_trainer_dot_v1_dot_trainer__pb2.OffloadRequest.FromString,
+                    response_serializer=meshrl_dot_trainer_dot_v1_dot_trainer__pb2.OffloadResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -303,6 +354,33 @@ class Trainer:
             target,
             '/meshrl.trainer.v1.Trainer/ComputeValues',
             meshrl_dot_trainer_dot_v1_dot_trainer__pb2.ComputeValuesRequest.SerializeToString,
+            meshrl_dot_trainer_dot_v1_dot_trainer__pb2.ComputeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ComputeScores(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshrl.trainer.v1.Trainer/ComputeScores',
+            meshrl_dot_trainer_dot_v1_dot_trainer__pb2.ComputeScoresRequest.SerializeToString,
             meshrl_dot_trainer_dot_v1_dot_trainer__pb2.ComputeResponse.FromString,
             options,
             channel_credentials,
@@ -520,6 +598,60 @@ class Trainer:
             '/meshrl.trainer.v1.Trainer/GetStatus',
             meshrl_dot_trainer_dot_v1_dot_trainer__pb2.GetStatusRequest.SerializeToString,
             meshrl_dot_trainer_dot_v1_dot_trainer__pb2.TrainerStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Offload(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshrl.trainer.v1.Trainer/Offload',
+            meshrl_dot_trainer_dot_v1_dot_trainer__pb2.OffloadRequest.SerializeToString,
+            meshrl_dot_trainer_dot_v1_dot_trainer__pb2.OffloadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Onload(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshrl.trainer.v1.Trainer/Onload',
+            meshrl_dot_trainer_dot_v1_dot_trainer__pb2.OffloadRequest.SerializeToString,
+            meshrl_dot_trainer_dot_v1_dot_trainer__pb2.OffloadResponse.FromString,
             options,
             channel_credentials,
             insecure,

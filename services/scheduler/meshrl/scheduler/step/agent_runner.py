@@ -1,0 +1,146 @@
+"""The job of a multi-agent workflow (design: `step/agents.py`): one trainer and one rollout fleet per agent,
+each agent's actor loaded from `model.path`, published to its own replicas under `runs/<job>/weights/<agent>/`
+with a weight version of its own, the DAG run once per step (each node on its agent's services), then every
+agent's new weights published and verified. Per step: `<agent>/weights/version` and each agent node's metrics
+under its agent's name. Sync training only; what it does not support is refused at job creation
+(`agents.check_agent_job`). Called by `JobRunner.run_job`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from meshrl.common import telemetry
+from meshrl.common.errors import Cancelled, InvalidArgument, Unavailable
+from meshrl.common.telemetry import attributes as A
+from meshrl.scheduler.clients import TrainerClient
+from meshrl.scheduler.fleet.rollout_fleet import RolloutFleet
+from meshrl.scheduler.fleet.weight_sync import WeightPublisher
+from meshrl.scheduler.launch.services import JobServices, rollout_spec, trainer_spec
+from meshrl.scheduler.report import write_report
+from meshrl.scheduler.step.agents import AgentHandlers, agents_of
+from meshrl.scheduler.step.data import PromptEncoder, PromptSampler, load_records
+from meshrl.scheduler.step.executor import StepExecutor
+from meshrl.scheduler.step.nodes import NodeHandlers
+from meshrl.scheduler.step.pipeline import StepSpans
+from meshrl.scheduler.step.progress import StepProgress
+from meshrl.scheduler.step.rewards import resolve_reward
+from meshrl.scheduler.step.user_code import UserCode
+from meshrl.scheduler.trackers import open_trackers
+
+
+@dataclass
+class Agent:
+    """One agent's services: its trainer (role actor), its replicas and its weight versions."""
+
+    name: str
+    trainer: TrainerClient
+    fleet: RolloutFleet
+    publisher: WeightPublisher
+
+
+def open_agents(cfg, run, svc: JobServices, names: list[str]) -> list[Agent]:
+    """The first agent uses the job's own trainer and replicas; every other agent gets `trainer-<agent>` and
+    `rollout-<agent>-<i>`, started by the same launcher and sharing the job's data buffer."""
+    weights = run.weights
+    agents = [
+        Agent(names[0], svc.trainer, svc.fleet, WeightPublisher(svc.trainer, cfg.weights, str(weights / names[0])))
+    ]
+    buffer_address, channels = svc.addresses["databuffer"], cfg.services.channels
+    for name in names[1:]:
+        specs = [trainer_spec(cfg, run, f"trainer-{name}", buffer_address, cfg.model.path)]
+        specs += [rollout_spec(cfg, run, f"rollout-{name}-{i}", buffer_address, cfg.model.path)
+                  for i in range(cfg.rollout.replicas)]  # fmt: skip
+        started = svc.launcher.start(specs)
+        svc.addresses.update(started)
+        trainer = TrainerClient(started[f"trainer-{name}"], cfg.trainer.request_timeout_seconds, channels.trainer)
+        replicas = [address for n, address in started.items() if n.startswith("rollout-")]
+        fleet = RolloutFleet(svc.buffer, replicas, cfg.rollout.request_timeout_seconds, channels.rollout, None)
+        agents.append(Agent(name, trainer, fleet, WeightPublisher(trainer, cfg.weights, str(weights / name))))
+        trainer.wait_ready(cfg.services.start_timeout_seconds)
+    return agents
+
+
+def publish(agent: Agent, metrics: dict[str, float], events) -> None:
+    """Publishes the agent's weights to its replicas and makes them serve exactly that version."""
+    result = agent.publisher.publish(agent.fleet.clients())
+    agent.fleet.expect_version(result.version)
+    for address in result.stale:
+        agent.fleet.mark_stale(address)
+        events.log(f"agent {agent.name}: replica {address} missed weight version {result.version}: stale, no traffic")
+    if not agent.fleet.clients():
+        raise Unavailable(f"agent {agent.name}: no rollout replica serves weight version {result.version}")
+    metrics.update({f"{agent.name}/weights/version": result.version, f"{agent.name}/weights/seconds": result.seconds,
+                    f"{agent.name}/weights/stale_replicas": len(result.stale)})  # fmt: skip
+
+
+class AgentJob:
+    """Runs a multi-agent job for a `JobRunner` (its config, run folder, events, step counter)."""
+
+    def __init__(self, runner) -> None:
+        self.r = runner
+        self.names = agents_of(runner.workflow.nodes)
+        self.spans = StepSpans(runner.job_id)
+
+    def run(self, resume: bool = False) -> dict:
+        r, cfg = self.r, self.r.cfg
+        if resume:
+            raise InvalidArgument("a multi-agent job saves no checkpoints, so it cannot resume; start a new run")
+        r.prepare()
+        d = cfg.data
+        records = load_records(d.train, d.prompt_key, d.answer_key, d.response_key)
+        encoder = PromptEncoder(cfg.model.path, d.apply_chat_template, d.system_prompt)
+        sampler = PromptSampler(records, d.shuffle_seed)
+        reward_fn = resolve_reward(cfg.algorithm.reward, cfg.job.allowed_modules)
+        svc = JobServices(cfg, r.run, cfg.model.path)
+        r.user_code = UserCode(cfg, r.workflow.nodes, r.events.log)
+        r.trackers = open_trackers(cfg.logging, r.run.root, r.job_id, cfg.model_dump(mode="json"))
+        summary: dict = {"job_id": r.job_id, "run_dir": str(r.run.root), "agents": self.names}
+        started, agents = time.monotonic(), []
+        try:
+            svc.open()
+            agents = open_agents(cfg, r.run, svc, self.names)
+            r.events.log(f"services up: {svc.addresses}")
+            for agent in agents:
+                agent.trainer.load_model("actor", cfg.model.path, cfg.model.dtype, cfg.trainer.optimizer, cfg.job.seed,
+                                         gradient_checkpointing=cfg.trainer.gradient_checkpointing)  # fmt: skip
+                publish(agent, {}, r.events)
+            by_agent = {a.name: NodeHandlers(cfg, svc.buffer, a.trainer, a.fleet, encoder, sampler, reward_fn,
+                                             r.user_code) for a in agents}  # fmt: skip
+            executor = StepExecutor(r.workflow.nodes, AgentHandlers(by_agent).handler_for, r.events)
+            with StepProgress(cfg.job.steps, r.step, r.show_progress) as bar:
+                while r.step < cfg.job.steps:
+                    if r.cancelled.is_set():
+                        raise Cancelled(f"job {r.job_id} cancelled at step {r.step}")
+                    r.step += 1
+                    bar.step(r.step, self.step(executor, svc, agents))
+            summary.update(steps=r.step, weight_versions={a.name: a.publisher.version for a in agents})
+            return summary
+        finally:
+            summary["seconds"] = round(time.monotonic() - started, 1)
+            for agent in agents[1:]:  # the first agent's clients are the job's, closed with it
+                agent.fleet.close()
+                agent.trainer.close()
+            svc.close()  # stops every service its launcher started, every agent's included
+            r.user_code.close()
+            telemetry.force_flush()
+            if r.run.metrics_file.exists():
+                write_report(r.run, summary)
+            r.trackers.finish(r.step, sorted(r.run.plots.glob("*.png")))
+
+    def step(self, executor: StepExecutor, svc: JobServices, agents: list[Agent]) -> dict[str, float]:
+        r, start = self.r, time.perf_counter()
+        with self.spans.use(r.step, end=True) as span:
+            span.set_attribute(A.STEP, r.step)
+            metrics, _ = executor.run_nodes(r.job_id, r.step)
+            for agent in agents:
+                publish(agent, metrics, r.events)
+            metrics["buffer/bytes"] = float(svc.buffer.stats(r.job_id).bytes)
+            svc.buffer.delete_step(r.job_id, r.step)
+        metrics["time/step"] = time.perf_counter() - start
+        telemetry.metrics().record_step(metrics["time/step"])
+        r.run.log_metrics(r.step, metrics)
+        r.events.metrics(r.step, metrics)
+        r.trackers.log(r.step, metrics)
+        return metrics
