@@ -5,21 +5,17 @@ refuses a folder that is no reward model, a role without a score head and a call
 from __future__ import annotations
 
 import os
-import uuid
 from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
 import torch
-from _procs import ServiceProc
 from transformers import AutoModelForSequenceClassification, Qwen2Config, Qwen2ForSequenceClassification
 
 from meshrl.api.trainer.v1 import trainer_pb2 as pb
-from meshrl.api.trainer.v1 import trainer_pb2_grpc
 from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import Ragged
-from meshrl.common.databuffer_client import DataBufferClient
 from meshrl.common.errors import InvalidArgument, NotFound
 from meshrl.trainer.core import TrainerCore
 
@@ -71,34 +67,8 @@ def hf_scores(model_dir: Path, batch: dict[str, Ragged]) -> np.ndarray:
         return model(input_ids=ids, attention_mask=mask).logits[:, 0].numpy()
 
 
-@pytest.fixture()
-def services(tmp_path):
-    prefix = f"mrm{uuid.uuid4().hex[:8]}"
-    buffer_proc = ServiceProc("databuffer", ["--set", f"redis.url={REDIS_URL}", "--set", f"redis.key_prefix={prefix}"],
-                              tmp_path)  # fmt: skip
-    started = [buffer_proc]
-    try:
-        buffer_address = buffer_proc.wait_address()
-        trainer_proc = ServiceProc(
-            "trainer",
-            ["--set", f"databuffer_address={buffer_address}", "--set", "data_parallel.size=2",
-             "--set", "torch_threads=1", "--set", "databuffer_wait_seconds=0"],
-            tmp_path,
-        )  # fmt: skip
-        started.append(trainer_proc)
-        channel = grpc.insecure_channel(trainer_proc.wait_address())
-        buffer = DataBufferClient(buffer_address)
-        yield trainer_pb2_grpc.TrainerStub(channel), buffer
-        buffer.delete_job("job")
-        buffer.close()
-        channel.close()
-    finally:
-        codes = [p.stop() for p in reversed(started)]
-    assert codes[0] == 0, trainer_proc.log.read_text()[-3000:]
-
-
-def test_the_service_scores_like_transformers_in_process(services, rm_dir):
-    stub, buffer = services
+def test_the_service_scores_like_transformers_in_process(two_rank_trainer, rm_dir):
+    stub, buffer = two_rank_trainer.stub, two_rank_trainer.buffer
     request = pb.ComputeScoresRequest(inputs=[batch_key("job", 0, "rollout")], output=batch_key("job", 0, "rm"))
     with pytest.raises(grpc.RpcError) as err:  # nothing loaded yet: no model for the role, nothing written
         stub.ComputeScores(request, timeout=60)
