@@ -10,6 +10,7 @@ Used by `DataBuffer` (meshrl.databuffer.store).
 from __future__ import annotations
 
 import functools
+import math
 import re
 import secrets
 from collections.abc import Sequence
@@ -184,9 +185,9 @@ class StreamStore:
             raise InvalidArgument(
                 f"max_groups = {max_groups} must be in [1, {MAX_GROUPS_PER_READ}]", field="max_groups"
             )
-        if block_seconds < 0 or claim_idle_seconds < 0 or min_weight_version < 0:
+        if block_seconds < 0 or not (0 <= claim_idle_seconds < math.inf) or min_weight_version < 0:
             raise InvalidArgument(
-                "block_seconds, claim_idle_seconds and min_weight_version must be >= 0",
+                "block_seconds, claim_idle_seconds and min_weight_version must be finite and >= 0",
                 field="block_seconds" if block_seconds < 0 else "claim_idle_seconds",
             )
         attempt = functools.partial(
