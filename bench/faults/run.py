@@ -178,7 +178,11 @@ def _figures(a: argparse.Namespace, run: Path, code: int, seconds: float) -> dic
         row = json.loads(line)
         samples[row["step"]] = int(row.get("rollout/samples", 0))
     lost = {s: per_step - samples.get(s, 0) for s in range(1, a.steps + 1)}
-    evals = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines() if line.strip()]
+    by_step = {}  # a restart before the first checkpoint evaluates step 0 again: the last record counts
+    for line in (run / "eval.jsonl").read_text().splitlines():
+        if line.strip():
+            by_step[json.loads(line)["step"]] = json.loads(line)
+    evals = [by_step[s] for s in sorted(by_step)]
     return {"succeeded": code == 0, "seconds": seconds, "lost": lost, "evals": evals,
             "final": evals[-1]["eval/accuracy"], "prompts": int(evals[-1]["eval/prompts"])}  # fmt: skip
 
