@@ -108,11 +108,15 @@ def test_a_killed_data_buffer_leaves_no_redis_server_once_its_launcher_stops_it(
     )
     proc.start(timeout=120)
     (redis_pid,) = _children(proc.pid, "redis-server")
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.proc.wait(10)
-    assert _alive(redis_pid), "the orphan is still there until its service is stopped"
-    proc.stop(grace=5)
-    deadline = time.monotonic() + 10
-    while _alive(redis_pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _alive(redis_pid)
+    try:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.proc.wait(10)
+        assert _alive(redis_pid), "the orphan is still there until its service is stopped"
+        proc.stop(grace=5)
+        deadline = time.monotonic() + 10
+        while _alive(redis_pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(redis_pid)
+    finally:  # never leave the orphan behind, even when the test fails
+        if _alive(redis_pid):
+            os.kill(redis_pid, signal.SIGKILL)
