@@ -25,6 +25,8 @@ from meshrl.scheduler.fleet.router_types import (
 
 
 class StreamingMixin:
+    """`RolloutRouter`'s single-response calls; they use its `_pick`, `_release`, `_behind` and `min_version`."""
+
     def stream(
         self,
         prompt_ids: Sequence[int] = (),
