@@ -28,6 +28,18 @@ def _alive(pid: int) -> bool:
     return Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
 
 
+def _children(parent: int, needle: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) if entry.name.isdigit() else -1
+            if ppid == parent and needle in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                found.append(int(entry.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
 def test_help_names_the_config_options():
     out = subprocess.run(
         [sys.executable, "-m", "meshrl.databuffer", "--help"], capture_output=True, text=True, timeout=60
@@ -84,3 +96,27 @@ def test_serves_health_reflection_and_data_then_stops_on_sigterm(tmp_path):
             proc.kill()
             proc.wait(10)
         proc.stderr.close()
+
+
+def test_a_killed_data_buffer_leaves_no_redis_server_once_its_launcher_stops_it(tmp_path):
+    """kill -9 of the data buffer orphans its embedded redis-server, which would keep the run's append-only file
+    open and write it beside the next one's: stopping the dead service ends its whole process group."""
+    from meshrl.scheduler.launch.process import ServiceProcess
+
+    proc = ServiceProcess(
+        "databuffer", ["--set", f"redis.embedded.data_dir={tmp_path / 'redis'}"], str(tmp_path / "db.log")
+    )
+    proc.start(timeout=120)
+    (redis_pid,) = _children(proc.pid, "redis-server")
+    try:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.proc.wait(10)
+        assert _alive(redis_pid), "the orphan is still there until its service is stopped"
+        proc.stop(grace=5)
+        deadline = time.monotonic() + 10
+        while _alive(redis_pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(redis_pid)
+    finally:  # never leave the orphan behind, even when the test fails
+        if _alive(redis_pid):
+            os.kill(redis_pid, signal.SIGKILL)

@@ -142,3 +142,73 @@ def test_an_expired_generate_batch_stops_and_cancels_its_requests(served, buffer
     with pytest.raises(NotFound):
         buffer.get(out, wait_seconds=0)  # nothing was written for the expired call
     _generates(stub)
+
+
+def _g(**fields) -> pb.GenerateRequest:
+    return pb.GenerateRequest(**{"prompt_ids": [1, 2, 3], "sampling": pb.SamplingParams(max_tokens=2), **fields})
+
+
+def _batch(**fields) -> pb.GenerateBatchRequest:
+    base = {"input": batch_key("job-every", 0, "in"), "output": batch_key("job-every", 0, "out"), "n": 1,
+            "sampling": pb.SamplingParams(max_tokens=2)}  # fmt: skip
+    return pb.GenerateBatchRequest(**{**base, **fields})
+
+
+BAD, MISSING = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND
+# Every rollout RPC that changes state (generation writes samples, the weight calls change weights and groups,
+# Pause/Continue/FlushCache the engine), with bad input. Continue and FlushCache take no input to be bad; n = 0
+# is proto3's unset (one sample); destroying a group that was never joined is a no-op (code None: it succeeds
+# and changes nothing).
+EVERY_RPC = [
+    ("GenerateBatch", _batch(n=-3), BAD, "n = -3"),
+    ("GenerateBatch", _batch(sampling=pb.SamplingParams(max_tokens=-1)), BAD, "max_tokens"),
+    ("GenerateBatch", _batch(sampling=pb.SamplingParams(max_tokens=2, temperature=float("nan"))), BAD, "temperature"),
+    ("GenerateBatch", _batch(sampling=pb.SamplingParams(max_tokens=2, top_p=1.5)), BAD, "top_p"),
+    ("GenerateBatch", _batch(row_begin=3, row_end=1), BAD, "row"),
+    ("GenerateBatch", _batch(input=batch_key("job-every", 0, "absent")), MISSING, "absent"),
+    ("GenerateStream", _g(prompt_ids=[]), BAD, "prompt"),
+    ("GenerateStream", _g(prompt_ids=[1, 10**9]), BAD, "outside the model's vocabulary"),
+    ("GenerateStream", _g(sampling=pb.SamplingParams(max_tokens=-1)), BAD, "max_tokens"),
+    ("GenerateStream", _g(sampling=pb.SamplingParams(max_tokens=2, temperature=-1.0)), BAD, "temperature"),
+    ("GenerateStream", _g(sampling=pb.SamplingParams(max_tokens=2, stop_token_ids=list(range(9)))), BAD, "stop"),
+    ("UpdateWeightsFromDisk", pb.UpdateWeightsFromDiskRequest(), BAD, "weights.path"),
+    ("UpdateWeightsFromDisk", pb.UpdateWeightsFromDiskRequest(weights=weights_pb2.DiskWeights(path="/etc")),
+     grpc.StatusCode.PERMISSION_DENIED, "weights.path"),
+    ("InitWeightUpdateGroup", pb.InitWeightUpdateGroupRequest(group=weights_pb2.CollectiveGroup(
+        master_address="127.0.0.1", master_port=1, world_size=0, rank_offset=1, group_name="g")), BAD, "world_size"),
+    ("InitWeightUpdateGroup", pb.InitWeightUpdateGroupRequest(group=weights_pb2.CollectiveGroup(
+        master_address="127.0.0.1", master_port=1, world_size=2, rank_offset=1, group_name="g", backend="mpi")),
+     BAD, "backend"),
+    ("UpdateWeightsFromDistributed", pb.UpdateWeightsFromDistributedRequest(group_name="nope", version=1), MISSING,
+     "nope"),
+    ("DestroyWeightUpdateGroup", pb.DestroyWeightUpdateGroupRequest(group_name="nope"), None, ""),
+    ("Pause", pb.PauseRequest(mode=7), BAD, "mode"),
+]  # fmt: skip
+
+
+def _state(stub) -> tuple:
+    status = stub.GetStatus(pb.GetStatusRequest(), timeout=10)
+    sums = stub.GetWeightChecksums(pb.GetWeightChecksumsRequest(), timeout=30)
+    return status.state, status.weight_version, sums.SerializeToString(deterministic=True)
+
+
+@pytest.mark.parametrize(("method", "request_", "code", "text"), EVERY_RPC,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(EVERY_RPC)])  # fmt: skip
+def test_every_mutating_rollout_rpc_refuses_bad_input_and_changes_nothing(served, buffer, method, request_, code, text):
+    stub, _ = served
+    buffer.put(batch_key("job-every", 0, "in"), {S.PROMPT_IDS: Ragged.from_rows([[1, 2, 3]] * 2, dtype=np.int32)},
+               overwrite=True)  # fmt: skip
+    before = _state(stub)
+
+    def call():
+        reply = getattr(stub, method)(request_, timeout=30)
+        return list(reply) if method == "GenerateStream" else reply
+
+    if code is None:
+        call()
+    else:
+        _refused(call, code, text)
+    assert _state(stub) == before
+    with pytest.raises(NotFound):
+        buffer.get(batch_key("job-every", 0, "out"), wait_seconds=0)
+    _generates(stub)

@@ -22,6 +22,7 @@ from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, servi
 from meshrl.rollout.replica import RolloutReplica
 from meshrl.rollout.server import service
 from meshrl.scheduler.fleet.router import RolloutRouter
+from meshrl.scheduler.fleet.router_types import StaleFleet
 
 
 class LocalReplica:
@@ -175,6 +176,41 @@ def test_a_replica_behind_the_jobs_weight_version_is_left_out_and_reported(engin
         with pytest.raises(Unavailable, match="weight version 3 but the job is at version 4"):
             router.generate_batch(source, batch_key("behind", 1, "rollout"), {"max_tokens": 4}, n=1)
         assert time.monotonic() - started < 60
+    finally:
+        router.close()
+        for r in replicas:
+            r.kill()
+        for key in redis.Redis.from_url(SYSTEM_REDIS).scan_iter(match=f"{namespace}:*"):
+            redis.Redis.from_url(SYSTEM_REDIS).delete(key)
+
+
+def test_a_stream_from_a_replica_behind_the_jobs_weight_version_is_made_elsewhere(
+    engine, new_engine, model_dir, buffer
+):
+    """GenerateStream (multi-turn episodes) applies the same floor as GenerateBatch: a replica whose first
+    tokens come from older weights is reported and the response is made on another one; with none left, the
+    call fails at once with the reason instead of retrying until its deadline."""
+    namespace = f"routertest-{uuid.uuid4().hex[:8]}"
+    registry = ReplicaRegistry(SYSTEM_REDIS, namespace=namespace, ttl_seconds=1.0)
+    current = new_engine(model_dir, max_batch_size=16)
+    current.batcher.version = 3
+    # "r0" (behind) sorts first, so an idle router picks it first
+    replicas = [LocalReplica("r0", engine, buffer, registry), LocalReplica("r1", current, buffer, registry)]
+    router = RolloutRouter(registry=registry, databuffer=buffer, watch_interval_s=0.1, rpc_timeout_s=120)
+    behind: list[str] = []
+    router.on_behind = behind.append
+    try:
+        router.wait_for_replicas(2, timeout=10)
+        router.min_version = 3
+        out = router.generate([1, 2, 3], sampling={"max_tokens": 4}, session_id="episode-0")
+        assert out.replica_id == "r1" and out.token_ids and min(out.weight_versions) == 3
+        assert set(behind) == {replicas[0].running.address}
+        again = router.generate([1, 2, 3, 4], sampling={"max_tokens": 4}, session_id="episode-0")
+        assert again.replica_id == "r1"  # the session moved to the replica that serves the job's weights
+
+        router.min_version = 4  # no replica serves it: refused with the reason, not after the deadline
+        with pytest.raises(StaleFleet, match="the job is at version 4"):
+            router.generate([1, 2, 3], sampling={"max_tokens": 4}, session_id="episode-1")
     finally:
         router.close()
         for r in replicas:

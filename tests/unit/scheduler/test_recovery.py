@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from meshrl.common.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
+from meshrl.common.errors import MODEL_NOT_LOADED, DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
 from meshrl.scheduler.recovery import restartable, unfinished_runs
 from meshrl.scheduler.step.executor import NodeFailed
 
@@ -17,8 +17,10 @@ def test_a_dead_peer_restarts_bad_input_and_user_errors_do_not():
     assert not restartable(NodeFailed("rollout", 2, "...", InvalidArgument("bad n")))
     assert not restartable(ValueError("bug"))
     # a trainer restarted (by a supervisor) while its call was retried answers without its models
-    lost = FailedPrecondition("no model loaded for role 'actor' (loaded: none); call LoadModel first")
+    # (told by the typed reason beside the status, not by the message)
+    lost = FailedPrecondition("no model loaded for role 'actor' (loaded: none)", reason=MODEL_NOT_LOADED)
     assert restartable(NodeFailed("actor_train", 3, "...", lost))
+    assert not restartable(FailedPrecondition("no model loaded for role 'actor' (said by something else)"))
     assert not restartable(FailedPrecondition("weights are released; resume them first"))
     try:
         try:

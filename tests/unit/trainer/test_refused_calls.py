@@ -13,6 +13,7 @@ from meshrl.api.common.v1 import keys_pb2, weights_pb2
 from meshrl.api.trainer.v1 import trainer_pb2 as pb
 from meshrl.api.trainer.v1 import trainer_pb2_grpc
 from meshrl.common.codec import Batch, Ragged, merge_batches
+from meshrl.common.errors import NotFound
 from meshrl.common.grpc_server import ServerConfig, start_server
 from meshrl.common.path_roots import PathRoots
 from meshrl.trainer.config import TrainerConfig
@@ -26,6 +27,9 @@ class DictBuffer:
         self.batches: dict[str, Batch] = {}
 
     def get_many(self, keys, *, columns=(), wait_seconds=0.0, timeout=60.0) -> Batch:
+        missing = [k.node_id for k in keys if k.node_id not in self.batches]
+        if missing:  # as the data buffer answers
+            raise NotFound(f"batch {missing[0]} is not in the data buffer")
         merged = merge_batches(self.batches[k.node_id] for k in keys)
         return Batch({c: merged.columns[c] for c in columns}) if columns else merged
 
@@ -112,3 +116,78 @@ def test_paths_outside_the_roots_are_refused_and_nothing_is_written(trainer, tmp
     assert not outside.exists() and _state(svc) == before
     inside = pb.SaveCheckpointRequest(role=pb.ROLE_ACTOR, path=str(tmp_path / "run" / "ckpt"), step=1)
     assert stub.SaveCheckpoint(inside, timeout=60).bytes > 0
+
+
+BAD, MISSING, STATE = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
+                       grpc.StatusCode.FAILED_PRECONDITION)  # fmt: skip
+
+
+def _every_rpc(run: str, model: str) -> list[tuple]:
+    """Every trainer RPC that changes state (models, optimizer, step counts, files, buffer outputs, weight
+    groups), with bad input: (method, request, code, text in the message). DestroyWeightUpdateGroup of a group
+    never joined is a no-op (code None: it succeeds and changes nothing)."""
+    actor, ref, critic = pb.ROLE_ACTOR, pb.ROLE_REFERENCE, pb.ROLE_CRITIC
+    inputs, out = [_key("b")], _key("out")
+    disk = weights_pb2.WEIGHT_TRANSPORT_DISK
+    group = {"master_address": "127.0.0.1", "master_port": 1, "world_size": 2, "group_name": "g"}
+    return [
+        ("LoadModel", pb.LoadModelRequest(model_path=model), BAD, "role"),
+        ("LoadModel", pb.LoadModelRequest(role=actor, model_path=f"{run}/none"), MISSING, "config.json"),
+        ("LoadModel", pb.LoadModelRequest(role=actor, model_path=model, dtype="float8"), BAD, "float8"),
+        ("LoadModel", pb.LoadModelRequest(role=actor, model_path=model,
+                                          optimizer=pb.OptimizerConfig(lr=float("nan"))), BAD, "lr"),
+        ("LoadModel", pb.LoadModelRequest(role=ref, model_path=model, copy_from=critic), STATE, "critic"),
+        ("ComputeLogProbs", pb.ComputeLogProbsRequest(role=ref, inputs=inputs, output=out), STATE, "no model loaded"),
+        ("ComputeLogProbs", pb.ComputeLogProbsRequest(role=actor, inputs=[_key("absent")], output=out), MISSING,
+         "absent"),
+        ("ComputeLogProbs", pb.ComputeLogProbsRequest(role=actor, inputs=inputs, output=out,
+                                                      temperature=float("nan")), BAD, "temperature"),
+        ("ComputeLogProbs", pb.ComputeLogProbsRequest(role=actor, inputs=inputs, output=out, micro_batch_tokens=-1),
+         BAD, "micro_batch_tokens"),
+        ("ComputeValues", pb.ComputeValuesRequest(inputs=inputs, output=out), STATE, "no model loaded"),
+        ("TrainStep", pb.TrainStepRequest(role=ref, inputs=inputs), STATE, "no model loaded"),
+        ("TrainStep", pb.TrainStepRequest(role=actor, inputs=[_key("absent")]), MISSING, "absent"),
+        ("TrainStep", pb.TrainStepRequest(role=actor, inputs=inputs, mini_batches=0), BAD, "mini_batches"),
+        ("TrainStep", pb.TrainStepRequest(role=actor, inputs=inputs, loss=pb.LossConfig(clip_low=-1.0)), BAD,
+         "clip_low"),
+        ("TrainStep", pb.TrainStepRequest(role=actor, inputs=inputs, micro_batch_tokens=0), BAD,
+         "micro_batch_tokens"),
+        ("SaveCheckpoint", pb.SaveCheckpointRequest(role=actor, path="", step=1), BAD, "path"),
+        ("SaveCheckpoint", pb.SaveCheckpointRequest(role=actor, path=f"{run}/c", step=-1), BAD, "step"),
+        ("SaveCheckpoint", pb.SaveCheckpointRequest(role=critic, path=f"{run}/c", step=1), STATE, "no model loaded"),
+        ("LoadCheckpoint", pb.LoadCheckpointRequest(role=actor, path=f"{run}/none"), MISSING, "none"),
+        ("InitWeightUpdateGroup", pb.InitWeightUpdateGroupRequest(
+            group=weights_pb2.CollectiveGroup(**{**group, "world_size": 1})), BAD, "world_size"),
+        ("InitWeightUpdateGroup", pb.InitWeightUpdateGroupRequest(
+            group=weights_pb2.CollectiveGroup(**group, backend="mpi")), BAD, "backend"),
+        ("DestroyWeightUpdateGroup", pb.DestroyWeightUpdateGroupRequest(group_name="nope"), None, ""),
+        ("PublishWeights", pb.PublishWeightsRequest(role=actor, transport=disk, version=-1, disk_root=f"{run}/w"), BAD,
+         "version"),
+        ("PublishWeights", pb.PublishWeightsRequest(role=actor, version=1, disk_root=f"{run}/w"), BAD, "transport"),
+        ("PublishWeights", pb.PublishWeightsRequest(role=actor, transport=weights_pb2.WEIGHT_TRANSPORT_DISTRIBUTED,
+                                                    version=1, group_name="nope"), MISSING, "nope"),
+        ("PublishWeights", pb.PublishWeightsRequest(role=critic, transport=disk, version=1, disk_root=f"{run}/w"),
+         STATE, "no model loaded"),
+    ]  # fmt: skip
+
+
+def _files(root) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*")) if root.exists() else []
+
+
+def test_every_mutating_trainer_rpc_refuses_bad_input_and_changes_nothing(trainer, qwen2_dir, tmp_path):
+    stub, buffer, svc = trainer
+    buffer.put(_key("b"), make_batch(275))
+    run = tmp_path / "run"
+    wrong = []
+    for method, request, code, text in _every_rpc(str(run), str(qwen2_dir)):
+        before = (_state(svc), sorted(svc.status()["roles"]), _files(run), sorted(buffer.batches))
+        try:
+            getattr(stub, method)(request, timeout=60)
+            outcome = None, ""
+        except grpc.RpcError as exc:
+            outcome = exc.code(), exc.details()
+        after = (_state(svc), sorted(svc.status()["roles"]), _files(run), sorted(buffer.batches))
+        if outcome[0] != code or text not in outcome[1] or after != before:
+            wrong.append(f"{method} {str(request)[:80]!r}: got {outcome}, state kept: {after == before}")
+    assert not wrong, "\n".join(wrong)

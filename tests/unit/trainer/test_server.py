@@ -17,7 +17,7 @@ from meshrl.api.common.v1 import keys_pb2, weights_pb2
 from meshrl.api.trainer.v1 import trainer_pb2 as pb
 from meshrl.api.trainer.v1 import trainer_pb2_grpc
 from meshrl.common.codec import Batch, merge_batches
-from meshrl.common.errors import NotFound
+from meshrl.common.errors import MODEL_NOT_LOADED, FailedPrecondition, NotFound, from_rpc_error
 from meshrl.common.grpc_server import ServerConfig, start_server
 from meshrl.common.net import free_port
 from meshrl.common.weights import WeightGroup, list_versions, read_manifest, read_version, tensor_checksums
@@ -110,6 +110,8 @@ def test_errors_map_to_status_codes(served, qwen2_dir, tmp_path):
     with pytest.raises(grpc.RpcError) as err:
         stub.ComputeLogProbs(req, timeout=10)
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION  # no model loaded
+    lost = from_rpc_error(err.value)  # typed: a caller tells a restarted trainer by its reason, not its message
+    assert isinstance(lost, FailedPrecondition) and lost.reason == MODEL_NOT_LOADED
     load_actor(stub, qwen2_dir)
     with pytest.raises(grpc.RpcError) as err:
         stub.ComputeLogProbs(req, timeout=10)

@@ -37,15 +37,23 @@ def cap_message(text: str, limit: int = MAX_MESSAGE_BYTES) -> str:
     return data[:head].decode("utf-8", "ignore") + cut + data[-tail:].decode("utf-8", "ignore")
 
 
+# A machine-readable reason travels beside the status (trailing metadata under this key), so a caller can act
+# on one kind of error without matching its message. The reasons services set:
+REASON_KEY = "meshrl-reason"
+MODEL_NOT_LOADED = "model-not-loaded"  # the trainer holds no model for the role (restarted: it lost its state)
+
+
 class MeshrlError(Exception):
-    """Base class: an error with a gRPC status code. Unknown failures map to INTERNAL."""
+    """Base class: an error with a gRPC status code. Unknown failures map to INTERNAL. `reason` (optional,
+    one of the reasons above) tells callers what kind of error it is without matching the message."""
 
     code: grpc.StatusCode = grpc.StatusCode.INTERNAL
 
-    def __init__(self, message: str, *, field: str | None = None) -> None:
+    def __init__(self, message: str, *, field: str | None = None, reason: str = "") -> None:
         super().__init__(message)
         self.message = message
         self.field = field
+        self.reason = reason
 
     def __str__(self) -> str:
         return self.message
@@ -152,4 +160,6 @@ def from_rpc_error(error: grpc.RpcError) -> MeshrlError:
     code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
     details = error.details() if hasattr(error, "details") else str(error)
     cls = _BY_CODE.get(code, Internal)
-    return cls(details or code.name)
+    trailers = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
+    reason = next((str(v) for k, v in trailers or () if k == REASON_KEY), "")
+    return cls(details or code.name, reason=reason)

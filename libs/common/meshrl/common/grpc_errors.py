@@ -12,7 +12,7 @@ import logging
 
 import grpc
 
-from meshrl.common.errors import MAX_MESSAGE_BYTES, MeshrlError, cap_message
+from meshrl.common.errors import MAX_MESSAGE_BYTES, REASON_KEY, MeshrlError, cap_message
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +22,8 @@ def _abort(context: grpc.ServicerContext, exc: BaseException, method: str):
     if isinstance(exc, MeshrlError):
         if len(exc.message) > MAX_MESSAGE_BYTES // 4:
             log.warning("%s refused with a long message: %s", method, exc.message[:100_000])
+        if exc.reason:
+            context.set_trailing_metadata(((REASON_KEY, exc.reason),))
         context.abort(exc.code, cap_message(exc.message))
     log.exception("unhandled error in %s", method)
     context.abort(grpc.StatusCode.INTERNAL, cap_message(f"internal error in {method}: {type(exc).__name__}: {exc}"))

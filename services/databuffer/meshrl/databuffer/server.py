@@ -6,6 +6,7 @@ meshrl.databuffer.wire as (de)serializers so payload frames are not copied throu
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,8 +31,11 @@ from meshrl.databuffer.wire import (
 )
 
 
-def _remaining(context: grpc.ServicerContext, wanted: float, margin: float = 0.5) -> float:
-    """`wanted` seconds, cut so that the answer still arrives before the caller's deadline."""
+def _remaining(context: grpc.ServicerContext, wanted: float, field: str, margin: float = 0.5) -> float:
+    """`wanted` seconds, cut so that the answer still arrives before the caller's deadline; a negative or
+    non-finite wait is refused (it was cut to 0 before, and a NaN passed every bound)."""
+    if not math.isfinite(wanted) or wanted < 0:
+        raise InvalidArgument(f"{field} = {wanted} must be a finite number of seconds >= 0", field=field)
     left = context.time_remaining()
     return wanted if left is None else max(0.0, min(wanted, left - margin))
 
@@ -89,7 +93,7 @@ class DataBufferServicer:
         ref = BatchRef.from_proto(request.key)
         rows = (request.rows.begin, request.rows.end) if request.HasField("rows") else None
         stored = self.buffer.open_batch(
-            ref, wait_seconds=_remaining(context, request.wait_seconds), columns=list(request.columns), rows=rows,
+            ref, wait_seconds=_remaining(context, request.wait_seconds, "wait_seconds"), columns=list(request.columns), rows=rows,
             missing_ok=request.missing_ok, limit=limit,
         )  # fmt: skip
         if stored.chunks is not None:
@@ -121,7 +125,7 @@ class DataBufferServicer:
 
     def ReadGroups(self, request: pb.ReadGroupsRequest, context: grpc.ServicerContext) -> pb.ReadGroupsResponse:
         request = checked(request)
-        request.block_seconds = _remaining(context, request.block_seconds)
+        request.block_seconds = _remaining(context, request.block_seconds, "block_seconds")
         result = self.buffer.read(request)
         groups = [
             pb.DeliveredGroup(entry_id=d.entry_id, group=d.group, delivery_count=d.delivery_count)

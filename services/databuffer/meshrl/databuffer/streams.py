@@ -9,6 +9,7 @@ Used by `DataBuffer` (meshrl.databuffer.store).
 
 from __future__ import annotations
 
+import math
 import re
 import secrets
 from collections.abc import Sequence
@@ -165,9 +166,13 @@ class StreamStore:
             raise InvalidArgument(
                 f"max_groups = {request.max_groups} must be in [1, {MAX_GROUPS_PER_READ}]", field="max_groups"
             )
-        if request.block_seconds < 0 or request.claim_idle_seconds < 0 or request.min_weight_version < 0:
+        if (
+            request.block_seconds < 0
+            or not (0 <= request.claim_idle_seconds < math.inf)
+            or request.min_weight_version < 0
+        ):
             raise InvalidArgument(
-                "block_seconds, claim_idle_seconds and min_weight_version must be >= 0",
+                "block_seconds, claim_idle_seconds and min_weight_version must be finite and >= 0",
                 field="block_seconds" if request.block_seconds < 0 else "claim_idle_seconds",
             )
         try:

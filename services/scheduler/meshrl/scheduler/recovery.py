@@ -15,17 +15,23 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from meshrl.api.scheduler.v1 import scheduler_pb2 as spb
-from meshrl.common.errors import Aborted, DeadlineExceeded, FailedPrecondition, MeshrlError, Unavailable
+from meshrl.common.errors import (
+    MODEL_NOT_LOADED,
+    Aborted,
+    DeadlineExceeded,
+    FailedPrecondition,
+    MeshrlError,
+    Unavailable,
+)
 
 # a peer that went away (killed, restarting, unreachable): the job restarts its services
 RESTARTABLE = (Unavailable, DeadlineExceeded, Aborted)
 TERMINAL_NAMES = {
     spb.JobState.Name(s) for s in (spb.JOB_STATE_SUCCEEDED, spb.JOB_STATE_FAILED, spb.JOB_STATE_CANCELLED)
 }
-
-
-# A trainer that forgot its models was restarted (by a supervisor) while a call was being retried to it.
-LOST_STATE = "no model loaded for role"
+# Typed reasons (`MeshrlError.reason`, sent beside the status) of a service that restarted and lost its state:
+# a trainer that forgot its models was restarted (by a supervisor) while a call was being retried to it.
+LOST_STATE = (MODEL_NOT_LOADED,)
 
 
 def restartable(exc: BaseException) -> bool:
@@ -36,7 +42,7 @@ def restartable(exc: BaseException) -> bool:
         seen.add(id(exc))
         if isinstance(exc, RESTARTABLE):
             return True
-        if isinstance(exc, FailedPrecondition) and LOST_STATE in str(exc):
+        if isinstance(exc, FailedPrecondition) and exc.reason in LOST_STATE:
             return True
         if isinstance(exc, MeshrlError):
             return False

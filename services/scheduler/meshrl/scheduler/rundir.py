@@ -66,5 +66,9 @@ class RunDir:
         done = sorted(p.parent for p in self.checkpoints.glob("step_*/COMPLETE"))
         return done[-1] if done else None
 
+    def published_versions(self) -> list[int]:
+        """Weight versions already published in the run folder (complete ones, v000001/...)."""
+        return [int(p.name[1:]) for p in self.weights.glob("v[0-9]*") if p.name[1:].isdigit()]
+
     def checkpoint_path(self, step: int) -> Path:
         return self.checkpoints / f"step_{step:06d}"

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from meshrl.common.codec import Ragged
-from meshrl.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from meshrl.common.errors import MODEL_NOT_LOADED, FailedPrecondition, InvalidArgument, NotFound
 from meshrl.common.roles import ROLES
 from meshrl.common.weights import iter_buckets, sample_names, tensor_checksums
 from meshrl.trainer import checkpoint as ckpt
@@ -124,7 +124,8 @@ class TrainerCore:
     def role(self, role: str) -> RoleState:
         if role not in self.roles:
             loaded = ", ".join(self.roles) or "none"
-            raise FailedPrecondition(f"no model loaded for role {role!r} (loaded: {loaded}); call LoadModel first")
+            raise FailedPrecondition(f"no model loaded for role {role!r} (loaded: {loaded}); call LoadModel first",
+                                     reason=MODEL_NOT_LOADED)  # fmt: skip
         return self.roles[role]
 
     # --- inference ---------------------------------------------------------------------------

@@ -6,6 +6,8 @@ meshrl.common.grpc_errors (bad input -> INVALID_ARGUMENT, unknown key -> NOT_FOU
 
 from __future__ import annotations
 
+import math
+
 from meshrl.api.common.v1 import weights_pb2
 from meshrl.api.trainer.v1 import trainer_pb2 as pb
 from meshrl.api.trainer.v1 import trainer_pb2_grpc
@@ -69,12 +71,16 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
     def ComputeLogProbs(self, request: pb.ComputeLogProbsRequest, context) -> pb.ComputeResponse:
         if request.role == pb.ROLE_REWARD:
             raise InvalidArgument("the reward model has a score head, no log-probs: call ComputeScores for it")
+        temperature = optional_field(request, "temperature")
+        if temperature is not None and not 0 < temperature < math.inf:
+            raise InvalidArgument(f"temperature = {temperature} must be a finite number > 0 (or unset)",
+                                  field="temperature")  # fmt: skip
         out = self.service.compute_logprobs(
             role_name(request.role),
             [BatchRef.from_proto(k) for k in request.inputs],
             BatchRef.from_proto(request.output),
             with_entropy=request.with_entropy,
-            temperature=optional_field(request, "temperature"),
+            temperature=temperature,
             micro_batch_tokens=optional_field(request, "micro_batch_tokens"),
             output_name=request.output_name,
             columns=list(request.columns),
@@ -121,6 +127,8 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
     def SaveCheckpoint(self, request: pb.SaveCheckpointRequest, context) -> pb.SaveCheckpointResponse:
         if not request.path:
             raise InvalidArgument("SaveCheckpoint needs a path")
+        if request.step < 0:
+            raise InvalidArgument(f"step = {request.step} must be >= 0 (the training step it saves)", field="step")
         path = self._inside(request.path, "path")
         size = self.service.save_checkpoint(role_name(request.role), path, request.step, request.data_state)
         return pb.SaveCheckpointResponse(path=request.path, bytes=size)

@@ -14,7 +14,7 @@ import contextvars
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -27,11 +27,12 @@ from meshrl.common.codec import concat_batches
 from meshrl.common.errors import DeadlineExceeded, InvalidArgument, Unavailable, from_rpc_error
 from meshrl.common.grpc_channel import ChannelConfig, open_channel
 from meshrl.common.registry import DRAINING, SERVING, ReplicaInfo, ReplicaRegistry
+from meshrl.scheduler.fleet.router_stream import StreamingMixin
 from meshrl.scheduler.fleet.router_types import (
     RETRYABLE,
     BatchResult,
     Replica,
-    StreamResult,
+    StaleFleet,
     _Chunk,
     plan_chunks,
     sampling_params,
@@ -41,7 +42,7 @@ from meshrl.scheduler.fleet.router_types import (
 log = logging.getLogger(__name__)
 
 
-class RolloutRouter:
+class RolloutRouter(StreamingMixin):
     def __init__(
         self,
         *,
@@ -273,16 +274,17 @@ class RolloutRouter:
                 counted[replica.replica_id] = counted.get(replica.replica_id, 0) + reply.samples
             return reply
 
-    def _behind(self, replica: Replica, work: int, version: int) -> None:
+    def _behind(self, replica: Replica, work: int, version: int, release: bool = True) -> None:
         """A replica answered with weights older than the job's (restarted, or it missed an update unnoticed):
-        it leaves the routing through `on_behind` and the rows go to another replica, or the call fails now."""
-        self._release(replica, work, failed=True)
+        it leaves the routing through `on_behind` and the work goes to another replica, or the call fails now."""
+        if release:
+            self._release(replica, work, failed=True)
         if self.on_behind is not None:
             self.on_behind(replica.address)
         log.warning("%s generated with weight version %d, the job is at %d: stale", replica.replica_id, version,
                     self.min_version)  # fmt: skip
         if not [r for r in self.serving() if r.replica_id != replica.replica_id]:
-            raise Unavailable(
+            raise StaleFleet(
                 f"rollout replica {replica.replica_id} generated with weight version {version} but the job is at "
                 f"version {self.min_version} (restarted without a refit?), and no other replica serves; "
                 "it is refitted before it serves again"
@@ -297,72 +299,6 @@ class RolloutRouter:
         for key in shards:
             self.databuffer.delete(key)
         return output_key
-
-    # --- interactive / multi-turn ------------------------------------------------------------------
-    def stream(
-        self,
-        prompt_ids: Sequence[int] = (),
-        *,
-        sampling: pb.SamplingParams | Mapping[str, Any],
-        prompt_text: str = "",
-        session_id: str = "",
-        request_id: str = "",
-        timeout: float | None = None,
-    ) -> Iterator[tuple[str, pb.GenerateChunk]]:
-        """Yields (replica_id, chunk) of one response; retried on another replica until the first chunk arrived."""
-        params = sampling_params(sampling)
-        deadline = time.monotonic() + (timeout or self.rpc_timeout_s)
-        excluded: set[str] = set()
-        attempts = 0
-        req = pb.GenerateRequest(prompt_ids=list(prompt_ids), prompt_text=prompt_text, sampling=params,
-                                 session_id=session_id, request_id=request_id)  # fmt: skip
-        while True:
-            replica = self._pick(1, session=session_id, exclude=excluded, deadline=deadline)
-            attempts += 1
-            started = False
-            failed = False
-            try:
-                left = max(1.0, deadline - time.monotonic())
-                for chunk in replica.stub.GenerateStream(req, timeout=left, wait_for_ready=False):
-                    started = True
-                    yield replica.replica_id, chunk
-                return
-            except grpc.RpcError as exc:
-                failed = exc.code() in RETRYABLE
-                if not failed or started or attempts >= self.max_attempts or time.monotonic() >= deadline:
-                    raise from_rpc_error(exc) from None
-                excluded.add(replica.replica_id)
-            finally:
-                self._release(replica, 1, failed=failed)
-
-    def generate(
-        self,
-        prompt_ids: Sequence[int] = (),
-        *,
-        sampling: pb.SamplingParams | Mapping[str, Any],
-        prompt_text: str = "",
-        session_id: str = "",
-        request_id: str = "",
-        timeout: float | None = None,
-    ) -> StreamResult:
-        """One whole response; a replica dying mid-response restarts it elsewhere (nothing duplicated)."""
-        attempts = 0
-        while True:
-            attempts += 1
-            out = StreamResult([], [], [], 0, "", "")
-            try:
-                for replica_id, chunk in self.stream(prompt_ids, sampling=sampling, prompt_text=prompt_text,
-                                                     session_id=session_id, request_id=request_id, timeout=timeout):  # fmt: skip
-                    out.replica_id = replica_id
-                    out.token_ids += chunk.token_ids
-                    out.logprobs += chunk.logprobs
-                    out.weight_versions += chunk.weight_versions
-                    out.text += chunk.text
-                    out.finish_reason = chunk.finish_reason or out.finish_reason
-                return out
-            except Unavailable:
-                if attempts >= self.max_attempts:
-                    raise
 
     # --- scale down ---------------------------------------------------------------------------------
     def drain(self, replica_id: str, timeout: float = 60.0) -> bool:

@@ -5,7 +5,7 @@ batch or a stream call returns, and the prompt ranges a batch is split into. Use
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,13 +13,25 @@ import grpc
 
 from meshrl.api.common.v1 import keys_pb2
 from meshrl.api.rollout.v1 import rollout_pb2 as pb
-from meshrl.common.errors import InvalidArgument
+from meshrl.common.errors import InvalidArgument, Unavailable
 from meshrl.common.registry import SERVING
 from meshrl.common.suggest import did_you_mean
 
 # Failures after which the same work is tried on another replica; anything else is the caller's error.
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED, grpc.StatusCode.UNKNOWN)
 SAMPLING_KEYS = [f.name for f in pb.SamplingParams.DESCRIPTOR.fields]
+
+
+class StaleFleet(Unavailable):
+    """No serving replica has the job's weight version (UNAVAILABLE): the job refits the replicas or restarts."""
+
+
+class _Behind(Exception):
+    """A stream's first tokens came from weights older than the router's floor (retried on another replica)."""
+
+    def __init__(self, version: int) -> None:
+        super().__init__(f"weight version {version}")
+        self.version = version
 
 
 def sampling_params(values: pb.SamplingParams | Mapping[str, Any]) -> pb.SamplingParams:
@@ -116,3 +128,23 @@ def summarize(result: BatchResult, replies: list[pb.GenerateBatchResponse]) -> N
     result.generated_tokens = sum(r.generated_tokens for r in replies)
     result.min_weight_version = min(r.min_weight_version for r in replies)
     result.max_weight_version = max(r.max_weight_version for r in replies)
+
+
+def checked_stream(chunks: Iterator[pb.GenerateChunk], floor: int) -> Iterator[pb.GenerateChunk]:
+    """A stream's chunks, held back until one carries weight versions; `_Behind` (and the stream cancelled)
+    when those are older than `floor`. Only the first tokens are checked: in async modes weights change
+    mid-response, and a replica restarted mid-response breaks its stream anyway."""
+    held: list[pb.GenerateChunk] | None = []
+    for chunk in chunks:
+        if held is None:
+            yield chunk
+            continue
+        if chunk.weight_versions and min(chunk.weight_versions) < floor:
+            if hasattr(chunks, "cancel"):
+                chunks.cancel()
+            raise _Behind(min(chunk.weight_versions))
+        held.append(chunk)
+        if chunk.weight_versions:
+            yield from held
+            held = None
+    yield from held or ()  # no tokens at all: nothing made with old weights

@@ -6,6 +6,7 @@ places a service on its placement-group bundle (`launcher.py`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -83,4 +84,8 @@ class ServiceProcess:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(5)
+        # What it left behind (it was killed: an embedded redis-server that would hold its append-only file and
+        # write it alongside the next one) leads no group of its own: it goes with the service's group.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
         return self.proc.returncode

@@ -141,8 +141,7 @@ class JobRunner:
             svc.trainer.load_checkpoint(role, str(path / role))
         self.step = state.step
         sampler.position = DataPosition.from_json(state.data)
-        on_disk = [int(p.name[1:]) for p in self.run.weights.glob("v[0-9]*") if p.name[1:].isdigit()]
-        publisher.version = max([state.weight_version, *on_disk])
+        publisher.version = max([state.weight_version, *self.run.published_versions()])
         self.run.truncate_after(self.step)
         self.events.log(f"resumed from {path} at step {self.step}")
         return True
@@ -208,10 +207,11 @@ class JobRunner:
             resumed = resume and self.restore(svc, publisher, sampler)
             if not resumed and (cfg.warmup.steps or cfg.warmup.epochs):
                 self.warmup(svc, encoder, records)
-            # Replicas may have served another job: start above every version they report, and make
-            # them serve exactly the trainer's weights before anything is generated.
+            # Replicas may have served another job: start above every version they report (and above those
+            # published before a restart with no checkpoint yet), and make them serve exactly the trainer's
+            # weights before anything is generated.
             served = [c.status().weight_version for c in svc.fleet.clients()]
-            publisher.version = max([publisher.version, *served])
+            publisher.version = max([publisher.version, *served, *self.run.published_versions()])
             svc.fleet.expect_version(self._publish(svc, publisher).version)
             if not resumed:
                 summary["eval_step0"] = self._eval(svc, encoder, eval_records, reward_fn).get("eval/accuracy")
