@@ -11,7 +11,7 @@ from meshrl.rollout.config import EngineConfig
 from meshrl.rollout.transformers_engine import TransformersEngine
 from meshrl.trainer.model_builder import build_small_model
 
-sys.path.insert(0, str(Path(__file__).parent))  # the tests share _rollout_fake_servers.py
+sys.path.insert(0, str(Path(__file__).parent))  # the tests share _rollout_fake_servers.py, _rollout_served.py
 
 
 @pytest.fixture(scope="session")

@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import grpc
 import pytest
+from _rollout_served import serve_replica
 from safetensors.torch import load_file
 
 from meshrl.api.common.v1 import weights_pb2
 from meshrl.api.rollout.v1 import rollout_pb2 as pb
-from meshrl.api.rollout.v1 import rollout_pb2_grpc
 from meshrl.common import weights as W
-from meshrl.common.grpc_channel import open_channel
-from meshrl.common.grpc_server import ServerConfig, start_server
 from meshrl.rollout.replica import RolloutReplica
-from meshrl.rollout.server import service
 from meshrl.trainer.model_builder import build_small_model
 
 MIB = 1 << 20
@@ -31,13 +28,8 @@ def big_model(tmp_path_factory):
 
 @pytest.fixture
 def stub(big_model, new_engine):
-    replica = RolloutReplica(new_engine(big_model), replica_id="mem-0", capacity=8)
-    replica.mark_serving()
-    running = start_server(ServerConfig(port=0), [service(replica)])
-    channel = open_channel(running.address)
-    yield rollout_pb2_grpc.RolloutStub(channel)
-    channel.close()
-    running.stop(0)
+    with serve_replica(RolloutReplica(new_engine(big_model), replica_id="mem-0", capacity=8)) as served:
+        yield served
 
 
 def greedy(stub) -> list[int]:

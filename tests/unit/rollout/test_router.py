@@ -3,6 +3,7 @@ groups and sessions kept on one replica, work of a stopped replica retried elsew
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
@@ -150,20 +151,34 @@ def test_a_fixed_address_list_can_be_changed(fleet, buffer):
         router.close()
 
 
-def test_a_replica_behind_the_jobs_weight_version_is_left_out_and_reported(engine, new_engine, model_dir, buffer):
-    """A replica restarted on its address (or one that missed an update unnoticed) answers with older
-    weights: its rows are generated again elsewhere and the router reports it; with none left, it refuses."""
+@contextlib.contextmanager
+def fleet_one_behind(engine, new_engine, model_dir, buffer, names: tuple[str, str]):
+    """Two replicas on a fresh registry: names[0] serves the initial weights, names[1] weight version 3 (the
+    job's: router.min_version = 3). Yields (router, replicas, addresses the router reported behind)."""
     namespace = f"routertest-{uuid.uuid4().hex[:8]}"
     registry = ReplicaRegistry(SYSTEM_REDIS, namespace=namespace, ttl_seconds=1.0)
     current = new_engine(model_dir, max_batch_size=16)
     current.batcher.version = 3  # as if weight version 3 had been published to it
-    replicas = [LocalReplica("old", engine, buffer, registry), LocalReplica("new", current, buffer, registry)]
+    replicas = [LocalReplica(names[0], engine, buffer, registry), LocalReplica(names[1], current, buffer, registry)]
     router = RolloutRouter(registry=registry, databuffer=buffer, watch_interval_s=0.1, rpc_timeout_s=120)
     behind: list[str] = []
     router.on_behind = behind.append
     try:
         router.wait_for_replicas(2, timeout=10)
         router.min_version = 3
+        yield router, replicas, behind
+    finally:
+        router.close()
+        for r in replicas:
+            r.kill()
+        for key in redis.Redis.from_url(SYSTEM_REDIS).scan_iter(match=f"{namespace}:*"):
+            redis.Redis.from_url(SYSTEM_REDIS).delete(key)
+
+
+def test_a_replica_behind_the_jobs_weight_version_is_left_out_and_reported(engine, new_engine, model_dir, buffer):
+    """A replica restarted on its address (or one that missed an update unnoticed) answers with older
+    weights: its rows are generated again elsewhere and the router reports it; with none left, it refuses."""
+    with fleet_one_behind(engine, new_engine, model_dir, buffer, ("old", "new")) as (router, replicas, behind):
         source, _ = put_prompts(buffer, "behind", 8)
         out = batch_key("behind", 0, "rollout")
         result = router.generate_batch(source, out, {"max_tokens": 4}, n=1, chunk_prompts=1)
@@ -176,12 +191,6 @@ def test_a_replica_behind_the_jobs_weight_version_is_left_out_and_reported(engin
         with pytest.raises(Unavailable, match="weight version 3 but the job is at version 4"):
             router.generate_batch(source, batch_key("behind", 1, "rollout"), {"max_tokens": 4}, n=1)
         assert time.monotonic() - started < 60
-    finally:
-        router.close()
-        for r in replicas:
-            r.kill()
-        for key in redis.Redis.from_url(SYSTEM_REDIS).scan_iter(match=f"{namespace}:*"):
-            redis.Redis.from_url(SYSTEM_REDIS).delete(key)
 
 
 def test_a_stream_from_a_replica_behind_the_jobs_weight_version_is_made_elsewhere(
@@ -190,18 +199,7 @@ def test_a_stream_from_a_replica_behind_the_jobs_weight_version_is_made_elsewher
     """GenerateStream (multi-turn episodes) applies the same floor as GenerateBatch: a replica whose first
     tokens come from older weights is reported and the response is made on another one; with none left, the
     call fails at once with the reason instead of retrying until its deadline."""
-    namespace = f"routertest-{uuid.uuid4().hex[:8]}"
-    registry = ReplicaRegistry(SYSTEM_REDIS, namespace=namespace, ttl_seconds=1.0)
-    current = new_engine(model_dir, max_batch_size=16)
-    current.batcher.version = 3
-    # "r0" (behind) sorts first, so an idle router picks it first
-    replicas = [LocalReplica("r0", engine, buffer, registry), LocalReplica("r1", current, buffer, registry)]
-    router = RolloutRouter(registry=registry, databuffer=buffer, watch_interval_s=0.1, rpc_timeout_s=120)
-    behind: list[str] = []
-    router.on_behind = behind.append
-    try:
-        router.wait_for_replicas(2, timeout=10)
-        router.min_version = 3
+    with fleet_one_behind(engine, new_engine, model_dir, buffer, ("r0", "r1")) as (router, replicas, behind):
         out = router.generate([1, 2, 3], sampling={"max_tokens": 4}, session_id="episode-0")
         assert out.replica_id == "r1" and out.token_ids and min(out.weight_versions) == 3
         assert set(behind) == {replicas[0].running.address}
@@ -211,9 +209,3 @@ def test_a_stream_from_a_replica_behind_the_jobs_weight_version_is_made_elsewher
         router.min_version = 4  # no replica serves it: refused with the reason, not after the deadline
         with pytest.raises(StaleFleet, match="the job is at version 4"):
             router.generate([1, 2, 3], sampling={"max_tokens": 4}, session_id="episode-1")
-    finally:
-        router.close()
-        for r in replicas:
-            r.kill()
-        for key in redis.Redis.from_url(SYSTEM_REDIS).scan_iter(match=f"{namespace}:*"):
-            redis.Redis.from_url(SYSTEM_REDIS).delete(key)

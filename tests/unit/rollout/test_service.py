@@ -8,19 +8,16 @@ import grpc
 import numpy as np
 import pytest
 import redis
+from _rollout_served import serve_replica
 
 from meshrl.api.rollout.v1 import rollout_pb2 as pb
-from meshrl.api.rollout.v1 import rollout_pb2_grpc
 from meshrl.common import batch_schema as S
 from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import Ragged
 from meshrl.common.databuffer_client import DataBufferClient
 from meshrl.common.errors import InvalidArgument
-from meshrl.common.grpc_channel import open_channel
-from meshrl.common.grpc_server import ServerConfig, start_server
 from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix
 from meshrl.rollout.replica import RolloutReplica
-from meshrl.rollout.server import service
 from meshrl.rollout.types import GenerationRequest, SamplingParams
 from meshrl.scheduler.fleet.router import sampling_params
 
@@ -38,12 +35,8 @@ def buffer():
 @pytest.fixture(scope="module")
 def stub(engine, buffer):
     replica = RolloutReplica(engine, replica_id="unit-0", capacity=16, databuffer=buffer, buffer_wait_s=5)
-    replica.mark_serving()
-    running = start_server(ServerConfig(port=0), [service(replica)])
-    channel = open_channel(running.address)
-    yield rollout_pb2_grpc.RolloutStub(channel)
-    channel.close()
-    running.stop(0)
+    with serve_replica(replica) as served:
+        yield served
 
 
 def stream(stub, prompt, **sampling):

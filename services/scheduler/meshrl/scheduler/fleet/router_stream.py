@@ -74,24 +74,15 @@ class StreamingMixin:
             finally:
                 self._release(replica, 1, failed=failed)
 
-    def generate(
-        self,
-        prompt_ids: Sequence[int] = (),
-        *,
-        sampling: pb.SamplingParams | Mapping[str, Any],
-        prompt_text: str = "",
-        session_id: str = "",
-        request_id: str = "",
-        timeout: float | None = None,
-    ) -> StreamResult:
-        """One whole response; a replica dying mid-response restarts it elsewhere (nothing duplicated)."""
+    def generate(self, prompt_ids: Sequence[int] = (), **request: Any) -> StreamResult:
+        """One whole response; a replica dying mid-response restarts it elsewhere (nothing duplicated).
+        `request`: the keyword arguments of `stream` (sampling, prompt_text, session_id, request_id, timeout)."""
         attempts = 0
         while True:
             attempts += 1
             out = StreamResult([], [], [], 0, "", "")
             try:
-                for replica_id, chunk in self.stream(prompt_ids, sampling=sampling, prompt_text=prompt_text,
-                                                     session_id=session_id, request_id=request_id, timeout=timeout):  # fmt: skip
+                for replica_id, chunk in self.stream(prompt_ids, **request):
                     out.replica_id = replica_id
                     out.token_ids += chunk.token_ids
                     out.logprobs += chunk.logprobs
