@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import uuid
 from collections.abc import Callable, Iterable
@@ -29,6 +28,7 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
 from meshrl.common.errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from meshrl.common.weights.disk import fsync_path
 
 FORMAT = "meshrl-trainer-checkpoint/2"
 COMPLETE = "COMPLETE"
@@ -42,14 +42,6 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def rng_state() -> dict[str, torch.Tensor]:
@@ -114,7 +106,7 @@ def write_collective(path: str | Path, rank: int, write: Callable[[Path], None],
             (tmp / DATA_STATE).write_bytes(bytes(data_state))
         for file in tmp.iterdir():
             if file.is_file():
-                _fsync(file)
+                fsync_path(file)
     except Exception as exc:  # noqa: BLE001 - agreed on below, then re-raised
         error = exc
     try:
@@ -137,14 +129,14 @@ def write_collective(path: str | Path, rank: int, write: Callable[[Path], None],
 def _seal(tmp: Path, final: Path) -> int:
     files = {f.name: _sha256(f) for f in sorted(tmp.iterdir()) if f.is_file()}
     (tmp / COMPLETE).write_text(json.dumps({"format": FORMAT, "sha256": files}, indent=1, sort_keys=True))
-    _fsync(tmp / COMPLETE)
-    _fsync(tmp)
+    fsync_path(tmp / COMPLETE)
+    fsync_path(tmp)
     old = None
     if final.exists():
         old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
         final.rename(old)
     tmp.rename(final)
-    _fsync(final.parent)
+    fsync_path(final.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     return sum(f.stat().st_size for f in final.iterdir())

@@ -205,11 +205,12 @@ def _write_folder(
     if fsync:  # one wait for the whole version: every file's fsync at once
         paths = [os.path.join(tmp, f) for f in [*files, *(x.name for x in extras)]]
         with ThreadPoolExecutor(min(8, len(paths)), thread_name_prefix="weights-fsync") as pool:
-            list(pool.map(_fsync_path, paths))
+            list(pool.map(fsync_path, paths))
     return Manifest(version, files, tensors, tuple(extras), total)
 
 
-def _fsync_path(path: str) -> None:
+def fsync_path(path: str | os.PathLike) -> None:
+    """Flushes a file or a folder (its entries) to disk; the trainer's checkpoints use it too."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -225,7 +226,7 @@ def _write_bytes(path: str, data: bytes, fsync: bool) -> None:
             os.fsync(f.fileno())
 
 
-_fsync_dir = _fsync_path
+_fsync_dir = fsync_path
 
 
 def read_manifest(path: str, expected_manifest_sha256: str | None = None) -> tuple[Manifest, str]:
