@@ -177,7 +177,7 @@ EVERY_RPC = [
     ("InitWeightUpdateGroup", pb.InitWeightUpdateGroupRequest(group=weights_pb2.CollectiveGroup(
         master_address="127.0.0.1", master_port=1, world_size=0, rank_offset=1, group_name="g")), BAD, "world_size"),
     ("InitWeightUpdateGroup", pb.InitWeightUpdateGroupRequest(group=weights_pb2.CollectiveGroup(
-        master_address="127.0.0.1", master_port=1, world_size=2, rank_offset=1, group_name="g", backend="mpi")),
+        master_address="127.0.0.1", master_port=1, world_size=2, rank_offset=1, group_name="g", backend=7)),
      BAD, "backend"),
     ("UpdateWeightsFromDistributed", pb.UpdateWeightsFromDistributedRequest(group_name="nope", version=1), MISSING,
      "nope"),

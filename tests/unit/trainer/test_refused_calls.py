@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from _worker import make_batch
 
-from meshrl.api.common.v1 import keys_pb2, weights_pb2
+from meshrl.api.common.v1 import keys_pb2, tensor_pb2, weights_pb2
 from meshrl.api.trainer.v1 import trainer_pb2 as pb
 from meshrl.api.trainer.v1 import trainer_pb2_grpc
 from meshrl.common.codec import Batch, Ragged, merge_batches
@@ -133,7 +133,7 @@ def _every_rpc(run: str, model: str) -> list[tuple]:
     return [
         ("LoadModel", pb.LoadModelRequest(model_path=model), BAD, "role"),
         ("LoadModel", pb.LoadModelRequest(role=actor, model_path=f"{run}/none"), MISSING, "config.json"),
-        ("LoadModel", pb.LoadModelRequest(role=actor, model_path=model, dtype="float8"), BAD, "float8"),
+        ("LoadModel", pb.LoadModelRequest(role=actor, model_path=model, dtype=tensor_pb2.DTYPE_INT8), BAD, "int8"),
         ("LoadModel", pb.LoadModelRequest(role=actor, model_path=model,
                                           optimizer=pb.OptimizerConfig(lr=float("nan"))), BAD, "lr"),
         ("LoadModel", pb.LoadModelRequest(role=ref, model_path=model, copy_from=critic), STATE, "critic"),
@@ -159,7 +159,7 @@ def _every_rpc(run: str, model: str) -> list[tuple]:
         ("InitWeightUpdateGroup", pb.InitWeightUpdateGroupRequest(
             group=weights_pb2.CollectiveGroup(**{**group, "world_size": 1})), BAD, "world_size"),
         ("InitWeightUpdateGroup", pb.InitWeightUpdateGroupRequest(
-            group=weights_pb2.CollectiveGroup(**group, backend="mpi")), BAD, "backend"),
+            group=weights_pb2.CollectiveGroup(**group, backend=7)), BAD, "backend"),
         ("DestroyWeightUpdateGroup", pb.DestroyWeightUpdateGroupRequest(group_name="nope"), None, ""),
         ("PublishWeights", pb.PublishWeightsRequest(role=actor, transport=disk, version=-1, disk_root=f"{run}/w"), BAD,
          "version"),

@@ -177,7 +177,7 @@ def test_publish_over_a_gloo_group(served, qwen2_dir):
     load_actor(stub, qwen2_dir)
     group = weights_pb2.CollectiveGroup(
         master_address="127.0.0.1", master_port=free_port(), world_size=2, rank_offset=0, group_name="g",
-        backend="gloo", timeout_seconds=60,
+        backend=weights_pb2.COMM_BACKEND_GLOO, timeout_seconds=60,
     )  # fmt: skip
     received: dict = {}
 

@@ -17,6 +17,7 @@ from meshrl.api.trainer.v1 import trainer_pb2_grpc
 from meshrl.common.grpc_channel import ChannelConfig, call, open_channel, wait_until_serving
 from meshrl.common.proto_settings import settings_to_proto
 from meshrl.common.roles import role_proto
+from meshrl.common.weights.dtypes import from_name, proto_dtype
 from meshrl.scheduler.config import OptimSection
 
 
@@ -46,8 +47,8 @@ class TrainerClient:
     ) -> tpb.LoadModelResponse:  # fmt: skip
         """`optimizer`'s set fields go to the trainer; the ones left out take the trainer's defaults."""
         opt = optimizer_proto(optimizer) if optimizer else None
-        req = tpb.LoadModelRequest(role=role_proto(role), model_path=path, dtype=dtype, optimizer=opt, seed=seed,
-                                   gradient_checkpointing=gradient_checkpointing)  # fmt: skip
+        req = tpb.LoadModelRequest(role=role_proto(role), model_path=path, dtype=proto_dtype(from_name(dtype, "model.dtype")),
+                                   optimizer=opt, seed=seed, gradient_checkpointing=gradient_checkpointing)  # fmt: skip
         if copy_from:
             req.copy_from = role_proto(copy_from)
         return call(self.stub.LoadModel, req, timeout=self.timeout)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from meshrl.api.common.v1 import weights_pb2
+from meshrl.api.common.v1.tensor_pb2 import DTYPE_FLOAT32
 from meshrl.api.trainer.v1 import trainer_pb2 as pb
 from meshrl.api.trainer.v1 import trainer_pb2_grpc
 from meshrl.common.batch_key import BatchRef
@@ -18,6 +19,8 @@ from meshrl.common.proto_settings import optional_field, settings_from_proto
 from meshrl.common.roles import role_name, role_proto
 from meshrl.common.telemetry import attributes as A
 from meshrl.common.telemetry import tag_span
+from meshrl.common.weights.dtypes import dtype_name, from_proto
+from meshrl.common.weights.group_plan import backend_proto
 from meshrl.trainer.losses import LossConfig
 from meshrl.trainer.optim import OptimizerConfig
 from meshrl.trainer.service import TrainerService
@@ -60,7 +63,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
         info = self.service.load_model(
             role,
             self._inside(request.model_path, "model_path"),
-            dtype=request.dtype or "float32",
+            dtype=dtype_name(from_proto(request.dtype or DTYPE_FLOAT32, "LoadModelRequest.dtype")),
             optimizer=optimizer_settings(request.optimizer, self.service.cfg.defaults.optimizer),
             seed=request.seed,
             gradient_checkpointing=request.gradient_checkpointing,
@@ -167,7 +170,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
             buckets=out.buckets,
             seconds=out.seconds,
             checksums=weights_pb2.WeightChecksums(version=out.version, sha256=out.checksums),
-            backend=out.backend,
+            backend=backend_proto(out.backend),
         )
         if out.disk is not None:
             reply.disk.CopyFrom(out.disk)

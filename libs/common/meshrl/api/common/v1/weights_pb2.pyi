@@ -14,6 +14,18 @@ class WeightTransport(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     WEIGHT_TRANSPORT_DISK: _ClassVar[WeightTransport]
     WEIGHT_TRANSPORT_DISTRIBUTED: _ClassVar[WeightTransport]
 
+class CommBackend(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    COMM_BACKEND_UNSPECIFIED: _ClassVar[CommBackend]
+    COMM_BACKEND_GLOO: _ClassVar[CommBackend]
+    COMM_BACKEND_NCCL: _ClassVar[CommBackend]
+
+class GroupProtocol(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    GROUP_PROTOCOL_UNSPECIFIED: _ClassVar[GroupProtocol]
+    GROUP_PROTOCOL_MESHRL: _ClassVar[GroupProtocol]
+    GROUP_PROTOCOL_ENGINE: _ClassVar[GroupProtocol]
+
 class PauseMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     PAUSE_MODE_UNSPECIFIED: _ClassVar[PauseMode]
@@ -29,6 +41,12 @@ class CacheFlushPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 WEIGHT_TRANSPORT_UNSPECIFIED: WeightTransport
 WEIGHT_TRANSPORT_DISK: WeightTransport
 WEIGHT_TRANSPORT_DISTRIBUTED: WeightTransport
+COMM_BACKEND_UNSPECIFIED: CommBackend
+COMM_BACKEND_GLOO: CommBackend
+COMM_BACKEND_NCCL: CommBackend
+GROUP_PROTOCOL_UNSPECIFIED: GroupProtocol
+GROUP_PROTOCOL_MESHRL: GroupProtocol
+GROUP_PROTOCOL_ENGINE: GroupProtocol
 PAUSE_MODE_UNSPECIFIED: PauseMode
 PAUSE_MODE_ABORT: PauseMode
 PAUSE_MODE_IN_PLACE: PauseMode
@@ -70,10 +88,10 @@ class CollectiveGroup(_message.Message):
     world_size: int
     rank_offset: int
     group_name: str
-    backend: str
+    backend: CommBackend
     timeout_seconds: float
-    protocol: str
-    def __init__(self, master_address: _Optional[str] = ..., master_port: _Optional[int] = ..., world_size: _Optional[int] = ..., rank_offset: _Optional[int] = ..., group_name: _Optional[str] = ..., backend: _Optional[str] = ..., timeout_seconds: _Optional[float] = ..., protocol: _Optional[str] = ...) -> None: ...
+    protocol: GroupProtocol
+    def __init__(self, master_address: _Optional[str] = ..., master_port: _Optional[int] = ..., world_size: _Optional[int] = ..., rank_offset: _Optional[int] = ..., group_name: _Optional[str] = ..., backend: _Optional[_Union[CommBackend, str]] = ..., timeout_seconds: _Optional[float] = ..., protocol: _Optional[_Union[GroupProtocol, str]] = ...) -> None: ...
 
 class WeightBucketMeta(_message.Message):
     __slots__ = ("version", "bucket_index", "num_buckets", "tensors")

@@ -1,4 +1,5 @@
 from meshrl.api.common.v1 import keys_pb2 as _keys_pb2
+from meshrl.api.common.v1 import tensor_pb2 as _tensor_pb2
 from meshrl.api.common.v1 import weights_pb2 as _weights_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
@@ -118,13 +119,13 @@ class LoadModelRequest(_message.Message):
     COPY_FROM_FIELD_NUMBER: _ClassVar[int]
     role: Role
     model_path: str
-    dtype: str
+    dtype: _tensor_pb2.DType
     optimizer: OptimizerConfig
     parallel: ParallelConfig
     seed: int
     gradient_checkpointing: bool
     copy_from: Role
-    def __init__(self, role: _Optional[_Union[Role, str]] = ..., model_path: _Optional[str] = ..., dtype: _Optional[str] = ..., optimizer: _Optional[_Union[OptimizerConfig, _Mapping]] = ..., parallel: _Optional[_Union[ParallelConfig, _Mapping]] = ..., seed: _Optional[int] = ..., gradient_checkpointing: _Optional[bool] = ..., copy_from: _Optional[_Union[Role, str]] = ...) -> None: ...
+    def __init__(self, role: _Optional[_Union[Role, str]] = ..., model_path: _Optional[str] = ..., dtype: _Optional[_Union[_tensor_pb2.DType, str]] = ..., optimizer: _Optional[_Union[OptimizerConfig, _Mapping]] = ..., parallel: _Optional[_Union[ParallelConfig, _Mapping]] = ..., seed: _Optional[int] = ..., gradient_checkpointing: _Optional[bool] = ..., copy_from: _Optional[_Union[Role, str]] = ...) -> None: ...
 
 class LoadModelResponse(_message.Message):
     __slots__ = ("role", "num_parameters", "architecture", "vocab_size")
@@ -363,8 +364,8 @@ class PublishWeightsResponse(_message.Message):
     disk: _weights_pb2.DiskWeights
     checksums: _weights_pb2.WeightChecksums
     seconds: float
-    backend: str
-    def __init__(self, version: _Optional[int] = ..., bytes: _Optional[int] = ..., buckets: _Optional[int] = ..., disk: _Optional[_Union[_weights_pb2.DiskWeights, _Mapping]] = ..., checksums: _Optional[_Union[_weights_pb2.WeightChecksums, _Mapping]] = ..., seconds: _Optional[float] = ..., backend: _Optional[str] = ...) -> None: ...
+    backend: _weights_pb2.CommBackend
+    def __init__(self, version: _Optional[int] = ..., bytes: _Optional[int] = ..., buckets: _Optional[int] = ..., disk: _Optional[_Union[_weights_pb2.DiskWeights, _Mapping]] = ..., checksums: _Optional[_Union[_weights_pb2.WeightChecksums, _Mapping]] = ..., seconds: _Optional[float] = ..., backend: _Optional[_Union[_weights_pb2.CommBackend, str]] = ...) -> None: ...
 
 class GetWeightChecksumsRequest(_message.Message):
     __slots__ = ("role",)
