@@ -203,7 +203,8 @@ class JobRunner:
             )
             executor = StepExecutor(self.workflow.nodes, handlers.handler_for, self.events)
             steps = self._steps = make_steps(cfg, executor, svc.buffer, self.job_id, self.workflow.nodes,
-                                             self.cancelled, lambda: sampler.position.to_json())  # fmt: skip
+                                             self.cancelled, lambda: sampler.position.to_json(),
+                                             requeue=sampler.put_back)  # fmt: skip
             steps.start(self.step, publisher.version)
             with StepProgress(cfg.job.steps, self.step, self.show_progress) as bar:
                 while self.step < cfg.job.steps:
