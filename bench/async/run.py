@@ -80,6 +80,7 @@ def run_mode(a: argparse.Namespace, mode: str, run_root: Path) -> dict:
         if e.WhichOneof("body") == "metrics" and "eval/accuracy" in e.metrics.metrics:
             evals.append((e.metrics.step, e.metrics.metrics["eval/accuracy"], e.time))
     steps = [json.loads(line) for line in record.runner.run.metrics_file.read_text().splitlines()]
+    cfg = record.runner.cfg
     lags = [k for m in steps for k in m if k.startswith("async/staleness_") and k[-1].isdigit()]
     staleness = {k.rsplit("_", 1)[1]: sum(m.get(k, 0.0) for m in steps) for k in sorted(set(lags))}
     return {
@@ -92,6 +93,8 @@ def run_mode(a: argparse.Namespace, mode: str, run_root: Path) -> dict:
         "staleness": staleness,
         "dropped": sum(m.get("async/dropped_groups", 0.0) for m in steps),
         "stream_max": max((m.get("async/stream_groups_max", 0.0) for m in steps), default=0.0),
+        "stream_bound": float(cfg.training.stream_groups or (cfg.training.staleness + 1) * cfg.data.prompts_per_step),
+        "regenerated": sum(m.get("async/regenerated_groups", 0.0) for m in steps),
     }
 
 
@@ -118,13 +121,13 @@ def main(argv=None) -> int:
     base = seconds_to(results["sync"], target)
     print(f"\n{a.steps} RL steps per mode, evaluation every {a.eval_every}; target: sync's final accuracy {target:.3f}")
     head = f"{'mode':<14}{'to target s':>12}{'x sync':>8}{'RL s':>8}{'step s':>8}{'trainer idle':>14}"
-    print(head + f"{'rollout idle':>14}{'final acc':>11}  staleness (groups by lag), dropped, stream max")
+    print(head + f"{'rollout idle':>14}{'final acc':>11}  staleness (groups by lag), dropped, stream max / bound")
     for mode, r in results.items():
         t = seconds_to(r, target)
         ratio = f"{t / base:.2f}" if t is not None and base else "-"
         print(f"{mode:<14}{(f'{t:.1f}' if t is not None else 'never'):>12}{ratio:>8}{r['rl_seconds']:>8.1f}"
               f"{r['step_seconds']:>8.2f}{r['trainer_idle']:>14.2f}{r['rollout_idle']:>14.2f}{r['final']:>11.3f}"
-              f"  {r['staleness'] or '-'}, {r['dropped']:.0f}, {r['stream_max']:.0f}")  # fmt: skip
+              f"  {r['staleness'] or '-'}, {r['dropped']:.0f}, {r['stream_max']:.0f} / {r['stream_bound']:.0f}")  # fmt: skip
     if a.out:
         Path(a.out).write_text(json.dumps(results, indent=1))
     return 0
