@@ -89,7 +89,7 @@ def plan_async(training: Any, prompts_per_step: int, nodes: list[Any]) -> AsyncP
             f"(data.prompts_per_step): generation could never start; use at least {round_groups} or 0 (automatic)"
         )
     data_node = loads[0].node_id if len(loads) == 1 and loads[0].node_id in split.producer else ""
-    policy = getattr(training, "stale_policy", "drop")
+    policy = training.stale_policy
     if policy == "regenerate" and not data_node:
         raise InvalidArgument(
             f"training.stale_policy = 'regenerate' puts a stale group's prompt back to the data loader, which needs "

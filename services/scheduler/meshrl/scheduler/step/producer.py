@@ -1,7 +1,7 @@
 """The producer side of an asynchronous job: a thread that runs the DAG's producer nodes (data load, rollout,
 reward, ...) round after round, as far ahead as `AdmissionGate` allows, and appends each round's samples to the
 job's sample stream in the data buffer, one group per prompt, each stamped with the oldest weight version among
-its tokens. Its spans live in the trace of the step that will consume the round (`StepSpans`).
+its tokens and named by its round, group and dataset record (`r<round>-g<group>-p<record>`). Its spans live in the trace of the step that will consume the round (`StepSpans`).
 Started and stopped by `meshrl.scheduler.step.pipeline.AsyncSteps`.
 """
 
