@@ -32,7 +32,7 @@ from meshrl.common.errors import DataLoss, InvalidArgument
 from meshrl.common.weights import write_version
 from meshrl.rollout.config import EngineConfig, TransformersEngineConfig
 from meshrl.rollout.engine import create_engine
-from meshrl.rollout.types import GenerationRequest, PauseMode, SamplingParams
+from meshrl.rollout.types import DiskUpdate, GenerationRequest, PauseMode, SamplingParams
 from meshrl.scheduler.step import advantages as adv
 from meshrl.scheduler.step.data import PromptEncoder, PromptSampler, load_records
 from meshrl.scheduler.step.rewards import resolve_reward, score
@@ -118,9 +118,7 @@ class InProcessLoop:
                 bucket_bytes=s.bucket_bytes, extra_files=self.extra_files, overwrite=True,
             )  # fmt: skip
             t1 = time.perf_counter()
-            self.engine.update_weights_from_disk(
-                disk.path, version, manifest_sha256=disk.manifest_sha256, pause_mode=PauseMode.IN_PLACE
-            )
+            self.engine.update_weights_from_disk(DiskUpdate(disk.path, version, manifest_sha256=disk.manifest_sha256))
         else:
             tensors = [
                 (name, t.detach().clone()) for b in self.core.iter_hf_buckets("actor", s.bucket_bytes) for name, t in b

@@ -39,17 +39,18 @@ from pathlib import Path
 import yaml
 
 HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
+for folder in (HERE, HERE.parent / "common"):
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
 
 from dataplane import StepProbe, print_traffic, step_traffic  # noqa: E402
 from dataplane import read_spans as read_span_dicts  # noqa: E402
 from inprocess import PHASES, InProcessLoop, LoopSettings  # noqa: E402
+from tiny_task import add_task_arguments, make_task  # noqa: E402
 
 from meshrl.api.scheduler.v1 import scheduler_pb2 as spb  # noqa: E402
 from meshrl.scheduler.jobs import JobManager  # noqa: E402
 from meshrl.scheduler.workflow import builtin_workflow_text  # noqa: E402
-from meshrl.trainer.model_builder import build_small_model  # noqa: E402
 
 WEIGHT_PARTS = ("weights/export", "weights/load", "weights/verify")
 
@@ -58,12 +59,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=5, help="measured steps (after the warm-up)")
     p.add_argument("--warmup", type=int, default=1, help="steps dropped before measuring")
-    p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--layers", type=int, default=2)
     # Shapes of the default example's recipe (bench/e2e/recipe_probe.py: Recipe): 32 prompts x 8, 12 tokens.
-    p.add_argument("--prompts", type=int, default=32, help="prompts per step")
-    p.add_argument("--n", type=int, default=8, help="samples per prompt")
-    p.add_argument("--max-tokens", type=int, default=12)
+    add_task_arguments(p, prompts=32, n=8, max_tokens=12)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--use-ray", action="store_true", help="place the services as Ray actors (default: processes)")
     p.add_argument("--weights", choices=("disk", "memory"), default="disk", help="in-process weight publication")
@@ -75,16 +72,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--workdir", default=None, help="keep the model, data and run folder here (default: a temp dir)")
     p.add_argument("--json-out", default=None, help="also write every measurement here")
     return p.parse_args(argv)
-
-
-def make_task(root: Path, hidden: int, layers: int) -> dict[str, str]:
-    """A small Qwen2-style model and the 'add one' prompts of tests/e2e."""
-    model = build_small_model(root / "model", hidden_size=hidden, num_layers=layers, num_heads=4, num_kv_heads=2)
-    data = root / "data"
-    data.mkdir(parents=True, exist_ok=True)
-    rows = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(256)]
-    (data / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return {"model": str(model), "train": str(data / "train.jsonl")}
 
 
 def job_yaml(a: argparse.Namespace, task: dict[str, str], run_root: Path) -> str:

@@ -18,7 +18,7 @@ from meshrl.common import weights as W
 from meshrl.rollout.config import EngineConfig
 from meshrl.rollout.memory import resident_bytes
 from meshrl.rollout.transformers_engine import TransformersEngine
-from meshrl.rollout.types import GenerationRequest, SamplingParams
+from meshrl.rollout.types import DiskUpdate, GenerationRequest, SamplingParams
 from meshrl.trainer.model_builder import build_small_model
 
 
@@ -49,7 +49,7 @@ def main() -> None:
             asleep = resident_bytes()
             t0 = time.perf_counter()
             engine.resume_memory(["weights"])
-            engine.update_weights_from_disk(pub.path, 1)
+            engine.update_weights_from_disk(DiskUpdate(pub.path, 1))
             engine.resume_memory(["kv_cache"])
             t_wake = time.perf_counter() - t0
             again = engine.generate([GenerationRequest([5, 6, 7, 8], greedy)])[0].token_ids

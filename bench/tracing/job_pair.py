@@ -13,9 +13,9 @@ pairs are dropped; medians, means and the median of pair ratios are printed side
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -24,9 +24,12 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from meshrl.common import telemetry
-from meshrl.common.telemetry import TelemetryConfig, read_span_files
-from meshrl.common.telemetry.attributes import STEP_SPAN_PREFIX
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))
+from tiny_task import add_task_arguments, make_task  # noqa: E402
+
+from meshrl.common import telemetry  # noqa: E402
+from meshrl.common.telemetry import TelemetryConfig, read_span_files  # noqa: E402
+from meshrl.common.telemetry.attributes import STEP_SPAN_PREFIX  # noqa: E402
 
 if TYPE_CHECKING:  # the scheduler and trainer are imported by `run` (bench_tracing imports this module always)
     from meshrl.scheduler.jobs import JobRecord
@@ -39,24 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pairs", type=int, default=12, help="measured steps per mode (after the warm-up)")
     g.add_argument("--warmup", type=int, default=2, help="steps per mode dropped before measuring")
     g.add_argument("--replicas", type=int, default=2, help="rollout replicas per job")
-    g.add_argument("--hidden", type=int, default=64)
-    g.add_argument("--layers", type=int, default=2)
-    g.add_argument("--prompts", type=int, default=8, help="prompts per step")
-    g.add_argument("--n", type=int, default=4, help="samples per prompt")
-    g.add_argument("--max-tokens", type=int, default=16)
+    add_task_arguments(g, prompts=8, n=4, max_tokens=16)
     g.add_argument("--workdir", default=None, help="keep the model, data and run folders here")
-
-
-def make_task(root: Path, hidden: int, layers: int) -> dict[str, str]:
-    """A small Qwen2-style model and the 'add one' prompts of tests/e2e."""
-    from meshrl.trainer.model_builder import build_small_model
-
-    model = build_small_model(root / "model", hidden_size=hidden, num_layers=layers, num_heads=4, num_kv_heads=2)
-    data = root / "data"
-    data.mkdir(parents=True, exist_ok=True)
-    rows = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(256)]
-    (data / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return {"model": str(model), "train": str(data / "train.jsonl")}
 
 
 def job_yaml(a: argparse.Namespace, task: dict[str, str], run_root: Path, mode: str) -> str:

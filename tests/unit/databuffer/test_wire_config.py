@@ -9,14 +9,15 @@ from redis.cluster import key_slot
 
 from meshrl.api.databuffer.v1 import databuffer_pb2 as pb
 from meshrl.common.batch_key import batch_key
-from meshrl.common.config import load_config
-from meshrl.common.databuffer_client import (
-    deserialize_get_response,
+from meshrl.common.buffer_frames import (
+    encode_head_and_payload,
     encode_payload_frame,
     payload_of,
-    serialize_put_request,
     split_frames,
+    split_head_and_payload,
 )
+from meshrl.common.config import load_config
+from meshrl.common.databuffer_client import deserialize_get_response, serialize_put_request
 from meshrl.common.errors import ConfigError, InvalidArgument
 from meshrl.databuffer.config import DataBufferConfig
 from meshrl.databuffer.keys import BatchRef, KeySpace
@@ -41,6 +42,14 @@ def test_other_messages_take_the_protobuf_path():
     assert deserialize_get_response(header.SerializeToString()) == header
     trailing = pb.PutBatchRequest(payload=b"abc").SerializeToString() + b"\x08\x01"  # payload plus an unknown field
     assert payload_of(trailing) is None
+
+
+def test_head_and_payload_round_trip_and_refuse_every_other_layout():
+    raw = encode_head_and_payload(b"head", [memoryview(b"ab"), b"cd"])
+    head, payload = split_head_and_payload(raw)
+    assert head == b"head" and bytes(payload) == b"abcd"
+    for other in (raw[:-1], raw + b"x", raw[1:], b"", b"\x0a\xff"):  # truncated, trailing, no head, empty, bad varint
+        assert split_head_and_payload(other) is None
 
 
 def test_split_frames_slices_big_views_and_joins_small_ones():

@@ -14,7 +14,7 @@ from meshrl.common import weights as W
 from meshrl.common.errors import FailedPrecondition, InvalidArgument
 from meshrl.rollout.config import EngineConfig
 from meshrl.rollout.sglang_engine import SGLangEngine
-from meshrl.rollout.types import GenerationRequest, SamplingParams
+from meshrl.rollout.types import DiskUpdate, GenerationRequest, SamplingParams
 from meshrl.rollout.vllm_engine import VLLMEngine
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
@@ -32,10 +32,10 @@ def test_transformers_engine_releases_and_refills_its_weights(model_dir, tmp_pat
     tensors = sorted(load_file(str(model_dir / "model.safetensors")).items())
     pub = W.write_version(str(tmp_path / "w"), 1, tensors, fsync=False)
     with pytest.raises(FailedPrecondition, match="resume_memory"):
-        engine.update_weights_from_disk(pub.path, 1)
+        engine.update_weights_from_disk(DiskUpdate(pub.path, 1))
     assert engine.resume_memory(["weights"]) == ["kv_cache"]
     assert all(p.numel() > 0 for p in engine.runner.model.parameters())
-    engine.update_weights_from_disk(pub.path, 1)  # the trainer's publication refills them in place
+    engine.update_weights_from_disk(DiskUpdate(pub.path, 1))  # the trainer's publication refills them in place
     assert not waiting.done()  # kv_cache still released
     assert engine.resume_memory(["kv_cache"]) == []
     assert waiting.result(timeout=60).token_ids == before

@@ -19,6 +19,7 @@ from meshrl.common.net import free_port
 from meshrl.common.weights.engine_group import EngineGroupSender
 from meshrl.rollout.config import EngineConfig
 from meshrl.rollout.sglang_engine import SGLangEngine
+from meshrl.rollout.types import GroupUpdate
 from meshrl.rollout.vllm_engine import VLLMEngine
 
 _names = itertools.count()
@@ -46,7 +47,7 @@ def join(engine, name: str, timeout_s: float = 60.0):
 def send(trainer, engine, name, tensors, version):
     with ThreadPoolExecutor(1) as pool:
         sent = pool.submit(trainer.send, list(tensors.items()), version, bucket_bytes=20_000)
-        result = engine.update_weights_from_distributed(name, version, timeout_seconds=60)
+        result = engine.update_weights_from_distributed(GroupUpdate(name, version, timeout_seconds=60))
         return result, sent.result(timeout=60)
 
 
@@ -106,7 +107,7 @@ def test_native_refusal_is_reported_to_the_trainer_and_keeps_the_version(native,
         with ThreadPoolExecutor(1) as pool:
             sent = pool.submit(trainer.send, list(perturbed(model_dir, 2).items()), 5, bucket_bytes=20_000)
             with pytest.raises(InvalidArgument, match="announced"):
-                engine.update_weights_from_distributed(name, 4, timeout_seconds=60)
+                engine.update_weights_from_distributed(GroupUpdate(name, 4, timeout_seconds=60))
             with pytest.raises((W.UpdateRefused, W.MembersUnresponsive)):
                 sent.result(timeout=30)
         assert engine.weight_version == 1

@@ -15,6 +15,7 @@ from meshrl.common import weights as W
 from meshrl.common.net import free_port
 from meshrl.rollout.config import EngineConfig
 from meshrl.rollout.sglang_engine import SGLangEngine
+from meshrl.rollout.types import GroupUpdate
 from meshrl.rollout.vllm_engine import VLLMEngine
 
 
@@ -45,7 +46,7 @@ def test_relay_receives_over_the_group_and_the_engine_loads_the_folder(relay_eng
         new = perturbed(model_dir, 3)
         with ThreadPoolExecutor(1) as pool:
             sent = pool.submit(trainer.send, list(new.items()), 1, bucket_bytes=20_000)
-            result = engine.update_weights_from_distributed("relay-weights", 1, timeout_seconds=60)
+            result = engine.update_weights_from_distributed(GroupUpdate("relay-weights", 1, timeout_seconds=60))
             sent.result(timeout=60)
         assert result.version == 1 and engine.weight_version == 1 and result.bytes > 0
         if engine.name == "sglang":

@@ -15,7 +15,7 @@ from meshrl.common.errors import InvalidArgument
 from meshrl.rollout.config import EngineConfig
 from meshrl.rollout.http_server import check_known_flags, cli_flags
 from meshrl.rollout.sglang_engine import SGLangEngine
-from meshrl.rollout.types import FinishReason, GenerationRequest, PauseMode, SamplingParams
+from meshrl.rollout.types import DiskUpdate, FinishReason, GenerationRequest, PauseMode, SamplingParams
 from meshrl.rollout.vllm_engine import VLLMEngine
 
 
@@ -66,7 +66,7 @@ def test_sglang_weight_update_from_disk_pauses_in_place_and_stamps_the_version(s
     fake, engine = sglang
     running = engine.submit(GenerationRequest([1, 2], SamplingParams(max_tokens=40)))
     time.sleep(0.1)
-    result = engine.update_weights_from_disk(published.path, 1, manifest_sha256=published.manifest_sha256)
+    result = engine.update_weights_from_disk(DiskUpdate(published.path, 1, manifest_sha256=published.manifest_sha256))
     assert result.version == 1 and engine.weight_version == 1
     out = running.result(timeout=30)
     assert out.weight_versions[0] == 0 and out.weight_versions[-1] == 1 and len(out.token_ids) == 40
@@ -87,14 +87,14 @@ def test_sglang_weight_update_from_disk_pauses_in_place_and_stamps_the_version(s
 def test_sglang_refusals_keep_the_old_version(sglang, published, tmp_path):
     fake, engine = sglang
     with pytest.raises(InvalidArgument, match="older|announced"):
-        engine.update_weights_from_disk(published.path, 3)
+        engine.update_weights_from_disk(DiskUpdate(published.path, 3))
     bad = tmp_path / "bad" / "v000001"
     bad.parent.mkdir()
     import shutil
 
     shutil.copytree(published.path, bad)
     with pytest.raises(InvalidArgument, match="shape mismatch"):
-        engine.update_weights_from_disk(str(bad), 1)
+        engine.update_weights_from_disk(DiskUpdate(str(bad), 1))
     assert engine.weight_version == 0
     assert fake.calls("/continue_generation")  # generation resumed after the refusal
 
@@ -137,7 +137,7 @@ def test_vllm_in_place_update_continues_requests_from_their_tokens(vllm, publish
     prompt = [1, 1]
     running = engine.submit(GenerationRequest(prompt, SamplingParams(max_tokens=60)))
     time.sleep(0.15)
-    engine.update_weights_from_disk(published.path, 1, pause_mode=PauseMode.IN_PLACE, flush_cache=True)
+    engine.update_weights_from_disk(DiskUpdate(published.path, 1, pause_mode=PauseMode.IN_PLACE, flush_cache=True))
     out = running.result(timeout=30)
     assert len(out.token_ids) == 60 and out.weight_versions[0] == 0 and out.weight_versions[-1] == 1
     first, second = fake.calls("/v1/completions")[:2]

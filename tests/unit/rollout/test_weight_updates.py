@@ -15,7 +15,7 @@ from meshrl.common import weights as W
 from meshrl.common.errors import DataLoss, InvalidArgument
 from meshrl.common.net import free_port
 from meshrl.rollout.replica import RolloutReplica
-from meshrl.rollout.types import GenerationRequest, PauseMode, SamplingParams
+from meshrl.rollout.types import DiskUpdate, GenerationRequest, GroupUpdate, PauseMode, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
@@ -44,7 +44,7 @@ def test_disk_update_is_bit_exact_in_place_and_equals_a_fresh_engine(model_dir, 
     new = hf_tensors(model_dir, 0.05, seed=1)
     pub = publish(tmp_path / "weights", model_dir, 1, new)
     ptrs = {n: t.data_ptr() for n, t in live(engine).items()}
-    result = engine.update_weights_from_disk(pub.path, 1, manifest_sha256=pub.manifest_sha256)
+    result = engine.update_weights_from_disk(DiskUpdate(pub.path, 1, manifest_sha256=pub.manifest_sha256))
     assert result.version == 1 and engine.weight_version == 1 and result.bytes > 0
     params = live(engine)
     for name, t in new.items():
@@ -66,7 +66,7 @@ def test_in_place_update_mid_generation_stamps_later_tokens_with_the_new_version
     fut = engine.submit(GenerationRequest([1, 2, 3], long))
     while not engine.batcher.running:
         time.sleep(0.005)
-    engine.update_weights_from_disk(pub.path, 1, pause_mode=PauseMode.IN_PLACE, flush_cache=True)
+    engine.update_weights_from_disk(DiskUpdate(pub.path, 1, pause_mode=PauseMode.IN_PLACE, flush_cache=True))
     result = fut.result(timeout=60)
     versions = result.weight_versions
     assert len(versions) == 70 and versions[0] == 0 and versions[-1] == 1
@@ -86,27 +86,27 @@ def test_bad_updates_are_refused_and_the_old_weights_keep_serving(model_dir, tmp
     data[-10] ^= 0xFF
     shard.write_bytes(bytes(data))
     with pytest.raises(DataLoss, match="corrupt"):
-        replica.update_weights_from_disk(good.path, 2)
+        replica.update_weights_from_disk(DiskUpdate(good.path, 2))
     # manifest replaced
     other = publish(tmp_path / "w2", model_dir, 2, hf_tensors(model_dir, 0.05, seed=4))
     with pytest.raises(DataLoss, match="sha256"):
-        replica.update_weights_from_disk(other.path, 2, manifest_sha256="0" * 64)
+        replica.update_weights_from_disk(DiskUpdate(other.path, 2, manifest_sha256="0" * 64))
     # wrong shape / missing tensor
     bad = hf_tensors(model_dir, 0.0, seed=5)
     bad["model.norm.weight"] = torch.ones(7)
     with pytest.raises(InvalidArgument, match="shape"):
-        replica.update_weights_from_disk(publish(tmp_path / "w3", model_dir, 2, bad).path, 2)
+        replica.update_weights_from_disk(DiskUpdate(publish(tmp_path / "w3", model_dir, 2, bad).path, 2))
     partial = dict(list(hf_tensors(model_dir, 0.0, seed=6).items())[:-2])
     with pytest.raises(InvalidArgument, match="missing"):
-        replica.update_weights_from_disk(publish(tmp_path / "w4", model_dir, 2, partial).path, 2)
+        replica.update_weights_from_disk(DiskUpdate(publish(tmp_path / "w4", model_dir, 2, partial).path, 2))
     assert engine.weight_version == 0
     assert all(torch.equal(before[n], t) for n, t in live(engine).items())
     # an older version than the served one
-    replica.update_weights_from_disk(other.path, 2)
+    replica.update_weights_from_disk(DiskUpdate(other.path, 2))
     assert engine.weight_version == 2
     old = publish(tmp_path / "w5", model_dir, 1, hf_tensors(model_dir, 0.05, seed=7))
     with pytest.raises(InvalidArgument, match="older"):
-        replica.update_weights_from_disk(old.path, 1)
+        replica.update_weights_from_disk(DiskUpdate(old.path, 1))
     assert engine.weight_version == 2
     assert engine.generate([GenerationRequest([1, 2], GREEDY)])[0].weight_versions == [2] * 12
 
@@ -128,7 +128,9 @@ def test_gloo_distributed_update_matches_the_trainer_bit_for_bit(model_dir, new_
             ptrs = {n: t.data_ptr() for n, t in live(engine).items()}
             with ThreadPoolExecutor(1) as pool:
                 sent = pool.submit(trainer.send, list(new.items()), version, bucket_bytes=20_000)
-                result = engine.update_weights_from_distributed("test-weights", version, timeout_seconds=60)
+                result = engine.update_weights_from_distributed(
+                    GroupUpdate("test-weights", version, timeout_seconds=60)
+                )
                 sent.result(timeout=60)
             assert result.version == version and engine.weight_version == version
             params = live(engine)
@@ -139,7 +141,7 @@ def test_gloo_distributed_update_matches_the_trainer_bit_for_bit(model_dir, new_
         with ThreadPoolExecutor(1) as pool:
             sent = pool.submit(trainer.send, list(hf_tensors(model_dir, 0.05, seed=10).items()), 4)
             with pytest.raises(InvalidArgument, match="announced"):
-                engine.update_weights_from_distributed("test-weights", 3, timeout_seconds=60)
+                engine.update_weights_from_distributed(GroupUpdate("test-weights", 3, timeout_seconds=60))
             with pytest.raises(W.UpdateRefused):
                 sent.result(timeout=60)
         assert engine.weight_version == 2
@@ -155,15 +157,17 @@ def test_delta_update_is_bit_exact_pauses_only_to_copy_and_needs_its_base(model_
     v1 = hf_tensors(model_dir, 0.05, seed=1)
     base = W.DeltaBase()
     full = W.write_version(str(root), 1, base.record(1, list(v1.items())), fsync=False)
-    replica.update_weights_from_disk(full.path, 1, manifest_sha256=full.manifest_sha256)
+    replica.update_weights_from_disk(DiskUpdate(full.path, 1, manifest_sha256=full.manifest_sha256))
     v2 = {n: t + 1e-3 * torch.randn_like(t) for n, t in v1.items()}
     delta, _ = W.write_delta(str(root), 2, base, list(v2.items()), max_fraction=1.0, fsync=False)
     v3 = {n: t + 1e-3 for n, t in v2.items()}
     later, _ = W.write_delta(str(root), 3, base, list(v3.items()), max_fraction=1.0, fsync=False)
     with pytest.raises(W.BaseMismatch, match="against version 2, but this replica serves 1"):  # missed v2
-        replica.update_weights_from_disk(later.path, 3, manifest_sha256=later.manifest_sha256, delta_base=2)
+        replica.update_weights_from_disk(DiskUpdate(later.path, 3, manifest_sha256=later.manifest_sha256, delta_base=2))
     assert engine.weight_version == 1 and all(torch.equal(live(engine)[n], t) for n, t in v1.items())
-    result = replica.update_weights_from_disk(delta.path, 2, manifest_sha256=delta.manifest_sha256, delta_base=1)
+    result = replica.update_weights_from_disk(
+        DiskUpdate(delta.path, 2, manifest_sha256=delta.manifest_sha256, delta_base=1)
+    )
     assert result.version == engine.weight_version == 2 and 0 < result.pause_seconds <= result.seconds
     assert engine.weight_checksums()[1] == W.tensor_checksums(v2)
     assert all(torch.equal(live(engine)[n], t) for n, t in v2.items())

@@ -38,6 +38,19 @@ def _chain_nodes() -> list[dict]:
     ]
 
 
+def _two_agent_nodes() -> list[dict]:
+    """One data_load feeding two agents ("a", "b"), each rollout -> reward -> train."""
+    nodes = [_node("data", "DATA_LOAD")]
+    for agent in ("a", "b"):
+        cfg = {"agent": agent}
+        nodes += [
+            _node(f"rollout_{agent}", "ROLLOUT", deps=("data",), config=cfg),
+            _node(f"reward_{agent}", "COMPUTE", "REWARD", (f"rollout_{agent}",)),
+            _node(f"train_{agent}", "MODEL_TRAIN", "ACTOR", (f"reward_{agent}",), config=cfg),
+        ]
+    return nodes
+
+
 def _build(nodes: list[dict], **kwargs: Any) -> Workflow:
     return load_workflow_data({"dag_id": "t", "nodes": nodes}, **kwargs)
 
@@ -57,7 +70,9 @@ def _as_yaml(nodes: list[dict]) -> str:
 
 @pytest.fixture
 def kit() -> SimpleNamespace:
-    return SimpleNamespace(node=_node, chain=_chain_nodes, build=_build, problems=_problems, as_yaml=_as_yaml)
+    return SimpleNamespace(
+        node=_node, chain=_chain_nodes, two_agents=_two_agent_nodes, build=_build, problems=_problems, as_yaml=_as_yaml
+    )
 
 
 @pytest.fixture

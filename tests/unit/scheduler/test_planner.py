@@ -198,15 +198,7 @@ def test_two_agents(kit):
     # then a.actor (.71) -> 2, 2, 7, 5
     # placement, largest first: b.rollout 7 -> n0:0-6; b.actor 5 -> n1:0-4; a.rollout 2 -> n1:5-6;
     # a.actor 2 fits no node -> one on n0:7, one on n1:7
-    nodes = [kit.node("data", "DATA_LOAD")]
-    for agent in ("a", "b"):
-        cfg = {"agent": agent}
-        nodes += [
-            kit.node(f"rollout_{agent}", "ROLLOUT", deps=("data",), config=cfg),
-            kit.node(f"reward_{agent}", "COMPUTE", "REWARD", (f"rollout_{agent}",)),
-            kit.node(f"train_{agent}", "MODEL_TRAIN", "ACTOR", (f"reward_{agent}",), config=cfg),
-        ]
-    wf = kit.build(nodes)
+    wf = kit.build(kit.two_agents())
     c = ClusterSpec(2, 8)
     options = PlanOptions(placement=DIS, param_counts={"a.actor": "1B", "b.actor": "3B"})
     plan = plan_workflow(wf, c, options)

@@ -135,15 +135,7 @@ def test_other_builtins(name, chains, points):
 
 
 def test_two_agents_fan_out_from_one_data_load(kit):
-    nodes = [kit.node("data", "DATA_LOAD")]
-    for agent in ("a", "b"):
-        cfg = {"agent": agent}
-        nodes += [
-            kit.node(f"rollout_{agent}", "ROLLOUT", deps=("data",), config=cfg),
-            kit.node(f"reward_{agent}", "COMPUTE", "REWARD", (f"rollout_{agent}",)),
-            kit.node(f"train_{agent}", "MODEL_TRAIN", "ACTOR", (f"reward_{agent}",), config=cfg),
-        ]
-    split = split_irreducible(TaskGraph.from_workflow(kit.build(nodes)))
+    split = split_irreducible(TaskGraph.from_workflow(kit.build(kit.two_agents())))
     assert split.chains() == [("data",), ("rollout_a", "reward_a", "train_a"), ("rollout_b", "reward_b", "train_b")]
     assert split.points == (SplitPoint(F, "data", ("rollout_a", "rollout_b"), exits=(("train_a",), ("train_b",))),)
     assert split.concurrent("s1", "s2")

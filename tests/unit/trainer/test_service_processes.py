@@ -9,13 +9,13 @@ import uuid
 import grpc
 import numpy as np
 import pytest
-from _procs import ServiceProc
 from _worker import LOSS, make_batch, run_steps
 
 from meshrl.api.trainer.v1 import trainer_pb2 as pb
 from meshrl.api.trainer.v1 import trainer_pb2_grpc
 from meshrl.common.batch_key import batch_key
 from meshrl.common.databuffer_client import DataBufferClient
+from meshrl.scheduler.launch.process import ServiceProcess
 from meshrl.trainer.core import TrainerCore
 from meshrl.trainer.optim import OptimizerConfig
 
@@ -25,27 +25,27 @@ REDIS_URL = os.environ.get("MESHRL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 @pytest.fixture()
 def services(tmp_path):
     prefix = f"mtrainer{uuid.uuid4().hex[:8]}"
-    buffer_proc = ServiceProc("databuffer", ["--set", f"redis.url={REDIS_URL}", "--set", f"redis.key_prefix={prefix}"],
-                              tmp_path)  # fmt: skip
+    buffer_proc = ServiceProcess("databuffer", ["--set", f"redis.url={REDIS_URL}", "--set", f"redis.key_prefix={prefix}"],
+                                 str(tmp_path / "databuffer.log"))  # fmt: skip
     started = [buffer_proc]
     try:
-        buffer_address = buffer_proc.wait_address()
-        trainer_proc = ServiceProc(
+        buffer_address = buffer_proc.start(timeout=180)
+        trainer_proc = ServiceProcess(
             "trainer",
             ["--set", f"databuffer_address={buffer_address}", "--set", "data_parallel.size=2",
              "--set", "torch_threads=1", "--set", "databuffer_wait_seconds=0"],
-            tmp_path,
+            str(tmp_path / "trainer.log"),
         )  # fmt: skip
         started.append(trainer_proc)
-        channel = grpc.insecure_channel(trainer_proc.wait_address())
+        channel = grpc.insecure_channel(trainer_proc.start(timeout=180))
         buffer = DataBufferClient(buffer_address)
         yield trainer_pb2_grpc.TrainerStub(channel), buffer, trainer_proc
         buffer.delete_job("job")
         buffer.close()
         channel.close()
     finally:
-        codes = [p.stop() for p in reversed(started)]
-    assert codes[0] == 0, trainer_proc.log.read_text()[-3000:]  # the trainer and its rank-1 worker stopped cleanly
+        codes = [p.stop(grace=30) for p in reversed(started)]
+    assert codes[0] == 0, trainer_proc.log_path.read_text()[-3000:]  # the trainer and its rank-1 worker stopped cleanly
 
 
 def test_two_rank_service_matches_one_process(services, qwen2_dir):

@@ -11,7 +11,7 @@ errors of meshrl.common.errors (InvalidArgument, NotFound, ResourceExhausted, ..
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -22,6 +22,13 @@ import numpy as np
 from meshrl.api.common.v1 import keys_pb2, tensor_pb2
 from meshrl.api.databuffer.v1 import databuffer_pb2 as pb
 from meshrl.api.databuffer.v1 import databuffer_pb2_grpc as pb_grpc
+from meshrl.common.buffer_frames import (
+    encode_head_and_payload,
+    encode_payload_frame,
+    payload_of,
+    split_frames,
+    split_head_and_payload,
+)
 from meshrl.common.codec import (
     Batch,
     batch_from_proto,
@@ -38,38 +45,6 @@ SERVICE = "meshrl.databuffer.v1.DataBuffer"
 MiB = 1 << 20
 DEFAULT_FRAME_BYTES = 4 * MiB
 APPEND_REQUEST_BYTES = 8 * MiB  # append_groups splits larger lists into several requests
-PAYLOAD_TAG = b"\x12"  # field 2, wire type 2: `payload` of PutBatchRequest and of GetBatchResponse
-START_TAG = b"\x0a"  # field 1, wire type 2: `start` of PutSmallBatchRequest
-
-
-# --- payload frames in wire format (shared with the service) ------------------------------
-def encode_varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def encode_payload_frame(data: bytes | bytearray | memoryview) -> bytes:
-    """The serialized message whose only field is `payload = data` (one copy of data)."""
-    return b"".join((PAYLOAD_TAG, encode_varint(memoryview(data).nbytes), data))
-
-
-def payload_of(raw: bytes) -> memoryview | None:
-    """The payload of a message holding only `payload`, as a view of `raw`; None for any other message."""
-    if raw[:1] != PAYLOAD_TAG:
-        return None
-    length, shift, pos = 0, 0, 1
-    while pos < len(raw) and shift < 64:
-        byte = raw[pos]
-        pos += 1
-        length |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return memoryview(raw)[pos:] if pos + length == len(raw) else None
-    return None
 
 
 def serialize_put_request(message: pb.PutBatchRequest | bytes | bytearray | memoryview) -> bytes:
@@ -80,60 +55,20 @@ def serialize_put_request(message: pb.PutBatchRequest | bytes | bytearray | memo
 
 def encode_small_put(start: pb.PutBatchStart, views: Sequence[memoryview]) -> bytes:
     """A serialized PutSmallBatchRequest (`start`, then `payload` = the views joined) with one copy of the payload."""
-    head = start.SerializeToString()
-    size = sum(v.nbytes for v in views)
-    return b"".join((START_TAG, encode_varint(len(head)), head, PAYLOAD_TAG, encode_varint(size), *views))
+    return encode_head_and_payload(start.SerializeToString(), views)
 
 
 def deserialize_small_get(raw: bytes) -> tuple[tensor_pb2.BatchHeader, memoryview] | pb.GetSmallBatchResponse:
     """(header, payload view) of a GetSmallBatchResponse as the service writes it, else the parsed message."""
-    if raw[:1] == START_TAG:
-        size, pos = _read_varint(raw, 1)
-        head, pos = raw[pos : pos + size], pos + size
-        if raw[pos : pos + 1] == PAYLOAD_TAG:
-            length, pos = _read_varint(raw, pos + 1)
-            if pos + length == len(raw):
-                return tensor_pb2.BatchHeader.FromString(head), memoryview(raw)[pos:]
+    parts = split_head_and_payload(raw)
+    if parts is not None:
+        return tensor_pb2.BatchHeader.FromString(parts[0]), parts[1]
     return pb.GetSmallBatchResponse.FromString(raw)
-
-
-def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
-    value, shift = 0, 0
-    while pos < len(data) and shift < 64:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return value, pos
-    return -1, len(data) + 1  # truncated: matches no layout
 
 
 def deserialize_get_response(raw: bytes) -> pb.GetBatchResponse | memoryview:
     frame = payload_of(raw)
     return frame if frame is not None else pb.GetBatchResponse.FromString(raw)
-
-
-def split_frames(views: Iterable[memoryview], frame_bytes: int) -> Iterator[bytes | memoryview]:
-    """Cuts the payload into frames of `frame_bytes` (slices of big tensors, small tensors joined)."""
-    parts: list[memoryview] = []
-    size = 0
-    for view in views:
-        n, pos = view.nbytes, 0
-        while pos < n:
-            if not parts and n - pos >= frame_bytes:
-                yield view[pos : pos + frame_bytes]
-                pos += frame_bytes
-                continue
-            take = min(frame_bytes - size, n - pos)
-            parts.append(view[pos : pos + take])
-            size += take
-            pos += take
-            if size == frame_bytes:
-                yield b"".join(parts)
-                parts, size = [], 0
-    if parts:
-        yield b"".join(parts)
 
 
 # --- domain types ------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import math
 import secrets
 from collections import deque
 from collections.abc import Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,11 +26,9 @@ from redis.exceptions import NoScriptError
 from meshrl.api.common.v1 import tensor_pb2
 from meshrl.common.codec import validate_header
 from meshrl.common.errors import Aborted, AlreadyExists, InvalidArgument
-from meshrl.databuffer.config import BatchConfig, LimitsConfig
 from meshrl.databuffer.indexes import Indexes
-from meshrl.databuffer.keys import BatchRef, KeySpace, check_name
+from meshrl.databuffer.keys import BatchRef, check_name
 from meshrl.databuffer.ledger import Ledger, now_ms
-from meshrl.databuffer.notify import CommitNotifier
 from meshrl.databuffer.orphans import PendingCleanups
 from meshrl.databuffer.reads import BatchReader, StoredBatch
 
@@ -85,28 +83,19 @@ def _flat(frame: Any) -> memoryview:
 
 
 class BatchStore:
-    def __init__(
-        self,
-        client: Any,
-        keys: KeySpace,
-        indexes: Indexes,
-        ledger: Ledger,
-        notifier: CommitNotifier,
-        limits: LimitsConfig,
-        cfg: BatchConfig,
-        executor: ThreadPoolExecutor,
-    ) -> None:
-        self.client = client
-        self.keys = keys
+    def __init__(self, reader: BatchReader, indexes: Indexes, ledger: Ledger) -> None:
+        """Puts and deletes batches on the Redis, keys, limits and I/O threads of `reader`, which serves reads."""
+        self.reader = reader
+        self.reads = reader.counter  # what GetBatch sent since this process started
+        self.client = client = reader.client
+        self.keys = reader.keys
         self.orphans = PendingCleanups()  # staged chunks of puts that failed while Redis was down
-        self.reader = BatchReader(client, keys, notifier, limits, cfg, executor)
-        self.reads = self.reader.counter  # what GetBatch sent since this process started
         self.indexes = indexes
         self.ledger = ledger
-        self.notifier = notifier
-        self.limits = limits
-        self.cfg = cfg
-        self._io = executor
+        self.notifier = reader.notifier
+        self.limits = reader.limits
+        self.cfg = reader.cfg
+        self._io = reader._io
         self._commit = client.register_script(_COMMIT)
         self._delete = client.register_script(_DELETE)
 
@@ -193,19 +182,7 @@ class BatchStore:
             for frame in frames:
                 view = _flat(frame)
                 n = view.nbytes
-                if n > self.limits.max_frame_bytes:
-                    raise InvalidArgument(
-                        f"payload: a frame of {n} bytes exceeds limits.max_frame_bytes = "
-                        f"{self.limits.max_frame_bytes}; send the payload in smaller frames",
-                        field="payload",
-                    )
-                if received + n > total:
-                    raise InvalidArgument(
-                        f"payload: more bytes than start.header.total_bytes = {total} arrived; the header's tensor "
-                        "nbytes must add up to the payload",
-                        field="payload",
-                    )
-                received += n
+                received = self._check_frame(n, received, total)
                 if n and not buf and received == total and n < cb:  # the whole rest in this frame: uncopied
                     tail = view
                     continue
@@ -235,6 +212,22 @@ class BatchStore:
         if tail is not None:
             return count + 1, tail
         return (count + 1, buf) if buf else (count, None)
+
+    def _check_frame(self, n: int, received: int, total: int) -> int:
+        """Bytes received with this frame of `n` bytes; refuses an oversized frame or one past the announced total."""
+        if n > self.limits.max_frame_bytes:
+            raise InvalidArgument(
+                f"payload: a frame of {n} bytes exceeds limits.max_frame_bytes = "
+                f"{self.limits.max_frame_bytes}; send the payload in smaller frames",
+                field="payload",
+            )
+        if received + n > total:
+            raise InvalidArgument(
+                f"payload: more bytes than start.header.total_bytes = {total} arrived; the header's tensor "
+                "nbytes must add up to the payload",
+                field="payload",
+            )
+        return received + n
 
     def _commit_manifest(
         self, ref: BatchRef, gen: str, count: int, total: int, blob: bytes, ttl: int, overwrite: bool,

@@ -67,17 +67,7 @@ class DataBufferServicer:
         return pb.PutBatchResponse(bytes_written=result.bytes_written, chunks=result.chunks)
 
     def GetBatch(self, request: pb.GetBatchRequest, context: grpc.ServicerContext) -> Iterator[Any]:
-        request = checked(request)
-        ref = BatchRef.from_proto(request.key)
-        rows = (request.rows.begin, request.rows.end) if request.HasField("rows") else None
-        stored = self.buffer.open_batch(
-            ref,
-            wait_seconds=_remaining(context, request.wait_seconds),
-            columns=list(request.columns),
-            rows=rows,
-            missing_ok=request.missing_ok,
-        )
-        tag_span({A.BUFFER_KEY: str(ref), A.BYTES: stored.header.total_bytes})
+        stored = self._open(checked(request), context)
         yield pb.GetBatchResponse(header=stored.header)
         for chunk in stored.chunks:
             if len(chunk) <= self.frame_bytes:
@@ -89,21 +79,22 @@ class DataBufferServicer:
 
     def GetSmallBatch(self, request: pb.GetBatchRequest, context: grpc.ServicerContext) -> Any:
         """The whole reply in one message (header, then the payload joined once), or too_large."""
-        request = checked(request)
+        stored = self._open(checked(request), context, limit=self.frame_bytes)
+        if stored.chunks is None:
+            return pb.GetSmallBatchResponse(too_large=True)
+        return stored.header, list(stored.chunks)
+
+    def _open(self, request: pb.GetBatchRequest, context: grpc.ServicerContext, limit: int | None = None) -> Any:
+        """The requested columns and rows of one batch (waiting up to the call's deadline), tagged on the span."""
         ref = BatchRef.from_proto(request.key)
         rows = (request.rows.begin, request.rows.end) if request.HasField("rows") else None
         stored = self.buffer.open_batch(
-            ref,
-            wait_seconds=_remaining(context, request.wait_seconds),
-            columns=list(request.columns),
-            rows=rows,
-            missing_ok=request.missing_ok,
-            limit=self.frame_bytes,
-        )
-        if stored.chunks is None:
-            return pb.GetSmallBatchResponse(too_large=True)
-        tag_span({A.BUFFER_KEY: str(ref), A.BYTES: stored.header.total_bytes})
-        return stored.header, list(stored.chunks)
+            ref, wait_seconds=_remaining(context, request.wait_seconds), columns=list(request.columns), rows=rows,
+            missing_ok=request.missing_ok, limit=limit,
+        )  # fmt: skip
+        if stored.chunks is not None:
+            tag_span({A.BUFFER_KEY: str(ref), A.BYTES: stored.header.total_bytes})
+        return stored
 
     def DeleteBatch(self, request: pb.DeleteBatchRequest, context: grpc.ServicerContext) -> pb.DeleteBatchResponse:
         request = checked(request)
@@ -130,16 +121,8 @@ class DataBufferServicer:
 
     def ReadGroups(self, request: pb.ReadGroupsRequest, context: grpc.ServicerContext) -> pb.ReadGroupsResponse:
         request = checked(request)
-        result = self.buffer.read_groups(
-            request.job_id,
-            request.stream,
-            request.consumer_group,
-            request.consumer,
-            max_groups=request.max_groups,
-            block_seconds=_remaining(context, request.block_seconds),
-            min_weight_version=request.min_weight_version,
-            claim_idle_seconds=request.claim_idle_seconds,
-        )
+        request.block_seconds = _remaining(context, request.block_seconds)
+        result = self.buffer.read(request)
         groups = [
             pb.DeliveredGroup(entry_id=d.entry_id, group=d.group, delivery_count=d.delivery_count)
             for d in result.groups

@@ -16,6 +16,7 @@ from typing import Any
 from meshrl.api.common.v1 import tensor_pb2
 from meshrl.api.databuffer.v1 import databuffer_pb2 as pb
 from meshrl.common.codec import Batch, decode_batch, encode_batch
+from meshrl.common.databuffer_client import StreamStats
 from meshrl.common.errors import InvalidArgument
 from meshrl.databuffer.batches import BatchStore, PutResult, StoredBatch
 from meshrl.databuffer.config import DataBufferConfig
@@ -24,7 +25,8 @@ from meshrl.databuffer.indexes import Indexes
 from meshrl.databuffer.keys import BatchRef, KeySpace, check_name
 from meshrl.databuffer.ledger import Ledger
 from meshrl.databuffer.notify import CommitNotifier
-from meshrl.databuffer.streams import ReadResult, StreamStat, StreamStore
+from meshrl.databuffer.reads import BatchReader
+from meshrl.databuffer.streams import ReadResult, StreamStore
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +35,7 @@ log = logging.getLogger(__name__)
 class Stats:
     batches: int = 0
     bytes: int = 0
-    streams: list[StreamStat] = field(default_factory=list)
+    streams: list[StreamStats] = field(default_factory=list)
     drops_by_reason: dict[str, int] = field(default_factory=dict)
     budget_bytes: int = 0
     budget_entries: int = 0
@@ -56,9 +58,8 @@ class DataBuffer:
         self.indexes = Indexes(client, self.keys)
         self.notifier = CommitNotifier(client, self.keys.commit_channel())
         self._io = ThreadPoolExecutor(max_workers=16, thread_name_prefix="databuffer-io")
-        self.batches = BatchStore(
-            client, self.keys, self.indexes, self.ledger, self.notifier, cfg.limits, cfg.batches, self._io
-        )
+        reader = BatchReader(client, self.keys, self.notifier, cfg.limits, cfg.batches, self._io)
+        self.batches = BatchStore(reader, self.indexes, self.ledger)
         self.streams = StreamStore(client, self.keys, self.indexes, self.ledger, cfg.limits, cfg.streams)
 
     @classmethod
@@ -73,16 +74,11 @@ class DataBuffer:
 
     # --- keyed batches -------------------------------------------------------------------
     def put_batch(
-        self,
-        ref: BatchRef,
-        header: tensor_pb2.BatchHeader,
-        frames: Iterable[Any],
-        *,
-        ttl_seconds: int = 0,
-        overwrite: bool = True,
+        self, ref: BatchRef, header: tensor_pb2.BatchHeader, frames: Iterable[Any], **options: Any
     ) -> PutResult:
+        """`BatchStore.put` (options: ttl_seconds, overwrite) with Redis errors typed."""
         with redis_errors(f"put of batch {ref}"):
-            return self.batches.put(ref, header, frames, ttl_seconds=ttl_seconds, overwrite=overwrite)
+            return self.batches.put(ref, header, frames, **options)
 
     def open_batch(self, ref: BatchRef, *, wait_seconds: float = 0.0, **selection: Any) -> StoredBatch:
         """The batch's header now, its chunks as they are read (errors typed there too). `selection`:
@@ -146,9 +142,16 @@ class DataBuffer:
         with redis_errors(f"append to stream '{stream}'"):
             return self.streams.append(job_id, stream, groups)
 
-    def read_groups(self, job_id: str, stream: str, consumer_group: str, consumer: str, **kwargs: Any) -> ReadResult:
-        with redis_errors(f"read of stream '{stream}'"):
-            return self.streams.read(job_id, stream, consumer_group, consumer, **kwargs)
+    def read_groups(self, job_id: str, stream: str, consumer_group: str, consumer: str, **options: Any) -> ReadResult:
+        """`read` of a ReadGroupsRequest made of these fields and `options` (max_groups, block_seconds, ...)."""
+        request = pb.ReadGroupsRequest(job_id=job_id, stream=stream, consumer_group=consumer_group, consumer=consumer)
+        for name, value in options.items():
+            setattr(request, name, value)
+        return self.read(request)
+
+    def read(self, request: pb.ReadGroupsRequest) -> ReadResult:
+        with redis_errors(f"read of stream '{request.stream}'"):
+            return self.streams.read(request)
 
     def ack_groups(self, job_id: str, stream: str, consumer_group: str, entry_ids: Sequence[str]) -> int:
         with redis_errors(f"ack on stream '{stream}'"):

@@ -9,7 +9,6 @@ Used by `DataBuffer` (meshrl.databuffer.store).
 
 from __future__ import annotations
 
-import functools
 import re
 import secrets
 from collections.abc import Sequence
@@ -20,6 +19,7 @@ import redis
 
 from meshrl.api.databuffer.v1 import databuffer_pb2 as pb
 from meshrl.common.codec import batch_from_proto
+from meshrl.common.databuffer_client import StreamStats
 from meshrl.common.errors import InvalidArgument, NotFound
 from meshrl.databuffer.config import LimitsConfig, StreamConfig
 from meshrl.databuffer.indexes import Indexes
@@ -44,16 +44,6 @@ class Delivered:
 class ReadResult:
     groups: list[Delivered]
     dropped_stale: int
-
-
-@dataclass(frozen=True)
-class StreamStat:
-    job_id: str
-    stream: str
-    consumer_group: str
-    length: int
-    pending: int
-    lag: int
 
 
 def _check_ids(ids: Sequence[str]) -> list[str]:
@@ -164,57 +154,35 @@ class StreamStore:
         latest = self.client.hget(meta, "latest")
         return requested if latest is None else max(requested, int(latest) - self.cfg.max_version_lag)
 
-    def read(
-        self,
-        job_id: str,
-        stream: str,
-        group: str,
-        consumer: str,
-        *,
-        max_groups: int = 1,
-        block_seconds: float = 0.0,
-        min_weight_version: int = 0,
-        claim_idle_seconds: float = 0.0,
-    ) -> ReadResult:
-        keys = self._keys(job_id, stream)
-        check_name(group, "consumer_group")
-        check_name(consumer, "consumer")
-        count = max_groups or 1
+    def read(self, request: pb.ReadGroupsRequest) -> ReadResult:
+        """Up to `max_groups` groups for the consumer: claimed from dead consumers, then new ones,
+        blocking up to `block_seconds`; groups below `min_weight_version` are acked and counted."""
+        keys = self._keys(request.job_id, request.stream)
+        check_name(request.consumer_group, "consumer_group")
+        check_name(request.consumer, "consumer")
+        count = request.max_groups or 1
         if not 1 <= count <= MAX_GROUPS_PER_READ:
             raise InvalidArgument(
-                f"max_groups = {max_groups} must be in [1, {MAX_GROUPS_PER_READ}]", field="max_groups"
+                f"max_groups = {request.max_groups} must be in [1, {MAX_GROUPS_PER_READ}]", field="max_groups"
             )
-        if block_seconds < 0 or claim_idle_seconds < 0 or min_weight_version < 0:
+        if request.block_seconds < 0 or request.claim_idle_seconds < 0 or request.min_weight_version < 0:
             raise InvalidArgument(
                 "block_seconds, claim_idle_seconds and min_weight_version must be >= 0",
-                field="block_seconds" if block_seconds < 0 else "claim_idle_seconds",
+                field="block_seconds" if request.block_seconds < 0 else "claim_idle_seconds",
             )
-        attempt = functools.partial(
-            self._read, keys, job_id, stream, group, consumer, count, block_seconds, min_weight_version
-        )
         try:
-            return attempt(claim_idle_seconds)
+            return self._read(keys, request, count)
         except redis.ResponseError as exc:
             if "NOGROUP" not in str(exc):
                 raise
-            self._known_groups.discard((keys[0], group))  # the stream expired or was deleted meanwhile
-            return attempt(claim_idle_seconds)
+            self._known_groups.discard((keys[0], request.consumer_group))  # the stream expired or was deleted
+            return self._read(keys, request, count)
 
-    def _read(
-        self,
-        keys: list[str],
-        job_id: str,
-        stream: str,
-        group: str,
-        consumer: str,
-        count: int,
-        block_seconds: float,
-        min_version: int,
-        claim_idle: float,
-    ) -> ReadResult:
-        self._ensure_group(keys, job_id, stream, group)
-        min_version = self._min_version(keys[1], min_version)
-        claim_ms = int((claim_idle or self.cfg.claim_idle_seconds) * 1000)
+    def _read(self, keys: list[str], request: pb.ReadGroupsRequest, count: int) -> ReadResult:
+        group, consumer, block_seconds = request.consumer_group, request.consumer, request.block_seconds
+        self._ensure_group(keys, request.job_id, request.stream, group)
+        min_version = self._min_version(keys[1], request.min_weight_version)
+        claim_ms = int((request.claim_idle_seconds or self.cfg.claim_idle_seconds) * 1000)
         entries = [
             (i.decode(), d, int(v), int(n))
             for i, d, v, n in self._claim(keys=[keys[0]], args=[group, consumer, claim_ms, count])
@@ -282,9 +250,9 @@ class StreamStore:
     def delete_job(self, job_id: str) -> int:
         return sum(self.delete(job_id, stream) for stream in self.indexes.streams(job_id))
 
-    def stats(self, job_id: str) -> tuple[list[StreamStat], dict[str, int], int, int]:
+    def stats(self, job_id: str) -> tuple[list[StreamStats], dict[str, int], int, int]:
         """Per (stream, consumer group) length / pending / lag, drops by reason, groups held and their bytes."""
-        out: list[StreamStat] = []
+        out: list[StreamStats] = []
         drops: dict[str, int] = {}
         entries = held = 0
         for stream in self.indexes.streams(job_id):
@@ -302,5 +270,5 @@ class StreamStore:
                 lag = g.get("lag")
                 if lag is None:
                     lag = int(self._lag(keys=[key], args=[g["last-delivered-id"]]))
-                out.append(StreamStat(job_id, stream, g["name"].decode(), length, int(g["pending"]), int(lag)))
+                out.append(StreamStats(job_id, stream, g["name"].decode(), length, int(g["pending"]), int(lag)))
         return out, drops, entries, held

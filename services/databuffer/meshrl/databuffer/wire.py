@@ -16,7 +16,13 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from meshrl.api.databuffer.v1 import databuffer_pb2 as pb
-from meshrl.common.databuffer_client import PAYLOAD_TAG, START_TAG, encode_payload_frame, encode_varint, payload_of
+from meshrl.common.buffer_frames import (
+    encode_head_and_payload,
+    encode_payload_frame,
+    payload_of,
+    read_varint,
+    split_head_and_payload,
+)
 from meshrl.common.errors import InvalidArgument
 
 
@@ -26,16 +32,10 @@ class BadRequest:
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    value, shift = 0, 0
-    while True:
-        if pos >= len(data) or shift > 63:
-            raise ValueError("truncated varint")
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return value, pos
+    value, pos = read_varint(data, pos)
+    if value < 0:
+        raise ValueError("truncated varint")
+    return value, pos
 
 
 def find_bad_utf8(descriptor: Descriptor, data: bytes, prefix: str = "") -> str | None:
@@ -107,16 +107,12 @@ _small_put_message = lenient(pb.PutSmallBatchRequest)
 def deserialize_small_put(raw: bytes) -> tuple[pb.PutBatchStart, memoryview] | pb.PutSmallBatchRequest | BadRequest:
     """(start, payload view) of a PutSmallBatchRequest laid out as the client writes it (start, then payload;
     no copy of the payload), else the message parsed by protobuf (or the BadRequest it deserved)."""
-    try:
-        if raw[:1] == START_TAG:
-            size, pos = _varint(raw, 1)
-            head, pos = raw[pos : pos + size], pos + size
-            if raw[pos : pos + 1] == PAYLOAD_TAG:
-                length, pos = _varint(raw, pos + 1)
-                if pos + length == len(raw):
-                    return pb.PutBatchStart.FromString(head), memoryview(raw)[pos:]
-    except (ValueError, DecodeError):
-        pass
+    parts = split_head_and_payload(raw)
+    if parts is not None:
+        try:
+            return pb.PutBatchStart.FromString(parts[0]), parts[1]
+        except DecodeError:
+            pass
     return _small_put_message(raw)
 
 
@@ -125,9 +121,7 @@ def serialize_small_get(reply: tuple[Any, list[Any]] | pb.GetSmallBatchResponse)
     if isinstance(reply, pb.GetSmallBatchResponse):
         return reply.SerializeToString()
     header, chunks = reply
-    head = header.SerializeToString()
-    size = sum(memoryview(c).nbytes for c in chunks)
-    return b"".join((START_TAG, encode_varint(len(head)), head, PAYLOAD_TAG, encode_varint(size), *chunks))
+    return encode_head_and_payload(header.SerializeToString(), chunks)
 
 
 def serialize_get(reply: pb.GetBatchResponse | bytes | memoryview) -> bytes:

@@ -16,9 +16,11 @@ from concurrent.futures import Future
 from meshrl.common.errors import InvalidArgument
 from meshrl.common.weights import BaseMismatch, GroupSpec
 from meshrl.rollout.types import (
+    DiskUpdate,
     EngineStatus,
     GenerationRequest,
     GenerationResult,
+    GroupUpdate,
     PauseMode,
     TokenChunk,
     WeightUpdateResult,
@@ -116,40 +118,22 @@ class Engine(abc.ABC):
         """Takes the tags' memory back; returns the tags still released."""
 
     @abc.abstractmethod
-    def update_weights_from_disk(
-        self,
-        path: str,
-        version: int,
-        *,
-        manifest_sha256: str = "",
-        staging_dir: str = "",
-        pause_mode: PauseMode = PauseMode.IN_PLACE,
-        flush_cache: bool = True,
-    ) -> WeightUpdateResult:
-        """Loads a published weight folder (manifest + safetensors) into the live model as `version`.
+    def update_weights_from_disk(self, update: DiskUpdate) -> WeightUpdateResult:
+        """Loads a published weight folder (manifest + safetensors) into the live model as `update.version`.
 
         `staging_dir` (optional): copy the folder there first, while generation continues, then load the copy.
         Refuses (keeping the old weights) a version not above the current one, a manifest whose sha256
         differs from `manifest_sha256` (when given), a checksum, name or shape mismatch.
         """
 
-    def update_weights_from_delta(
-        self,
-        path: str,
-        version: int,
-        base_version: int,
-        *,
-        manifest_sha256: str = "",
-        pause_mode: PauseMode = PauseMode.IN_PLACE,
-        flush_cache: bool = True,
-    ) -> WeightUpdateResult:
-        """Applies a delta folder (meshrl.common.weights.delta) against `base_version` as `version`.
+    def update_weights_from_delta(self, update: DiskUpdate) -> WeightUpdateResult:
+        """Applies a delta folder (meshrl.common.weights.delta) against `update.delta_base` as `update.version`.
 
         Engines that only load complete model folders refuse it with BaseMismatch, and the scheduler
         refits them with a complete version; the transformers engine applies it in place.
         """
         raise BaseMismatch(
-            f"the {self.name} engine loads complete weight versions only; weight version {version} is a delta "
+            f"the {self.name} engine loads complete weight versions only; weight version {update.version} is a delta "
             "(set weights.delta: false for this fleet)"
         )
 
@@ -158,15 +142,7 @@ class Engine(abc.ABC):
         """Joins the trainer's weight-update process group; returns this engine's first rank."""
 
     @abc.abstractmethod
-    def update_weights_from_distributed(
-        self,
-        group_name: str,
-        version: int,
-        *,
-        pause_mode: PauseMode = PauseMode.IN_PLACE,
-        flush_cache: bool = True,
-        timeout_seconds: float = 120.0,
-    ) -> WeightUpdateResult:
+    def update_weights_from_distributed(self, update: GroupUpdate) -> WeightUpdateResult:
         """Receives one weight version over the joined group (bucket metadata, then the broadcast)."""
 
     @abc.abstractmethod

@@ -13,7 +13,7 @@ import logging
 from meshrl.common.errors import FailedPrecondition
 from meshrl.common.registry import ReplicaRegistry
 from meshrl.rollout.replica import RolloutReplica
-from meshrl.rollout.types import PauseMode
+from meshrl.rollout.types import DiskUpdate, PauseMode
 from meshrl.rollout.weight_receiver import manifest_version, newest_version
 
 log = logging.getLogger(__name__)
@@ -39,5 +39,5 @@ def load_initial_weights(replica: RolloutReplica, path: str | None, registry: Re
     if target_path is None or target_version is None or target_version <= engine.weight_version:
         return engine.weight_version
     log.info("loading weight version %d from %s before serving", target_version, target_path)
-    replica.update_weights_from_disk(target_path, target_version, pause_mode=PauseMode.ABORT, flush_cache=True)
+    replica.update_weights_from_disk(DiskUpdate(target_path, target_version, pause_mode=PauseMode.ABORT))
     return engine.weight_version

@@ -27,7 +27,7 @@ from meshrl.api.common.v1 import weights_pb2
 from meshrl.common import weights as W
 from meshrl.common.errors import FailedPrecondition, InvalidArgument, MeshrlError
 from meshrl.common.weights.engine_group import EngineGroupReader
-from meshrl.rollout.types import PauseMode, WeightUpdateResult
+from meshrl.rollout.types import DiskUpdate, GroupUpdate, PauseMode, WeightUpdateResult
 from meshrl.rollout.weight_receiver import (
     WeightReceiver,
     read_disk,
@@ -72,20 +72,12 @@ class WeightRelay(abc.ABC):
     def native_checksums(self, specs: Sequence[weights_pb2.TensorSpec]) -> dict[str, str]:
         """sha256 (the weights library's definition) of these tensors as the engine holds them now."""
 
-    def update_weights_from_disk(
-        self,
-        path: str,
-        version: int,
-        *,
-        manifest_sha256: str = "",
-        staging_dir: str = "",
-        pause_mode: PauseMode = PauseMode.IN_PLACE,
-        flush_cache: bool = True,
-    ) -> WeightUpdateResult:
+    def update_weights_from_disk(self, update: DiskUpdate) -> WeightUpdateResult:
+        version = update.version
         with self._relay_lock:
-            staged = read_disk(path, version, manifest_sha256, staging_dir, load=False)
+            staged = read_disk(update.path, version, update.manifest_sha256, update.staging_dir, load=False)
             start = time.perf_counter()
-            self.load_folder(staged.folder, version, pause_mode, flush_cache)
+            self.load_folder(staged.folder, version, update.pause_mode, update.flush_cache)
             self._loaded_folder, self._native_specs = staged.folder, {}
             nbytes = sum(p.stat().st_size for p in Path(staged.folder).glob("*.safetensors"))
             return WeightUpdateResult(version, staged.seconds + time.perf_counter() - start, nbytes)
@@ -118,19 +110,17 @@ class WeightRelay(abc.ABC):
             except MeshrlError:
                 pass  # the engine dropped it already
 
-    def update_weights_from_distributed(
-        self,
-        group_name: str,
-        version: int,
-        *,
-        pause_mode: PauseMode = PauseMode.IN_PLACE,
-        flush_cache: bool = True,
-        timeout_seconds: float = 120.0,
-    ) -> WeightUpdateResult:
+    def update_weights_from_distributed(self, update: GroupUpdate) -> WeightUpdateResult:
+        group_name, version, pause_mode, flush_cache = (
+            update.group_name,
+            update.version,
+            update.pause_mode,
+            update.flush_cache,
+        )
         if group_name in self._native:
-            return self._native_update(group_name, version, pause_mode, flush_cache, timeout_seconds)
+            return self._native_update(group_name, version, pause_mode, flush_cache, update.timeout_seconds)
         with self._relay_lock:
-            staged = self._relay_receiver.receive_tensors(group_name, version, timeout_seconds)
+            staged = self._relay_receiver.receive_tensors(group_name, version, update.timeout_seconds)
             start = time.perf_counter()
             folder = self._relay_dir / f"v{version:06d}"
             if folder.exists():

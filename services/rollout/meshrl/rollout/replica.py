@@ -31,9 +31,11 @@ from meshrl.rollout.call_deadline import await_result, cancel_all
 from meshrl.rollout.engine import Engine
 from meshrl.rollout.limits import RequestLimits
 from meshrl.rollout.types import (
+    DiskUpdate,
     FinishReason,
     GenerationRequest,
     GenerationResult,
+    GroupUpdate,
     PauseMode,
     SamplingParams,
     TokenChunk,
@@ -317,62 +319,31 @@ class RolloutReplica:
         telemetry.metrics().record_weight_update(result.seconds, transport=transport, replica=self.replica_id)
         return result
 
-    def update_weights_from_disk(
-        self,
-        path: str,
-        version: int,
-        *,
-        manifest_sha256: str = "",
-        staging_dir: str = "",
-        pause_mode: PauseMode = PauseMode.IN_PLACE,
-        flush_cache: bool = True,
-        delta_base: int | None = None,
-    ) -> WeightUpdateResult:
+    def update_weights_from_disk(self, update: DiskUpdate) -> WeightUpdateResult:
         """Loads a complete version, or (`delta_base` set) a delta against that version, which a stale
         replica or one serving another version refuses with BaseMismatch (the scheduler refits it)."""
-        if not path:
+        version, delta_base = update.version, update.delta_base
+        if not update.path:
             raise InvalidArgument("weights.path is empty: give the folder of the published version")
         if not self._check_version(version):
             return WeightUpdateResult(version, 0.0, 0)
-        if delta_base is not None:
-            if self._state == STALE or self.engine.weight_version != delta_base:
-                raise BaseMismatch(
-                    f"weight version {version} is a delta against version {delta_base}, but this replica "
-                    f"serves {self.engine.weight_version}{' (stale)' if self._state == STALE else ''}; "
-                    "refit it with a complete version"
-                )
-            result = self.engine.update_weights_from_delta(
-                path, version, delta_base, manifest_sha256=manifest_sha256, pause_mode=pause_mode,
-                flush_cache=flush_cache,
-            )  # fmt: skip
-            return self._weights_changed(result, "disk")
-        result = self.engine.update_weights_from_disk(
-            path,
-            version,
-            manifest_sha256=manifest_sha256,
-            staging_dir=staging_dir,
-            pause_mode=pause_mode,
-            flush_cache=flush_cache,
-        )
-        return self._weights_changed(result, "disk")
+        if delta_base is None:
+            return self._weights_changed(self.engine.update_weights_from_disk(update), "disk")
+        if self._state == STALE or self.engine.weight_version != delta_base:
+            raise BaseMismatch(
+                f"weight version {version} is a delta against version {delta_base}, but this replica "
+                f"serves {self.engine.weight_version}{' (stale)' if self._state == STALE else ''}; "
+                "refit it with a complete version"
+            )
+        return self._weights_changed(self.engine.update_weights_from_delta(update), "disk")
 
     def init_weight_update_group(self, group: GroupSpec) -> int:
         return self.engine.init_weight_update_group(group)
 
-    def update_weights_from_distributed(
-        self,
-        group_name: str,
-        version: int,
-        *,
-        pause_mode: PauseMode = PauseMode.IN_PLACE,
-        flush_cache: bool = True,
-        timeout_seconds: float = 120.0,
-    ) -> WeightUpdateResult:
-        self._check_version(version)  # the same version is received again: the trainer is already sending it
+    def update_weights_from_distributed(self, update: GroupUpdate) -> WeightUpdateResult:
+        self._check_version(update.version)  # the same version received again: the trainer is already sending it
         try:
-            result = self.engine.update_weights_from_distributed(
-                group_name, version, pause_mode=pause_mode, flush_cache=flush_cache, timeout_seconds=timeout_seconds
-            )
+            result = self.engine.update_weights_from_distributed(update)
         except (InvalidArgument, NotFound):
             raise  # refused before any tensor changed (a bad version, an unknown group): the replica is as it was
         except MeshrlError:

@@ -16,7 +16,15 @@ from meshrl.common.telemetry import attributes as A
 from meshrl.common.telemetry import tag_span
 from meshrl.common.weights import GroupSpec
 from meshrl.rollout.replica import BatchJob, RolloutReplica
-from meshrl.rollout.types import GenerationRequest, PauseMode, SamplingParams, WeightUpdateResult, new_request_id
+from meshrl.rollout.types import (
+    DiskUpdate,
+    GenerationRequest,
+    GroupUpdate,
+    PauseMode,
+    SamplingParams,
+    WeightUpdateResult,
+    new_request_id,
+)
 
 SERVICE_NAME = "meshrl.rollout.v1.Rollout"
 STATES = {
@@ -98,15 +106,12 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
     def UpdateWeightsFromDisk(self, request: pb.UpdateWeightsFromDiskRequest, context) -> pb.UpdateWeightsResponse:
         w = request.weights
         staging = self.roots.inside(w.local_staging_dir, "weights.local_staging_dir") if w.local_staging_dir else ""
-        r = self.replica.update_weights_from_disk(
-            self.roots.inside(w.path, "weights.path"),
-            w.version,
-            manifest_sha256=w.manifest_sha256,
-            staging_dir=staging,
-            pause_mode=pause_mode(request.pause_mode),
-            flush_cache=request.flush_cache,
+        update = DiskUpdate(
+            self.roots.inside(w.path, "weights.path"), w.version, manifest_sha256=w.manifest_sha256,
+            staging_dir=staging, pause_mode=pause_mode(request.pause_mode), flush_cache=request.flush_cache,
             delta_base=w.base_version if w.delta else None,
-        )
+        )  # fmt: skip
+        r = self.replica.update_weights_from_disk(update)
         return self._applied(r, "disk")
 
     def InitWeightUpdateGroup(self, request: pb.InitWeightUpdateGroupRequest, context):
@@ -114,13 +119,11 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         return pb.InitWeightUpdateGroupResponse(rank=self.replica.init_weight_update_group(spec))
 
     def UpdateWeightsFromDistributed(self, request: pb.UpdateWeightsFromDistributedRequest, context):
-        r = self.replica.update_weights_from_distributed(
-            request.group_name or "weight_update_group",
-            request.version,
-            pause_mode=pause_mode(request.pause_mode),
-            flush_cache=request.flush_cache,
-            timeout_seconds=request.timeout_seconds or 120.0,
-        )
+        update = GroupUpdate(
+            request.group_name or "weight_update_group", request.version, pause_mode=pause_mode(request.pause_mode),
+            flush_cache=request.flush_cache, timeout_seconds=request.timeout_seconds or 120.0,
+        )  # fmt: skip
+        r = self.replica.update_weights_from_distributed(update)
         return self._applied(r, "distributed")
 
     def _applied(self, r: WeightUpdateResult, transport: str) -> pb.UpdateWeightsResponse:

@@ -21,9 +21,11 @@ from meshrl.rollout.engine import ChunkCallback, Engine
 from meshrl.rollout.memory import check_tags, release_parameters, restore_parameters
 from meshrl.rollout.model_runner import HFModelRunner
 from meshrl.rollout.types import (
+    DiskUpdate,
     EngineStatus,
     GenerationRequest,
     GenerationResult,
+    GroupUpdate,
     PauseMode,
     WeightUpdateResult,
 )
@@ -90,45 +92,28 @@ class TransformersEngine(Engine):
         return self.batcher.cancel(request_id)
 
     # --- weights ------------------------------------------------------------------------------------
-    def update_weights_from_disk(
-        self,
-        path: str,
-        version: int,
-        *,
-        manifest_sha256: str = "",
-        staging_dir: str = "",
-        pause_mode: PauseMode = PauseMode.IN_PLACE,
-        flush_cache: bool = True,
-    ) -> WeightUpdateResult:
+    def update_weights_from_disk(self, update: DiskUpdate) -> WeightUpdateResult:
         """Stages and verifies the whole version while generating, then pauses only for the copy."""
         with self._update_lock:
             self._require_weights_memory()
             start = time.perf_counter()
-            staged = read_disk(path, version, manifest_sha256, staging_dir)
-            copy = lambda: self.receiver.apply(staged.tensors, self.batcher.version, version)  # noqa: E731
-            return self._install(version, start, copy, pause_mode, flush_cache)
+            staged = read_disk(update.path, update.version, update.manifest_sha256, update.staging_dir)
+            copy = lambda: self.receiver.apply(staged.tensors, self.batcher.version, update.version)  # noqa: E731
+            return self._install(update.version, start, copy, update.pause_mode, update.flush_cache)
 
-    def update_weights_from_delta(
-        self,
-        path: str,
-        version: int,
-        base_version: int,
-        *,
-        manifest_sha256: str = "",
-        pause_mode: PauseMode = PauseMode.IN_PLACE,
-        flush_cache: bool = True,
-    ) -> WeightUpdateResult:
+    def update_weights_from_delta(self, update: DiskUpdate) -> WeightUpdateResult:
         """Decodes and verifies the delta against the live parameters while generating (BaseMismatch when they
-        are not `base_version`'s), then pauses only to copy the changed tensors in."""
+        are not `update.delta_base`'s), then pauses only to copy the changed tensors in."""
         with self._update_lock:
             self._require_weights_memory()
             start = time.perf_counter()
             weights = weights_pb2.DiskWeights(
-                path=path, version=version, manifest_sha256=manifest_sha256, delta=True, base_version=base_version
-            )
+                path=update.path, version=update.version, manifest_sha256=update.manifest_sha256, delta=True,
+                base_version=update.delta_base or 0,
+            )  # fmt: skip
             staged = stage_delta(self.runner.named_parameters(), weights, self.batcher.version)
             copy = lambda: apply_delta(self.runner.named_parameters(), staged)  # noqa: E731
-            return self._install(version, start, copy, pause_mode, flush_cache)
+            return self._install(update.version, start, copy, update.pause_mode, update.flush_cache)
 
     def _install(
         self, version: int, start: float, copy: Callable[[], int], pause_mode: PauseMode, flush_cache: bool
@@ -160,28 +145,23 @@ class TransformersEngine(Engine):
             )
         return self.receiver.join_group(group)
 
-    def update_weights_from_distributed(
-        self,
-        group_name: str,
-        version: int,
-        *,
-        pause_mode: PauseMode = PauseMode.IN_PLACE,
-        flush_cache: bool = True,
-        timeout_seconds: float = 120.0,
-    ) -> WeightUpdateResult:
+    def update_weights_from_distributed(self, update: GroupUpdate) -> WeightUpdateResult:
         """Pauses, receives every bucket straight into the parameters, flushes (by policy), continues."""
+        version = update.version
         with self._update_lock:
-            self.receiver.group(group_name)  # NotFound before pausing anything
+            self.receiver.group(update.group_name)  # NotFound before pausing anything
             self._require_weights_memory()
             start = time.perf_counter()
-            self.batcher.pause(pause_mode, reason="weights")
+            self.batcher.pause(update.pause_mode, reason="weights")
             try:
                 # Paused: the batcher runs no forward pass, so the parameters may change under it.
-                nbytes = self.receiver.receive_into_model(group_name, self.batcher.version, version, timeout_seconds)
+                nbytes = self.receiver.receive_into_model(
+                    update.group_name, self.batcher.version, version, update.timeout_seconds
+                )
 
                 def bump() -> None:
                     self.batcher.version = version
-                    if flush_cache:
+                    if update.flush_cache:
                         self.batcher.drop_cache()
 
                 self.batcher.run_exclusive(bump)

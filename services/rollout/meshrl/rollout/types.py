@@ -206,3 +206,28 @@ class WeightUpdateResult:
     seconds: float  # the whole update: reading and verifying included
     bytes: int
     pause_seconds: float = 0.0  # of which generation was paused (the apply); 0 when not measured apart
+
+
+@dataclass(frozen=True)
+class DiskUpdate:
+    """A published version on disk to load: a complete folder, or (`delta_base` set) a delta against
+    that version. `staging_dir`: copy the folder there first, while generation goes on."""
+
+    path: str
+    version: int
+    manifest_sha256: str = ""
+    staging_dir: str = ""
+    pause_mode: PauseMode = PauseMode.IN_PLACE
+    flush_cache: bool = True
+    delta_base: int | None = None
+
+
+@dataclass(frozen=True)
+class GroupUpdate:
+    """A version to receive over the joined weight-update group `group_name`."""
+
+    group_name: str
+    version: int
+    pause_mode: PauseMode = PauseMode.IN_PLACE
+    flush_cache: bool = True
+    timeout_seconds: float = 120.0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import grpc
@@ -47,32 +48,32 @@ def _code(context: grpc.ServicerContext, exc: BaseException | None) -> int:
     return code.value[0]
 
 
+@contextmanager
+def _recorded(histogram, attributes: dict[str, Any], context: grpc.ServicerContext) -> Iterator[None]:
+    """Records the block's duration with the call's final status code (its own, or the error's)."""
+    start, failure = time.perf_counter(), None
+    try:
+        yield
+    except BaseException as exc:
+        failure = exc
+        raise
+    finally:
+        code = _code(context, failure)
+        histogram.record(time.perf_counter() - start, {**attributes, "rpc.grpc.status_code": code})
+
+
 def _wrap_unary(behavior, histogram, attributes: dict[str, Any]):
     def handler(request_or_iterator, context):
-        start, failure = time.perf_counter(), None
-        try:
+        with _recorded(histogram, attributes, context):
             return behavior(request_or_iterator, context)
-        except BaseException as exc:
-            failure = exc
-            raise
-        finally:
-            code = _code(context, failure)
-            histogram.record(time.perf_counter() - start, {**attributes, "rpc.grpc.status_code": code})
 
     return handler
 
 
 def _wrap_stream(behavior, histogram, attributes: dict[str, Any]):
     def handler(request_or_iterator, context) -> Iterator[Any]:
-        start, failure = time.perf_counter(), None
-        try:
+        with _recorded(histogram, attributes, context):
             yield from behavior(request_or_iterator, context)
-        except BaseException as exc:
-            failure = exc
-            raise
-        finally:
-            code = _code(context, failure)
-            histogram.record(time.perf_counter() - start, {**attributes, "rpc.grpc.status_code": code})
 
     return handler
 

@@ -24,6 +24,7 @@ ALIGN = 64  # bytes; keeps every tensor view naturally aligned for any dtype
 
 NamedTensor = tuple[str, torch.Tensor]
 Bucket = Sequence[NamedTensor]
+Export = Iterable[NamedTensor] | Iterable[Bucket]  # what a sender sends: pairs in export order, or buckets
 
 
 def align_up(n: int, align: int = ALIGN) -> int:
@@ -56,7 +57,7 @@ def iter_buckets(
         yield bucket
 
 
-def as_buckets(tensors: Iterable, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Iterator[Sequence[NamedTensor]]:
+def as_buckets(tensors: Export, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Iterator[Sequence[NamedTensor]]:
     """Accepts (name, tensor) pairs (bucketed here) or ready-made buckets; refuses an empty export now."""
     it = iter(tensors)
     first = next(it, None)

@@ -15,7 +15,7 @@ one), and the sender's error names the members that stopped answering.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -24,7 +24,7 @@ import torch.distributed as dist
 from meshrl.api.common.v1 import weights_pb2
 from meshrl.common.errors import Aborted, DataLoss, DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
 
-from .buckets import DEFAULT_BUCKET_BYTES, as_buckets, bucket_specs
+from .buckets import DEFAULT_BUCKET_BYTES, Export, as_buckets, bucket_specs
 from .errors import MembersUnresponsive, UpdateOutcome, UpdateRefused
 from .group_plan import GroupSpec
 from .rendezvous import Rendezvous
@@ -194,7 +194,7 @@ class WeightGroup:
     # ---------------------------------------------------------------- sender
     def send(
         self,
-        tensors: Iterable[tuple[str, torch.Tensor]] | Iterable[list[tuple[str, torch.Tensor]]],
+        tensors: Export,
         version: int,
         *,
         bucket_bytes: int | None = None,

@@ -13,8 +13,9 @@ share the store keys below. Used by the trainer service and the SGLang / vLLM ad
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -23,7 +24,7 @@ from meshrl.api.common.v1 import weights_pb2
 from meshrl.common.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
 
 from . import dtypes
-from .buckets import DEFAULT_BUCKET_BYTES, as_buckets, bucket_specs
+from .buckets import DEFAULT_BUCKET_BYTES, Export, as_buckets, bucket_specs
 from .errors import MembersUnresponsive, UpdateOutcome, UpdateRefused
 from .group_plan import GroupSpec
 from .transport import Deadline
@@ -106,19 +107,12 @@ class EngineGroupSender:
         except Exception as e:  # the store's port taken, or members missing past the deadline (gloo)
             raise Unavailable(f"joining engine weight group {spec.group_name!r} failed: {e}") from e
 
-    def send(
-        self,
-        tensors: Iterable[tuple[str, torch.Tensor]] | Iterable[list[tuple[str, torch.Tensor]]],
-        version: int,
-        *,
-        bucket_bytes: int | None = None,
-        layout_name: str | None = None,
-    ) -> UpdateOutcome:
+    def send(self, tensors: Export, version: int, *, bucket_bytes: int | None = None, **_layout: Any) -> UpdateOutcome:
         """Per bucket: its specs on the store, then one broadcast per tensor; then waits until every
-        engine rank confirmed through its adapter (UpdateRefused / MembersUnresponsive otherwise)."""
+        engine rank confirmed through its adapter (UpdateRefused / MembersUnresponsive otherwise).
+        The group sender's `layout_name` is accepted and has no use here: engines receive each tensor alone."""
         if self.broken:
             raise FailedPrecondition(f"weight group {self.spec.group_name!r} is unusable after a failed step")
-        del layout_name  # the engines receive each tensor on its own
         self._seq += 1
         seq, g, op = self._seq, self.spec.group_name, self.spec.timeout_s
         count = 0

@@ -8,6 +8,8 @@ e.g. `Ragged(values, offsets)` from `meshrl.common.codec`). Outputs are float32.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from meshrl.common.errors import InvalidArgument
@@ -27,12 +29,18 @@ def _check_offsets(offsets: np.ndarray, total: int | None = None) -> np.ndarray:
     return offsets
 
 
-def _group_stats(rewards: np.ndarray, group_index: np.ndarray):
+def _group_stats(rewards: Any, group_index: Any):
+    """(rewards as float64, (inverse, counts, means, squared deviations) per group), or stats None when empty."""
+    rewards = np.asarray(rewards, dtype=np.float64)
+    group_index = np.asarray(group_index)
+    _check_rows("group_index", group_index, rewards.shape[0])
+    if rewards.size == 0:
+        return rewards, None
     _, inverse, counts = np.unique(group_index, return_inverse=True, return_counts=True)
     sums = np.bincount(inverse, weights=rewards)
     means = sums / counts
     sq = np.bincount(inverse, weights=(rewards - means[inverse]) ** 2)
-    return inverse, counts, means, sq
+    return rewards, (inverse, counts, means, sq)
 
 
 def grpo_advantages(
@@ -43,12 +51,10 @@ def grpo_advantages(
     std is the unbiased sample std (ddof=1; 0 for a group of one). normalize_std=False gives Dr. GRPO's
     A_i = r_i - mean_g. A group whose rewards are all equal gets advantage 0. Returns float32 [N].
     """
-    rewards = np.asarray(rewards, dtype=np.float64)
-    group_index = np.asarray(group_index)
-    _check_rows("group_index", group_index, rewards.shape[0])
-    if rewards.size == 0:
+    rewards, stats = _group_stats(rewards, group_index)
+    if stats is None:
         return np.zeros(0, np.float32)
-    inverse, counts, means, sq = _group_stats(rewards, group_index)
+    inverse, counts, means, sq = stats
     adv = rewards - means[inverse]
     if normalize_std:
         std = np.sqrt(sq / np.maximum(counts - 1, 1))
@@ -61,12 +67,10 @@ def rloo_advantages(rewards: np.ndarray, group_index: np.ndarray) -> np.ndarray:
 
     A group of one sample has no baseline and gets advantage 0. Returns float32 [N].
     """
-    rewards = np.asarray(rewards, dtype=np.float64)
-    group_index = np.asarray(group_index)
-    _check_rows("group_index", group_index, rewards.shape[0])
-    if rewards.size == 0:
+    rewards, stats = _group_stats(rewards, group_index)
+    if stats is None:
         return np.zeros(0, np.float32)
-    inverse, counts, means, _ = _group_stats(rewards, group_index)
+    inverse, counts, means, _ = stats
     n = counts[inverse].astype(np.float64)
     adv = np.where(n > 1, n / np.maximum(n - 1, 1) * (rewards - means[inverse]), 0.0)
     return adv.astype(np.float32)
