@@ -8,7 +8,8 @@ trainer- and rollout-idle fractions per step, the consumed samples' staleness, a
 accuracy. Target (issue 16): the best asynchronous mode reaches sync's final accuracy in <= 0.7x sync's time
 and ends no lower than sync - 0.05.
 
-Run: `.venv/bin/python bench/async/run.py [--steps 60] [--eval-every 5] [--prompts 128] [--use-ray]`
+Run: `.venv/bin/python bench/async/run.py [--steps 60] [--eval-every 5] [--prompts 128] [--tis-cap C]
+[--mis-cap M] [--use-ray]`
 (from the repository root; the example's model and data are built under runs/ on first use). Each mode
 costs about what `make run` costs (minutes on 2 cores); --steps and --prompts shrink it.
 """
@@ -47,6 +48,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=0, help="prompts per step (0: the example's)")
     p.add_argument("--warmup-steps", type=int, default=-1, help="supervised warm-up steps (-1: the example's)")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {list(MODES)}")
+    p.add_argument(
+        "--tis-cap", type=float, default=0.0, help="algorithm.loss.tis_cap for every mode (0: the example's)"
+    )
+    p.add_argument(
+        "--mis-cap", type=float, default=0.0, help="algorithm.loss.mis_cap for every mode (0: the example's)"
+    )
     p.add_argument("--use-ray", action="store_true", help="services as Ray actors (default: plain processes)")
     p.add_argument("--out", default="", help="write the figures as JSON here too")
     return p.parse_args(argv)
@@ -63,6 +70,9 @@ def job_yaml(a: argparse.Namespace, mode: str, run_root: Path) -> str:
     cfg["training"] = MODES[mode]
     if a.prompts:
         cfg["data"]["prompts_per_step"] = a.prompts
+    for name, value in (("tis_cap", a.tis_cap), ("mis_cap", a.mis_cap)):
+        if value:
+            cfg["algorithm"].setdefault("loss", {})[name] = value
     if a.warmup_steps >= 0:
         cfg["warmup"]["steps"] = a.warmup_steps
     return yaml.safe_dump(cfg)
