@@ -8,7 +8,8 @@ trainer- and rollout-idle fractions per step, the consumed samples' staleness, a
 accuracy. Target (issue 16): the best asynchronous mode reaches sync's final accuracy in <= 0.7x sync's time
 and ends no lower than sync - 0.05.
 
-Run: `.venv/bin/python bench/async/run.py [--steps 60] [--eval-every 5] [--prompts 128] [--use-ray]`
+Run: `.venv/bin/python bench/async/run.py [--steps 60] [--eval-every 5] [--prompts 128] [--tis-cap C]
+[--mis-cap M] [--use-ray]`
 (from the repository root; the example's model and data are built under runs/ on first use). Each mode
 costs about what `make run` costs (minutes on 2 cores); --steps and --prompts shrink it.
 """
@@ -47,6 +48,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=0, help="prompts per step (0: the example's)")
     p.add_argument("--warmup-steps", type=int, default=-1, help="supervised warm-up steps (-1: the example's)")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {list(MODES)}")
+    p.add_argument(
+        "--tis-cap", type=float, default=0.0, help="algorithm.loss.tis_cap for every mode (0: the example's)"
+    )
+    p.add_argument(
+        "--mis-cap", type=float, default=0.0, help="algorithm.loss.mis_cap for every mode (0: the example's)"
+    )
     p.add_argument("--use-ray", action="store_true", help="services as Ray actors (default: plain processes)")
     p.add_argument("--out", default="", help="write the figures as JSON here too")
     return p.parse_args(argv)
@@ -63,6 +70,9 @@ def job_yaml(a: argparse.Namespace, mode: str, run_root: Path) -> str:
     cfg["training"] = MODES[mode]
     if a.prompts:
         cfg["data"]["prompts_per_step"] = a.prompts
+    for name, value in (("tis_cap", a.tis_cap), ("mis_cap", a.mis_cap)):
+        if value:
+            cfg["algorithm"].setdefault("loss", {})[name] = value
     if a.warmup_steps >= 0:
         cfg["warmup"]["steps"] = a.warmup_steps
     return yaml.safe_dump(cfg)
@@ -80,6 +90,7 @@ def run_mode(a: argparse.Namespace, mode: str, run_root: Path) -> dict:
         if e.WhichOneof("body") == "metrics" and "eval/accuracy" in e.metrics.metrics:
             evals.append((e.metrics.step, e.metrics.metrics["eval/accuracy"], e.time))
     steps = [json.loads(line) for line in record.runner.run.metrics_file.read_text().splitlines()]
+    cfg = record.runner.cfg
     lags = [k for m in steps for k in m if k.startswith("async/staleness_") and k[-1].isdigit()]
     staleness = {k.rsplit("_", 1)[1]: sum(m.get(k, 0.0) for m in steps) for k in sorted(set(lags))}
     return {
@@ -92,6 +103,8 @@ def run_mode(a: argparse.Namespace, mode: str, run_root: Path) -> dict:
         "staleness": staleness,
         "dropped": sum(m.get("async/dropped_groups", 0.0) for m in steps),
         "stream_max": max((m.get("async/stream_groups_max", 0.0) for m in steps), default=0.0),
+        "stream_bound": float(cfg.training.stream_groups or (cfg.training.staleness + 1) * cfg.data.prompts_per_step),
+        "regenerated": sum(m.get("async/regenerated_groups", 0.0) for m in steps),
     }
 
 
@@ -118,13 +131,13 @@ def main(argv=None) -> int:
     base = seconds_to(results["sync"], target)
     print(f"\n{a.steps} RL steps per mode, evaluation every {a.eval_every}; target: sync's final accuracy {target:.3f}")
     head = f"{'mode':<14}{'to target s':>12}{'x sync':>8}{'RL s':>8}{'step s':>8}{'trainer idle':>14}"
-    print(head + f"{'rollout idle':>14}{'final acc':>11}  staleness (groups by lag), dropped, stream max")
+    print(head + f"{'rollout idle':>14}{'final acc':>11}  staleness (groups by lag), dropped, stream max / bound")
     for mode, r in results.items():
         t = seconds_to(r, target)
         ratio = f"{t / base:.2f}" if t is not None and base else "-"
         print(f"{mode:<14}{(f'{t:.1f}' if t is not None else 'never'):>12}{ratio:>8}{r['rl_seconds']:>8.1f}"
               f"{r['step_seconds']:>8.2f}{r['trainer_idle']:>14.2f}{r['rollout_idle']:>14.2f}{r['final']:>11.3f}"
-              f"  {r['staleness'] or '-'}, {r['dropped']:.0f}, {r['stream_max']:.0f}")  # fmt: skip
+              f"  {r['staleness'] or '-'}, {r['dropped']:.0f}, {r['stream_max']:.0f} / {r['stream_bound']:.0f}")  # fmt: skip
     if a.out:
         Path(a.out).write_text(json.dumps(results, indent=1))
     return 0

@@ -250,6 +250,11 @@ class TrainingSection(StrictModel):
     stream_groups: int = Field(
         0, ge=0, description="back-pressure: most unconsumed groups in the sample stream (0: (eta + 1) steps' worth)"
     )
+    stale_policy: Literal["drop", "regenerate"] = Field(
+        "drop",
+        description="a group older than eta: 'drop' it (counted), or 'regenerate' (its prompt goes back to the "
+        "data loader and is generated again on current weights; counted)",
+    )
 
     @pydantic.model_validator(mode="after")
     def _staleness_fits_mode(self) -> TrainingSection:
@@ -258,6 +263,11 @@ class TrainingSection(StrictModel):
             raise ValueError(
                 f"training.max_staleness = {self.max_staleness} does not fit training.mode = {self.mode!r} "
                 f"(it is {fixed} there); use mode 'async' for another bound or leave max_staleness unset"
+            )
+        if self.mode == "sync" and self.stale_policy != "drop":
+            raise ValueError(
+                f"training.stale_policy = {self.stale_policy!r} does not fit training.mode = 'sync' (no sample is "
+                "ever stale there); use mode 'one_step_off' or 'async', or leave stale_policy unset"
             )
         if self.mode == "async" and self.max_staleness is None:
             raise ValueError("training.max_staleness is unset; mode 'async' needs a bound, e.g. 1 or 2")

@@ -5,7 +5,9 @@ per epoch, and a position that checkpoints save so a resumed run sees the same o
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,36 +99,55 @@ class PromptEncoder:
 class DataPosition:
     epoch: int = 0
     cursor: int = 0
+    requeued: list[int] = dataclasses.field(
+        default_factory=list
+    )  # record indexes put back, taken before the cursor moves
 
     def to_json(self) -> str:
-        return json.dumps({"epoch": self.epoch, "cursor": self.cursor})
+        data = {"epoch": self.epoch, "cursor": self.cursor}
+        if self.requeued:
+            data["requeued"] = list(self.requeued)
+        return json.dumps(data)
 
     @classmethod
     def from_json(cls, text: str | bytes | None) -> DataPosition:
         if not text:
             return cls()
         data = json.loads(text)
-        return cls(int(data["epoch"]), int(data["cursor"]))
+        return cls(int(data["epoch"]), int(data["cursor"]), [int(i) for i in data.get("requeued", [])])
 
 
 class PromptSampler:
-    """Deterministic epochs: a permutation seeded by (shuffle_seed, epoch), consumed in order."""
+    """Deterministic epochs: a permutation seeded by (shuffle_seed, epoch), consumed in order; prompts put back
+    (`put_back`: asynchronous training's regenerate policy) come first. Thread-safe: an asynchronous job's
+    producer takes batches while its step loop puts prompts back."""
 
     def __init__(self, records: list[Record], shuffle_seed: int, position: DataPosition | None = None) -> None:
         self.records = records
         self.seed = shuffle_seed
         self.position = position or DataPosition()
+        self._lock = threading.Lock()
 
     def _order(self, epoch: int) -> np.ndarray:
         return np.random.default_rng([self.seed, epoch]).permutation(len(self.records))
 
+    def put_back(self, indexes: list[int]) -> None:
+        """Record indexes to hand out again, before any new one; refuses (InvalidArgument) an unknown index."""
+        bad = [i for i in indexes if not 0 <= i < len(self.records)]
+        if bad:
+            raise InvalidArgument(f"cannot put back record indexes {bad[:5]}: the dataset has {len(self.records)} rows")
+        with self._lock:
+            self.position.requeued += [int(i) for i in indexes]
+
     def next_batch(self, size: int) -> list[Record]:
-        out: list[Record] = []
-        while len(out) < size:
-            order = self._order(self.position.epoch)
-            take = order[self.position.cursor : self.position.cursor + size - len(out)]
-            out += [self.records[i] for i in take]
-            self.position.cursor += len(take)
-            if self.position.cursor >= len(order):
-                self.position = DataPosition(self.position.epoch + 1, 0)
-        return out
+        with self._lock:
+            again, self.position.requeued = self.position.requeued[:size], self.position.requeued[size:]
+            out: list[Record] = [self.records[i] for i in again]
+            while len(out) < size:
+                order = self._order(self.position.epoch)
+                take = order[self.position.cursor : self.position.cursor + size - len(out)]
+                out += [self.records[i] for i in take]
+                self.position.cursor += len(take)
+                if self.position.cursor >= len(order):
+                    self.position = DataPosition(self.position.epoch + 1, 0, self.position.requeued)
+            return out

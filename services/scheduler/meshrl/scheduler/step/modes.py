@@ -72,6 +72,8 @@ class AsyncPlan:
     eta: int  # max_staleness
     stream_groups: int  # most unconsumed groups in the stream (back-pressure)
     round_groups: int  # groups (prompts) one round generates
+    stale_policy: str = "drop"  # a group older than eta: "drop" (counted) or "regenerate" (its prompt put back)
+    data_node: str = ""  # the one DATA_LOAD node: its prompt_index names each group's prompt ("" if not one)
 
 
 def plan_async(training: Any, prompts_per_step: int, nodes: list[Any]) -> AsyncPlan:
@@ -86,4 +88,11 @@ def plan_async(training: Any, prompts_per_step: int, nodes: list[Any]) -> AsyncP
             f"training.stream_groups = {training.stream_groups} is below one step's {round_groups} groups "
             f"(data.prompts_per_step): generation could never start; use at least {round_groups} or 0 (automatic)"
         )
-    return AsyncPlan(split, training.staleness, bound, round_groups)
+    data_node = loads[0].node_id if len(loads) == 1 and loads[0].node_id in split.producer else ""
+    policy = training.stale_policy
+    if policy == "regenerate" and not data_node:
+        raise InvalidArgument(
+            f"training.stale_policy = 'regenerate' puts a stale group's prompt back to the data loader, which needs "
+            f"exactly one DATA_LOAD node on the producer side (the workflow has {len(loads)}); use stale_policy: drop"
+        )
+    return AsyncPlan(split, training.staleness, bound, round_groups, policy, data_node)

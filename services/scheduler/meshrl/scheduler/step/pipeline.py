@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -21,17 +22,19 @@ from meshrl.common import batch_schema as S
 from meshrl.common import telemetry
 from meshrl.common.codec import concat_batches
 from meshrl.common.databuffer_client import DataBufferClient
-from meshrl.common.errors import Cancelled
+from meshrl.common.errors import Cancelled, FailedPrecondition, InvalidArgument
 from meshrl.common.telemetry import attributes as A
 from meshrl.scheduler.config import JobConfig
 from meshrl.scheduler.step.executor import NodeResult, StepContext, StepExecutor
 from meshrl.scheduler.step.modes import AsyncPlan, node_kinds, plan_async
 from meshrl.scheduler.step.nodes import enum_name
-from meshrl.scheduler.step.producer import STREAM, Producer, rows_key
+from meshrl.scheduler.step.producer import STREAM, Producer, prompt_of, rows_key
 from meshrl.scheduler.step.staleness import AdmissionGate, logprob_gap_by_lag, staleness_histogram
 
 LEARNER_GROUP = "learner"
 READ_BLOCK_SECONDS = 1.0
+LEFTOVER_READ = 1000  # groups per read when discarding what a previous attempt left in the stream
+LEFTOVER_CLAIM_SECONDS = 0.001  # ... including those it had read and not acked (its consumer is gone)
 
 
 class StepSpans:
@@ -148,8 +151,16 @@ class AsyncSteps(SyncSteps):
 
     def __init__(self, executor: StepExecutor, buffer: DataBufferClient, job_id: str, nodes: list, plan: AsyncPlan,
                  cancelled: threading.Event, position_of: Callable[[], str] = lambda: "",
-                 last_step: int | None = None) -> None:  # fmt: skip
+                 last_step: int | None = None, requeue: Callable[[list[int]], None] | None = None) -> None:  # fmt: skip
         super().__init__(executor, buffer, job_id, nodes)
+        self.plan = plan
+        self.requeue = requeue  # stale_policy regenerate: record indexes back to the data loader
+        if plan.stale_policy == "regenerate" and requeue is None:
+            raise InvalidArgument("training.stale_policy = 'regenerate' needs the job's data loader to put prompts "
+                                  "back into; this runner has none: use stale_policy: drop")  # fmt: skip
+        self.trained: Counter[str] = Counter()  # group id -> times trained (the whole run's ledger)
+        self.regenerated: list[int] = []  # record indexes put back as stale, in order
+        self.discarded = 0  # groups a previous attempt left in the stream, discarded at start
         self.last_step = last_step
         self.position_of = position_of
         self.position = ""  # after the last consumed round: the sampler itself runs ahead
@@ -169,41 +180,62 @@ class AsyncSteps(SyncSteps):
         self.next_round = step + 1
         self.version = version
         self.position = self.position_of()
+        self.discarded = discard_leftovers(self.buffer, self.job_id)
         self.gate = AdmissionGate(step + 1, version, self.eta, self.stream_groups, self.round_groups, self.last_step)
         self.producer = Producer(self.executor, self.split, self.buffer, self.job_id, self.gate, self.spans.use,
-                                 lambda: self.version, self.position_of)  # fmt: skip
+                                 lambda: self.version, self.position_of, self.plan.data_node)  # fmt: skip
         self.producer.start()
 
     def step_span(self, step: int):
         return self.spans.use(self.next_round, end=True)
 
     def _take_round(self, r: int, version: int) -> tuple[list, int, list[str]]:
-        """Reads round r's groups from the stream: (delivered groups, dropped as stale, entry ids to ack)."""
+        """Reads round r's groups from the stream: (fresh groups, stale ones, entry ids to ack). Under
+        stale_policy drop the service's filter drops (acks and counts) stale groups; under regenerate they
+        come back, their prompts are put back to the data loader, and they are acked here untrained."""
         size = self.gate.wait_round(r, self.cancelled)
-        delivered, dropped = [], 0
-        while len(delivered) + dropped < size:
+        floor = max(0, version - self.eta)
+        regenerate = self.plan.stale_policy == "regenerate"
+        delivered, stale = [], 0
+        while len(delivered) + stale < size:
             if self.cancelled.is_set():
                 raise self._cancelled(r)
             got = self.buffer.read_groups(
-                self.job_id, STREAM, LEARNER_GROUP, "runner", max_groups=size - len(delivered) - dropped,
-                block_seconds=READ_BLOCK_SECONDS, min_weight_version=max(0, version - self.eta),
+                self.job_id, STREAM, LEARNER_GROUP, "runner", max_groups=size - len(delivered) - stale,
+                block_seconds=READ_BLOCK_SECONDS, min_weight_version=0 if regenerate else floor,
             )  # fmt: skip
-            delivered += got.groups
-            dropped += got.dropped_stale
-        return delivered, dropped, [g.entry_id for g in delivered]
+            old = [g for g in got.groups if g.weight_version < floor]
+            if old:
+                self._regenerate(old)
+            delivered += [g for g in got.groups if g.weight_version >= floor]
+            stale += got.dropped_stale + len(old)
+        return delivered, stale, [g.entry_id for g in delivered]
+
+    def _regenerate(self, groups: list) -> None:
+        """Stale groups under stale_policy regenerate: their records go back to the data loader (generated again
+        on the weights of the round that takes them), then the groups are acked untrained."""
+        records = [prompt_of(g.group_id) for g in groups]
+        unnamed = [g.group_id for g, i in zip(groups, records) if i is None]
+        if unnamed:
+            raise FailedPrecondition(f"stale groups {unnamed[:3]} do not name their prompt record, so they cannot "
+                                     "be regenerated; the producer names them when the DATA_LOAD node writes "
+                                     "prompt_index")  # fmt: skip
+        self.requeue(records)
+        self.regenerated += records
+        self.buffer.ack(self.job_id, STREAM, LEARNER_GROUP, [g.entry_id for g in groups])
 
     def _cancelled(self, r: int) -> Cancelled:
         return Cancelled(f"cancelled while reading the samples of round {r}")
 
     def run_step(self, step: int, version: int) -> dict[str, float]:
-        groups, dropped, entries, producer_metrics, rounds = [], 0, [], {}, 0
+        groups, stale, entries, producer_metrics, rounds = [], 0, [], {}, 0
         wait_start = time.perf_counter()
         while not groups:  # a round whose groups were all too stale trains nothing: take the next one
             if rounds:
                 self.gate.extend()
             delivered, lost, ids = self._take_round(self.next_round, version)
             producer_metrics, self.position = self.gate.consumed(self.next_round, len(delivered) + lost)
-            groups, dropped, entries = groups + delivered, dropped + lost, entries + ids
+            groups, stale, entries = groups + delivered, stale + lost, entries + ids
             self.next_round += 1
             rounds += 1
         waited = time.perf_counter() - wait_start
@@ -215,15 +247,32 @@ class AsyncSteps(SyncSteps):
         metrics, ctx = self.executor.run_nodes(self.job_id, step, only=set(self.split.consumer), given=given)
         self.buffer.ack(self.job_id, STREAM, LEARNER_GROUP, entries)
         lags = [version - g.weight_version for g in groups]
-        out = {**producer_metrics, **metrics, **staleness_histogram(lags)}
+        out = {**producer_metrics, **metrics, **staleness_histogram(lags), **self._ledger(groups, batch, stale)}
         out.update(_gap(self.buffer, ctx, self.train_ids, version))
         out["async/stream_length"] = float(sum(s.length for s in self.buffer.stats(self.job_id).streams
                                                    if s.stream == STREAM))  # fmt: skip
-        out.update({"async/dropped_groups": float(dropped), "async/rounds": float(rounds),
+        out.update({"async/rounds": float(rounds),
                     "async/wait_seconds": waited, "async/stream_groups": float(self.gate.unconsumed),
                     "async/stream_groups_max": float(self.gate.max_unconsumed),
                     "async/rollout_wait_seconds": self.gate.rollout_wait})  # fmt: skip
         return out
+
+    def _ledger(self, groups: list, batch, stale: int) -> dict[str, float]:
+        """Records the step's groups in the run's ledger; the step's group counts: trained, trained before
+        (a duplicate), redelivered by the stream, stale ones dropped or regenerated, rows trained."""
+        again = sum(self.trained[g.group_id] > 0 for g in groups)
+        first = not self.trained
+        self.trained.update(g.group_id for g in groups)
+        regenerate = self.plan.stale_policy == "regenerate"
+        return {
+            "async/groups_trained": float(len(groups)),
+            "async/groups_retrained": float(again),
+            "async/groups_redelivered": float(sum(g.delivery_count > 1 for g in groups)),
+            "async/rows_trained": float(batch.num_rows()),
+            "async/dropped_groups": float(0 if regenerate else stale),
+            "async/regenerated_groups": float(stale if regenerate else 0),
+            "async/discarded_groups": float(self.discarded if first else 0),  # reported once
+        }
 
     def _rollout_busy(self) -> float:
         return self.gate.rollout_busy
@@ -250,11 +299,29 @@ def _renumbered(groups: list) -> np.ndarray:
     return np.concatenate([np.full(g.batch.num_rows(), i, dtype=np.int64) for i, g in enumerate(groups)])
 
 
+def discard_leftovers(buffer: DataBufferClient, job_id: str) -> int:
+    """Acks, untrained, every group a previous attempt of the job left in its stream (generated after the
+    checkpoint it resumes from: those rounds are generated again from the checkpoint's data position), so
+    that none is trained twice; returns how many. A fresh job's stream is empty."""
+    discarded = 0
+    while True:
+        got = buffer.read_groups(job_id, STREAM, LEARNER_GROUP, "runner", max_groups=LEFTOVER_READ,
+                                 claim_idle_seconds=LEFTOVER_CLAIM_SECONDS)  # fmt: skip
+        if not got.groups and not got.dropped_stale:
+            return discarded
+        if got.groups:
+            buffer.ack(job_id, STREAM, LEARNER_GROUP, [g.entry_id for g in got.groups])
+        discarded += len(got.groups) + got.dropped_stale
+
+
 def make_steps(cfg: JobConfig, executor: StepExecutor, buffer: DataBufferClient, job_id: str, nodes: list,
-               cancelled: threading.Event, position_of: Callable[[], str]) -> SyncSteps:  # fmt: skip
-    """The step runner of `training.mode`; refuses (InvalidArgument) a DAG or bound the mode cannot run."""
+               cancelled: threading.Event, position_of: Callable[[], str],
+               requeue: Callable[[list[int]], None] | None = None) -> SyncSteps:  # fmt: skip
+    """The step runner of `training.mode`; refuses (InvalidArgument) a DAG or bound the mode cannot run.
+    `requeue` puts record indexes back to the data loader (training.stale_policy regenerate)."""
     t = cfg.training
     if t.mode == "sync":
         return SyncSteps(executor, buffer, job_id, nodes)
     plan = plan_async(t, cfg.data.prompts_per_step, nodes)
-    return AsyncSteps(executor, buffer, job_id, nodes, plan, cancelled, position_of, last_step=cfg.job.steps)
+    return AsyncSteps(executor, buffer, job_id, nodes, plan, cancelled, position_of, last_step=cfg.job.steps,
+                      requeue=requeue)  # fmt: skip

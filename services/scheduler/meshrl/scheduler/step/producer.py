@@ -1,13 +1,14 @@
 """The producer side of an asynchronous job: a thread that runs the DAG's producer nodes (data load, rollout,
 reward, ...) round after round, as far ahead as `AdmissionGate` allows, and appends each round's samples to the
 job's sample stream in the data buffer, one group per prompt, each stamped with the oldest weight version among
-its tokens. Its spans live in the trace of the step that will consume the round (`StepSpans`).
+its tokens and named by its round, group and dataset record (`r<round>-g<group>-p<record>`). Its spans live in the trace of the step that will consume the round (`StepSpans`).
 Started and stopped by `meshrl.scheduler.step.pipeline.AsyncSteps`.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import types
 from collections.abc import Callable
@@ -26,11 +27,13 @@ log = logging.getLogger(__name__)
 
 STREAM = "samples"  # the job's sample stream
 ROWS_NODE = "_stream"  # pseudo node: the consumer side's rows, read from the stream, under (job, step, _stream)
+GROUP_ID_RE = re.compile(r"^r(\d+)-g(\d+)(?:-p(\d+))?$")
 
 
-def split_groups(batch: Batch, round_: int, fallback_version: int) -> list[Group]:
+def split_groups(batch: Batch, round_: int, fallback_version: int, prompts: np.ndarray | None = None) -> list[Group]:
     """One group per prompt (rows sharing a group_index, in order of first appearance); a group's
-    weight version is the oldest version among its tokens."""
+    weight version is the oldest version among its tokens. With `prompts` (the round's prompt_index, one per
+    group index) the group's id names its dataset record too: r<round>-g<group>-p<record>."""
     groups = np.asarray(batch[S.GROUP_INDEX], dtype=np.int64)
     versions = batch.columns.get(S.RESPONSE_VERSIONS)
     out: list[Group] = []
@@ -40,8 +43,15 @@ def split_groups(batch: Batch, round_: int, fallback_version: int) -> list[Group
         version = fallback_version
         if versions is not None and part[S.RESPONSE_VERSIONS].values.size:
             version = int(part[S.RESPONSE_VERSIONS].values.min())
-        out.append(Group(f"r{round_}-g{g}", version, part))
+        name = f"r{round_}-g{g}" if prompts is None or g >= len(prompts) else f"r{round_}-g{g}-p{int(prompts[g])}"
+        out.append(Group(name, version, part))
     return out
+
+
+def prompt_of(group_id: str) -> int | None:
+    """The dataset record a group was generated from (None: its id does not say)."""
+    match = GROUP_ID_RE.match(group_id)
+    return int(match.group(3)) if match and match.group(3) is not None else None
 
 
 def boundary_keys(ctx: StepContext, split: Split) -> list:
@@ -61,6 +71,7 @@ class Producer:
         span_for: Callable[[int], object],
         version_of: Callable[[], int],
         position_of: Callable[[], str] = lambda: "",
+        data_node: str = "",
     ) -> None:
         self.executor = executor
         self.split = split
@@ -70,6 +81,8 @@ class Producer:
         self.span_for = span_for  # round -> context manager making the step's span current
         self.version_of = version_of  # the fleet's current weight version (a group without token versions)
         self.position_of = position_of  # the data sampler's position (after a round: where the next starts)
+        self.data_node = data_node  # the DATA_LOAD node whose prompt_index names each group's record
+        self.produced: list[str] = []  # ids of every group appended, in order
         self._thread = threading.Thread(target=self._run, name="producer", daemon=True)
 
     def start(self) -> None:
@@ -96,12 +109,22 @@ class Producer:
             metrics, ctx = self.executor.run_nodes(self.job_id, r, only=set(self.split.producer))
             position = self.position_of()
             batch = self.buffer.get_many(boundary_keys(ctx, self.split))
-            groups = split_groups(batch, r, version)
+            groups = split_groups(batch, r, version, self._prompts(ctx))
             self.buffer.append_groups(self.job_id, STREAM, groups)
+            self.produced += [g.group_id for g in groups]
         for key in self.buffer.list(self.job_id, r):  # the round's own keys: its rows are in the stream now
             self.buffer.delete(key)
         rollout = sum(metrics.get(f"time/{i}", 0.0) for i in self.split.rollout)
+        metrics["async/groups_produced"] = float(len(groups))
         self.gate.produced(r, len(groups), metrics, rollout, position)
+
+    def _prompts(self, ctx: StepContext) -> np.ndarray | None:
+        """The round's prompt_index (one per prompt, in group-index order), if its data node wrote one."""
+        result = ctx.results.get(self.data_node) if self.data_node else None
+        if result is None or not result.outputs:
+            return None
+        batch = self.buffer.get(result.outputs[0], columns=[S.PROMPT_INDEX], missing_ok=True)
+        return np.asarray(batch[S.PROMPT_INDEX]) if S.PROMPT_INDEX in batch.columns else None
 
 
 def rows_key(job_id: str, step: int):

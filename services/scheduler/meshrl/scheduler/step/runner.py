@@ -221,7 +221,8 @@ class JobRunner:
             handler_for = self.turns.wrap(handlers.handler_for) if self.turns else handlers.handler_for
             executor = StepExecutor(self.workflow.nodes, handler_for, self.events)
             steps = self._steps = make_steps(cfg, executor, svc.buffer, self.job_id, self.workflow.nodes,
-                                             self.cancelled, lambda: sampler.position.to_json())  # fmt: skip
+                                             self.cancelled, lambda: sampler.position.to_json(),
+                                             requeue=sampler.put_back)  # fmt: skip
             steps.start(self.step, publisher.version)
             with StepProgress(cfg.job.steps, self.step, self.show_progress) as bar:
                 while self.step < cfg.job.steps:
