@@ -33,10 +33,10 @@ def test_scaling_a_colocated_job_is_refused(tmp_path):
 
     asker = threading.Thread(target=ask)
     asker.start()
-    while runner._scale_target is None and asker.is_alive():
+    while runner.scaling.target is None and asker.is_alive():
         threading.Event().wait(0.01)
-    runner._apply_scale(svc, publisher=None)  # what the step loop does before its next step
+    runner.scaling.apply(svc, publisher=None, colocated=True)  # what the step loop does before its next step
     asker.join(30)
     assert len(errors) == 1 and isinstance(errors[0], FailedPrecondition)
     assert "services.placement: colocated" in str(errors[0]) and "disaggregated" in str(errors[0])
-    assert started == [] and runner._replica_addresses == ["127.0.0.1:1"]
+    assert started == [] and runner.scaling.addresses == ["127.0.0.1:1"]

@@ -19,17 +19,15 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from meshrl.common import telemetry
 from meshrl.common.errors import (
     Cancelled,
-    DeadlineExceeded,
-    FailedPrecondition,
     InvalidArgument,
     MeshrlError,
     Unavailable,
 )
-from meshrl.common.registry import CurrentWeights
 from meshrl.common.telemetry import attributes as A
 from meshrl.scheduler.config import JobConfig
 from meshrl.scheduler.events import EventLog
@@ -44,6 +42,7 @@ from meshrl.scheduler.step.colocate import Turns, check_colocated_workflow
 from meshrl.scheduler.step.data import DataPosition, PromptEncoder, PromptSampler, load_records
 from meshrl.scheduler.step.evaluation import evaluate
 from meshrl.scheduler.step.executor import StepExecutor
+from meshrl.scheduler.step.fleet_changes import FleetChanges
 from meshrl.scheduler.step.nodes import NodeHandlers
 from meshrl.scheduler.step.pipeline import SyncSteps, make_steps
 from meshrl.scheduler.step.progress import StepProgress
@@ -71,6 +70,16 @@ class JobState:
         return cls(**json.loads((path / "job_state.json").read_text()))
 
 
+class _JobInputs(NamedTuple):
+    """What a job reads before its services start: the data, the prompt encoder and sampler, the reward."""
+
+    records: list
+    eval_records: list
+    encoder: PromptEncoder
+    sampler: PromptSampler
+    reward_fn: Any
+
+
 class JobRunner:
     def __init__(self, workflow, cfg: JobConfig, run: RunDir, job_id: str, events: EventLog, progress: bool = True):
         self.workflow = workflow
@@ -82,10 +91,7 @@ class JobRunner:
         self.cancelled = threading.Event()
         self.step = 0
         self.trackers = Trackers()  # opened by run_job (logging.backends)
-        self._scale_target: int | None = None
-        self._scaled = threading.Condition()
-        self._scale_error: MeshrlError | None = None
-        self._replica_addresses: list[str] = []
+        self.scaling = FleetChanges(cfg, events)  # `meshrl scale` and the registry, between steps
         self.user_code: UserCode | None = None  # worker pools for rewards and environments, made by run_job
         self._steps: SyncSteps | None = None  # how steps run (training.mode); asynchronous ones run ahead
         self.turns: Turns | None = None  # colocated mode's order of sleeping and waking (services.placement)
@@ -174,145 +180,119 @@ class JobRunner:
 
     # -- the job -------------------------------------------------------------------------
     def run_job(self, resume: bool = False) -> dict:
+        """The whole job (the loop in the module docstring); returns its summary. Services are shut down
+        whatever happens (`_shut_down`)."""
         if agents_of(self.workflow.nodes):  # one trainer and fleet per agent (step/agent_runner.py)
             return AgentJob(self).run(resume)
         cfg = self.cfg
         self.prepare()
-        d = cfg.data
-        records = load_records(d.train, d.prompt_key, d.answer_key, d.response_key)
-        eval_records = load_records(d.eval, d.prompt_key, d.answer_key)[: cfg.eval.max_prompts] if d.eval else []
-        encoder = PromptEncoder(cfg.model.path, d.apply_chat_template, d.system_prompt)
-        sampler = PromptSampler(records, d.shuffle_seed)
-        reward_fn = resolve_reward(cfg.algorithm.reward, cfg.job.allowed_modules)
+        job = self._job_inputs()
         rm_path = reward_model_path(self.workflow.nodes)  # the trainer may read it (its paths.roots)
         svc = JobServices(cfg, self.run, cfg.model.path, extra_roots=(rm_path,) if rm_path else ())
         self.user_code = UserCode(cfg, self.workflow.nodes, self.events.log)
         summary: dict = {"job_id": self.job_id, "run_dir": str(self.run.root)}
         started = time.monotonic()
-        steps: SyncSteps | None = None
+        self._steps = None
         self.trackers = open_trackers(cfg.logging, self.run.root, self.job_id, cfg.model_dump(mode="json"))
         try:
-            svc.open()
-            self.events.log(f"services up: {svc.addresses}")
-            if cfg.services.placement == "colocated":  # the replicas sleep until the first publication
-                self.turns = Turns(svc.fleet.clients, svc.trainer)
-                self.events.log(f"colocated on one bundle: {svc.shared_bundle()}")
-                self.turns.sleep_replicas()
-            for role in self.roles:
-                opt = cfg.trainer.critic_optimizer if role == "critic" else cfg.trainer.optimizer
-                svc.trainer.load_model(role, cfg.model.path, cfg.model.dtype, opt, cfg.job.seed,
-                                       gradient_checkpointing=cfg.trainer.gradient_checkpointing)  # fmt: skip
-            load_reward_model(svc.trainer, self.workflow.nodes, cfg.model.dtype, cfg.job.seed)
-            publisher = WeightPublisher(svc.trainer, cfg.weights, str(self.run.weights))
-            resumed = resume and self.restore(svc, publisher, sampler)
-            if not resumed and (cfg.warmup.steps or cfg.warmup.epochs):
-                self.warmup(svc, encoder, records)
-            # Replicas may have served another job: start above every version they report (and above those
-            # published before a restart with no checkpoint yet), and make them serve exactly the trainer's
-            # weights before anything is generated.
-            served = [c.status().weight_version for c in svc.fleet.clients()]
-            publisher.version = max([publisher.version, *served, *self.run.published_versions()])
-            svc.fleet.expect_version(self._publish(svc, publisher).version)
+            publisher, resumed = self._bring_up(svc, job, resume)
             if not resumed:
-                summary["eval_step0"] = self._eval(svc, encoder, eval_records, reward_fn).get("eval/accuracy")
-            handlers = NodeHandlers(
-                cfg, svc.buffer, svc.trainer, svc.fleet, encoder, sampler, reward_fn, self.user_code
-            )
-            handler_for = self.turns.wrap(handlers.handler_for) if self.turns else handlers.handler_for
-            executor = StepExecutor(self.workflow.nodes, handler_for, self.events)
-            steps = self._steps = make_steps(cfg, executor, svc.buffer, self.job_id, self.workflow.nodes,
-                                             self.cancelled, lambda: sampler.position.to_json(),
-                                             requeue=sampler.put_back)  # fmt: skip
-            steps.start(self.step, publisher.version)
-            with StepProgress(cfg.job.steps, self.step, self.show_progress) as bar:
-                while self.step < cfg.job.steps:
-                    if self.cancelled.is_set():
-                        raise Cancelled(f"job {self.job_id} cancelled at step {self.step}")
-                    self._apply_scale(svc, publisher)
-                    self._follow_registry(svc, publisher)
-                    self.step += 1
-                    metrics = self._train_step(svc, steps, publisher)
-                    if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.job.steps:
-                        metrics.update(self._eval(svc, encoder, eval_records, reward_fn))
-                    steps.announce(publisher.version)  # generation may move on to the new weights
-                    bar.step(self.step, metrics)
-                    if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
-                        self.save_checkpoint(svc, publisher, sampler)
-            final = self._eval(svc, encoder, eval_records, reward_fn)
+                summary["eval_step0"] = self._eval(svc, job.encoder, job.eval_records, job.reward_fn).get(
+                    "eval/accuracy"
+                )
+            self._run_steps(svc, job, publisher)
+            final = self._eval(svc, job.encoder, job.eval_records, job.reward_fn)
             if self.run.latest_checkpoint() != self.run.checkpoint_path(self.step):
-                self.save_checkpoint(svc, publisher, sampler)
+                self.save_checkpoint(svc, publisher, job.sampler)
             summary.update(final_eval=final.get("eval/accuracy"), steps=self.step, weight_version=publisher.version)
             return summary
         finally:
             summary["seconds"] = round(time.monotonic() - started, 1)
-            if steps is not None:
-                steps.stop()
-            svc.close()
-            if steps is not None:
-                steps.join()
-            self.user_code.close()  # after the producer, whose reward nodes use its workers
-            telemetry.force_flush()
-            if self.run.metrics_file.exists():
-                write_report(self.run, summary)
-            self.trackers.finish(self.step, sorted(self.run.plots.glob("*.png")))
+            self._shut_down(svc, summary)
+
+    def _job_inputs(self) -> _JobInputs:
+        d = self.cfg.data
+        records = load_records(d.train, d.prompt_key, d.answer_key, d.response_key)
+        eval_records = load_records(d.eval, d.prompt_key, d.answer_key)[: self.cfg.eval.max_prompts] if d.eval else []
+        return _JobInputs(
+            records, eval_records, PromptEncoder(self.cfg.model.path, d.apply_chat_template, d.system_prompt),
+            PromptSampler(records, d.shuffle_seed), resolve_reward(self.cfg.algorithm.reward, self.cfg.job.allowed_modules),
+        )  # fmt: skip
+
+    def _bring_up(self, svc: JobServices, job: _JobInputs, resume: bool) -> tuple[WeightPublisher, bool]:
+        """Services up, models loaded, a checkpoint restored or the warm-up run, and the replicas serving
+        exactly the trainer's weights. Returns the publisher and whether a checkpoint was restored."""
+        cfg = self.cfg
+        svc.open()
+        self.events.log(f"services up: {svc.addresses}")
+        if cfg.services.placement == "colocated":  # the replicas sleep until the first publication
+            self.turns = Turns(svc.fleet.clients, svc.trainer)
+            self.events.log(f"colocated on one bundle: {svc.shared_bundle()}")
+            self.turns.sleep_replicas()
+        for role in self.roles:
+            opt = cfg.trainer.critic_optimizer if role == "critic" else cfg.trainer.optimizer
+            svc.trainer.load_model(role, cfg.model.path, cfg.model.dtype, opt, cfg.job.seed,
+                                   gradient_checkpointing=cfg.trainer.gradient_checkpointing)  # fmt: skip
+        load_reward_model(svc.trainer, self.workflow.nodes, cfg.model.dtype, cfg.job.seed)
+        publisher = WeightPublisher(svc.trainer, cfg.weights, str(self.run.weights))
+        resumed = resume and self.restore(svc, publisher, job.sampler)
+        if not resumed and (cfg.warmup.steps or cfg.warmup.epochs):
+            self.warmup(svc, job.encoder, job.records)
+        # Replicas may have served another job: start above every version they report (and above those
+        # published before a restart with no checkpoint yet), and make them serve exactly the trainer's
+        # weights before anything is generated.
+        served = [c.status().weight_version for c in svc.fleet.clients()]
+        publisher.version = max([publisher.version, *served, *self.run.published_versions()])
+        svc.fleet.expect_version(self._publish(svc, publisher).version)
+        return publisher, resumed
+
+    def _run_steps(self, svc: JobServices, job: _JobInputs, publisher: WeightPublisher) -> None:
+        """The training steps up to job.steps: scaling and registry changes between steps, evaluation and
+        checkpoints at their intervals."""
+        cfg = self.cfg
+        handlers = NodeHandlers(
+            cfg, svc.buffer, svc.trainer, svc.fleet, job.encoder, job.sampler, job.reward_fn, self.user_code
+        )
+        handler_for = self.turns.wrap(handlers.handler_for) if self.turns else handlers.handler_for
+        executor = StepExecutor(self.workflow.nodes, handler_for, self.events)
+        steps = self._steps = make_steps(cfg, executor, svc.buffer, self.job_id, self.workflow.nodes,
+                                         self.cancelled, lambda: job.sampler.position.to_json(),
+                                         requeue=job.sampler.put_back)  # fmt: skip
+        steps.start(self.step, publisher.version)
+        with StepProgress(cfg.job.steps, self.step, self.show_progress) as bar:
+            while self.step < cfg.job.steps:
+                if self.cancelled.is_set():
+                    raise Cancelled(f"job {self.job_id} cancelled at step {self.step}")
+                self.scaling.apply(svc, publisher, colocated=self.turns is not None)
+                self.scaling.follow_registry(svc, publisher)
+                self.step += 1
+                metrics = self._train_step(svc, steps, publisher)
+                if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.job.steps:
+                    metrics.update(self._eval(svc, job.encoder, job.eval_records, job.reward_fn))
+                steps.announce(publisher.version)  # generation may move on to the new weights
+                bar.step(self.step, metrics)
+                if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
+                    self.save_checkpoint(svc, publisher, job.sampler)
+
+    def _shut_down(self, svc: JobServices, summary: dict) -> None:
+        """Stops the steps and the services (the producer before the user-code workers its reward nodes use),
+        flushes telemetry and writes the report and the trackers' end."""
+        steps = self._steps
+        if steps is not None:
+            steps.stop()
+        svc.close()
+        if steps is not None:
+            steps.join()
+        self.user_code.close()
+        telemetry.force_flush()
+        if self.run.metrics_file.exists():
+            write_report(self.run, summary)
+        self.trackers.finish(self.step, sorted(self.run.plots.glob("*.png")))
 
     # -- scaling ---------------------------------------------------------------------------
     def request_scale(self, replicas: int, timeout: float = 900.0) -> list[str]:
         """Asks the step loop to resize the rollout fleet before its next step; returns the replicas."""
-        with self._scaled:
-            self._scale_target = replicas
-            if not self._scaled.wait_for(lambda: self._scale_target is None, timeout):
-                raise DeadlineExceeded(f"the fleet was not resized to {replicas} within {timeout:.0f}s")
-            error, self._scale_error = self._scale_error, None
-            if error is not None:
-                raise error
-            return list(self._replica_addresses)
-
-    def _apply_scale(self, svc: JobServices, publisher: WeightPublisher) -> None:
-        with self._scaled:
-            target = self._scale_target
-            if target is not None and self.turns is not None:
-                self._scale_error = FailedPrecondition(
-                    "this job runs colocated (services.placement: colocated): its replicas share the trainer's "
-                    "bundle, which has no room for more. Run it disaggregated to scale the fleet"
-                )
-                self._scale_target = None
-            elif target is not None and (svc.registry is not None or self.cfg.rollout.addresses):
-                self._scale_error = FailedPrecondition(
-                    "this job's rollout replicas are deployed on their own (rollout.registry / rollout.addresses): "
-                    "the scheduler cannot start or stop processes in that cluster. Scale them with its own "
-                    "scaler (`kubectl scale deployment/meshrl-rollout --replicas=N`, the HPA, or start one more "
-                    "replica with the job's registry settings); the job adopts replicas that register and lets "
-                    "drained ones go"
-                )
-                self._scale_target = None
-            elif target is not None:
-                current = svc.fleet.addresses()
-                if target > len(current):
-                    for address in svc.add_replicas(target - len(current)):
-                        client = svc.fleet.client_for(address)
-                        client.wait_ready(self.cfg.services.start_timeout_seconds)
-                        publisher.refit_from_disk(client)  # new replicas serve the current version first
-                        svc.fleet.add(address)
-                for address in current[target:]:
-                    svc.remove_replica(address)  # drains, then stops
-                self.events.log(f"rollout fleet resized to {target}: {svc.fleet.addresses()}")
-                self._scale_target = None
-            self._replica_addresses = svc.fleet.addresses()
-            self._scaled.notify_all()
-
-    def _follow_registry(self, svc: JobServices, publisher: WeightPublisher) -> None:
-        """Replicas that registered since the last step join (refitted and verified first); drained
-        or dead ones are forgotten once their work is done. The current version is where newcomers look."""
-        if svc.registry is None:
-            return
-        disk = publisher.last_disk
-        path = disk.path if disk is not None and disk.version == publisher.version else ""
-        svc.registry.set_current_weights(CurrentWeights(publisher.version, path))
-        for address in svc.fleet.admit(publisher.refit_from_disk):
-            self.events.log(f"replica {address} joined at weight version {publisher.version} (verified)")
-        for address in svc.fleet.retire_left():
-            self.events.log(f"replica {address} left the fleet (drained or heartbeat stopped)")
+        return self.scaling.request(replicas, timeout)
 
     def run_eval_only(self, checkpoint: str | None = None) -> dict[str, float]:
         """`meshrl run --val-only`: evaluates the model (or a checkpoint's actor) on the held-out set."""
