@@ -26,14 +26,7 @@ from pathlib import Path
 
 import grpc
 
-from meshrl.common.telemetry import (
-    TelemetryConfig,
-    client_interceptors,
-    server_interceptor,
-    setup_telemetry,
-    shutdown_telemetry,
-    tracer,
-)
+from meshrl.common import telemetry as T
 from meshrl.common.telemetry.attributes import NODE_ID, STEP, node_span_name, step_span_name
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -51,18 +44,18 @@ def _work(rounds: int) -> bytes:
 
 
 def serve(trace_file: str | None, port_file: str) -> None:
-    cfg = TelemetryConfig(exporter="file", path=trace_file) if trace_file else TelemetryConfig()
-    setup_telemetry("bench-server", cfg)
+    cfg = T.TelemetryConfig(exporter="file", path=trace_file) if trace_file else T.TelemetryConfig()
+    T.setup_telemetry("bench-server", cfg)
 
     def unary(request: bytes, context) -> bytes:
-        with tracer().start_as_current_span("server.work"):
+        with T.tracer().start_as_current_span("server.work"):
             return _work(int(request))
 
     def stream(request: bytes, context):
         for _ in range(8):
             yield _work(int(request))
 
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), interceptors=[server_interceptor()])
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), interceptors=[T.server_interceptor()])
     handlers = {
         "Unary": grpc.unary_unary_rpc_method_handler(unary),
         "Stream": grpc.unary_stream_rpc_method_handler(stream),
@@ -76,7 +69,7 @@ def serve(trace_file: str | None, port_file: str) -> None:
     Path(port_file + ".tmp").rename(port_file)
     stop.wait()
     server.stop(grace=1).wait()
-    shutdown_telemetry()
+    T.shutdown_telemetry()
 
 
 def _start_server(tmp: Path, name: str, traced: bool) -> tuple[subprocess.Popen, grpc.Channel]:
@@ -90,7 +83,7 @@ def _start_server(tmp: Path, name: str, traced: bool) -> tuple[subprocess.Popen,
             raise RuntimeError(f"bench server {name} exited with {proc.returncode}")
         time.sleep(0.05)
     channel = grpc.intercept_channel(
-        grpc.insecure_channel(f"127.0.0.1:{port_file.read_text()}"), *client_interceptors()
+        grpc.insecure_channel(f"127.0.0.1:{port_file.read_text()}"), *T.client_interceptors()
     )
     return proc, channel
 
@@ -99,9 +92,9 @@ def run_step(step: int, channel: grpc.Channel, nodes: int, work: int) -> float:
     unary = channel.unary_unary(f"/{SERVICE}/Unary")
     stream = channel.unary_stream(f"/{SERVICE}/Stream")
     start = time.perf_counter()
-    with tracer().start_as_current_span(step_span_name(step), attributes={STEP: step}):
+    with T.tracer().start_as_current_span(step_span_name(step), attributes={STEP: step}):
         for n in range(nodes):
-            with tracer().start_as_current_span(node_span_name(f"n{n}"), attributes={NODE_ID: f"n{n}"}):
+            with T.tracer().start_as_current_span(node_span_name(f"n{n}"), attributes={NODE_ID: f"n{n}"}):
                 _work(work)
                 for _ in range(3):
                     unary(str(work).encode(), timeout=30)
@@ -113,7 +106,7 @@ def run_step(step: int, channel: grpc.Channel, nodes: int, work: int) -> float:
 def span_cost(n: int = 20000) -> float:
     start = time.perf_counter()
     for _ in range(n):
-        with tracer().start_as_current_span("s"):
+        with T.tracer().start_as_current_span("s"):
             pass
     return (time.perf_counter() - start) / n
 
@@ -139,33 +132,36 @@ def main() -> None:
         tmp = Path(d)
         servers = {mode: _start_server(tmp, f"server-{mode}", mode == "on") for mode in ("off", "on")}
         configs = {
-            "off": TelemetryConfig(),
-            "on": TelemetryConfig(exporter="file", path=str(tmp / "traces" / "client.jsonl")),
+            "off": T.TelemetryConfig(),
+            "on": T.TelemetryConfig(exporter="file", path=str(tmp / "traces" / "client.jsonl")),
         }
         times: dict[str, list[float]] = {"off": [], "on": []}
         try:
             step = 0
             for mode in ("off", "on"):  # warm-up, not counted
-                setup_telemetry("bench-client", configs[mode])
+                T.setup_telemetry("bench-client", configs[mode])
                 run_step(step, servers[mode][1], args.nodes, args.work)
-                shutdown_telemetry()
+                T.shutdown_telemetry()
             pairs: list[float] = []
             for r in range(args.steps):
                 # One step each, order flipped every pair (ABBA), so drift in the machine's load cancels.
                 pair: dict[str, float] = {}
                 for mode in ("off", "on") if r % 2 == 0 else ("on", "off"):
-                    setup_telemetry("bench-client", configs[mode])
+                    T.setup_telemetry("bench-client", configs[mode])
                     step += 1
                     pair[mode] = run_step(step, servers[mode][1], args.nodes, args.work)
-                    shutdown_telemetry()
+                    T.shutdown_telemetry()
                     times[mode].append(pair[mode])
                 pairs.append(pair["on"] / pair["off"])
             costs = {}
-            cost_configs = {"off": configs["off"], "on": TelemetryConfig(exporter="file", path=str(tmp / "cost.jsonl"))}
+            cost_configs = {
+                "off": configs["off"],
+                "on": T.TelemetryConfig(exporter="file", path=str(tmp / "cost.jsonl")),
+            }
             for mode in ("off", "on"):
-                setup_telemetry("bench-client", cost_configs[mode])
+                T.setup_telemetry("bench-client", cost_configs[mode])
                 costs[mode] = span_cost()
-                shutdown_telemetry()
+                T.shutdown_telemetry()
         finally:
             for proc, channel in servers.values():
                 channel.close()
