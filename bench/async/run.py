@@ -49,10 +49,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup-steps", type=int, default=-1, help="supervised warm-up steps (-1: the example's)")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {list(MODES)}")
     p.add_argument(
-        "--tis-cap", type=float, default=0.0, help="algorithm.loss.tis_cap for every mode (0: the example's)"
+        "--tis-cap",
+        type=float,
+        default=0.0,
+        help="algorithm.loss.tis_cap for every mode (0: the mode default: off in sync, 2 in the async modes)",
     )
     p.add_argument(
-        "--mis-cap", type=float, default=0.0, help="algorithm.loss.mis_cap for every mode (0: the example's)"
+        "--mis-cap",
+        type=float,
+        default=0.0,
+        help="algorithm.loss.mis_cap for every mode (0: the mode default: off in sync, 4 in the async modes)",
     )
     p.add_argument("--use-ray", action="store_true", help="services as Ray actors (default: plain processes)")
     p.add_argument("--out", default="", help="write the figures as JSON here too")

@@ -22,10 +22,12 @@ import redis
 from meshrl.common import batch_schema as S
 from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import Batch, Ragged
+from meshrl.common.config import load_config
 from meshrl.common.databuffer_client import DataBufferClient
 from meshrl.common.errors import Cancelled, InvalidArgument
 from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix
-from meshrl.scheduler.config import TrainingSection
+from meshrl.scheduler.clients import loss_proto
+from meshrl.scheduler.config import ASYNC_MIS_CAP, ASYNC_TIS_CAP, JobConfig, TrainingSection
 from meshrl.scheduler.events import EventLog
 from meshrl.scheduler.step.data import DataPosition, PromptSampler, Record
 from meshrl.scheduler.step.executor import NodeResult, StepExecutor
@@ -275,6 +277,27 @@ def test_training_settings_are_checked(values, message):
         TrainingSection(**values)
     assert TrainingSection(mode="one_step_off").staleness == 1
     assert TrainingSection(mode="async", max_staleness=2).staleness == 2
+
+
+def test_asynchronous_modes_correct_off_policy_unless_the_loss_says_otherwise():
+    def loss_of(*overrides: str):
+        cfg = load_config(JobConfig, env={}, overrides=["model.path=m", "data.train=t.jsonl", *overrides])
+        return cfg.algorithm.loss
+
+    assert (loss_of().tis_cap, loss_of().mis_cap) == (None, None)  # sync: nothing is off-policy
+    for mode in (["training.mode=one_step_off"], ["training.mode=async", "training.max_staleness=2"]):
+        loss = loss_of(*mode)
+        assert (loss.tis_cap, loss.mis_cap) == (ASYNC_TIS_CAP, ASYNC_MIS_CAP)
+        sent = loss_proto(loss.model_dump())  # what the trainer receives
+        assert (sent.tis_cap, sent.mis_cap) == (ASYNC_TIS_CAP, ASYNC_MIS_CAP)
+        assert (
+            loss_of(*mode, "algorithm.loss.tis_cap=0").tis_cap,
+            loss_of(*mode, "algorithm.loss.tis_cap=0").mis_cap,
+        ) == (0, None)
+        assert (
+            loss_of(*mode, "algorithm.loss.mis_cap=8").tis_cap,
+            loss_of(*mode, "algorithm.loss.mis_cap=8").mis_cap,
+        ) == (None, 8)
 
 
 def test_the_producers_spans_are_inside_the_consuming_step(buffer):

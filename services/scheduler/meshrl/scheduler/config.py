@@ -236,6 +236,12 @@ class EvalSection(StrictModel):
     max_tokens: int | None = None
 
 
+# The off-policy correction one_step_off / async get when algorithm.loss sets neither cap: decoupled PPO with
+# importance weights pi_old / pi_rollout truncated at 2 and tokens above 4 masked (JobConfig validator).
+ASYNC_TIS_CAP = 2.0
+ASYNC_MIS_CAP = 4.0
+
+
 class TrainingSection(StrictModel):
     """How generation and training overlap (meshrl.scheduler.step.modes): `sync` runs each step's DAG in order;
     `one_step_off` generates step k+1 while step k trains (samples one weight version old); `async` keeps
@@ -328,6 +334,15 @@ class JobConfig(StrictModel):
     services: ServicesSection = Field(default_factory=ServicesSection)
     telemetry: TelemetryConfig = Field(default_factory=lambda: TelemetryConfig(exporter="file"))
     logging: LoggingSection = Field(default_factory=LoggingSection)
+
+    @pydantic.model_validator(mode="after")
+    def _async_corrects_off_policy(self) -> JobConfig:
+        """one_step_off and async train on samples of older weights: unless the loss says otherwise (either cap
+        set; 0 turns it off), their off-policy correction is on (bench/async: without it they fall behind sync)."""
+        loss = self.algorithm.loss
+        if self.training.mode != "sync" and loss.tis_cap is None and loss.mis_cap is None:
+            loss.tis_cap, loss.mis_cap = ASYNC_TIS_CAP, ASYNC_MIS_CAP
+        return self
 
     @pydantic.model_validator(mode="after")
     def _colocated_fits(self) -> JobConfig:
