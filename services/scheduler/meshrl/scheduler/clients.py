@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from meshrl.api.common.v1 import keys_pb2, weights_pb2
+from meshrl.api.common.v1 import keys_pb2, tensor_pb2, weights_pb2
 from meshrl.api.rollout.v1 import rollout_pb2 as rpb
 from meshrl.api.rollout.v1 import rollout_pb2_grpc
 from meshrl.api.trainer.v1 import trainer_pb2 as tpb
@@ -17,7 +17,6 @@ from meshrl.api.trainer.v1 import trainer_pb2_grpc
 from meshrl.common.grpc_channel import ChannelConfig, call, open_channel, wait_until_serving
 from meshrl.common.proto_settings import settings_to_proto
 from meshrl.common.roles import role_proto
-from meshrl.common.weights.dtypes import from_name, proto_dtype
 from meshrl.scheduler.config import OptimSection
 
 
@@ -47,7 +46,7 @@ class TrainerClient:
     ) -> tpb.LoadModelResponse:  # fmt: skip
         """`optimizer`'s set fields go to the trainer; the ones left out take the trainer's defaults."""
         opt = optimizer_proto(optimizer) if optimizer else None
-        req = tpb.LoadModelRequest(role=role_proto(role), model_path=path, dtype=proto_dtype(from_name(dtype, "model.dtype")),
+        req = tpb.LoadModelRequest(role=role_proto(role), model_path=path, dtype=tensor_pb2.DType.Value(f"DTYPE_{dtype.upper()}"),
                                    optimizer=opt, seed=seed, gradient_checkpointing=gradient_checkpointing)  # fmt: skip
         if copy_from:
             req.copy_from = role_proto(copy_from)

@@ -19,8 +19,8 @@ from meshrl.common.proto_settings import optional_field, settings_from_proto
 from meshrl.common.roles import role_name, role_proto
 from meshrl.common.telemetry import attributes as A
 from meshrl.common.telemetry import tag_span
+from meshrl.common.weight_group_codes import backend_proto
 from meshrl.common.weights.dtypes import dtype_name, from_proto
-from meshrl.common.weights.group_plan import backend_proto
 from meshrl.trainer.losses import LossConfig
 from meshrl.trainer.optim import OptimizerConfig
 from meshrl.trainer.service import TrainerService

@@ -13,24 +13,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from meshrl.api.common.v1 import weights_pb2
+from meshrl.common import weight_group_codes as codes
 from meshrl.common.errors import InvalidArgument
+from meshrl.common.weight_group_codes import backend_name, protocol_name
 
 BACKENDS = ("gloo", "nccl")
 PROTOCOLS = ("meshrl", "engine")  # see CollectiveGroup.protocol and engine_group.py
-_BACKEND_CODES = {"gloo": weights_pb2.COMM_BACKEND_GLOO, "nccl": weights_pb2.COMM_BACKEND_NCCL}
-_PROTOCOL_CODES = {"meshrl": weights_pb2.GROUP_PROTOCOL_MESHRL, "engine": weights_pb2.GROUP_PROTOCOL_ENGINE}
-
-
-def backend_proto(name: str) -> int:
-    """The CommBackend of "gloo" / "nccl"; UNSPECIFIED for "" (no group: a disk publication)."""
-    return _BACKEND_CODES.get(name, weights_pb2.COMM_BACKEND_UNSPECIFIED)
-
-
-def _name(codes: dict[str, int], code: int, unset: str) -> str:
-    """The name of an enum value of the proto (`unset` for 0); an unknown value stays visible for the check."""
-    if code == 0:
-        return unset
-    return next((name for name, c in codes.items() if c == code), f"<unknown value {code}>")
 
 
 @dataclass(frozen=True)
@@ -76,9 +64,9 @@ class GroupSpec:
             world_size=msg.world_size,
             rank_offset=msg.rank_offset,
             group_name=msg.group_name or "meshrl-weights",
-            backend=_name(_BACKEND_CODES, msg.backend, "gloo"),
+            backend=backend_name(msg.backend),
             timeout_s=msg.timeout_seconds or 60.0,
-            protocol=_name(_PROTOCOL_CODES, msg.protocol, "meshrl"),
+            protocol=protocol_name(msg.protocol),
         )
 
     def to_proto(self) -> weights_pb2.CollectiveGroup:
@@ -88,9 +76,9 @@ class GroupSpec:
             world_size=self.world_size,
             rank_offset=self.rank_offset,
             group_name=self.group_name,
-            backend=_BACKEND_CODES[self.backend],
+            backend=codes.BACKENDS[self.backend],
             timeout_seconds=self.timeout_s,
-            protocol=_PROTOCOL_CODES[self.protocol],
+            protocol=codes.PROTOCOLS[self.protocol],
         )
 
 

@@ -22,7 +22,7 @@ from meshrl.common import telemetry
 from meshrl.common.comm_backend import resolve_backend
 from meshrl.common.errors import ConfigError, DataLoss, MeshrlError
 from meshrl.common.telemetry import attributes as A
-from meshrl.common.weights import GroupSpec
+from meshrl.common.weight_group_codes import BACKENDS, PROTOCOLS
 from meshrl.scheduler.clients import RolloutClient, TrainerClient
 from meshrl.scheduler.config import WeightsSection
 
@@ -182,10 +182,11 @@ class WeightPublisher:
         self.backend = layout.backend
 
         def group(offset: int) -> wpb.CollectiveGroup:
-            return GroupSpec(
+            return wpb.CollectiveGroup(
                 master_address=host, master_port=port, world_size=layout.world_size, rank_offset=offset,
-                group_name=name, backend=layout.backend, timeout_s=timeout, protocol=layout.protocol,
-            ).to_proto()  # fmt: skip
+                group_name=name, backend=BACKENDS[layout.backend], timeout_seconds=timeout,
+                protocol=PROTOCOLS[layout.protocol],
+            )  # fmt: skip
 
         with ThreadPoolExecutor(len(replicas) + 1) as pool:
             trainer_f = _submit(pool, self.trainer.init_weight_group, group(0), timeout + 10)
