@@ -17,8 +17,8 @@ from meshrl.common import weight_group_codes as codes
 from meshrl.common.errors import InvalidArgument
 from meshrl.common.weight_group_codes import backend_name, protocol_name
 
-BACKENDS = ("gloo", "nccl")
-PROTOCOLS = ("meshrl", "engine")  # see CollectiveGroup.protocol and engine_group.py
+BACKENDS = tuple(codes.BACKENDS)  # ("gloo", "nccl")
+PROTOCOLS = tuple(codes.PROTOCOLS)  # ("meshrl", "engine"): see GroupProtocol and engine_group.py
 
 
 @dataclass(frozen=True)
