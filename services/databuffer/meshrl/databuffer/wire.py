@@ -112,7 +112,7 @@ def deserialize_small_put(raw: bytes) -> tuple[pb.PutBatchStart, memoryview] | p
         try:
             return pb.PutBatchStart.FromString(parts[0]), parts[1]
         except DecodeError:
-            pass
+            pass  # a bad `start`: the whole message's parse below names the field (BadRequest)
     return _small_put_message(raw)
 
 

@@ -76,6 +76,18 @@ class RolloutFleet:
         self._stale.discard(address)
         self._route()
 
+    def after_publication(self, version: int, stale: Sequence[str], log: Callable[[str], None], who: str = "") -> None:
+        """Replicas that missed weight version `version` (`stale`) take no traffic until refitted; with none left
+        serving it, Unavailable. `who` prefixes the messages (an agent's name in a multi-agent job)."""
+        for address in stale:
+            self.mark_stale(address)
+            log(f"{who}replica {address} missed weight version {version}: stale, no traffic")
+        if not self.clients():
+            raise Unavailable(
+                f"{who}no rollout replica serves weight version {version} (stale: {list(stale)}); "
+                "see the replicas' logs in the run folder"
+            )
+
     def expect_version(self, version: int) -> None:
         """From now on a replica that answers with older weights (restarted on its address, or it missed an
         update unnoticed) is marked stale and its rows go elsewhere; the step loop refits it."""

@@ -11,21 +11,17 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from meshrl.common import telemetry
-from meshrl.common.errors import Cancelled, InvalidArgument, Unavailable
+from meshrl.common.errors import Cancelled, InvalidArgument
 from meshrl.common.telemetry import attributes as A
 from meshrl.scheduler.clients import TrainerClient
 from meshrl.scheduler.fleet.rollout_fleet import RolloutFleet
 from meshrl.scheduler.fleet.weight_sync import WeightPublisher
 from meshrl.scheduler.launch.services import JobServices, rollout_spec, trainer_spec
-from meshrl.scheduler.report import write_report
 from meshrl.scheduler.step.agents import AgentHandlers, agents_of
-from meshrl.scheduler.step.data import PromptEncoder, PromptSampler, load_records
 from meshrl.scheduler.step.executor import StepExecutor
 from meshrl.scheduler.step.nodes import NodeHandlers
 from meshrl.scheduler.step.pipeline import StepSpans
 from meshrl.scheduler.step.progress import StepProgress
-from meshrl.scheduler.step.rewards import resolve_reward
 from meshrl.scheduler.step.user_code import UserCode
 from meshrl.scheduler.trackers import open_trackers
 
@@ -66,11 +62,7 @@ def publish(agent: Agent, metrics: dict[str, float], events) -> None:
     """Publishes the agent's weights to its replicas and makes them serve exactly that version."""
     result = agent.publisher.publish(agent.fleet.clients())
     agent.fleet.expect_version(result.version)
-    for address in result.stale:
-        agent.fleet.mark_stale(address)
-        events.log(f"agent {agent.name}: replica {address} missed weight version {result.version}: stale, no traffic")
-    if not agent.fleet.clients():
-        raise Unavailable(f"agent {agent.name}: no rollout replica serves weight version {result.version}")
+    agent.fleet.after_publication(result.version, result.stale, events.log, who=f"agent {agent.name}: ")
     metrics.update({f"{agent.name}/weights/version": result.version, f"{agent.name}/weights/seconds": result.seconds,
                     f"{agent.name}/weights/stale_replicas": len(result.stale)})  # fmt: skip
 
@@ -88,11 +80,7 @@ class AgentJob:
         if resume:
             raise InvalidArgument("a multi-agent job saves no checkpoints, so it cannot resume; start a new run")
         r.prepare()
-        d = cfg.data
-        records = load_records(d.train, d.prompt_key, d.answer_key, d.response_key)
-        encoder = PromptEncoder(cfg.model.path, d.apply_chat_template, d.system_prompt)
-        sampler = PromptSampler(records, d.shuffle_seed)
-        reward_fn = resolve_reward(cfg.algorithm.reward, cfg.job.allowed_modules)
+        job = r.job_inputs()
         svc = JobServices(cfg, r.run, cfg.model.path)
         r.user_code = UserCode(cfg, r.workflow.nodes, r.events.log)
         r.trackers = open_trackers(cfg.logging, r.run.root, r.job_id, cfg.model_dump(mode="json"))
@@ -106,8 +94,8 @@ class AgentJob:
                 agent.trainer.load_model("actor", cfg.model.path, cfg.model.dtype, cfg.trainer.optimizer, cfg.job.seed,
                                          gradient_checkpointing=cfg.trainer.gradient_checkpointing)  # fmt: skip
                 publish(agent, {}, r.events)
-            by_agent = {a.name: NodeHandlers(cfg, svc.buffer, a.trainer, a.fleet, encoder, sampler, reward_fn,
-                                             r.user_code) for a in agents}  # fmt: skip
+            by_agent = {a.name: NodeHandlers(cfg, svc.buffer, a.trainer, a.fleet, job.encoder, job.sampler,
+                                             job.reward_fn, r.user_code) for a in agents}  # fmt: skip
             executor = StepExecutor(r.workflow.nodes, AgentHandlers(by_agent).handler_for, r.events)
             with StepProgress(cfg.job.steps, r.step, r.show_progress) as bar:
                 while r.step < cfg.job.steps:
@@ -122,12 +110,7 @@ class AgentJob:
             for agent in agents[1:]:  # the first agent's clients are the job's, closed with it
                 agent.fleet.close()
                 agent.trainer.close()
-            svc.close()  # stops every service its launcher started, every agent's included
-            r.user_code.close()
-            telemetry.force_flush()
-            if r.run.metrics_file.exists():
-                write_report(r.run, summary)
-            r.trackers.finish(r.step, sorted(r.run.plots.glob("*.png")))
+            r.shut_down(svc, summary)  # stops every service its launcher started, every agent's included
 
     def step(self, executor: StepExecutor, svc: JobServices, agents: list[Agent]) -> dict[str, float]:
         r, start = self.r, time.perf_counter()
@@ -139,8 +122,5 @@ class AgentJob:
             metrics["buffer/bytes"] = float(svc.buffer.stats(r.job_id).bytes)
             svc.buffer.delete_step(r.job_id, r.step)
         metrics["time/step"] = time.perf_counter() - start
-        telemetry.metrics().record_step(metrics["time/step"])
-        r.run.log_metrics(r.step, metrics)
-        r.events.metrics(r.step, metrics)
-        r.trackers.log(r.step, metrics)
+        r.log_step(metrics)
         return metrics

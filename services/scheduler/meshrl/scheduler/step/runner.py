@@ -26,7 +26,6 @@ from meshrl.common.errors import (
     Cancelled,
     InvalidArgument,
     MeshrlError,
-    Unavailable,
 )
 from meshrl.common.telemetry import attributes as A
 from meshrl.scheduler.config import JobConfig
@@ -186,7 +185,7 @@ class JobRunner:
             return AgentJob(self).run(resume)
         cfg = self.cfg
         self.prepare()
-        job = self._job_inputs()
+        job = self.job_inputs()
         rm_path = reward_model_path(self.workflow.nodes)  # the trainer may read it (its paths.roots)
         svc = JobServices(cfg, self.run, cfg.model.path, extra_roots=(rm_path,) if rm_path else ())
         self.user_code = UserCode(cfg, self.workflow.nodes, self.events.log)
@@ -208,9 +207,10 @@ class JobRunner:
             return summary
         finally:
             summary["seconds"] = round(time.monotonic() - started, 1)
-            self._shut_down(svc, summary)
+            self.shut_down(svc, summary)
 
-    def _job_inputs(self) -> _JobInputs:
+    def job_inputs(self) -> _JobInputs:
+        """The data, prompt encoder and sampler, and reward a job reads before its services start."""
         d = self.cfg.data
         records = load_records(d.train, d.prompt_key, d.answer_key, d.response_key)
         eval_records = load_records(d.eval, d.prompt_key, d.answer_key)[: self.cfg.eval.max_prompts] if d.eval else []
@@ -274,7 +274,7 @@ class JobRunner:
                 if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
                     self.save_checkpoint(svc, publisher, job.sampler)
 
-    def _shut_down(self, svc: JobServices, summary: dict) -> None:
+    def shut_down(self, svc: JobServices, summary: dict) -> None:
         """Stops the steps and the services (the producer before the user-code workers its reward nodes use),
         flushes telemetry and writes the report and the trackers' end."""
         steps = self._steps
@@ -344,14 +344,7 @@ class JobRunner:
                 metrics.update(self.turns.metrics())
             if self.cfg.training.staleness == 0:  # else generation may lag; a replica below the job's
                 svc.fleet.expect_version(result.version)  # first version (restarted) is still refused
-            for address in result.stale:
-                svc.fleet.mark_stale(address)
-                self.events.log(f"replica {address} missed weight version {result.version}: stale, no traffic")
-            if not svc.fleet.clients():
-                raise Unavailable(
-                    f"no rollout replica serves weight version {result.version} (stale: {result.stale}); "
-                    "see the replicas' logs in the run folder"
-                )
+            svc.fleet.after_publication(result.version, result.stale, self.events.log)
             metrics["buffer/bytes"] = float(svc.buffer.stats(self.job_id).bytes)
             svc.buffer.delete_step(self.job_id, self.step)
         metrics.update({"weights/version": result.version, "weights/seconds": result.seconds,
@@ -359,8 +352,12 @@ class JobRunner:
                         "weights/nccl": float(result.backend == "nccl")})  # fmt: skip
         metrics["time/step"] = time.perf_counter() - start
         steps.finish_step(metrics)
+        self.log_step(metrics)
+        return metrics
+
+    def log_step(self, metrics: dict[str, float]) -> None:
+        """A finished step's metrics to the step-time histogram, metrics.jsonl, the job's events and the trackers."""
         telemetry.metrics().record_step(metrics["time/step"])
         self.run.log_metrics(self.step, metrics)
         self.events.metrics(self.step, metrics)
         self.trackers.log(self.step, metrics)
-        return metrics
