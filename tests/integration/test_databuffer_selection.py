@@ -137,9 +137,11 @@ def test_delete_step_removes_every_batch_of_that_step_only(buffer):
     for node in ("data_load", "rollout", "reward"):
         client.put(batch_key("delstep", 7, node), {"x": np.arange(4)})
     client.put(batch_key("delstep", 8, "data_load"), {"x": np.arange(4)})
-    assert client.delete_step("delstep", 7) == 3
+    held = client.stats("delstep").bytes
+    assert client.delete_step("delstep", 7) == (3, held)  # and what stats said before: one call at a step's end
     assert client.list("delstep", 7) == [] and len(client.list("delstep", 8)) == 1
-    assert client.delete_step("delstep", 7) == 0
+    assert client.stats("delstep").bytes == 32
+    assert client.delete_step("delstep", 7) == (0, 32)
     with pytest.raises(InvalidArgument, match="step = -1"):
         client.delete_step("delstep", -1)
 

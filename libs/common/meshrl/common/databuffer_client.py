@@ -11,6 +11,8 @@ errors of meshrl.common.errors (InvalidArgument, NotFound, ResourceExhausted, ..
 from __future__ import annotations
 
 import contextvars
+import logging
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -38,8 +40,11 @@ from meshrl.common.codec import (
     encode_batch,
     merge_batches,
 )
-from meshrl.common.errors import DataLoss, InvalidArgument, NotFound, from_rpc_error
+from meshrl.common.direct_path import TRANSIENT, DirectPath, DirectPathConfig, connect
+from meshrl.common.errors import DataLoss, Internal, InvalidArgument, NotFound, Unavailable, from_rpc_error
 from meshrl.common.grpc_channel import ChannelConfig, call, open_channel, wait_until_serving
+
+log = logging.getLogger(__name__)
 
 SERVICE = "meshrl.databuffer.v1.DataBuffer"
 MiB = 1 << 20
@@ -128,17 +133,27 @@ class JobDeletion(NamedTuple):
     streams: int
 
 
+class StepDeletion(NamedTuple):
+    batches: int
+    job_bytes_before: int  # GetStats(job).bytes just before the delete
+
+
 # --- the client ----------------------------------------------------------------------------
 class DataBufferClient:
-    """A channel to one data buffer service; thread-safe. `chunk_bytes`: payload frame size."""
+    """A channel to one data buffer service; thread-safe. `chunk_bytes`: payload frame size. `direct`: move
+    payloads to and from the service's Redis directly (meshrl.common.direct_path); None: through the service."""
 
     def __init__(
-        self, address: str, channel_config: ChannelConfig | None = None, chunk_bytes: int = DEFAULT_FRAME_BYTES
-    ) -> None:
+        self, address: str, channel_config: ChannelConfig | None = None, chunk_bytes: int = DEFAULT_FRAME_BYTES,
+        direct: DirectPathConfig | None = None,
+    ) -> None:  # fmt: skip
         if chunk_bytes < 4096:
             raise InvalidArgument(f"chunk_bytes = {chunk_bytes} is too small; use at least 4096 (default 4 MiB)")
         self.address = address
         self.chunk_bytes = chunk_bytes
+        self.direct_config = direct
+        self._direct: DirectPath | None = None
+        self._direct_lock = threading.Lock()
         self._channel = open_channel(address, channel_config)
         self._stub = pb_grpc.DataBufferStub(self._channel)
         self._put = self._channel.stream_unary(
@@ -162,6 +177,31 @@ class DataBufferClient:
             response_deserializer=deserialize_get_response,
         )
 
+    def direct_path(self) -> DirectPath | None:
+        """The direct data path, set up on first use (the service's layout, a checked Redis connection); None
+        when not configured, or when it cannot be set up and `fallback` is on (said once in the log)."""
+        cfg = self.direct_config
+        if cfg is None or self._direct is not None:
+            return self._direct
+        with self._direct_lock:
+            if self._direct is None and self.direct_config is not None:
+                try:
+                    layout = call(self._stub.DescribeDirectPath, pb.DescribeDirectPathRequest(), timeout=30.0)
+                    self._direct = DirectPath(connect(cfg), layout)
+                except (Unavailable, Internal) as exc:  # Internal: a service without the path (UNIMPLEMENTED)
+                    if not cfg.fallback:
+                        raise
+                    log.warning("the data buffer's direct path is off, batches go through the service: %s", exc)
+                    self.direct_config = None
+        return self._direct
+
+    def _relay_instead(self, exc: Exception) -> None:
+        """Redis failed under the direct path: relay from now on when `fallback` allows, else raise Unavailable."""
+        if self.direct_config is None or not self.direct_config.fallback:
+            raise Unavailable(f"the data buffer's Redis failed under the direct path: {exc}") from exc
+        log.warning("the data buffer's Redis failed under the direct path (%s); batches go through the service", exc)
+        self.direct_config, self._direct = None, None
+
     def wait_until_ready(self, timeout: float = 30.0) -> None:
         wait_until_serving(self._channel, timeout=timeout, service=SERVICE)
 
@@ -184,6 +224,15 @@ class DataBufferClient:
             columns = columns.columns
         header, views = encode_batch(columns, samples, attrs)
         start = pb.PutBatchStart(key=key, header=header, ttl_seconds=ttl_seconds, overwrite=overwrite)
+        direct = self.direct_path()
+        if direct is not None:
+            try:
+                gen, count = direct.stage(key, views)
+            except TRANSIENT as exc:
+                self._relay_instead(exc)
+            else:
+                request = pb.CommitDirectPutRequest(start=start, generation=gen, chunks=count)
+                return call(self._stub.CommitDirectPut, request, timeout=timeout).bytes_written
         if header.total_bytes <= self.chunk_bytes:  # one frame: one unary message, no stream
             return call(self._put_small, encode_small_put(start, views), timeout=timeout).bytes_written
 
@@ -213,6 +262,13 @@ class DataBufferClient:
         request = pb.GetBatchRequest(key=key, wait_seconds=wait_seconds, columns=columns, missing_ok=missing_ok)
         if rows is not None:
             request.rows.begin, request.rows.end = rows
+        direct = self.direct_path()
+        if direct is not None:
+            located = call(self._stub.LocateBatch, request, timeout=wait_seconds + timeout)
+            try:
+                return decode_batch(located.header, direct.read(located))
+            except TRANSIENT as exc:
+                self._relay_instead(exc)
         small = call(self._get_small, request, timeout=wait_seconds + timeout)  # one unary call when it fits
         if isinstance(small, tuple):
             header, view = small
@@ -278,11 +334,11 @@ class DataBufferClient:
     def delete(self, key: keys_pb2.BatchKey, *, timeout: float = 30.0) -> bool:
         return call(self._stub.DeleteBatch, pb.DeleteBatchRequest(key=key), timeout=timeout).deleted
 
-    def delete_step(self, job_id: str, step: int, *, timeout: float = 60.0) -> int:
-        """Deletes every batch of one step of a job in one call; returns how many there were."""
-        return call(
-            self._stub.DeleteStep, pb.DeleteStepRequest(job_id=job_id, step=step), timeout=timeout
-        ).batches_deleted
+    def delete_step(self, job_id: str, step: int, *, timeout: float = 60.0) -> StepDeletion:
+        """Deletes every batch of one step of a job in one call; returns how many there were and the job's
+        bytes just before (what `stats(job_id).bytes` said: a step's end needs no second call)."""
+        reply = call(self._stub.DeleteStep, pb.DeleteStepRequest(job_id=job_id, step=step), timeout=timeout)
+        return StepDeletion(reply.batches_deleted, reply.job_bytes_before)
 
     def list(self, job_id: str, step: int = -1, *, timeout: float = 30.0) -> list[keys_pb2.BatchKey]:
         reply = call(self._stub.ListBatches, pb.ListBatchesRequest(job_id=job_id, step=step), timeout=timeout)

@@ -106,7 +106,42 @@ class DataBufferServicer:
 
     def DeleteStep(self, request: pb.DeleteStepRequest, context: grpc.ServicerContext) -> pb.DeleteStepResponse:
         request = checked(request)
-        return pb.DeleteStepResponse(batches_deleted=self.buffer.delete_step(request.job_id, request.step))
+        deleted, held = self.buffer.delete_step(request.job_id, request.step)
+        return pb.DeleteStepResponse(batches_deleted=deleted, job_bytes_before=held)
+
+    def DescribeDirectPath(self, request: Any, context: grpc.ServicerContext) -> pb.DescribeDirectPathResponse:
+        checked(request)
+        layout = self.buffer.direct_layout()
+        return pb.DescribeDirectPathResponse(
+            chunk_key_template=layout.chunk_key_template, chunk_bytes=layout.chunk_bytes,
+            staging_ttl_ms=layout.staging_ttl_ms, max_batch_bytes=layout.max_batch_bytes,
+            redis_hint=self.buffer.redis_hint(),
+        )  # fmt: skip
+
+    def CommitDirectPut(self, request: pb.CommitDirectPutRequest, context: grpc.ServicerContext) -> Any:
+        request = checked(request)
+        start = request.start
+        ref = BatchRef.from_proto(start.key, "start.key")
+        result = self.buffer.commit_direct_put(
+            ref, start.header, request.generation, request.chunks, ttl_seconds=start.ttl_seconds,
+            overwrite=start.overwrite,
+        )  # fmt: skip
+        tag_span({A.BUFFER_KEY: str(ref), A.BYTES: result.bytes_written})
+        return pb.PutBatchResponse(bytes_written=result.bytes_written, chunks=result.chunks)
+
+    def LocateBatch(self, request: pb.GetBatchRequest, context: grpc.ServicerContext) -> pb.LocateBatchResponse:
+        request = checked(request)
+        ref = BatchRef.from_proto(request.key)
+        rows = (request.rows.begin, request.rows.end) if request.HasField("rows") else None
+        located = self.buffer.locate_batch(
+            ref, wait_seconds=_remaining(context, request.wait_seconds, "wait_seconds"), columns=list(request.columns),
+            rows=rows, missing_ok=request.missing_ok,
+        )  # fmt: skip
+        tag_span({A.BUFFER_KEY: str(ref), A.BYTES: located.header.total_bytes})
+        ranges = [pb.ValueRange(key=k, first=a, last=b, whole=w) for k, a, b, w in located.ranges]
+        return pb.LocateBatchResponse(
+            header=located.header, ranges=ranges, manifest_key=located.manifest_key, generation=located.generation
+        )
 
     def ListBatches(self, request: pb.ListBatchesRequest, context: grpc.ServicerContext) -> pb.ListBatchesResponse:
         request = checked(request)
@@ -168,8 +203,11 @@ class DataBufferServicer:
 def _add(servicer: DataBufferServicer, server: grpc.Server) -> None:
     """Like the generated add_DataBufferServicer_to_server, with meshrl.databuffer.wire's (de)serializers."""
 
+    replies = {"CommitDirectPut": "PutBatch", "LocateBatch": "LocateBatch"}
+    requests = {"LocateBatch": "GetBatch"}
+
     def reply(name: str) -> Any:
-        return getattr(pb, f"{name}Response").SerializeToString
+        return getattr(pb, f"{replies.get(name, name)}Response").SerializeToString
 
     handlers = {
         "PutBatch": grpc.stream_unary_rpc_method_handler(
@@ -196,10 +234,13 @@ def _add(servicer: DataBufferServicer, server: grpc.Server) -> None:
         "ReadGroups",
         "AckGroups",
         "GetStats",
+        "DescribeDirectPath",
+        "CommitDirectPut",
+        "LocateBatch",
     ):
         handlers[name] = grpc.unary_unary_rpc_method_handler(
             getattr(servicer, name),
-            request_deserializer=lenient(getattr(pb, f"{name}Request")),
+            request_deserializer=lenient(getattr(pb, f"{requests.get(name, name)}Request")),
             response_serializer=reply(name),
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))

@@ -26,7 +26,7 @@ from meshrl.api.common.v1 import keys_pb2 as meshrl_dot_common_dot_v1_dot_keys__
 from meshrl.api.common.v1 import tensor_pb2 as meshrl_dot_common_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%meshrl/databuffer/v1/databuffer.proto\x12\x14meshrl.databuffer.v1\x1a\x1bmeshrl/common/v1/keys.proto\x1a\x1dmeshrl/common/v1/tensor.proto\"\x8f\x01\n\rPutBatchStart\x12\'\n\x03key\x18\x01 \x01(\x0b\x32\x1a.meshrl.common.v1.BatchKey\x12-\n\x06header\x18\x02 \x01(\x0b\x32\x1d.meshrl.common.v1.BatchHeader\x12\x13\n\x0bttl_seconds\x18\x03 \x01(\x03\x12\x11\n\toverwrite\x18\x04 \x01(\x08\"b\n\x0fPutBatchRequest\x12\x34\n\x05start\x18\x01 \x01(\x0b\x32#.meshrl.databuffer.v1.PutBatchStartH\x00\x12\x11\n\x07payload\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04\x62ody\"[\n\x14PutSmallBatchRequest\x12\x32\n\x05start\x18\x01 \x01(\x0b\x32#.meshrl.databuffer.v1.PutBatchStart\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\"9\n\x10PutBatchResponse\x12\x15\n\rbytes_written\x18\x01 \x01(\x03\x12\x0e\n\x06\x63hunks\x18\x02 \x01(\x05\"&\n\x08RowRange\x12\r\n\x05\x62\x65gin\x18\x01 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x02 \x01(\x03\"\xa3\x01\n\x0fGetBatchRequest\x12\'\n\x03key\x18\x01 \x01(\x0b\x32\x1a.meshrl.common.v1.BatchKey\x12\x14\n\x0cwait_seconds\x18\x02 \x01(\x01\x12\x0f\n\x07\x63olumns\x18\x03 \x03(\t\x12\x12\n\nmissing_ok\x18\x04 \x01(\x08\x12,\n\x04rows\x18\x05 \x01(\x0b\x32\x1e.meshrl.databuffer.v1.RowRange\"^\n\x10GetBatchResponse\x12/\n\x06header\x18\x01 \x01(\x0b\x32\x1d.meshrl.common.v1.BatchHeaderH\x00\x12\x11\n\x07payload\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04\x62ody\"j\n\x15GetSmallBatchResponse\x12-\n\x06header\x18\x01 \x01(\x0b\x32\x1d.meshrl.common.v1.BatchHeader\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12\x11\n\ttoo_large\x18\x03 \x01(\x08\"=\n\x12\x44\x65leteBatchRequest\x12\'\n\x03key\x18\x01 \x01(\x0b\x32\x1a.meshrl.common.v1.BatchKey\"&\n\x13\x44\x65leteBatchResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\"1\n\x11\x44\x65leteStepRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\"-\n\x12\x44\x65leteStepResponse\x12\x17\n\x0f\x62\x61tches_deleted\x18\x01 \x01(\x03\"2\n\x12ListBatchesRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\"?\n\x13ListBatchesResponse\x12(\n\x04keys\x18\x01 \x03(\x0b\x32\x1a.meshrl.common.v1.BatchKey\"\"\n\x10\x44\x65leteJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"E\n\x11\x44\x65leteJobResponse\x12\x17\n\x0f\x62\x61tches_deleted\x18\x01 \x01(\x03\x12\x17\n\x0fstreams_deleted\x18\x02 \x01(\x03\"e\n\x0bSampleGroup\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\x12,\n\x05\x62\x61tch\x18\x03 \x01(\x0b\x32\x1d.meshrl.common.v1.TensorBatch\"h\n\x13\x41ppendGroupsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06stream\x18\x02 \x01(\t\x12\x31\n\x06groups\x18\x03 \x03(\x0b\x32!.meshrl.databuffer.v1.SampleGroup\")\n\x14\x41ppendGroupsResponse\x12\x11\n\tentry_ids\x18\x01 \x03(\t\"\xc0\x01\n\x11ReadGroupsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06stream\x18\x02 \x01(\t\x12\x16\n\x0e\x63onsumer_group\x18\x03 \x01(\t\x12\x10\n\x08\x63onsumer\x18\x04 \x01(\t\x12\x12\n\nmax_groups\x18\x05 \x01(\x05\x12\x15\n\rblock_seconds\x18\x06 \x01(\x01\x12\x1a\n\x12min_weight_version\x18\x07 \x01(\x03\x12\x1a\n\x12\x63laim_idle_seconds\x18\x08 \x01(\x01\"l\n\x0e\x44\x65liveredGroup\x12\x10\n\x08\x65ntry_id\x18\x01 \x01(\t\x12\x30\n\x05group\x18\x02 \x01(\x0b\x32!.meshrl.databuffer.v1.SampleGroup\x12\x16\n\x0e\x64\x65livery_count\x18\x03 \x01(\x05\"a\n\x12ReadGroupsResponse\x12\x34\n\x06groups\x18\x01 \x03(\x0b\x32$.meshrl.databuffer.v1.DeliveredGroup\x12\x15\n\rdropped_stale\x18\x02 \x01(\x05\"]\n\x10\x41\x63kGroupsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06stream\x18\x02 \x01(\t\x12\x16\n\x0e\x63onsumer_group\x18\x03 \x01(\t\x12\x11\n\tentry_ids\x18\x04 \x03(\t\"\"\n\x11\x41\x63kGroupsResponse\x12\r\n\x05\x61\x63ked\x18\x01 \x01(\x05\"!\n\x0fGetStatsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"s\n\x0bStreamStats\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06stream\x18\x02 \x01(\t\x12\x16\n\x0e\x63onsumer_group\x18\x03 \x01(\t\x12\x0e\n\x06length\x18\x04 \x01(\x03\x12\x0f\n\x07pending\x18\x05 \x01(\x03\x12\x0b\n\x03lag\x18\x06 \x01(\x03\"\xd6\x02\n\x10GetStatsResponse\x12\x0f\n\x07\x62\x61tches\x18\x01 \x01(\x03\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\x12\x32\n\x07streams\x18\x03 \x03(\x0b\x32!.meshrl.databuffer.v1.StreamStats\x12R\n\x0f\x64rops_by_reason\x18\x04 \x03(\x0b\x32\x39.meshrl.databuffer.v1.GetStatsResponse.DropsByReasonEntry\x12\x14\n\x0c\x62udget_bytes\x18\x05 \x01(\x03\x12\x16\n\x0e\x62udget_entries\x18\x06 \x01(\x03\x12\x11\n\tget_calls\x18\x07 \x01(\x03\x12\x11\n\tget_bytes\x18\x08 \x01(\x03\x12\x10\n\x08get_rows\x18\t \x01(\x03\x1a\x34\n\x12\x44ropsByReasonEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x32\x98\t\n\nDataBuffer\x12[\n\x08PutBatch\x12%.meshrl.databuffer.v1.PutBatchRequest\x1a&.meshrl.databuffer.v1.PutBatchResponse(\x01\x12\x63\n\rPutSmallBatch\x12*.meshrl.databuffer.v1.PutSmallBatchRequest\x1a&.meshrl.databuffer.v1.PutBatchResponse\x12[\n\x08GetBatch\x12%.meshrl.databuffer.v1.GetBatchRequest\x1a&.meshrl.databuffer.v1.GetBatchResponse0\x01\x12\x63\n\rGetSmallBatch\x12%.meshrl.databuffer.v1.GetBatchRequest\x1a+.meshrl.databuffer.v1.GetSmallBatchResponse\x12\x62\n\x0b\x44\x65leteBatch\x12(.meshrl.databuffer.v1.DeleteBatchRequest\x1a).meshrl.databuffer.v1.DeleteBatchResponse\x12_\n\nDeleteStep\x12\'.meshrl.databuffer.v1.DeleteStepRequest\x1a(.meshrl.databuffer.v1.DeleteStepResponse\x12\x62\n\x0bListBatches\x12(.meshrl.databuffer.v1.ListBatchesRequest\x1a).meshrl.databuffer.v1.ListBatchesResponse\x12\\\n\tDeleteJob\x12&.meshrl.databuffer.v1.DeleteJobRequest\x1a\'.meshrl.databuffer.v1.DeleteJobResponse\x12\x65\n\x0c\x41ppendGroups\x12).meshrl.databuffer.v1.AppendGroupsRequest\x1a*.meshrl.databuffer.v1.AppendGroupsResponse\x12_\n\nReadGroups\x12\'.meshrl.databuffer.v1.ReadGroupsRequest\x1a(.meshrl.databuffer.v1.ReadGroupsResponse\x12\\\n\tAckGroups\x12&.meshrl.databuffer.v1.AckGroupsRequest\x1a\'.meshrl.databuffer.v1.AckGroupsResponse\x12Y\n\x08GetStats\x12%.meshrl.databuffer.v1.GetStatsRequest\x1a&.meshrl.databuffer.v1.GetStatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%meshrl/databuffer/v1/databuffer.proto\x12\x14meshrl.databuffer.v1\x1a\x1bmeshrl/common/v1/keys.proto\x1a\x1dmeshrl/common/v1/tensor.proto\"\x8f\x01\n\rPutBatchStart\x12\'\n\x03key\x18\x01 \x01(\x0b\x32\x1a.meshrl.common.v1.BatchKey\x12-\n\x06header\x18\x02 \x01(\x0b\x32\x1d.meshrl.common.v1.BatchHeader\x12\x13\n\x0bttl_seconds\x18\x03 \x01(\x03\x12\x11\n\toverwrite\x18\x04 \x01(\x08\"b\n\x0fPutBatchRequest\x12\x34\n\x05start\x18\x01 \x01(\x0b\x32#.meshrl.databuffer.v1.PutBatchStartH\x00\x12\x11\n\x07payload\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04\x62ody\"[\n\x14PutSmallBatchRequest\x12\x32\n\x05start\x18\x01 \x01(\x0b\x32#.meshrl.databuffer.v1.PutBatchStart\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\"9\n\x10PutBatchResponse\x12\x15\n\rbytes_written\x18\x01 \x01(\x03\x12\x0e\n\x06\x63hunks\x18\x02 \x01(\x05\"&\n\x08RowRange\x12\r\n\x05\x62\x65gin\x18\x01 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x02 \x01(\x03\"\xa3\x01\n\x0fGetBatchRequest\x12\'\n\x03key\x18\x01 \x01(\x0b\x32\x1a.meshrl.common.v1.BatchKey\x12\x14\n\x0cwait_seconds\x18\x02 \x01(\x01\x12\x0f\n\x07\x63olumns\x18\x03 \x03(\t\x12\x12\n\nmissing_ok\x18\x04 \x01(\x08\x12,\n\x04rows\x18\x05 \x01(\x0b\x32\x1e.meshrl.databuffer.v1.RowRange\"^\n\x10GetBatchResponse\x12/\n\x06header\x18\x01 \x01(\x0b\x32\x1d.meshrl.common.v1.BatchHeaderH\x00\x12\x11\n\x07payload\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04\x62ody\"j\n\x15GetSmallBatchResponse\x12-\n\x06header\x18\x01 \x01(\x0b\x32\x1d.meshrl.common.v1.BatchHeader\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12\x11\n\ttoo_large\x18\x03 \x01(\x08\"=\n\x12\x44\x65leteBatchRequest\x12\'\n\x03key\x18\x01 \x01(\x0b\x32\x1a.meshrl.common.v1.BatchKey\"&\n\x13\x44\x65leteBatchResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\"1\n\x11\x44\x65leteStepRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\"G\n\x12\x44\x65leteStepResponse\x12\x17\n\x0f\x62\x61tches_deleted\x18\x01 \x01(\x03\x12\x18\n\x10job_bytes_before\x18\x02 \x01(\x03\"2\n\x12ListBatchesRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\"?\n\x13ListBatchesResponse\x12(\n\x04keys\x18\x01 \x03(\x0b\x32\x1a.meshrl.common.v1.BatchKey\"\"\n\x10\x44\x65leteJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"E\n\x11\x44\x65leteJobResponse\x12\x17\n\x0f\x62\x61tches_deleted\x18\x01 \x01(\x03\x12\x17\n\x0fstreams_deleted\x18\x02 \x01(\x03\"e\n\x0bSampleGroup\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\x12,\n\x05\x62\x61tch\x18\x03 \x01(\x0b\x32\x1d.meshrl.common.v1.TensorBatch\"h\n\x13\x41ppendGroupsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06stream\x18\x02 \x01(\t\x12\x31\n\x06groups\x18\x03 \x03(\x0b\x32!.meshrl.databuffer.v1.SampleGroup\")\n\x14\x41ppendGroupsResponse\x12\x11\n\tentry_ids\x18\x01 \x03(\t\"\xc0\x01\n\x11ReadGroupsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06stream\x18\x02 \x01(\t\x12\x16\n\x0e\x63onsumer_group\x18\x03 \x01(\t\x12\x10\n\x08\x63onsumer\x18\x04 \x01(\t\x12\x12\n\nmax_groups\x18\x05 \x01(\x05\x12\x15\n\rblock_seconds\x18\x06 \x01(\x01\x12\x1a\n\x12min_weight_version\x18\x07 \x01(\x03\x12\x1a\n\x12\x63laim_idle_seconds\x18\x08 \x01(\x01\"l\n\x0e\x44\x65liveredGroup\x12\x10\n\x08\x65ntry_id\x18\x01 \x01(\t\x12\x30\n\x05group\x18\x02 \x01(\x0b\x32!.meshrl.databuffer.v1.SampleGroup\x12\x16\n\x0e\x64\x65livery_count\x18\x03 \x01(\x05\"a\n\x12ReadGroupsResponse\x12\x34\n\x06groups\x18\x01 \x03(\x0b\x32$.meshrl.databuffer.v1.DeliveredGroup\x12\x15\n\rdropped_stale\x18\x02 \x01(\x05\"]\n\x10\x41\x63kGroupsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06stream\x18\x02 \x01(\t\x12\x16\n\x0e\x63onsumer_group\x18\x03 \x01(\t\x12\x11\n\tentry_ids\x18\x04 \x03(\t\"\"\n\x11\x41\x63kGroupsResponse\x12\r\n\x05\x61\x63ked\x18\x01 \x01(\x05\"!\n\x0fGetStatsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"s\n\x0bStreamStats\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06stream\x18\x02 \x01(\t\x12\x16\n\x0e\x63onsumer_group\x18\x03 \x01(\t\x12\x0e\n\x06length\x18\x04 \x01(\x03\x12\x0f\n\x07pending\x18\x05 \x01(\x03\x12\x0b\n\x03lag\x18\x06 \x01(\x03\"\xd6\x02\n\x10GetStatsResponse\x12\x0f\n\x07\x62\x61tches\x18\x01 \x01(\x03\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\x12\x32\n\x07streams\x18\x03 \x03(\x0b\x32!.meshrl.databuffer.v1.StreamStats\x12R\n\x0f\x64rops_by_reason\x18\x04 \x03(\x0b\x32\x39.meshrl.databuffer.v1.GetStatsResponse.DropsByReasonEntry\x12\x14\n\x0c\x62udget_bytes\x18\x05 \x01(\x03\x12\x16\n\x0e\x62udget_entries\x18\x06 \x01(\x03\x12\x11\n\tget_calls\x18\x07 \x01(\x03\x12\x11\n\tget_bytes\x18\x08 \x01(\x03\x12\x10\n\x08get_rows\x18\t \x01(\x03\x1a\x34\n\x12\x44ropsByReasonEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\x1b\n\x19\x44\x65scribeDirectPathRequest\"\x92\x01\n\x1a\x44\x65scribeDirectPathResponse\x12\x1a\n\x12\x63hunk_key_template\x18\x01 \x01(\t\x12\x13\n\x0b\x63hunk_bytes\x18\x02 \x01(\x03\x12\x16\n\x0estaging_ttl_ms\x18\x03 \x01(\x03\x12\x17\n\x0fmax_batch_bytes\x18\x04 \x01(\x03\x12\x12\n\nredis_hint\x18\x05 \x01(\t\"p\n\x16\x43ommitDirectPutRequest\x12\x32\n\x05start\x18\x01 \x01(\x0b\x32#.meshrl.databuffer.v1.PutBatchStart\x12\x12\n\ngeneration\x18\x02 \x01(\t\x12\x0e\n\x06\x63hunks\x18\x03 \x01(\x05\"E\n\nValueRange\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05\x66irst\x18\x02 \x01(\x03\x12\x0c\n\x04last\x18\x03 \x01(\x03\x12\r\n\x05whole\x18\x04 \x01(\x08\"\xa0\x01\n\x13LocateBatchResponse\x12-\n\x06header\x18\x01 \x01(\x0b\x32\x1d.meshrl.common.v1.BatchHeader\x12\x30\n\x06ranges\x18\x02 \x03(\x0b\x32 .meshrl.databuffer.v1.ValueRange\x12\x14\n\x0cmanifest_key\x18\x03 \x01(\t\x12\x12\n\ngeneration\x18\x04 \x01(\t2\xdb\x0b\n\nDataBuffer\x12[\n\x08PutBatch\x12%.meshrl.databuffer.v1.PutBatchRequest\x1a&.meshrl.databuffer.v1.PutBatchResponse(\x01\x12\x63\n\rPutSmallBatch\x12*.meshrl.databuffer.v1.PutSmallBatchRequest\x1a&.meshrl.databuffer.v1.PutBatchResponse\x12[\n\x08GetBatch\x12%.meshrl.databuffer.v1.GetBatchRequest\x1a&.meshrl.databuffer.v1.GetBatchResponse0\x01\x12\x63\n\rGetSmallBatch\x12%.meshrl.databuffer.v1.GetBatchRequest\x1a+.meshrl.databuffer.v1.GetSmallBatchResponse\x12\x62\n\x0b\x44\x65leteBatch\x12(.meshrl.databuffer.v1.DeleteBatchRequest\x1a).meshrl.databuffer.v1.DeleteBatchResponse\x12_\n\nDeleteStep\x12\'.meshrl.databuffer.v1.DeleteStepRequest\x1a(.meshrl.databuffer.v1.DeleteStepResponse\x12\x62\n\x0bListBatches\x12(.meshrl.databuffer.v1.ListBatchesRequest\x1a).meshrl.databuffer.v1.ListBatchesResponse\x12\\\n\tDeleteJob\x12&.meshrl.databuffer.v1.DeleteJobRequest\x1a\'.meshrl.databuffer.v1.DeleteJobResponse\x12\x65\n\x0c\x41ppendGroups\x12).meshrl.databuffer.v1.AppendGroupsRequest\x1a*.meshrl.databuffer.v1.AppendGroupsResponse\x12_\n\nReadGroups\x12\'.meshrl.databuffer.v1.ReadGroupsRequest\x1a(.meshrl.databuffer.v1.ReadGroupsResponse\x12\\\n\tAckGroups\x12&.meshrl.databuffer.v1.AckGroupsRequest\x1a\'.meshrl.databuffer.v1.AckGroupsResponse\x12Y\n\x08GetStats\x12%.meshrl.databuffer.v1.GetStatsRequest\x1a&.meshrl.databuffer.v1.GetStatsResponse\x12w\n\x12\x44\x65scribeDirectPath\x12/.meshrl.databuffer.v1.DescribeDirectPathRequest\x1a\x30.meshrl.databuffer.v1.DescribeDirectPathResponse\x12g\n\x0f\x43ommitDirectPut\x12,.meshrl.databuffer.v1.CommitDirectPutRequest\x1a&.meshrl.databuffer.v1.PutBatchResponse\x12_\n\x0bLocateBatch\x12%.meshrl.databuffer.v1.GetBatchRequest\x1a).meshrl.databuffer.v1.LocateBatchResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -58,39 +58,49 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DELETESTEPREQUEST']._serialized_start=1034
   _globals['_DELETESTEPREQUEST']._serialized_end=1083
   _globals['_DELETESTEPRESPONSE']._serialized_start=1085
-  _globals['_DELETESTEPRESPONSE']._serialized_end=1130
-  _globals['_LISTBATCHESREQUEST']._serialized_start=1132
-  _globals['_LISTBATCHESREQUEST']._serialized_end=1182
-  _globals['_LISTBATCHESRESPONSE']._serialized_start=1184
-  _globals['_LISTBATCHESRESPONSE']._serialized_end=1247
-  _globals['_DELETEJOBREQUEST']._serialized_start=1249
-  _globals['_DELETEJOBREQUEST']._serialized_end=1283
-  _globals['_DELETEJOBRESPONSE']._serialized_start=1285
-  _globals['_DELETEJOBRESPONSE']._serialized_end=1354
-  _globals['_SAMPLEGROUP']._serialized_start=1356
-  _globals['_SAMPLEGROUP']._serialized_end=1457
-  _globals['_APPENDGROUPSREQUEST']._serialized_start=1459
-  _globals['_APPENDGROUPSREQUEST']._serialized_end=1563
-  _globals['_APPENDGROUPSRESPONSE']._serialized_start=1565
-  _globals['_APPENDGROUPSRESPONSE']._serialized_end=1606
-  _globals['_READGROUPSREQUEST']._serialized_start=1609
-  _globals['_READGROUPSREQUEST']._serialized_end=1801
-  _globals['_DELIVEREDGROUP']._serialized_start=1803
-  _globals['_DELIVEREDGROUP']._serialized_end=1911
-  _globals['_READGROUPSRESPONSE']._serialized_start=1913
-  _globals['_READGROUPSRESPONSE']._serialized_end=2010
-  _globals['_ACKGROUPSREQUEST']._serialized_start=2012
-  _globals['_ACKGROUPSREQUEST']._serialized_end=2105
-  _globals['_ACKGROUPSRESPONSE']._serialized_start=2107
-  _globals['_ACKGROUPSRESPONSE']._serialized_end=2141
-  _globals['_GETSTATSREQUEST']._serialized_start=2143
-  _globals['_GETSTATSREQUEST']._serialized_end=2176
-  _globals['_STREAMSTATS']._serialized_start=2178
-  _globals['_STREAMSTATS']._serialized_end=2293
-  _globals['_GETSTATSRESPONSE']._serialized_start=2296
-  _globals['_GETSTATSRESPONSE']._serialized_end=2638
-  _globals['_GETSTATSRESPONSE_DROPSBYREASONENTRY']._serialized_start=2586
-  _globals['_GETSTATSRESPONSE_DROPSBYREASONENTRY']._serialized_end=2638
-  _globals['_DATABUFFER']._serialized_start=2641
-  _globals['_DATABUFFER']._serialized_end=3817
+  _globals['_DELETESTEPRESPONSE']._serialized_end=1156
+  _globals['_LISTBATCHESREQUEST']._serialized_start=1158
+  _globals['_LISTBATCHESREQUEST']._serialized_end=1208
+  _globals['_LISTBATCHESRESPONSE']._serialized_start=1210
+  _globals['_LISTBATCHESRESPONSE']._serialized_end=1273
+  _globals['_DELETEJOBREQUEST']._serialized_start=1275
+  _globals['_DELETEJOBREQUEST']._serialized_end=1309
+  _globals['_DELETEJOBRESPONSE']._serialized_start=1311
+  _globals['_DELETEJOBRESPONSE']._serialized_end=1380
+  _globals['_SAMPLEGROUP']._serialized_start=1382
+  _globals['_SAMPLEGROUP']._serialized_end=1483
+  _globals['_APPENDGROUPSREQUEST']._serialized_start=1485
+  _globals['_APPENDGROUPSREQUEST']._serialized_end=1589
+  _globals['_APPENDGROUPSRESPONSE']._serialized_start=1591
+  _globals['_APPENDGROUPSRESPONSE']._serialized_end=1632
+  _globals['_READGROUPSREQUEST']._serialized_start=1635
+  _globals['_READGROUPSREQUEST']._serialized_end=1827
+  _globals['_DELIVEREDGROUP']._serialized_start=1829
+  _globals['_DELIVEREDGROUP']._serialized_end=1937
+  _globals['_READGROUPSRESPONSE']._serialized_start=1939
+  _globals['_READGROUPSRESPONSE']._serialized_end=2036
+  _globals['_ACKGROUPSREQUEST']._serialized_start=2038
+  _globals['_ACKGROUPSREQUEST']._serialized_end=2131
+  _globals['_ACKGROUPSRESPONSE']._serialized_start=2133
+  _globals['_ACKGROUPSRESPONSE']._serialized_end=2167
+  _globals['_GETSTATSREQUEST']._serialized_start=2169
+  _globals['_GETSTATSREQUEST']._serialized_end=2202
+  _globals['_STREAMSTATS']._serialized_start=2204
+  _globals['_STREAMSTATS']._serialized_end=2319
+  _globals['_GETSTATSRESPONSE']._serialized_start=2322
+  _globals['_GETSTATSRESPONSE']._serialized_end=2664
+  _globals['_GETSTATSRESPONSE_DROPSBYREASONENTRY']._serialized_start=2612
+  _globals['_GETSTATSRESPONSE_DROPSBYREASONENTRY']._serialized_end=2664
+  _globals['_DESCRIBEDIRECTPATHREQUEST']._serialized_start=2666
+  _globals['_DESCRIBEDIRECTPATHREQUEST']._serialized_end=2693
+  _globals['_DESCRIBEDIRECTPATHRESPONSE']._serialized_start=2696
+  _globals['_DESCRIBEDIRECTPATHRESPONSE']._serialized_end=2842
+  _globals['_COMMITDIRECTPUTREQUEST']._serialized_start=2844
+  _globals['_COMMITDIRECTPUTREQUEST']._serialized_end=2956
+  _globals['_VALUERANGE']._serialized_start=2958
+  _globals['_VALUERANGE']._serialized_end=3027
+  _globals['_LOCATEBATCHRESPONSE']._serialized_start=3030
+  _globals['_LOCATEBATCHRESPONSE']._serialized_end=3190
+  _globals['_DATABUFFER']._serialized_start=3193
+  _globals['_DATABUFFER']._serialized_end=4692
 # @@protoc_insertion_point(module_scope)

@@ -94,6 +94,21 @@ class DataBufferStub:
                 request_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetStatsRequest.SerializeToString,
                 response_deserializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetStatsResponse.FromString,
                 _registered_method=True)
+        self.DescribeDirectPath = channel.unary_unary(
+                '/meshrl.databuffer.v1.DataBuffer/DescribeDirectPath',
+                request_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.DescribeDirectPathRequest.SerializeToString,
+                response_deserializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.DescribeDirectPathResponse.FromString,
+                _registered_method=True)
+        self.CommitDirectPut = channel.unary_unary(
+                '/meshrl.databuffer.v1.DataBuffer/CommitDirectPut',
+                request_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.CommitDirectPutRequest.SerializeToString,
+                response_deserializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.PutBatchResponse.FromString,
+                _registered_method=True)
+        self.LocateBatch = channel.unary_unary(
+                '/meshrl.databuffer.v1.DataBuffer/LocateBatch',
+                request_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetBatchRequest.SerializeToString,
+                response_deserializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.LocateBatchResponse.FromString,
+                _registered_method=True)
 
 
 class DataBufferServicer:
@@ -181,6 +196,29 @@ class DataBufferServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DescribeDirectPath(self, request, context):
+        """The direct data path (opt-in on the client): the service keeps the control plane (keys, header
+        checks, budget, commit, indexes) and the client moves the payload bytes to and from Redis itself,
+        with its own Redis credentials. DescribeDirectPath says where chunks go (once per client);
+        CommitDirectPut checks and commits the chunks a client staged; LocateBatch says which Redis
+        values (or byte ranges of them) hold a batch, or the selected columns and rows of it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CommitDirectPut(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LocateBatch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DataBufferServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -243,6 +281,21 @@ def add_DataBufferServicer_to_server(servicer, server):
                     servicer.GetStats,
                     request_deserializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetStatsRequest.FromString,
                     response_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetStatsResponse.SerializeToString,
+            ),
+            'DescribeDirectPath': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeDirectPath,
+                    request_deserializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.DescribeDirectPathRequest.FromString,
+                    response_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.DescribeDirectPathResponse.SerializeToString,
+            ),
+            'CommitDirectPut': grpc.unary_unary_rpc_method_handler(
+                    servicer.CommitDirectPut,
+                    request_deserializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.CommitDirectPutRequest.FromString,
+                    response_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.PutBatchResponse.SerializeToString,
+            ),
+            'LocateBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.LocateBatch,
+                    request_deserializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetBatchRequest.FromString,
+                    response_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.LocateBatchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -569,6 +622,87 @@ class DataBuffer:
             '/meshrl.databuffer.v1.DataBuffer/GetStats',
             meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetStatsRequest.SerializeToString,
             meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeDirectPath(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshrl.databuffer.v1.DataBuffer/DescribeDirectPath',
+            meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.DescribeDirectPathRequest.SerializeToString,
+            meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.DescribeDirectPathResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CommitDirectPut(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshrl.databuffer.v1.DataBuffer/CommitDirectPut',
+            meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.CommitDirectPutRequest.SerializeToString,
+            meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.PutBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LocateBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshrl.databuffer.v1.DataBuffer/LocateBatch',
+            meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetBatchRequest.SerializeToString,
+            meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.LocateBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,
