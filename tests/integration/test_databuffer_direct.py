@@ -33,7 +33,8 @@ def buffer():
     prefix = unique_prefix("direct")
     cfg = config(SYSTEM_REDIS, prefix, limits={"chunk_bytes": CHUNK}, budget={"max_bytes": 4 << 20})
     with serving(cfg) as (_, running):
-        direct = DataBufferClient(running.address, direct=DirectPathConfig(redis_url=SYSTEM_REDIS, fallback=False))
+        path = DirectPathConfig(redis_url=SYSTEM_REDIS, fallback=False, min_bytes=0)  # every batch direct
+        direct = DataBufferClient(running.address, direct=path)
         relayed = DataBufferClient(running.address)
         relayed.wait_until_ready(10)
         yield direct, relayed, raw, prefix
@@ -83,6 +84,22 @@ def test_direct_and_relayed_paths_store_and_read_the_same_batch(buffer):
     assert relayed.get(small)["rewards"].tolist() == [0, 1, 2, 3, 4]
 
 
+def test_under_min_bytes_a_batch_goes_through_the_service_and_comes_back_inline(buffer):
+    _, relayed, raw, prefix = buffer
+    key = batch_key("dj", 10, "reward")
+    small = {"rewards": np.arange(1000, dtype=np.float32)}  # 4 KB
+    path = DirectPathConfig(redis_url=SYSTEM_REDIS, fallback=False, min_bytes=8 << 10)
+    with DataBufferClient(relayed.address, direct=path) as client:
+        client.put(key, small)
+        request = pb.GetBatchRequest(key=key, inline_below=8 << 10)
+        located = call(client._stub.LocateBatch, request, timeout=30)
+        assert located.inline and not located.ranges and len(located.payload) == 4000
+        assert client.get(key)["rewards"].tolist() == small["rewards"].tolist()
+        assert client.get(key, rows=(10, 13))["rewards"].tolist() == [10, 11, 12]
+        request.inline_below = 4000  # not fewer bytes than that: ranges to read
+        assert not call(client._stub.LocateBatch, request, timeout=30).inline
+
+
 def test_a_direct_selection_reads_only_its_rows_and_columns(buffer):
     direct, relayed, _, _ = buffer
     key = batch_key("dj", 20, "data_load")
@@ -113,7 +130,9 @@ def _stage(client, key, payload: bytes, sizes=None) -> tuple[str, list[str]]:
 
 def _commit(client, key, columns, gen, chunks):
     header, _ = encode_batch(columns)
-    request = pb.CommitDirectPutRequest(start=pb.PutBatchStart(key=key, header=header, overwrite=True), generation=gen, chunks=chunks)
+    request = pb.CommitDirectPutRequest(
+        start=pb.PutBatchStart(key=key, header=header, overwrite=True), generation=gen, chunks=chunks
+    )
     return call(client._stub.CommitDirectPut, request, timeout=30)
 
 
@@ -185,10 +204,12 @@ def test_an_unreachable_redis_falls_back_to_the_relayed_path_or_is_unavailable(b
     _, relayed, _, _ = buffer
     dead = f"redis://127.0.0.1:{free_port()}/0"
     key = batch_key("dj", 50, "reward")
-    with DataBufferClient(relayed.address, direct=DirectPathConfig(redis_url=dead)) as client:
+    with DataBufferClient(relayed.address, direct=DirectPathConfig(redis_url=dead, min_bytes=0)) as client:
         client.put(key, {"r": np.ones(3, np.float32)})
         assert client.get(key)["r"].tolist() == [1, 1, 1] and client.direct_path() is None
-    with DataBufferClient(relayed.address, direct=DirectPathConfig(redis_url=dead, fallback=False)) as client:
+    with DataBufferClient(
+        relayed.address, direct=DirectPathConfig(redis_url=dead, fallback=False, min_bytes=0)
+    ) as client:
         with pytest.raises(Unavailable, match="unreachable"):
             client.put(key, {"r": np.ones(3, np.float32)})
 

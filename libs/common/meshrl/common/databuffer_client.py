@@ -195,6 +195,9 @@ class DataBufferClient:
                     self.direct_config = None
         return self._direct
 
+    def _direct_min_bytes(self) -> int:
+        return self.direct_config.min_bytes if self.direct_config is not None else 0
+
     def _relay_instead(self, exc: Exception) -> None:
         """Redis failed under the direct path: relay from now on when `fallback` allows, else raise Unavailable."""
         if self.direct_config is None or not self.direct_config.fallback:
@@ -224,7 +227,7 @@ class DataBufferClient:
             columns = columns.columns
         header, views = encode_batch(columns, samples, attrs)
         start = pb.PutBatchStart(key=key, header=header, ttl_seconds=ttl_seconds, overwrite=overwrite)
-        direct = self.direct_path()
+        direct = self.direct_path() if header.total_bytes >= self._direct_min_bytes() else None
         if direct is not None:
             try:
                 gen, count = direct.stage(key, views)
@@ -264,7 +267,10 @@ class DataBufferClient:
             request.rows.begin, request.rows.end = rows
         direct = self.direct_path()
         if direct is not None:
+            request.inline_below = self._direct_min_bytes()
             located = call(self._stub.LocateBatch, request, timeout=wait_seconds + timeout)
+            if located.inline:  # small: it came with the answer
+                return decode_batch(located.header, bytearray(located.payload))
             try:
                 return decode_batch(located.header, direct.read(located))
             except TRANSIENT as exc:

@@ -3,9 +3,10 @@ this process and Redis, with this process's own Redis credentials (and TLS), whi
 stays with the service (meshrl.databuffer.direct): where chunks go, header checks, budget, commit, which
 bytes a selection reads. The payload crosses the network once, not twice through the service.
 
-`DataBufferClient(..., direct=DirectPathConfig(redis_url=...))` uses it for every put and get; with
-`fallback` on, an unreachable Redis (or a service without the path) sends the batch through the service
-instead, which is logged once.
+`DataBufferClient(..., direct=DirectPathConfig(redis_url=...))` uses it for every put and get of at least
+`min_bytes` (a smaller get comes back inline from the same LocateBatch call); with `fallback` on, an
+unreachable Redis (or a service without the path) sends the batch through the service instead, which is
+logged once.
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ class DirectPathConfig(StrictModel):
         "MESHRL_REDIS_PASSWORD", description="environment variable holding the password (never in config files)"
     )
     ca_file: str | None = pydantic.Field(None, description="rediss://: CA bundle that verifies Redis")
+    min_bytes: int = pydantic.Field(
+        256 << 10, ge=0,
+        description="batches (and selections) smaller than this go through the service in one call: below a few "
+        "hundred KiB the relay costs less than the extra Redis round trip",
+    )  # fmt: skip
     socket_timeout_seconds: float = pydantic.Field(60.0, gt=0)
     fallback: bool = pydantic.Field(
         True, description="Redis unreachable, or a service without the direct path: relay through the service"

@@ -256,7 +256,8 @@ class BatchStore:
     ) -> None:  # fmt: skip
         """Swaps the manifest to the staged generation. The first try assumes a new key and goes in one
         pipeline with the last chunk's write and the index update: one round trip. `direct`: a client staged
-        the chunks itself (meshrl.databuffer.direct), so their sizes are checked too."""
+        the chunks itself (meshrl.databuffer.direct), so their sizes are checked too, and the reservation
+        already runs to the batch's expiry (the ledger is settled only when a generation was replaced)."""
         manifest = self.keys.manifest(ref)
         ttl_ms = ttl * 1000
         grace_ms = int(self.cfg.overwrite_grace_seconds * 1000)
@@ -283,6 +284,8 @@ class BatchStore:
             first_try = False
             status, current, current_n = (x.decode() for x in reply)
             if status == "ok":
+                if direct and not current:  # nothing was replaced, and the reservation runs to the expiry
+                    return
                 old = self.keys.batch_member(ref, old_gen) if old_gen else None
                 self.ledger.settle(self.keys.batch_member(ref, gen), now_ms() + ttl_ms + TTL_MARGIN_MS, old, grace_ms)
                 return

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from meshrl.api.common.v1 import tensor_pb2
 from meshrl.common.errors import AlreadyExists, InvalidArgument
-from meshrl.databuffer.batches import BatchStore, PutResult
+from meshrl.databuffer.batches import TTL_MARGIN_MS, BatchStore, PutResult
 from meshrl.databuffer.keys import BatchRef
 from meshrl.databuffer.ledger import now_ms
 from meshrl.databuffer.reads import Located
@@ -72,7 +72,8 @@ class DirectPath:
             if not overwrite and store.client.exists(store.keys.manifest(ref)):
                 raise AlreadyExists(f"batch {ref} already exists; put with overwrite=True or delete it first")
             staging_ms = store.cfg.staging_ttl_seconds * 1000
-            store.ledger.reserve({member: total + len(blob)}, now_ms() + staging_ms, f"batch {ref}")
+            expiry = now_ms() + ttl * 1000 + TTL_MARGIN_MS  # the batch's own: committing needs no settle then
+            store.ledger.reserve({member: total + len(blob)}, expiry, f"batch {ref}")
             store._commit_manifest(ref, gen, want, total, blob, ttl, overwrite, None, staging_ms, direct=True)
             committed = True
         finally:

@@ -38,13 +38,17 @@ class Located:
     ranges: list[tuple[str, int, int, bool]]
     manifest_key: str
     generation: str
+    payload: bytes | None = None  # the selection itself, when it was small enough to come back inline
 
 
-# KEYS: manifest. The manifest's fields, and for a one-chunk batch its chunk (same hash tag: same slot).
+# KEYS: manifest. ARGV (optional): largest payload to return. The manifest's fields, and for a one-chunk batch
+# (of at most ARGV[1] bytes) its chunk (same hash tag: same slot).
 _OPEN = """
 local f = redis.call('HMGET', KEYS[1], 'gen', 'n', 'cb', 'bytes', 'h')
 if not f[1] then return false end
-if f[2] == '1' then f[6] = redis.call('GET', string.sub(KEYS[1], 1, -2) .. 'c:' .. f[1] .. ':0') end
+if f[2] == '1' and (ARGV[1] == nil or tonumber(f[4]) <= tonumber(ARGV[1])) then
+  f[6] = redis.call('GET', string.sub(KEYS[1], 1, -2) .. 'c:' .. f[1] .. ':0')
+end
 return f
 """
 
@@ -68,9 +72,10 @@ class BatchReader:
         self.counter = ReadCounter()
         self._open = client.register_script(_OPEN)
 
-    def _read_manifest(self, ref: BatchRef) -> list[Any] | None:
-        """[gen, n, cb, bytes, header] of the manifest, plus the payload when it is one chunk (one round trip)."""
-        fields = self._open(keys=[self.keys.manifest(ref)])
+    def _read_manifest(self, ref: BatchRef, up_to: int | None = None) -> list[Any] | None:
+        """[gen, n, cb, bytes, header] of the manifest, plus the payload when it is one chunk (of at most `up_to`
+        bytes when given): one round trip."""
+        fields = self._open(keys=[self.keys.manifest(ref)], args=[] if up_to is None else [up_to])
         return fields or None
 
     def _wait_manifest(self, ref: BatchRef, wait_seconds: float, read) -> list[Any]:
@@ -131,20 +136,27 @@ class BatchReader:
         columns: Sequence[str] = (),
         rows: tuple[int, int] | None = None,
         missing_ok: bool = False,
+        inline_below: int = 0,
     ) -> Located:
         """Which Redis values (whole, or byte ranges) hold the batch or its selected columns and rows, for a
-        client that reads them itself (the direct data path); one round trip once the batch is there."""
-        manifest = self.keys.manifest(ref)
-
-        def read(r: BatchRef) -> list[Any] | None:
-            fields = self.client.hmget(manifest, "gen", "n", "cb", "bytes", "h")
-            return None if fields[0] is None else fields
-
-        gen_b, n_b, cb_b, total_b, blob = self._wait_manifest(ref, wait_seconds, read)
+        client that reads them itself (the direct data path); one round trip once the batch is there. A
+        one-chunk batch whose selection has fewer than `inline_below` bytes comes back inline instead."""
+        if inline_below < 0:
+            raise InvalidArgument(f"inline_below = {inline_below} must be >= 0", field="inline_below")
+        up_to = max(0, min(inline_below, self.limits.chunk_bytes))
+        fields = self._wait_manifest(ref, wait_seconds, lambda r: self._read_manifest(r, up_to))
+        gen_b, n_b, cb_b, total_b, blob = fields[:5]
+        only = fields[5] if len(fields) > 5 else None
         gen, n, cb, total = gen_b.decode(), int(n_b), int(cb_b), int(total_b)
         chosen = select(tensor_pb2.BatchHeader.FromString(blob), columns, rows, missing_ok=missing_ok,
                         what=f"batch {ref}")  # fmt: skip
         self.counter.count(chosen.header.total_bytes, chosen.rows)
+        manifest = self.keys.manifest(ref)
+        if only is not None and chosen.header.total_bytes < inline_below:
+            if len(only) != total:
+                self._lost(ref, gen, 0)
+            payload = bytes(only) if chosen.whole else b"".join(memoryview(only)[o : o + k] for o, k in chosen.spans)
+            return Located(chosen.header, [], manifest, gen, payload)
         if chosen.whole:
             sizes = [cb] * (n - 1) + [total - cb * (n - 1)] if n else []
             ranges = [(self.keys.chunk(ref, gen, i), 0, size - 1, True) for i, size in enumerate(sizes)]

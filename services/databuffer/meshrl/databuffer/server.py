@@ -135,13 +135,14 @@ class DataBufferServicer:
         rows = (request.rows.begin, request.rows.end) if request.HasField("rows") else None
         located = self.buffer.locate_batch(
             ref, wait_seconds=_remaining(context, request.wait_seconds, "wait_seconds"), columns=list(request.columns),
-            rows=rows, missing_ok=request.missing_ok,
+            rows=rows, missing_ok=request.missing_ok, inline_below=request.inline_below,
         )  # fmt: skip
         tag_span({A.BUFFER_KEY: str(ref), A.BYTES: located.header.total_bytes})
         ranges = [pb.ValueRange(key=k, first=a, last=b, whole=w) for k, a, b, w in located.ranges]
         return pb.LocateBatchResponse(
-            header=located.header, ranges=ranges, manifest_key=located.manifest_key, generation=located.generation
-        )
+            header=located.header, ranges=ranges, manifest_key=located.manifest_key, generation=located.generation,
+            inline=located.payload is not None, payload=located.payload or b"",
+        )  # fmt: skip
 
     def ListBatches(self, request: pb.ListBatchesRequest, context: grpc.ServicerContext) -> pb.ListBatchesResponse:
         request = checked(request)

@@ -134,7 +134,8 @@ class DataBuffer:
             return self.direct.commit(ref, header, generation, chunks, **options)
 
     def locate_batch(self, ref: BatchRef, **options: Any) -> Located:
-        """`DirectPath.locate` (options: wait_seconds, columns, rows, missing_ok) with Redis errors typed."""
+        """`DirectPath.locate` (options: wait_seconds, columns, rows, missing_ok, inline_below) with Redis errors
+        typed."""
         with redis_errors(f"locate of batch {ref}"):
             return self.direct.locate(ref, **options)
 

@@ -22,14 +22,18 @@ from meshrl.common import batch_schema as S
 from meshrl.common import telemetry
 from meshrl.common.codec import concat_batches
 from meshrl.common.databuffer_client import DataBufferClient
-from meshrl.common.errors import Cancelled, FailedPrecondition, InvalidArgument
+from meshrl.common.errors import Cancelled, FailedPrecondition, InvalidArgument, NotFound
 from meshrl.common.telemetry import attributes as A
 from meshrl.scheduler.config import JobConfig
+from meshrl.scheduler.step.columns import column_reads
 from meshrl.scheduler.step.executor import NodeResult, StepContext, StepExecutor
 from meshrl.scheduler.step.modes import AsyncPlan, node_kinds, plan_async
 from meshrl.scheduler.step.nodes import enum_name
 from meshrl.scheduler.step.producer import STREAM, Producer, prompt_of, rows_key
 from meshrl.scheduler.step.staleness import AdmissionGate, logprob_gap_by_lag, staleness_histogram
+from meshrl.scheduler.workflow.columns import node_outputs
+
+GAP_COLUMNS = (S.OLD_LOGPROBS, S.ROLLOUT_LOGPROBS, S.RESPONSE_VERSIONS)  # what logprob_gap_by_lag reads
 
 LEARNER_GROUP = "learner"
 READ_BLOCK_SECONDS = 1.0
@@ -92,11 +96,18 @@ class IdleMeter:
 
 
 def _gap(buffer: DataBufferClient, ctx: StepContext, train_ids: tuple[str, ...], version: int) -> dict[str, float]:
-    """The log-prob gap of the rows the actor trained on (what its train node read)."""
+    """The log-prob gap of the rows the actor trained on: only the three columns it needs, from the batches
+    whose nodes write them (every input batch when a batch is no workflow node's, as the async rows are)."""
     actor = [i for i in train_ids if enum_name(ctx.nodes[i].node_role) == "ACTOR"]
     if not actor:
         return {}
-    return logprob_gap_by_lag(buffer.get_many(ctx.input_keys(actor[0])), version)
+    keys = ctx.input_keys(actor[0])
+    reads = column_reads(keys, node_outputs(ctx.nodes.values()), GAP_COLUMNS)
+    try:
+        batch = buffer.get_many(reads.keys if reads else keys, columns=GAP_COLUMNS)
+    except NotFound:  # the workflow does not write them all: no gap to report
+        return {}
+    return logprob_gap_by_lag(batch, version)
 
 
 class SyncSteps:

@@ -53,18 +53,20 @@ class RowRange(_message.Message):
     def __init__(self, begin: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
 
 class GetBatchRequest(_message.Message):
-    __slots__ = ("key", "wait_seconds", "columns", "missing_ok", "rows")
+    __slots__ = ("key", "wait_seconds", "columns", "missing_ok", "rows", "inline_below")
     KEY_FIELD_NUMBER: _ClassVar[int]
     WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
     MISSING_OK_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
+    INLINE_BELOW_FIELD_NUMBER: _ClassVar[int]
     key: _keys_pb2.BatchKey
     wait_seconds: float
     columns: _containers.RepeatedScalarFieldContainer[str]
     missing_ok: bool
     rows: RowRange
-    def __init__(self, key: _Optional[_Union[_keys_pb2.BatchKey, _Mapping]] = ..., wait_seconds: _Optional[float] = ..., columns: _Optional[_Iterable[str]] = ..., missing_ok: _Optional[bool] = ..., rows: _Optional[_Union[RowRange, _Mapping]] = ...) -> None: ...
+    inline_below: int
+    def __init__(self, key: _Optional[_Union[_keys_pb2.BatchKey, _Mapping]] = ..., wait_seconds: _Optional[float] = ..., columns: _Optional[_Iterable[str]] = ..., missing_ok: _Optional[bool] = ..., rows: _Optional[_Union[RowRange, _Mapping]] = ..., inline_below: _Optional[int] = ...) -> None: ...
 
 class GetBatchResponse(_message.Message):
     __slots__ = ("header", "payload")
@@ -314,13 +316,17 @@ class ValueRange(_message.Message):
     def __init__(self, key: _Optional[str] = ..., first: _Optional[int] = ..., last: _Optional[int] = ..., whole: _Optional[bool] = ...) -> None: ...
 
 class LocateBatchResponse(_message.Message):
-    __slots__ = ("header", "ranges", "manifest_key", "generation")
+    __slots__ = ("header", "ranges", "manifest_key", "generation", "inline", "payload")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     RANGES_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_KEY_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
+    INLINE_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     header: _tensor_pb2.BatchHeader
     ranges: _containers.RepeatedCompositeFieldContainer[ValueRange]
     manifest_key: str
     generation: str
-    def __init__(self, header: _Optional[_Union[_tensor_pb2.BatchHeader, _Mapping]] = ..., ranges: _Optional[_Iterable[_Union[ValueRange, _Mapping]]] = ..., manifest_key: _Optional[str] = ..., generation: _Optional[str] = ...) -> None: ...
+    inline: bool
+    payload: bytes
+    def __init__(self, header: _Optional[_Union[_tensor_pb2.BatchHeader, _Mapping]] = ..., ranges: _Optional[_Iterable[_Union[ValueRange, _Mapping]]] = ..., manifest_key: _Optional[str] = ..., generation: _Optional[str] = ..., inline: _Optional[bool] = ..., payload: _Optional[bytes] = ...) -> None: ...
