@@ -16,6 +16,7 @@ from meshrl.scheduler.step.evaluation import evaluate
 from meshrl.scheduler.step.executor import NodeResult, StepContext
 from meshrl.scheduler.step.pipeline import GAP_COLUMNS, _gap
 from meshrl.scheduler.workflow.builtin import load_builtin
+from meshrl.scheduler.workflow.columns import node_outputs
 
 
 class RecordingBuffer:
@@ -73,7 +74,8 @@ def test_the_gap_metric_reads_its_three_columns_from_the_two_batches_that_write_
                           S.RESPONSE_IDS: Ragged.from_rows([[1, 2], [3]])}),
         "old_logprob": Batch({S.OLD_LOGPROBS: Ragged.from_rows([[0.1, 0.4], [0.3]], dtype=np.float32)}),
     })  # fmt: skip
-    metrics = _gap(buffer, _grpo_context(), ("actor_train",), version=4)
+    ctx = _grpo_context()
+    metrics = _gap(buffer, ctx, ("actor_train",), 4, node_outputs(ctx.nodes.values()))
     assert buffer.reads == [(["old_logprob", "rollout"], GAP_COLUMNS)]  # was: every column of 4 batches
     assert abs(metrics["async/logprob_gap_lag0"] - 0.1) < 1e-6  # |0.2 - 0.4| and |0.1 - 0.1| at version 4
     assert metrics["async/logprob_gap_lag1"] == 0.0
@@ -84,7 +86,7 @@ def test_the_gap_metric_is_left_out_when_no_batch_holds_its_columns():
     ctx = _grpo_context()
     for nid in ctx.results:  # batches of no workflow node (as the async mode's rows are): every one is asked
         ctx.results[nid].outputs = [batch_key("j", 3, "rows")]
-    assert _gap(buffer, ctx, ("actor_train",), version=1) == {}
+    assert _gap(buffer, ctx, ("actor_train",), 1, node_outputs(ctx.nodes.values())) == {}
     assert buffer.reads == [(["rows"], GAP_COLUMNS)]
 
 
