@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import redis
 
+from meshrl.api.databuffer.v1 import databuffer_pb2 as pb
 from meshrl.common.batch_key import batch_key
 from meshrl.common.databuffer_client import DataBufferClient
 from meshrl.common.direct_path import DirectPathConfig
@@ -81,6 +82,14 @@ def time_service(client: DataBufferClient, step: int, data: np.ndarray) -> tuple
     return t1 - t0, t2 - t1
 
 
+def time_control_rpc(client: DataBufferClient) -> float:
+    """Seconds of one control RPC with no Redis work and no payload (DescribeDirectPath): the floor that any
+    design with a service call per put or get pays on this machine."""
+    t0 = time.perf_counter()
+    client._stub.DescribeDirectPath(pb.DescribeDirectPathRequest(), timeout=30)
+    return time.perf_counter() - t0
+
+
 def rates(size_mib: int, times: list[tuple[float, float]]) -> tuple[float, float, float]:
     """Median MiB/s of put, of get, and of put+get (2 x size over both times)."""
     put = statistics.median(size_mib / p for p, _ in times)
@@ -122,6 +131,7 @@ def main() -> None:
                 time_service(client, step, data[:MiB])
             times: dict[str, list[tuple[float, float]]] = {"raw": [], "relayed": [], "direct": []}
             sides = list(times)
+            rpc: list[float] = []
             for rep in range(args.repeats * max(1, 16 // size_mib)):  # small sizes: more repeats, same noise
                 for side in sides[rep % 3 :] + sides[: rep % 3]:  # each side goes first in turn
                     step += 1
@@ -129,6 +139,7 @@ def main() -> None:
                         times[side].append(time_raw(raw, f"{prefix}:raw", view))
                     else:
                         times[side].append(time_service(clients[side], step, data))
+                rpc.append(time_control_rpc(relayed))
 
             r, rel, d = (rates(size_mib, times[side]) for side in sides)
             print(
@@ -136,6 +147,9 @@ def main() -> None:
                 f"{d[0]:>8.0f}MB {d[1]:>5.0f}MB {d[2]:>5.0f}MB {d[2] / r[2]:>5.2f}{TARGETS.get(size_mib, '')}",
                 flush=True,
             )
+            raw_s, rpc_s = statistics.median(p + g for p, g in times["raw"]), statistics.median(rpc)
+            print(f"{'':>8}   one control RPC {rpc_s * 1e3:.2f} ms, raw put+get {raw_s * 1e3:.2f} ms: a design with "
+                  f"one service call per put and per get reaches at most {raw_s / (raw_s + 2 * rpc_s):.2f}")  # fmt: skip
             del data, view
     finally:
         for client in clients.values():
