@@ -76,7 +76,7 @@ def test_the_gap_metric_reads_its_three_columns_from_the_two_batches_that_write_
     })  # fmt: skip
     ctx = _grpo_context()
     metrics = _gap(buffer, ctx, ("actor_train",), 4, node_outputs(ctx.nodes.values()))
-    assert buffer.reads == [(["old_logprob", "rollout"], GAP_COLUMNS)]  # was: every column of 4 batches
+    assert buffer.reads == [(["old_logprob", "rollout"], GAP_COLUMNS)]  # was: every column of 5 batches
     assert abs(metrics["async/logprob_gap_lag0"] - 0.1) < 1e-6  # |0.2 - 0.4| and |0.1 - 0.1| at version 4
     assert metrics["async/logprob_gap_lag1"] == 0.0
 
