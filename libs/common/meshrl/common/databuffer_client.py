@@ -203,6 +203,8 @@ class DataBufferClient:
         if self.direct_config is None or not self.direct_config.fallback:
             raise Unavailable(f"the data buffer's Redis failed under the direct path: {exc}") from exc
         log.warning("the data buffer's Redis failed under the direct path (%s); batches go through the service", exc)
+        if self._direct is not None:
+            self._direct.close()
         self.direct_config, self._direct = None, None
 
     def wait_until_ready(self, timeout: float = 30.0) -> None:
@@ -430,6 +432,8 @@ class DataBufferClient:
         )  # fmt: skip
 
     def close(self) -> None:
+        if self._direct is not None:
+            self._direct.close()
         self._channel.close()
 
     def __enter__(self) -> DataBufferClient:

@@ -16,6 +16,7 @@ import os
 import re
 import secrets
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -31,7 +32,8 @@ from meshrl.common.redis_connections import CONNECTION_CLASSES
 
 log = logging.getLogger(__name__)
 TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
-PIPELINE_BYTES = 64 << 20  # chunks staged or read per pipelined round trip, at most
+PIPELINE_BYTES = 64 << 20  # chunks staged per pipelined round trip, at most
+READ_GROUP_BYTES = 8 << 20  # bytes read per pipelined round trip (the next group is fetched meanwhile)
 _FIELD = re.compile(r"\$(job|step|node|shard|gen|index)")
 
 
@@ -104,6 +106,11 @@ class DirectPath:
         self.template = layout.chunk_key_template
         self.chunk_bytes = int(layout.chunk_bytes)
         self.staging_ms = int(layout.staging_ttl_ms)
+        self._ahead = ThreadPoolExecutor(max_workers=4, thread_name_prefix="direct-read")
+
+    def close(self) -> None:
+        self._ahead.shutdown(wait=False)
+        self.client.close()
 
     def chunk_key(self, key: keys_pb2.BatchKey, gen: str, index: int) -> str:
         values = {
@@ -130,36 +137,46 @@ class DirectPath:
         return gen, count
 
     def read(self, located: pb.LocateBatchResponse) -> bytearray | np.ndarray:
-        """The located payload, joined in one writable buffer (one copy of what Redis sent)."""
-        ranges = located.ranges
+        """The located payload, joined in one writable buffer (one copy of what Redis sent). Ranges are read in
+        pipelined groups of about READ_GROUP_BYTES; the next group is fetched while this one is copied."""
+        ranges = list(located.ranges)
         total = located.header.total_bytes
-        buf: bytearray | np.ndarray | None = None
-        pos, i = 0, 0
-        while i < len(ranges):
-            pipe = self.client.pipeline(transaction=False)
-            group, size = [], 0
-            while i < len(ranges) and (not group or size < PIPELINE_BYTES):
-                r = ranges[i]
-                if r.whole:
-                    pipe.get(r.key)
-                else:
-                    pipe.getrange(r.key, r.first, r.last)
-                group.append(r)
-                size += r.last - r.first + 1
-                i += 1
-            for r, data in zip(group, pipe.execute()):
-                want = r.last - r.first + 1
-                if data is None or len(data) != want:
-                    self._lost(located, r.key)
-                if len(ranges) == 1:
-                    return bytearray(data)
-                if buf is None:
-                    buf = np.empty(total, dtype=np.uint8)
-                buf[pos : pos + want] = np.frombuffer(data, dtype=np.uint8)
-                pos += want
+        groups: list[list[Any]] = []
+        size = READ_GROUP_BYTES
+        for r in ranges:
+            if size >= READ_GROUP_BYTES:
+                groups.append([])
+                size = 0
+            groups[-1].append(r)
+            size += r.last - r.first + 1
+        if len(ranges) == 1:
+            return bytearray(self._checked(located, groups[0])[0])
+        buf = np.empty(total, dtype=np.uint8)
+        pos = 0
+        values = self._checked(located, groups[0]) if groups else []
+        for k in range(len(groups)):
+            ahead = self._ahead.submit(self._checked, located, groups[k + 1]) if k + 1 < len(groups) else None
+            for data in values:
+                buf[pos : pos + len(data)] = np.frombuffer(data, dtype=np.uint8)
+                pos += len(data)
+            values = ahead.result() if ahead is not None else []
         if pos != total:
             raise DataLoss(f"the located ranges hold {pos} bytes, the header announced {total}")
-        return buf if buf is not None else bytearray()
+        return buf
+
+    def _checked(self, located: pb.LocateBatchResponse, group: list[Any]) -> list[bytes]:
+        """The values (or byte ranges) of `group` in one pipelined round trip, each of the size located."""
+        pipe = self.client.pipeline(transaction=False)
+        for r in group:
+            if r.whole:
+                pipe.get(r.key)
+            else:
+                pipe.getrange(r.key, r.first, r.last)
+        values = pipe.execute()
+        for r, data in zip(group, values):
+            if data is None or len(data) != r.last - r.first + 1:
+                self._lost(located, r.key)
+        return values
 
     def _lost(self, located: pb.LocateBatchResponse, key: str) -> None:
         current = self.client.hget(located.manifest_key, "gen")
