@@ -23,7 +23,7 @@ from typing import Any
 from meshrl.common.codec import Ragged
 
 BYTES = "meshrl.bytes"
-GETS = ("DataBuffer/GetBatch", "DataBuffer/GetSmallBatch", "DataBuffer/LocateBatch")  # LocateBatch: direct path
+GETS = ("DataBuffer/GetBatch", "DataBuffer/GetSmallBatch", "DataBuffer/GetSmallBatches", "DataBuffer/LocateBatch")
 BULK = (*GETS, "DataBuffer/PutBatch", "DataBuffer/PutSmallBatch", "DataBuffer/CommitDirectPut")
 
 

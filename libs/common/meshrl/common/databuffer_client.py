@@ -316,16 +316,29 @@ class DataBufferClient:
     ) -> Batch:
         """The batches of several upstream nodes (same rows), merged by column. The shards of one
         node's output (same job, step and node) are first concatenated row-wise in shard order.
-        With `columns`, each batch sends only those it holds, and a column none holds is NotFound."""
+        With `columns`, each batch sends only those it holds, and a column none holds is NotFound.
+        The small ones come in one GetSmallBatches call; the others are read in parallel."""
         if not keys:
             if columns:
                 raise NotFound(f"columns {list(columns)} were asked for, but no input batch was given")
             return Batch()
-        # Each read runs in a copy of the caller's context, so its span joins the caller's trace.
-        contexts = [contextvars.copy_context() for _ in keys]
         opts = {"columns": columns, "missing_ok": bool(columns), "wait_seconds": wait_seconds, "timeout": timeout}
-        with ThreadPoolExecutor(max_workers=min(len(keys), 8)) as pool:
-            batches = list(pool.map(lambda c, k: c.run(self.get, k, **opts), contexts, keys))
+        batches: list[Batch | None] = [None] * len(keys)
+        if len(keys) > 1:  # one call for the small ones (within one frame, or direct.min_bytes)
+            limit = self._direct_min_bytes() if self.direct_path() is not None else self.chunk_bytes
+            gets = [pb.GetBatchRequest(key=k, wait_seconds=wait_seconds, columns=columns, missing_ok=bool(columns))
+                    for k in keys]  # fmt: skip
+            request = pb.GetSmallBatchesRequest(gets=gets, limit_bytes=limit)
+            reply = call(self._stub.GetSmallBatches, request, timeout=wait_seconds * len(keys) + timeout)
+            for i, one in enumerate(reply.batches):
+                if not one.too_large:
+                    batches[i] = decode_batch(one.header, bytearray(one.payload))
+        rest = [i for i, b in enumerate(batches) if b is None]
+        # Each read runs in a copy of the caller's context, so its span joins the caller's trace.
+        contexts = [contextvars.copy_context() for _ in rest]
+        with ThreadPoolExecutor(max_workers=max(1, min(len(rest), 8))) as pool:
+            for i, batch in zip(rest, pool.map(lambda c, i: c.run(self.get, keys[i], **opts), contexts, rest)):
+                batches[i] = batch
         by_node: dict[tuple[str, int, str], list[tuple[int, Batch]]] = {}
         for key, batch in zip(keys, batches):
             by_node.setdefault((key.job_id, key.step, key.node_id), []).append(

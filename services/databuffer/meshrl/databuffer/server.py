@@ -88,7 +88,28 @@ class DataBufferServicer:
             return pb.GetSmallBatchResponse(too_large=True)
         return stored.header, list(stored.chunks)
 
-    def _open(self, request: pb.GetBatchRequest, context: grpc.ServicerContext, limit: int | None = None) -> Any:
+    def GetSmallBatches(self, request: Any, context: grpc.ServicerContext) -> pb.GetSmallBatchesResponse:
+        """Each get as GetSmallBatch answers it, while the payloads together fit in limit_bytes."""
+        request = checked(request)
+        if request.limit_bytes < 0:
+            raise InvalidArgument(f"limit_bytes = {request.limit_bytes} must be >= 0", field="limit_bytes")
+        left = min(request.limit_bytes or self.frame_bytes, self.frame_bytes)
+        replies, sent = [], 0
+        for get in request.gets:
+            stored = self._open(get, context, limit=left, tag=False)
+            if stored.chunks is None:
+                replies.append(pb.GetSmallBatchResponse(too_large=True))
+                continue
+            payload = b"".join(stored.chunks)
+            left -= len(payload)
+            sent += len(payload)
+            replies.append(pb.GetSmallBatchResponse(header=stored.header, payload=payload))
+        tag_span({A.BUFFER_KEY: f"{len(replies)} batches", A.BYTES: sent})
+        return pb.GetSmallBatchesResponse(batches=replies)
+
+    def _open(
+        self, request: pb.GetBatchRequest, context: grpc.ServicerContext, limit: int | None = None, tag: bool = True
+    ) -> Any:
         """The requested columns and rows of one batch (waiting up to the call's deadline), tagged on the span."""
         ref = BatchRef.from_proto(request.key)
         rows = (request.rows.begin, request.rows.end) if request.HasField("rows") else None
@@ -96,7 +117,7 @@ class DataBufferServicer:
             ref, wait_seconds=_remaining(context, request.wait_seconds, "wait_seconds"), columns=list(request.columns), rows=rows,
             missing_ok=request.missing_ok, limit=limit,
         )  # fmt: skip
-        if stored.chunks is not None:
+        if stored.chunks is not None and tag:
             tag_span({A.BUFFER_KEY: str(ref), A.BYTES: stored.header.total_bytes})
         return stored
 
@@ -238,6 +259,7 @@ def _add(servicer: DataBufferServicer, server: grpc.Server) -> None:
         "DescribeDirectPath",
         "CommitDirectPut",
         "LocateBatch",
+        "GetSmallBatches",
     ):
         handlers[name] = grpc.unary_unary_rpc_method_handler(
             getattr(servicer, name),

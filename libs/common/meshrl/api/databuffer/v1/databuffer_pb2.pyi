@@ -86,6 +86,20 @@ class GetSmallBatchResponse(_message.Message):
     too_large: bool
     def __init__(self, header: _Optional[_Union[_tensor_pb2.BatchHeader, _Mapping]] = ..., payload: _Optional[bytes] = ..., too_large: _Optional[bool] = ...) -> None: ...
 
+class GetSmallBatchesRequest(_message.Message):
+    __slots__ = ("gets", "limit_bytes")
+    GETS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    gets: _containers.RepeatedCompositeFieldContainer[GetBatchRequest]
+    limit_bytes: int
+    def __init__(self, gets: _Optional[_Iterable[_Union[GetBatchRequest, _Mapping]]] = ..., limit_bytes: _Optional[int] = ...) -> None: ...
+
+class GetSmallBatchesResponse(_message.Message):
+    __slots__ = ("batches",)
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    batches: _containers.RepeatedCompositeFieldContainer[GetSmallBatchResponse]
+    def __init__(self, batches: _Optional[_Iterable[_Union[GetSmallBatchResponse, _Mapping]]] = ...) -> None: ...
+
 class DeleteBatchRequest(_message.Message):
     __slots__ = ("key",)
     KEY_FIELD_NUMBER: _ClassVar[int]

@@ -54,6 +54,11 @@ class DataBufferStub:
                 request_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetBatchRequest.SerializeToString,
                 response_deserializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetSmallBatchResponse.FromString,
                 _registered_method=True)
+        self.GetSmallBatches = channel.unary_unary(
+                '/meshrl.databuffer.v1.DataBuffer/GetSmallBatches',
+                request_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetSmallBatchesRequest.SerializeToString,
+                response_deserializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetSmallBatchesResponse.FromString,
+                _registered_method=True)
         self.DeleteBatch = channel.unary_unary(
                 '/meshrl.databuffer.v1.DataBuffer/DeleteBatch',
                 request_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.DeleteBatchRequest.SerializeToString,
@@ -141,6 +146,14 @@ class DataBufferServicer:
     def GetSmallBatch(self, request, context):
         """Unary get of a batch (or selection) of at most limits.max_frame_bytes: header and payload in one
         reply. A larger one is not read: the reply says too_large (then use GetBatch).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSmallBatches(self, request, context):
+        """Several gets in one call (a node's upstream batches): each answered as GetSmallBatch would, in order,
+        while their payloads together stay within limit_bytes; a batch past that is not read (too_large).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -241,6 +254,11 @@ def add_DataBufferServicer_to_server(servicer, server):
                     servicer.GetSmallBatch,
                     request_deserializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetBatchRequest.FromString,
                     response_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetSmallBatchResponse.SerializeToString,
+            ),
+            'GetSmallBatches': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSmallBatches,
+                    request_deserializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetSmallBatchesRequest.FromString,
+                    response_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetSmallBatchesResponse.SerializeToString,
             ),
             'DeleteBatch': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteBatch,
@@ -406,6 +424,33 @@ class DataBuffer:
             '/meshrl.databuffer.v1.DataBuffer/GetSmallBatch',
             meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetBatchRequest.SerializeToString,
             meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetSmallBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSmallBatches(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshrl.databuffer.v1.DataBuffer/GetSmallBatches',
+            meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetSmallBatchesRequest.SerializeToString,
+            meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetSmallBatchesResponse.FromString,
             options,
             channel_credentials,
             insecure,
