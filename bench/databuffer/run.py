@@ -1,11 +1,14 @@
 """Put+get throughput of the data buffer service vs. raw redis-py SET/GET of the same bytes,
-side by side in one run on the same Redis, for 1 MiB, 64 MiB and 512 MiB batches.
+side by side in one run on the same Redis, for 1 MiB, 64 MiB and 512 MiB batches, through both data paths:
+relayed (the payload goes client -> service -> Redis, the default) and direct (the client moves the payload
+to and from Redis itself, the service commits and locates: meshrl.common.direct_path).
 
 The raw side uses redis-py as the service does (hiredis reply parser, Python command packer,
 which sends large values without copying them). The service runs as its own process (`python -m meshrl.databuffer`), as deployed; the client
 and the raw redis-py calls run here. Each repeat alternates which side goes first; the
-figures are medians. Targets (issue 22): >= 0.7 of raw at 1 MiB (a one-frame batch: unary PutSmallBatch and
-a one-round-trip commit) and >= 0.9 at 64 MiB (streamed).
+figures are medians. Targets (issue 22): >= 0.7 of raw at 1 MiB and >= 0.9 at 64 MiB. The relayed path cannot
+reach them (a bare 1 MiB gRPC echo costs more than raw SET+GET here); the ratios printed with the targets are
+the direct path's.
 
     .venv/bin/python bench/databuffer/run.py [--sizes 1 64] [--repeats 3] [--redis-url redis://127.0.0.1:6379/0]
 """
@@ -25,9 +28,11 @@ from pathlib import Path
 import numpy as np
 import redis
 
+from meshrl.api.databuffer.v1 import databuffer_pb2 as pb
 from meshrl.common.batch_key import batch_key
 from meshrl.common.databuffer_client import DataBufferClient
-from meshrl.databuffer.connection import CONNECTION_CLASSES
+from meshrl.common.direct_path import DirectPathConfig
+from meshrl.common.redis_connections import CONNECTION_CLASSES
 from meshrl.databuffer.testing import delete_prefix
 
 MiB = 1 << 20
@@ -66,7 +71,7 @@ def time_raw(client: redis.Redis, key: str, data: memoryview) -> tuple[float, fl
 
 
 def time_service(client: DataBufferClient, step: int, data: np.ndarray) -> tuple[float, float]:
-    key = batch_key("bench", step, "payload")
+    key = batch_key("bench", step, "direct" if client.direct_config else "payload")
     t0 = time.perf_counter()
     client.put(key, {"payload": data}, timeout=600)
     t1 = time.perf_counter()
@@ -75,6 +80,14 @@ def time_service(client: DataBufferClient, step: int, data: np.ndarray) -> tuple
     assert got.nbytes == data.nbytes
     client.delete(key)
     return t1 - t0, t2 - t1
+
+
+def time_control_rpc(client: DataBufferClient) -> float:
+    """Seconds of one control RPC with no Redis work and no payload (DescribeDirectPath): the floor that any
+    design with a service call per put or get pays on this machine."""
+    t0 = time.perf_counter()
+    client._stub.DescribeDirectPath(pb.DescribeDirectPathRequest(), timeout=30)
+    return time.perf_counter() - t0
 
 
 def rates(size_mib: int, times: list[tuple[float, float]]) -> tuple[float, float, float]:
@@ -97,13 +110,16 @@ def main() -> None:
     raw = redis.Redis.from_url(args.redis_url, connection_class=CONNECTION_CLASSES[args.redis_url.partition("://")[0]])
     workdir = Path(tempfile.mkdtemp(prefix="mdb-bench-"))
     proc, address = start_service(args.redis_url, prefix, workdir)
-    client = DataBufferClient(address)
-    client.wait_until_ready(30)
+    relayed = DataBufferClient(address)
+    relayed.wait_until_ready(30)
+    direct = DataBufferClient(address, direct=DirectPathConfig(redis_url=args.redis_url, fallback=False))
+    clients = {"relayed": relayed, "direct": direct}
     print(
         f"redis {args.redis_url} (server {raw.info('server')['redis_version']}), service {address}, pid {os.getpid()}"
     )
     print(
-        f"{'size':>8} | {'raw put':>9} {'raw get':>9} {'raw p+g':>9} | {'svc put':>9} {'svc get':>9} {'svc p+g':>9} | ratio"
+        f"{'size':>8} | {'raw put':>8} {'raw get':>8} {'raw p+g':>8} | {'relayed p+g':>11} {'ratio':>5} | "
+        f"{'direct put':>10} {'get':>7} {'p+g':>7} {'ratio':>5}"
     )
     try:
         step = 0
@@ -111,25 +127,33 @@ def main() -> None:
             data = np.random.default_rng(size_mib).integers(0, 256, size=size_mib * MiB, dtype=np.uint8)
             view = memoryview(data)
             time_raw(raw, f"{prefix}:raw", view[: min(view.nbytes, MiB)])  # warm connections
-            time_service(client, step, data[:MiB])
-            raw_t, svc_t = [], []
+            for client in clients.values():
+                time_service(client, step, data[:MiB])
+            times: dict[str, list[tuple[float, float]]] = {"raw": [], "relayed": [], "direct": []}
+            sides = list(times)
+            rpc: list[float] = []
             for rep in range(args.repeats * max(1, 16 // size_mib)):  # small sizes: more repeats, same noise
-                for side in ("raw", "svc") if rep % 2 == 0 else ("svc", "raw"):
+                for side in sides[rep % 3 :] + sides[: rep % 3]:  # each side goes first in turn
                     step += 1
                     if side == "raw":
-                        raw_t.append(time_raw(raw, f"{prefix}:raw", view))
+                        times[side].append(time_raw(raw, f"{prefix}:raw", view))
                     else:
-                        svc_t.append(time_service(client, step, data))
+                        times[side].append(time_service(clients[side], step, data))
+                rpc.append(time_control_rpc(relayed))
 
-            r, s = rates(size_mib, raw_t), rates(size_mib, svc_t)
+            r, rel, d = (rates(size_mib, times[side]) for side in sides)
             print(
-                f"{size_mib:>5}MiB | {r[0]:>7.0f}MB {r[1]:>7.0f}MB {r[2]:>7.0f}MB | "
-                f"{s[0]:>7.0f}MB {s[1]:>7.0f}MB {s[2]:>7.0f}MB | {s[2] / r[2]:.2f}{TARGETS.get(size_mib, '')}",
+                f"{size_mib:>5}MiB | {r[0]:>6.0f}MB {r[1]:>6.0f}MB {r[2]:>6.0f}MB | {rel[2]:>9.0f}MB {rel[2] / r[2]:>5.2f} | "
+                f"{d[0]:>8.0f}MB {d[1]:>5.0f}MB {d[2]:>5.0f}MB {d[2] / r[2]:>5.2f}{TARGETS.get(size_mib, '')}",
                 flush=True,
             )
+            raw_s, rpc_s = statistics.median(p + g for p, g in times["raw"]), statistics.median(rpc)
+            print(f"{'':>8}   one control RPC {rpc_s * 1e3:.2f} ms, raw put+get {raw_s * 1e3:.2f} ms: a design with "
+                  f"one service call per put and per get reaches at most {raw_s / (raw_s + 2 * rpc_s):.2f}")  # fmt: skip
             del data, view
     finally:
-        client.close()
+        for client in clients.values():
+            client.close()
         proc.terminate()
         proc.wait(30)
         delete_prefix(raw, prefix)

@@ -23,8 +23,8 @@ from typing import Any
 from meshrl.common.codec import Ragged
 
 BYTES = "meshrl.bytes"
-GETS = ("DataBuffer/GetBatch", "DataBuffer/GetSmallBatch")
-BULK = (*GETS, "DataBuffer/PutBatch", "DataBuffer/PutSmallBatch")
+GETS = ("DataBuffer/GetBatch", "DataBuffer/GetSmallBatch", "DataBuffer/GetSmallBatches", "DataBuffer/LocateBatch")
+BULK = (*GETS, "DataBuffer/PutBatch", "DataBuffer/PutSmallBatch", "DataBuffer/CommitDirectPut")
 
 
 @dataclass

@@ -137,9 +137,11 @@ def test_delete_step_removes_every_batch_of_that_step_only(buffer):
     for node in ("data_load", "rollout", "reward"):
         client.put(batch_key("delstep", 7, node), {"x": np.arange(4)})
     client.put(batch_key("delstep", 8, "data_load"), {"x": np.arange(4)})
-    assert client.delete_step("delstep", 7) == 3
+    held = client.stats("delstep").bytes
+    assert client.delete_step("delstep", 7) == (3, held)  # and what stats said before: one call at a step's end
     assert client.list("delstep", 7) == [] and len(client.list("delstep", 8)) == 1
-    assert client.delete_step("delstep", 7) == 0
+    assert client.stats("delstep").bytes == 32
+    assert client.delete_step("delstep", 7) == (0, 32)
     with pytest.raises(InvalidArgument, match="step = -1"):
         client.delete_step("delstep", -1)
 
@@ -178,3 +180,27 @@ def test_put_small_batch_in_any_field_order_and_over_the_frame_limit(buffer):
         stub(encode_small_put(start, views), timeout=30)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "limits.max_frame_bytes" in info.value.details()
     assert _contents(raw, prefix) == before
+
+
+def test_several_small_gets_go_in_one_call_and_a_batch_past_its_limit_is_not_read(buffer):
+    client, _, _, _ = buffer
+    keys = [batch_key("job", 11, n) for n in ("a", "b", "c")]
+    for i, key in enumerate(keys):  # 1000 rows each, of 1000, 2000, 3000 bytes
+        client.put(key, {f"x{i}": np.full((1000, i + 1), i, dtype=np.uint8)})
+    gets = [pb.GetBatchRequest(key=k) for k in keys]
+    before = client.stats()
+    reply = client._stub.GetSmallBatches(pb.GetSmallBatchesRequest(gets=gets, limit_bytes=3500), timeout=30)
+    assert [b.too_large for b in reply.batches] == [False, False, True]  # 1000 + 2000 fit, 3000 more do not
+    assert [len(b.payload) for b in reply.batches] == [1000, 2000, 0]
+    assert client.stats().get_bytes - before.get_bytes == 3000  # the third was not read
+    calls = []
+    real = client._stub.GetSmallBatches
+    client._stub.GetSmallBatches = lambda *a, **k: calls.append(1) or real(*a, **k)
+    try:
+        got = client.get_many(keys)  # the client's frames are 16 KiB: all three in the one call
+    finally:
+        client._stub.GetSmallBatches = real
+    assert calls == [1] and sorted(got.columns) == ["x0", "x1", "x2"] and got["x2"][0].tolist() == [2, 2, 2]
+    with pytest.raises(grpc.RpcError) as info:
+        client._stub.GetSmallBatches(pb.GetSmallBatchesRequest(gets=gets, limit_bytes=-1), timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "limit_bytes = -1" in info.value.details()

@@ -48,6 +48,8 @@ class Node:
     node_role: NodeRole
     dependencies: list[str] = field(default_factory=list)
     config: dict = field(default_factory=dict)
+    executable_ref: str | None = None  # what workflow.columns reads to know each node's columns
+    only_forward_compute: bool = False
 
 
 def grpo_like() -> list[Node]:

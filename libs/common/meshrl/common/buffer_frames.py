@@ -89,4 +89,4 @@ def split_frames(views: Iterable[memoryview], frame_bytes: int) -> Iterator[byte
                 yield b"".join(parts)
                 parts, size = [], 0
     if parts:
-        yield b"".join(parts)
+        yield parts[0] if len(parts) == 1 else b"".join(parts)  # a lone tail (a small batch's one tensor): uncopied

@@ -11,6 +11,8 @@ errors of meshrl.common.errors (InvalidArgument, NotFound, ResourceExhausted, ..
 from __future__ import annotations
 
 import contextvars
+import logging
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -38,8 +40,11 @@ from meshrl.common.codec import (
     encode_batch,
     merge_batches,
 )
-from meshrl.common.errors import DataLoss, InvalidArgument, NotFound, from_rpc_error
+from meshrl.common.direct_path import TRANSIENT, DirectPath, DirectPathConfig, connect
+from meshrl.common.errors import DataLoss, Internal, InvalidArgument, NotFound, Unavailable, from_rpc_error
 from meshrl.common.grpc_channel import ChannelConfig, call, open_channel, wait_until_serving
+
+log = logging.getLogger(__name__)
 
 SERVICE = "meshrl.databuffer.v1.DataBuffer"
 MiB = 1 << 20
@@ -128,17 +133,27 @@ class JobDeletion(NamedTuple):
     streams: int
 
 
+class StepDeletion(NamedTuple):
+    batches: int
+    job_bytes_before: int  # GetStats(job).bytes just before the delete
+
+
 # --- the client ----------------------------------------------------------------------------
 class DataBufferClient:
-    """A channel to one data buffer service; thread-safe. `chunk_bytes`: payload frame size."""
+    """A channel to one data buffer service; thread-safe. `chunk_bytes`: payload frame size. `direct`: move
+    payloads to and from the service's Redis directly (meshrl.common.direct_path); None: through the service."""
 
     def __init__(
-        self, address: str, channel_config: ChannelConfig | None = None, chunk_bytes: int = DEFAULT_FRAME_BYTES
-    ) -> None:
+        self, address: str, channel_config: ChannelConfig | None = None, chunk_bytes: int = DEFAULT_FRAME_BYTES,
+        direct: DirectPathConfig | None = None,
+    ) -> None:  # fmt: skip
         if chunk_bytes < 4096:
             raise InvalidArgument(f"chunk_bytes = {chunk_bytes} is too small; use at least 4096 (default 4 MiB)")
         self.address = address
         self.chunk_bytes = chunk_bytes
+        self.direct_config = direct
+        self._direct: DirectPath | None = None
+        self._direct_lock = threading.Lock()
         self._channel = open_channel(address, channel_config)
         self._stub = pb_grpc.DataBufferStub(self._channel)
         self._put = self._channel.stream_unary(
@@ -162,6 +177,36 @@ class DataBufferClient:
             response_deserializer=deserialize_get_response,
         )
 
+    def direct_path(self) -> DirectPath | None:
+        """The direct data path, set up on first use (the service's layout, a checked Redis connection); None
+        when not configured, or when it cannot be set up and `fallback` is on (said once in the log)."""
+        cfg = self.direct_config
+        if cfg is None or self._direct is not None:
+            return self._direct
+        with self._direct_lock:
+            if self._direct is None and self.direct_config is not None:
+                try:
+                    layout = call(self._stub.DescribeDirectPath, pb.DescribeDirectPathRequest(), timeout=30.0)
+                    self._direct = DirectPath(connect(cfg), layout)
+                except (Unavailable, Internal) as exc:  # Internal: a service without the path (UNIMPLEMENTED)
+                    if not cfg.fallback:
+                        raise
+                    log.warning("the data buffer's direct path is off, batches go through the service: %s", exc)
+                    self.direct_config = None
+        return self._direct
+
+    def _direct_min_bytes(self) -> int:
+        return self.direct_config.min_bytes if self.direct_config is not None else 0
+
+    def _relay_instead(self, exc: Exception) -> None:
+        """Redis failed under the direct path: relay from now on when `fallback` allows, else raise Unavailable."""
+        if self.direct_config is None or not self.direct_config.fallback:
+            raise Unavailable(f"the data buffer's Redis failed under the direct path: {exc}") from exc
+        log.warning("the data buffer's Redis failed under the direct path (%s); batches go through the service", exc)
+        if self._direct is not None:
+            self._direct.close()
+        self.direct_config, self._direct = None, None
+
     def wait_until_ready(self, timeout: float = 30.0) -> None:
         wait_until_serving(self._channel, timeout=timeout, service=SERVICE)
 
@@ -184,6 +229,15 @@ class DataBufferClient:
             columns = columns.columns
         header, views = encode_batch(columns, samples, attrs)
         start = pb.PutBatchStart(key=key, header=header, ttl_seconds=ttl_seconds, overwrite=overwrite)
+        direct = self.direct_path() if header.total_bytes >= self._direct_min_bytes() else None
+        if direct is not None:
+            try:
+                gen, count = direct.stage(key, views)
+            except TRANSIENT as exc:
+                self._relay_instead(exc)
+            else:
+                request = pb.CommitDirectPutRequest(start=start, generation=gen, chunks=count)
+                return call(self._stub.CommitDirectPut, request, timeout=timeout).bytes_written
         if header.total_bytes <= self.chunk_bytes:  # one frame: one unary message, no stream
             return call(self._put_small, encode_small_put(start, views), timeout=timeout).bytes_written
 
@@ -213,6 +267,16 @@ class DataBufferClient:
         request = pb.GetBatchRequest(key=key, wait_seconds=wait_seconds, columns=columns, missing_ok=missing_ok)
         if rows is not None:
             request.rows.begin, request.rows.end = rows
+        direct = self.direct_path()
+        if direct is not None:
+            request.inline_below = self._direct_min_bytes()
+            located = call(self._stub.LocateBatch, request, timeout=wait_seconds + timeout)
+            if located.inline:  # small: it came with the answer
+                return decode_batch(located.header, bytearray(located.payload))
+            try:
+                return decode_batch(located.header, direct.read(located))
+            except TRANSIENT as exc:
+                self._relay_instead(exc)
         small = call(self._get_small, request, timeout=wait_seconds + timeout)  # one unary call when it fits
         if isinstance(small, tuple):
             header, view = small
@@ -252,16 +316,29 @@ class DataBufferClient:
     ) -> Batch:
         """The batches of several upstream nodes (same rows), merged by column. The shards of one
         node's output (same job, step and node) are first concatenated row-wise in shard order.
-        With `columns`, each batch sends only those it holds, and a column none holds is NotFound."""
+        With `columns`, each batch sends only those it holds, and a column none holds is NotFound.
+        The small ones come in one GetSmallBatches call; the others are read in parallel."""
         if not keys:
             if columns:
                 raise NotFound(f"columns {list(columns)} were asked for, but no input batch was given")
             return Batch()
-        # Each read runs in a copy of the caller's context, so its span joins the caller's trace.
-        contexts = [contextvars.copy_context() for _ in keys]
         opts = {"columns": columns, "missing_ok": bool(columns), "wait_seconds": wait_seconds, "timeout": timeout}
-        with ThreadPoolExecutor(max_workers=min(len(keys), 8)) as pool:
-            batches = list(pool.map(lambda c, k: c.run(self.get, k, **opts), contexts, keys))
+        batches: list[Batch | None] = [None] * len(keys)
+        if len(keys) > 1:  # one call for the small ones (within one frame, or direct.min_bytes)
+            limit = self._direct_min_bytes() if self.direct_path() is not None else self.chunk_bytes
+            gets = [pb.GetBatchRequest(key=k, wait_seconds=wait_seconds, columns=columns, missing_ok=bool(columns))
+                    for k in keys]  # fmt: skip
+            request = pb.GetSmallBatchesRequest(gets=gets, limit_bytes=limit)
+            reply = call(self._stub.GetSmallBatches, request, timeout=wait_seconds * len(keys) + timeout)
+            for i, one in enumerate(reply.batches):
+                if not one.too_large:
+                    batches[i] = decode_batch(one.header, bytearray(one.payload))
+        rest = [i for i, b in enumerate(batches) if b is None]
+        # Each read runs in a copy of the caller's context, so its span joins the caller's trace.
+        contexts = [contextvars.copy_context() for _ in rest]
+        with ThreadPoolExecutor(max_workers=max(1, min(len(rest), 8))) as pool:
+            for i, batch in zip(rest, pool.map(lambda c, i: c.run(self.get, keys[i], **opts), contexts, rest)):
+                batches[i] = batch
         by_node: dict[tuple[str, int, str], list[tuple[int, Batch]]] = {}
         for key, batch in zip(keys, batches):
             by_node.setdefault((key.job_id, key.step, key.node_id), []).append(
@@ -278,11 +355,11 @@ class DataBufferClient:
     def delete(self, key: keys_pb2.BatchKey, *, timeout: float = 30.0) -> bool:
         return call(self._stub.DeleteBatch, pb.DeleteBatchRequest(key=key), timeout=timeout).deleted
 
-    def delete_step(self, job_id: str, step: int, *, timeout: float = 60.0) -> int:
-        """Deletes every batch of one step of a job in one call; returns how many there were."""
-        return call(
-            self._stub.DeleteStep, pb.DeleteStepRequest(job_id=job_id, step=step), timeout=timeout
-        ).batches_deleted
+    def delete_step(self, job_id: str, step: int, *, timeout: float = 60.0) -> StepDeletion:
+        """Deletes every batch of one step of a job in one call; returns how many there were and the job's
+        bytes just before (what `stats(job_id).bytes` said: a step's end needs no second call)."""
+        reply = call(self._stub.DeleteStep, pb.DeleteStepRequest(job_id=job_id, step=step), timeout=timeout)
+        return StepDeletion(reply.batches_deleted, reply.job_bytes_before)
 
     def list(self, job_id: str, step: int = -1, *, timeout: float = 30.0) -> list[keys_pb2.BatchKey]:
         reply = call(self._stub.ListBatches, pb.ListBatchesRequest(job_id=job_id, step=step), timeout=timeout)
@@ -368,6 +445,8 @@ class DataBufferClient:
         )  # fmt: skip
 
     def close(self) -> None:
+        if self._direct is not None:
+            self._direct.close()
         self._channel.close()
 
     def __enter__(self) -> DataBufferClient:

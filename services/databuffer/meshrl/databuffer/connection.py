@@ -18,10 +18,10 @@ from typing import Any
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster
-from redis.connection import Encoder, PythonRespSerializer
 from redis.retry import Retry
 
 from meshrl.common.errors import ConfigError, ResourceExhausted, Unavailable
+from meshrl.common.redis_connections import CONNECTION_CLASSES
 from meshrl.databuffer.config import RedisConfig
 from meshrl.databuffer.embedded import EmbeddedRedis
 from meshrl.databuffer.redis_watchdog import RedisWatchdog
@@ -29,32 +29,6 @@ from meshrl.databuffer.redis_watchdog import RedisWatchdog
 log = logging.getLogger(__name__)
 
 TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
-
-
-class _PythonPacker:
-    """Packs commands in Python, which hands large values to the socket as they are. (With hiredis
-    installed redis-py packs with hiredis, which copies them: measured 7-10x slower SETs of 4 MiB;
-    hiredis still parses the replies, 5x faster GETs of 4 MiB.)"""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        encoder = Encoder(kwargs.get("encoding", "utf-8"), kwargs.get("encoding_errors", "strict"), False)
-        kwargs.setdefault("command_packer", PythonRespSerializer(6000, encoder.encode))
-        super().__init__(*args, **kwargs)
-
-
-class FastConnection(_PythonPacker, redis.Connection):
-    """TCP (redis://)."""
-
-
-class FastUnixConnection(_PythonPacker, redis.UnixDomainSocketConnection):
-    """Unix socket (unix://)."""
-
-
-class FastSSLConnection(_PythonPacker, redis.SSLConnection):
-    """TLS (rediss://)."""
-
-
-CONNECTION_CLASSES = {"redis": FastConnection, "unix": FastUnixConnection, "rediss": FastSSLConnection}
 
 
 @dataclass

@@ -49,6 +49,14 @@ class Indexes:
     def remove_batch(self, ref: BatchRef) -> None:
         self.client.zrem(self.keys.job_batches(ref.job_id), ref.index_member())
 
+    def remove_batches(self, refs: list[BatchRef]) -> None:
+        """`remove_batch` of each, one round trip per job."""
+        by_job: dict[str, list[str]] = {}
+        for ref in refs:
+            by_job.setdefault(ref.job_id, []).append(ref.index_member())
+        for job_id, members in by_job.items():
+            self.client.zrem(self.keys.job_batches(job_id), *members)
+
     def batches(self, job_id: str, step: int = -1) -> list[BatchRef]:
         index = self.keys.job_batches(job_id)
         members = self.client.zrangebyscore(index, step, step) if step >= 0 else self.client.zrange(index, 0, -1)

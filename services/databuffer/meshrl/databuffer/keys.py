@@ -32,6 +32,11 @@ class KeySpace:
     def chunk(self, ref: BatchRef, gen: str, index: int) -> str:
         return "{" + self.batch_tag(ref) + f"}}:c:{gen}:{index}"
 
+    def chunk_template(self) -> str:
+        """`chunk` with $job, $step, $node, $shard ('-': none), $gen and $index left to fill (the direct data
+        path's clients fill it; names hold no '$')."""
+        return "{" + f"{self.prefix}:b:$job:$step:$node:$shard" + "}:c:$gen:$index"
+
     def chunks(self, ref: BatchRef, gen: str, count: int) -> list[str]:
         return [self.chunk(ref, gen, i) for i in range(count)]
 

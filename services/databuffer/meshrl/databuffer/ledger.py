@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from meshrl.common.errors import ResourceExhausted
+from meshrl.common.errors import InvalidArgument, ResourceExhausted
 
 # KEYS: exp (zset member -> expiry ms), size (hash member -> bytes), tot (hash: bytes)
 _PRUNE = """
@@ -32,10 +32,14 @@ end
 """
 
 # ARGV: now_ms, max_bytes, max_entries, expiry_ms, member1, bytes1, member2, bytes2, ...
+# Returns {1, used, entries}, {0, used, entries} (over the budget) or {-1, member, 0} (member already held).
 _RESERVE = (
     _PRUNE
     + """
 prune(tonumber(ARGV[1]))
+for i = 5, #ARGV, 2 do
+  if redis.call('HEXISTS', KEYS[2], ARGV[i]) == 1 then return {-1, ARGV[i], 0} end
+end
 local used = tonumber(redis.call('HGET', KEYS[3], 'bytes') or '0')
 local entries = redis.call('ZCARD', KEYS[1])
 local need, count = 0, 0
@@ -133,6 +137,8 @@ class Ledger:
         for member, size in sizes.items():
             args += [member, max(1, int(size))]  # '-0' is no integer to Redis
         ok, used, entries = self._reserve(keys=self._keys, args=args)
+        if ok == -1:  # members are fresh random names: one already counted is a reused generation
+            raise InvalidArgument(f"{what}: {used.decode()} is already counted; use a fresh random generation")
         if not ok:
             need = sum(sizes.values())
             raise ResourceExhausted(

@@ -88,7 +88,28 @@ class DataBufferServicer:
             return pb.GetSmallBatchResponse(too_large=True)
         return stored.header, list(stored.chunks)
 
-    def _open(self, request: pb.GetBatchRequest, context: grpc.ServicerContext, limit: int | None = None) -> Any:
+    def GetSmallBatches(self, request: Any, context: grpc.ServicerContext) -> pb.GetSmallBatchesResponse:
+        """Each get as GetSmallBatch answers it, while the payloads together fit in limit_bytes."""
+        request = checked(request)
+        if request.limit_bytes < 0:
+            raise InvalidArgument(f"limit_bytes = {request.limit_bytes} must be >= 0", field="limit_bytes")
+        left = min(request.limit_bytes or self.frame_bytes, self.frame_bytes)
+        replies, sent = [], 0
+        for get in request.gets:
+            stored = self._open(get, context, limit=left, tag=False)
+            if stored.chunks is None:
+                replies.append(pb.GetSmallBatchResponse(too_large=True))
+                continue
+            payload = b"".join(stored.chunks)
+            left -= len(payload)
+            sent += len(payload)
+            replies.append(pb.GetSmallBatchResponse(header=stored.header, payload=payload))
+        tag_span({A.BUFFER_KEY: f"{len(replies)} batches", A.BYTES: sent})
+        return pb.GetSmallBatchesResponse(batches=replies)
+
+    def _open(
+        self, request: pb.GetBatchRequest, context: grpc.ServicerContext, limit: int | None = None, tag: bool = True
+    ) -> Any:
         """The requested columns and rows of one batch (waiting up to the call's deadline), tagged on the span."""
         ref = BatchRef.from_proto(request.key)
         rows = (request.rows.begin, request.rows.end) if request.HasField("rows") else None
@@ -96,7 +117,7 @@ class DataBufferServicer:
             ref, wait_seconds=_remaining(context, request.wait_seconds, "wait_seconds"), columns=list(request.columns), rows=rows,
             missing_ok=request.missing_ok, limit=limit,
         )  # fmt: skip
-        if stored.chunks is not None:
+        if stored.chunks is not None and tag:
             tag_span({A.BUFFER_KEY: str(ref), A.BYTES: stored.header.total_bytes})
         return stored
 
@@ -106,7 +127,43 @@ class DataBufferServicer:
 
     def DeleteStep(self, request: pb.DeleteStepRequest, context: grpc.ServicerContext) -> pb.DeleteStepResponse:
         request = checked(request)
-        return pb.DeleteStepResponse(batches_deleted=self.buffer.delete_step(request.job_id, request.step))
+        deleted, held = self.buffer.delete_step(request.job_id, request.step)
+        return pb.DeleteStepResponse(batches_deleted=deleted, job_bytes_before=held)
+
+    def DescribeDirectPath(self, request: Any, context: grpc.ServicerContext) -> pb.DescribeDirectPathResponse:
+        checked(request)
+        layout = self.buffer.direct_layout()
+        return pb.DescribeDirectPathResponse(
+            chunk_key_template=layout.chunk_key_template, chunk_bytes=layout.chunk_bytes,
+            staging_ttl_ms=layout.staging_ttl_ms, max_batch_bytes=layout.max_batch_bytes,
+            redis_hint=self.buffer.redis_hint(),
+        )  # fmt: skip
+
+    def CommitDirectPut(self, request: pb.CommitDirectPutRequest, context: grpc.ServicerContext) -> Any:
+        request = checked(request)
+        start = request.start
+        ref = BatchRef.from_proto(start.key, "start.key")
+        result = self.buffer.commit_direct_put(
+            ref, start.header, request.generation, request.chunks, ttl_seconds=start.ttl_seconds,
+            overwrite=start.overwrite,
+        )  # fmt: skip
+        tag_span({A.BUFFER_KEY: str(ref), A.BYTES: result.bytes_written})
+        return pb.PutBatchResponse(bytes_written=result.bytes_written, chunks=result.chunks)
+
+    def LocateBatch(self, request: pb.GetBatchRequest, context: grpc.ServicerContext) -> pb.LocateBatchResponse:
+        request = checked(request)
+        ref = BatchRef.from_proto(request.key)
+        rows = (request.rows.begin, request.rows.end) if request.HasField("rows") else None
+        located = self.buffer.locate_batch(
+            ref, wait_seconds=_remaining(context, request.wait_seconds, "wait_seconds"), columns=list(request.columns),
+            rows=rows, missing_ok=request.missing_ok, inline_below=request.inline_below,
+        )  # fmt: skip
+        tag_span({A.BUFFER_KEY: str(ref), A.BYTES: located.header.total_bytes})
+        ranges = [pb.ValueRange(key=k, first=a, last=b, whole=w) for k, a, b, w in located.ranges]
+        return pb.LocateBatchResponse(
+            header=located.header, ranges=ranges, manifest_key=located.manifest_key, generation=located.generation,
+            inline=located.payload is not None, payload=located.payload or b"",
+        )  # fmt: skip
 
     def ListBatches(self, request: pb.ListBatchesRequest, context: grpc.ServicerContext) -> pb.ListBatchesResponse:
         request = checked(request)
@@ -168,8 +225,11 @@ class DataBufferServicer:
 def _add(servicer: DataBufferServicer, server: grpc.Server) -> None:
     """Like the generated add_DataBufferServicer_to_server, with meshrl.databuffer.wire's (de)serializers."""
 
+    replies = {"CommitDirectPut": "PutBatch", "LocateBatch": "LocateBatch"}
+    requests = {"LocateBatch": "GetBatch"}
+
     def reply(name: str) -> Any:
-        return getattr(pb, f"{name}Response").SerializeToString
+        return getattr(pb, f"{replies.get(name, name)}Response").SerializeToString
 
     handlers = {
         "PutBatch": grpc.stream_unary_rpc_method_handler(
@@ -196,10 +256,14 @@ def _add(servicer: DataBufferServicer, server: grpc.Server) -> None:
         "ReadGroups",
         "AckGroups",
         "GetStats",
+        "DescribeDirectPath",
+        "CommitDirectPut",
+        "LocateBatch",
+        "GetSmallBatches",
     ):
         handlers[name] = grpc.unary_unary_rpc_method_handler(
             getattr(servicer, name),
-            request_deserializer=lenient(getattr(pb, f"{name}Request")),
+            request_deserializer=lenient(getattr(pb, f"{requests.get(name, name)}Request")),
             response_serializer=reply(name),
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))

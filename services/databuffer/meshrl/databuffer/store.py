@@ -21,11 +21,12 @@ from meshrl.common.errors import InvalidArgument
 from meshrl.databuffer.batches import BatchStore, PutResult, StoredBatch
 from meshrl.databuffer.config import DataBufferConfig
 from meshrl.databuffer.connection import RedisHandle, open_redis, redis_errors
+from meshrl.databuffer.direct import DirectLayout, DirectPath
 from meshrl.databuffer.indexes import Indexes
 from meshrl.databuffer.keys import BatchRef, KeySpace, check_name
 from meshrl.databuffer.ledger import Ledger
 from meshrl.databuffer.notify import CommitNotifier
-from meshrl.databuffer.reads import BatchReader
+from meshrl.databuffer.reads import BatchReader, Located
 from meshrl.databuffer.streams import ReadResult, StreamStore
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ class DataBuffer:
         self._io = ThreadPoolExecutor(max_workers=16, thread_name_prefix="databuffer-io")
         reader = BatchReader(client, self.keys, self.notifier, cfg.limits, cfg.batches, self._io)
         self.batches = BatchStore(reader, self.indexes, self.ledger)
+        self.direct = DirectPath(self.batches)
         self.streams = StreamStore(client, self.keys, self.indexes, self.ledger, cfg.limits, cfg.streams)
 
     @classmethod
@@ -113,16 +115,42 @@ class DataBuffer:
         stored = self.open_batch(ref, wait_seconds=wait_seconds, **selection)
         return decode_batch(stored.header, b"".join(stored.chunks))
 
+    # --- the direct data path (meshrl.databuffer.direct): clients move the payload themselves ---------------
+    def direct_layout(self) -> DirectLayout:
+        return self.direct.layout()
+
+    def redis_hint(self) -> str:
+        """host:port (or socket path) of the Redis this service uses, without credentials."""
+        kwargs = getattr(getattr(self.handle.client, "connection_pool", None), "connection_kwargs", {})
+        if "path" in kwargs:
+            return str(kwargs["path"])
+        return f"{kwargs['host']}:{kwargs['port']}" if "host" in kwargs else ""
+
+    def commit_direct_put(
+        self, ref: BatchRef, header: tensor_pb2.BatchHeader, generation: str, chunks: int, **options: Any
+    ) -> PutResult:
+        """`DirectPath.commit` (options: ttl_seconds, overwrite) with Redis errors typed."""
+        with redis_errors(f"direct put of batch {ref}"):
+            return self.direct.commit(ref, header, generation, chunks, **options)
+
+    def locate_batch(self, ref: BatchRef, **options: Any) -> Located:
+        """`DirectPath.locate` (options: wait_seconds, columns, rows, missing_ok, inline_below) with Redis errors
+        typed."""
+        with redis_errors(f"locate of batch {ref}"):
+            return self.direct.locate(ref, **options)
+
     def delete_batch(self, ref: BatchRef) -> bool:
         with redis_errors(f"delete of batch {ref}"):
             return self.batches.delete(ref)
 
-    def delete_step(self, job_id: str, step: int) -> int:
-        """Deletes every batch of one step of a job; returns how many existed."""
+    def delete_step(self, job_id: str, step: int) -> tuple[int, int]:
+        """Deletes every batch of one step of a job; returns how many existed and the job's bytes (stats)
+        just before."""
         if step < 0:
             raise InvalidArgument(f"step = {step} must be >= 0", field="step")
+        held = self.stats(job_id).bytes
         with redis_errors(f"delete of step {step} of job '{job_id}'"):
-            return sum(self.batches.delete(ref) for ref in self.batches.list(job_id, step))
+            return self.batches.delete_many(self.batches.list(job_id, step)), held
 
     def list_batches(self, job_id: str, step: int = -1) -> list[BatchRef]:
         with redis_errors(f"list of job '{job_id}'"):

@@ -119,8 +119,7 @@ class AgentJob:
             metrics, _ = executor.run_nodes(r.job_id, r.step)
             for agent in agents:
                 publish(agent, metrics, r.events)
-            metrics["buffer/bytes"] = float(svc.buffer.stats(r.job_id).bytes)
-            svc.buffer.delete_step(r.job_id, r.step)
+            metrics["buffer/bytes"] = float(svc.buffer.delete_step(r.job_id, r.step).job_bytes_before)
         metrics["time/step"] = time.perf_counter() - start
         r.log_step(metrics)
         return metrics

@@ -34,11 +34,20 @@ def plan_reads(
     if not inputs:
         return Reads(list(keys), [])
     columns = list(dict.fromkeys([*inputs, *also]))
+    # no upstream node says it writes one of them: read everything, the buffer names what is missing
+    return column_reads(keys, writes, columns) or Reads(list(keys), columns)
+
+
+def column_reads(
+    keys: Sequence[keys_pb2.BatchKey], writes: Mapping[str, frozenset[str]], columns: Sequence[str]
+) -> Reads | None:
+    """`columns`, each from the nearest of the upstream `keys` whose node writes it; None when no upstream
+    node writes one of them (nothing to read for a reader that needs them all)."""
     order = list(dict.fromkeys(k.node_id for k in keys))
     sources: set[str] = set()
     for col in columns:
         writer = next((nid for nid in order if col in writes.get(nid, ())), None)
-        if writer is None:  # no upstream node says it writes it: read everything, the buffer names what is missing
-            return Reads(list(keys), columns)
+        if writer is None:
+            return None
         sources.add(writer)
-    return Reads([k for k in keys if k.node_id in sources], columns)
+    return Reads([k for k in keys if k.node_id in sources], list(columns))

@@ -29,9 +29,17 @@ def evaluate(
     prompt_ids = [encoder.encode_prompt(r.prompt) for r in records]
     buffer.put(key, {S.PROMPT_IDS: Ragged.from_rows(prompt_ids, dtype=np.int32)})
     keys, metrics = fleet.generate(
-        key, job_id=job_id, step=step, node_id="eval", n=1, temperature=0.0, top_p=1.0, max_tokens=max_tokens
+        key,
+        job_id=job_id,
+        step=step,
+        node_id="eval",
+        n=1,
+        temperature=0.0,
+        top_p=1.0,
+        max_tokens=max_tokens,
+        num_prompts=len(records),  # known here: the router need not read the batch to count it
     )
-    batch = buffer.get_many(keys)
+    batch = buffer.get_many(keys, columns=[S.RESPONSE_IDS])  # all this reads
     responses = [encoder.decode(batch[S.RESPONSE_IDS].row(i)) for i in range(batch.num_rows())]
     rewards = np.asarray(
         score(reward_fn, [r.prompt for r in records], responses, [r.answer for r in records]), dtype=np.float64

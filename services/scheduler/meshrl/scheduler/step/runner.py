@@ -345,8 +345,7 @@ class JobRunner:
             if self.cfg.training.staleness == 0:  # else generation may lag; a replica below the job's
                 svc.fleet.expect_version(result.version)  # first version (restarted) is still refused
             svc.fleet.after_publication(result.version, result.stale, self.events.log)
-            metrics["buffer/bytes"] = float(svc.buffer.stats(self.job_id).bytes)
-            svc.buffer.delete_step(self.job_id, self.step)
+            metrics["buffer/bytes"] = float(svc.buffer.delete_step(self.job_id, self.step).job_bytes_before)
         metrics.update({"weights/version": result.version, "weights/seconds": result.seconds,
                         "weights/bytes": result.bytes, "weights/stale_replicas": len(result.stale),
                         "weights/nccl": float(result.backend == "nccl")})  # fmt: skip

@@ -53,18 +53,20 @@ class RowRange(_message.Message):
     def __init__(self, begin: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
 
 class GetBatchRequest(_message.Message):
-    __slots__ = ("key", "wait_seconds", "columns", "missing_ok", "rows")
+    __slots__ = ("key", "wait_seconds", "columns", "missing_ok", "rows", "inline_below")
     KEY_FIELD_NUMBER: _ClassVar[int]
     WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
     MISSING_OK_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
+    INLINE_BELOW_FIELD_NUMBER: _ClassVar[int]
     key: _keys_pb2.BatchKey
     wait_seconds: float
     columns: _containers.RepeatedScalarFieldContainer[str]
     missing_ok: bool
     rows: RowRange
-    def __init__(self, key: _Optional[_Union[_keys_pb2.BatchKey, _Mapping]] = ..., wait_seconds: _Optional[float] = ..., columns: _Optional[_Iterable[str]] = ..., missing_ok: _Optional[bool] = ..., rows: _Optional[_Union[RowRange, _Mapping]] = ...) -> None: ...
+    inline_below: int
+    def __init__(self, key: _Optional[_Union[_keys_pb2.BatchKey, _Mapping]] = ..., wait_seconds: _Optional[float] = ..., columns: _Optional[_Iterable[str]] = ..., missing_ok: _Optional[bool] = ..., rows: _Optional[_Union[RowRange, _Mapping]] = ..., inline_below: _Optional[int] = ...) -> None: ...
 
 class GetBatchResponse(_message.Message):
     __slots__ = ("header", "payload")
@@ -83,6 +85,20 @@ class GetSmallBatchResponse(_message.Message):
     payload: bytes
     too_large: bool
     def __init__(self, header: _Optional[_Union[_tensor_pb2.BatchHeader, _Mapping]] = ..., payload: _Optional[bytes] = ..., too_large: _Optional[bool] = ...) -> None: ...
+
+class GetSmallBatchesRequest(_message.Message):
+    __slots__ = ("gets", "limit_bytes")
+    GETS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    gets: _containers.RepeatedCompositeFieldContainer[GetBatchRequest]
+    limit_bytes: int
+    def __init__(self, gets: _Optional[_Iterable[_Union[GetBatchRequest, _Mapping]]] = ..., limit_bytes: _Optional[int] = ...) -> None: ...
+
+class GetSmallBatchesResponse(_message.Message):
+    __slots__ = ("batches",)
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    batches: _containers.RepeatedCompositeFieldContainer[GetSmallBatchResponse]
+    def __init__(self, batches: _Optional[_Iterable[_Union[GetSmallBatchResponse, _Mapping]]] = ...) -> None: ...
 
 class DeleteBatchRequest(_message.Message):
     __slots__ = ("key",)
@@ -105,10 +121,12 @@ class DeleteStepRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., step: _Optional[int] = ...) -> None: ...
 
 class DeleteStepResponse(_message.Message):
-    __slots__ = ("batches_deleted",)
+    __slots__ = ("batches_deleted", "job_bytes_before")
     BATCHES_DELETED_FIELD_NUMBER: _ClassVar[int]
+    JOB_BYTES_BEFORE_FIELD_NUMBER: _ClassVar[int]
     batches_deleted: int
-    def __init__(self, batches_deleted: _Optional[int] = ...) -> None: ...
+    job_bytes_before: int
+    def __init__(self, batches_deleted: _Optional[int] = ..., job_bytes_before: _Optional[int] = ...) -> None: ...
 
 class ListBatchesRequest(_message.Message):
     __slots__ = ("job_id", "step")
@@ -270,3 +288,59 @@ class GetStatsResponse(_message.Message):
     get_bytes: int
     get_rows: int
     def __init__(self, batches: _Optional[int] = ..., bytes: _Optional[int] = ..., streams: _Optional[_Iterable[_Union[StreamStats, _Mapping]]] = ..., drops_by_reason: _Optional[_Mapping[str, int]] = ..., budget_bytes: _Optional[int] = ..., budget_entries: _Optional[int] = ..., get_calls: _Optional[int] = ..., get_bytes: _Optional[int] = ..., get_rows: _Optional[int] = ...) -> None: ...
+
+class DescribeDirectPathRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DescribeDirectPathResponse(_message.Message):
+    __slots__ = ("chunk_key_template", "chunk_bytes", "staging_ttl_ms", "max_batch_bytes", "redis_hint")
+    CHUNK_KEY_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STAGING_TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REDIS_HINT_FIELD_NUMBER: _ClassVar[int]
+    chunk_key_template: str
+    chunk_bytes: int
+    staging_ttl_ms: int
+    max_batch_bytes: int
+    redis_hint: str
+    def __init__(self, chunk_key_template: _Optional[str] = ..., chunk_bytes: _Optional[int] = ..., staging_ttl_ms: _Optional[int] = ..., max_batch_bytes: _Optional[int] = ..., redis_hint: _Optional[str] = ...) -> None: ...
+
+class CommitDirectPutRequest(_message.Message):
+    __slots__ = ("start", "generation", "chunks")
+    START_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    start: PutBatchStart
+    generation: str
+    chunks: int
+    def __init__(self, start: _Optional[_Union[PutBatchStart, _Mapping]] = ..., generation: _Optional[str] = ..., chunks: _Optional[int] = ...) -> None: ...
+
+class ValueRange(_message.Message):
+    __slots__ = ("key", "first", "last", "whole")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    FIRST_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    WHOLE_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    first: int
+    last: int
+    whole: bool
+    def __init__(self, key: _Optional[str] = ..., first: _Optional[int] = ..., last: _Optional[int] = ..., whole: _Optional[bool] = ...) -> None: ...
+
+class LocateBatchResponse(_message.Message):
+    __slots__ = ("header", "ranges", "manifest_key", "generation", "inline", "payload")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    RANGES_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_KEY_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    INLINE_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    header: _tensor_pb2.BatchHeader
+    ranges: _containers.RepeatedCompositeFieldContainer[ValueRange]
+    manifest_key: str
+    generation: str
+    inline: bool
+    payload: bytes
+    def __init__(self, header: _Optional[_Union[_tensor_pb2.BatchHeader, _Mapping]] = ..., ranges: _Optional[_Iterable[_Union[ValueRange, _Mapping]]] = ..., manifest_key: _Optional[str] = ..., generation: _Optional[str] = ..., inline: _Optional[bool] = ..., payload: _Optional[bytes] = ...) -> None: ...

@@ -54,6 +54,11 @@ class DataBufferStub:
                 request_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetBatchRequest.SerializeToString,
                 response_deserializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetSmallBatchResponse.FromString,
                 _registered_method=True)
+        self.GetSmallBatches = channel.unary_unary(
+                '/meshrl.databuffer.v1.DataBuffer/GetSmallBatches',
+                request_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetSmallBatchesRequest.SerializeToString,
+                response_deserializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetSmallBatchesResponse.FromString,
+                _registered_method=True)
         self.DeleteBatch = channel.unary_unary(
                 '/meshrl.databuffer.v1.DataBuffer/DeleteBatch',
                 request_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.DeleteBatchRequest.SerializeToString,
@@ -94,6 +99,21 @@ class DataBufferStub:
                 request_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetStatsRequest.SerializeToString,
                 response_deserializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetStatsResponse.FromString,
                 _registered_method=True)
+        self.DescribeDirectPath = channel.unary_unary(
+                '/meshrl.databuffer.v1.DataBuffer/DescribeDirectPath',
+                request_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.DescribeDirectPathRequest.SerializeToString,
+                response_deserializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.DescribeDirectPathResponse.FromString,
+                _registered_method=True)
+        self.CommitDirectPut = channel.unary_unary(
+                '/meshrl.databuffer.v1.DataBuffer/CommitDirectPut',
+                request_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.CommitDirectPutRequest.SerializeToString,
+                response_deserializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.PutBatchResponse.FromString,
+                _registered_method=True)
+        self.LocateBatch = channel.unary_unary(
+                '/meshrl.databuffer.v1.DataBuffer/LocateBatch',
+                request_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetBatchRequest.SerializeToString,
+                response_deserializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.LocateBatchResponse.FromString,
+                _registered_method=True)
 
 
 class DataBufferServicer:
@@ -126,6 +146,14 @@ class DataBufferServicer:
     def GetSmallBatch(self, request, context):
         """Unary get of a batch (or selection) of at most limits.max_frame_bytes: header and payload in one
         reply. A larger one is not read: the reply says too_large (then use GetBatch).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSmallBatches(self, request, context):
+        """Several gets in one call (a node's upstream batches): each answered as GetSmallBatch would, in order,
+        while their payloads together stay within limit_bytes; a batch past that is not read (too_large).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -181,6 +209,29 @@ class DataBufferServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DescribeDirectPath(self, request, context):
+        """The direct data path (opt-in on the client): the service keeps the control plane (keys, header
+        checks, budget, commit, indexes) and the client moves the payload bytes to and from Redis itself,
+        with its own Redis credentials. DescribeDirectPath says where chunks go (once per client);
+        CommitDirectPut checks and commits the chunks a client staged; LocateBatch says which Redis
+        values (or byte ranges of them) hold a batch, or the selected columns and rows of it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CommitDirectPut(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LocateBatch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DataBufferServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -203,6 +254,11 @@ def add_DataBufferServicer_to_server(servicer, server):
                     servicer.GetSmallBatch,
                     request_deserializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetBatchRequest.FromString,
                     response_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetSmallBatchResponse.SerializeToString,
+            ),
+            'GetSmallBatches': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSmallBatches,
+                    request_deserializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetSmallBatchesRequest.FromString,
+                    response_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetSmallBatchesResponse.SerializeToString,
             ),
             'DeleteBatch': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteBatch,
@@ -243,6 +299,21 @@ def add_DataBufferServicer_to_server(servicer, server):
                     servicer.GetStats,
                     request_deserializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetStatsRequest.FromString,
                     response_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetStatsResponse.SerializeToString,
+            ),
+            'DescribeDirectPath': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeDirectPath,
+                    request_deserializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.DescribeDirectPathRequest.FromString,
+                    response_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.DescribeDirectPathResponse.SerializeToString,
+            ),
+            'CommitDirectPut': grpc.unary_unary_rpc_method_handler(
+                    servicer.CommitDirectPut,
+                    request_deserializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.CommitDirectPutRequest.FromString,
+                    response_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.PutBatchResponse.SerializeToString,
+            ),
+            'LocateBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.LocateBatch,
+                    request_deserializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetBatchRequest.FromString,
+                    response_serializer=meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.LocateBatchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -353,6 +424,33 @@ class DataBuffer:
             '/meshrl.databuffer.v1.DataBuffer/GetSmallBatch',
             meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetBatchRequest.SerializeToString,
             meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetSmallBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSmallBatches(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshrl.databuffer.v1.DataBuffer/GetSmallBatches',
+            meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetSmallBatchesRequest.SerializeToString,
+            meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetSmallBatchesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -569,6 +667,87 @@ class DataBuffer:
             '/meshrl.databuffer.v1.DataBuffer/GetStats',
             meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetStatsRequest.SerializeToString,
             meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeDirectPath(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshrl.databuffer.v1.DataBuffer/DescribeDirectPath',
+            meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.DescribeDirectPathRequest.SerializeToString,
+            meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.DescribeDirectPathResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CommitDirectPut(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshrl.databuffer.v1.DataBuffer/CommitDirectPut',
+            meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.CommitDirectPutRequest.SerializeToString,
+            meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.PutBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LocateBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshrl.databuffer.v1.DataBuffer/LocateBatch',
+            meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.GetBatchRequest.SerializeToString,
+            meshrl_dot_databuffer_dot_v1_dot_databuffer__pb2.LocateBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,
