@@ -15,8 +15,7 @@ import logging
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import grpc
 import numpy as np
@@ -34,11 +33,19 @@ from meshrl.common.buffer_frames import (
 from meshrl.common.codec import (
     Batch,
     batch_from_proto,
-    batch_to_proto,
     concat_batches,
     decode_batch,
     encode_batch,
     merge_batches,
+)
+from meshrl.common.databuffer_types import (  # noqa: F401  (re-exported: callers import them from here)
+    BufferStats,
+    DeliveredGroup,
+    Group,
+    JobDeletion,
+    ReadResult,
+    StepDeletion,
+    StreamStats,
 )
 from meshrl.common.direct_path import TRANSIENT, DirectPath, DirectPathConfig, connect
 from meshrl.common.errors import DataLoss, Internal, InvalidArgument, NotFound, Unavailable, from_rpc_error
@@ -76,69 +83,6 @@ def deserialize_get_response(raw: bytes) -> pb.GetBatchResponse | memoryview:
     return frame if frame is not None else pb.GetBatchResponse.FromString(raw)
 
 
-# --- domain types ------------------------------------------------------------------------
-@dataclass
-class Group:
-    """All n samples of one prompt, appended to a stream together. `batch`: one row per sample."""
-
-    group_id: str
-    weight_version: int
-    batch: Batch | Mapping[str, Any]
-
-    def to_proto(self) -> pb.SampleGroup:
-        batch = self.batch if isinstance(self.batch, Batch) else Batch(dict(self.batch))
-        return pb.SampleGroup(group_id=self.group_id, weight_version=self.weight_version, batch=batch_to_proto(batch))
-
-
-@dataclass
-class DeliveredGroup:
-    entry_id: str  # pass it to ack()
-    group_id: str
-    weight_version: int
-    batch: Batch
-    delivery_count: int  # > 1: redelivered (a consumer died before acking)
-
-
-@dataclass
-class ReadResult:
-    groups: list[DeliveredGroup]
-    dropped_stale: int  # groups under the staleness bound: acked and counted by the service
-
-
-@dataclass
-class StreamStats:
-    job_id: str
-    stream: str
-    consumer_group: str
-    length: int
-    pending: int
-    lag: int
-
-
-@dataclass
-class BufferStats:
-    batches: int
-    bytes: int
-    streams: list[StreamStats] = field(default_factory=list)
-    drops_by_reason: dict[str, int] = field(default_factory=dict)
-    budget_bytes: int = 0
-    budget_entries: int = 0
-    get_calls: int = 0  # GetBatch calls the service process served since it started, and what they sent
-    get_bytes: int = 0
-    get_rows: int = 0
-
-
-class JobDeletion(NamedTuple):
-    batches: int
-    streams: int
-
-
-class StepDeletion(NamedTuple):
-    batches: int
-    job_bytes_before: int  # GetStats(job).bytes just before the delete
-
-
-# --- the client ----------------------------------------------------------------------------
 class DataBufferClient:
     """A channel to one data buffer service; thread-safe. `chunk_bytes`: payload frame size. `direct`: move
     payloads to and from the service's Redis directly (meshrl.common.direct_path); None: through the service."""

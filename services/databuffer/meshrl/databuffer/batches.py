@@ -26,6 +26,7 @@ from redis.exceptions import NoScriptError
 from meshrl.api.common.v1 import tensor_pb2
 from meshrl.common.codec import validate_header
 from meshrl.common.errors import Aborted, AlreadyExists, InvalidArgument
+from meshrl.databuffer.batch_scripts import COMMIT, DELETE
 from meshrl.databuffer.indexes import Indexes
 from meshrl.databuffer.keys import BatchRef, check_name
 from meshrl.databuffer.ledger import Ledger, now_ms
@@ -35,48 +36,6 @@ from meshrl.databuffer.reads import BatchReader, StoredBatch
 log = logging.getLogger(__name__)
 TTL_MARGIN_MS = 60_000  # chunks outlive their manifest, so a live manifest never points at expired chunks
 IN_FLIGHT = 2  # chunk writes / reads overlapped with the network on the other side
-
-# KEYS: manifest, new chunks (ARGV[12] of them), old chunks.
-# ARGV: overwrite, expected_gen, gen, n, cb, bytes, header, created_ms, ttl_ms, chunk_ttl_ms, grace_ms, n_new, old_n,
-#       channel, tag, check_sizes. With a grace period the old generation stays readable a while, named in
-#       'pg'/'pn' (delete removes it). Publishes the tag on the commit channel (waiting gets wake up). check_sizes
-#       '1' (chunks a client staged itself): each chunk must hold cb bytes, the last one the rest.
-_COMMIT = """
-local cur = redis.call('HGET', KEYS[1], 'gen')
-if not cur then cur = '' end
-if ARGV[1] == '0' and cur ~= '' then return {'exists', cur, ''} end
-if cur == ARGV[3] then return {'samegen', cur, ''} end
-if cur ~= ARGV[2] then return {'changed', cur, redis.call('HGET', KEYS[1], 'n') or '0'} end
-local n_new = tonumber(ARGV[12])
-for i = 2, 1 + n_new do
-  if redis.call('EXISTS', KEYS[i]) == 0 then return {'missing', KEYS[i], ''} end
-  if ARGV[16] == '1' then
-    local want = tonumber(ARGV[5])
-    if i == 1 + n_new then want = tonumber(ARGV[6]) - want * (n_new - 1) end
-    local got = redis.call('STRLEN', KEYS[i])
-    if got ~= want then return {'size', KEYS[i], tostring(got) .. ' ' .. tostring(want)} end
-  end
-end
-redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'gen', ARGV[3], 'n', ARGV[4], 'cb', ARGV[5], 'bytes', ARGV[6], 'h', ARGV[7], 't', ARGV[8])
-if cur ~= '' and tonumber(ARGV[11]) > 0 then redis.call('HSET', KEYS[1], 'pg', cur, 'pn', ARGV[13]) end
-redis.call('PEXPIRE', KEYS[1], ARGV[9])
-for i = 2, 1 + n_new do redis.call('PEXPIRE', KEYS[i], ARGV[10]) end
-for i = 2 + n_new, #KEYS do
-  if tonumber(ARGV[11]) > 0 then redis.call('PEXPIRE', KEYS[i], ARGV[11]) else redis.call('DEL', KEYS[i]) end
-end
-redis.call('PUBLISH', ARGV[14], ARGV[15])
-return {'ok', cur, ''}
-"""
-
-# KEYS: manifest, chunks. ARGV: expected gen. Returns 1 deleted, 0 absent, -1 changed meanwhile.
-_DELETE = """
-local cur = redis.call('HGET', KEYS[1], 'gen')
-if not cur then return 0 end
-if cur ~= ARGV[1] then return -1 end
-for i = 1, #KEYS do redis.call('DEL', KEYS[i]) end
-return 1
-"""
 
 
 @dataclass(frozen=True)
@@ -117,8 +76,8 @@ class BatchStore:
         self.limits = reader.limits
         self.cfg = reader.cfg
         self._io = reader._io
-        self._commit = client.register_script(_COMMIT)
-        self._delete = client.register_script(_DELETE)
+        self._commit = client.register_script(COMMIT)
+        self._delete = client.register_script(DELETE)
 
     # --- put ---------------------------------------------------------------------------
     def check_put(self, ref: BatchRef, header: tensor_pb2.BatchHeader, ttl_seconds: int) -> tuple[bytes, int]:
