@@ -5,7 +5,9 @@
 
 disk:        write_version + load_version (atomic folder, fsync, sha256 per tensor written and
              verified before anything is copied, then read straight into the live parameters)
-             vs. safetensors save_file + load_file of the same tensors.
+             vs. safetensors save_file + load_file of the same tensors (the target's ratio; load_file
+             maps the file lazily and touches no byte), and also vs. save_file + load_file + a copy
+             into the replica's parameters, which a replica must do too ("raw +copy in").
 distributed: WeightGroup.send -> receive into live parameters (metadata, buckets, confirmation),
              flat and per-tensor layouts, vs. one torch.distributed.broadcast of a flat tensor of the
              same bytes on the default group, between 2 processes over gloo on this host.
@@ -34,6 +36,7 @@ import torch.distributed as dist
 from delta_bench import MODELS, bench_delta, print_delta
 
 from meshrl.common.net import free_port
+from meshrl.common.weights.wire import DEFAULT_COALESCE_BYTES
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 # hidden size, layers, vocab: a Llama-shaped set of about that many parameters
@@ -67,7 +70,8 @@ def bench_disk(size: str, dtype: torch.dtype, reps: int, workdir: str, bucket_by
 
     tensors = model_tensors(size, dtype)
     params = {n: torch.zeros_like(t) for n, t in tensors}  # the replica's live model
-    raw, ours, write, load = [], [], [], []
+    raw_params = {n: torch.zeros_like(t) for n, t in tensors}  # the raw side's, as warm as ours
+    raw, raw_in, ours, write, load = [], [], [], [], []
     for rep in range(reps):
         root = os.path.join(workdir, f"disk-{size}")
         path = os.path.join(workdir, f"raw-{size}.safetensors")
@@ -76,6 +80,14 @@ def bench_disk(size: str, dtype: torch.dtype, reps: int, workdir: str, bucket_by
         loaded = load_file(path)
         raw.append(time.perf_counter() - t0)
         del loaded
+        os.remove(path)
+        gc.collect()
+        t0 = time.perf_counter()  # the same, then copied into the replica's parameters (load_file maps lazily)
+        save_file(dict(tensors), path)
+        with torch.no_grad():
+            for name, tensor in load_file(path).items():
+                raw_params[name].copy_(tensor)
+        raw_in.append(time.perf_counter() - t0)
         os.remove(path)
         gc.collect()
         t0 = time.perf_counter()
@@ -89,11 +101,12 @@ def bench_disk(size: str, dtype: torch.dtype, reps: int, workdir: str, bucket_by
         shutil.rmtree(root)  # deleting is outside the timing for both
         gc.collect()
     assert all(torch.equal(params[n], t) for n, t in tensors), "disk publication was not bit-exact"
-    return {"raw": raw, "ours": ours, "write": write, "load": load}
+    return {"raw": raw, "raw_in": raw_in, "ours": ours, "write": write, "load": load}
 
 
 # -------------------------------------------------------------------------------------- distributed
-def _member(rank: int, size: str, dtype_name: str, reps: int, ports: tuple[int, int], bucket_bytes: int, out) -> None:
+def _member(rank: int, size: str, dtype_name: str, reps: int, ports: tuple[int, int], bucket_bytes: int, coalesce: int,
+            out) -> None:  # fmt: skip
     from meshrl.common.weights import GroupPlan, InPlaceSink, WeightGroup, WeightGroupOptions
 
     torch.set_num_threads(1)
@@ -102,7 +115,7 @@ def _member(rank: int, size: str, dtype_name: str, reps: int, ports: tuple[int, 
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2)  # the raw baseline's group
     plan = GroupPlan.build([("r", 1)], "127.0.0.1", ports[1], "bench", "gloo", 300.0)
     group = WeightGroup.join(plan.sender if rank == 0 else plan.replica_spec("r"),
-                             options=WeightGroupOptions(bucket_bytes=bucket_bytes))  # fmt: skip
+                             options=WeightGroupOptions(bucket_bytes=bucket_bytes, coalesce_bytes=coalesce))  # fmt: skip
     tensors = model_tensors(size, dtype)
     total = nbytes(tensors)
     flat = torch.ones(total, dtype=torch.uint8) if rank == 0 else torch.zeros(total, dtype=torch.uint8)
@@ -131,11 +144,16 @@ def _member(rank: int, size: str, dtype_name: str, reps: int, ports: tuple[int, 
     dist.destroy_process_group()
 
 
-def bench_distributed(size: str, dtype_name: str, reps: int, bucket_bytes: int) -> dict[str, list[float]]:
+def bench_distributed(
+    size: str, dtype_name: str, reps: int, bucket_bytes: int, coalesce: int
+) -> dict[str, list[float]]:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     ports = (free_port(), free_port())
-    procs = [ctx.Process(target=_member, args=(r, size, dtype_name, reps, ports, bucket_bytes, out)) for r in (0, 1)]
+    procs = [
+        ctx.Process(target=_member, args=(r, size, dtype_name, reps, ports, bucket_bytes, coalesce, out))
+        for r in (0, 1)
+    ]
     for p in procs:
         p.start()
     results = dict(out.get(timeout=1800) for _ in procs)
@@ -153,6 +171,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="dtype of every tensor")
     parser.add_argument("--reps", type=int, default=3, help="timed repetitions per measurement (median)")
     parser.add_argument("--bucket-mb", type=int, default=512, help="bucket size of both transports, MiB")
+    parser.add_argument("--coalesce-kb", type=int, default=DEFAULT_COALESCE_BYTES // 1024,
+                        help="per-tensor layout: tensors below this many KiB travel packed in one buffer")  # fmt: skip
     parser.add_argument("--workdir", default=None, help="folder for the disk runs (default: a temp folder)")
     parser.add_argument("--skip", choices=["disk", "distributed", "delta"], action="append", default=[],
                         help="leave a section out (repeatable)")  # fmt: skip
@@ -174,7 +194,7 @@ def main() -> None:
                 row["disk"] = bench_disk(size, DTYPES[args.dtype], args.reps, workdir, bucket)
             gc.collect()
             if "distributed" not in args.skip:
-                row["dist"] = bench_distributed(size, args.dtype, args.reps, bucket)
+                row["dist"] = bench_distributed(size, args.dtype, args.reps, bucket, args.coalesce_kb * 1024)
             rows.append(row)
             print(f"measured {size}", file=sys.stderr, flush=True)
         if "delta" not in args.skip:
@@ -198,21 +218,23 @@ def _cell(times: dict[str, list[float]], key: str) -> str:
     return f"{statistics.median(times[key]):.3f}"
 
 
-def _ratio(times: dict[str, list[float]], key: str) -> str:
-    med = statistics.median(times[key]) / statistics.median(times["raw"])
-    best = min(times[key]) / min(times["raw"])
+def _ratio(times: dict[str, list[float]], key: str, base: str = "raw") -> str:
+    med = statistics.median(times[key]) / statistics.median(times[base])
+    best = min(times[key]) / min(times[base])
     return f"{med:.2f} ({best:.2f})"
 
 
 def _print(rows: list[dict], args) -> None:
-    print(f"\nweight publication, {args.dtype}, bucket {args.bucket_mb} MiB, {args.reps} reps: median seconds, "
-          "ratio to raw as median (best)")  # fmt: skip
+    print(f"\nweight publication, {args.dtype}, bucket {args.bucket_mb} MiB, coalesce {args.coalesce_kb} KiB, "
+          f"{args.reps} reps: median seconds, ratio to raw as median (best)")  # fmt: skip
     if "disk" not in args.skip:
-        print("\nDISK    size      params      MiB | raw save+load | ours write+load   ratio       | write   load")
+        print("\nDISK    size      params      MiB | raw save+load | ours write+load   ratio       | write   load "
+              "| raw +copy in  ours / that")  # fmt: skip
         for r in rows:
             d = r["disk"]
             print(f"       {r['size']:>5} {r['params']:>11,} {r['bytes'] / 2**20:>8.0f} | {_cell(d, 'raw'):>13} | "
-                  f"{_cell(d, 'ours'):>15}   {_ratio(d, 'ours'):<11} | {_cell(d, 'write')}  {_cell(d, 'load')}")  # fmt: skip
+                  f"{_cell(d, 'ours'):>15}   {_ratio(d, 'ours'):<11} | {_cell(d, 'write')}  {_cell(d, 'load')} "
+                  f"| {_cell(d, 'raw_in'):>12}  {_ratio(d, 'ours', 'raw_in')}")  # fmt: skip
     if "distributed" not in args.skip:
         print("\nDIST    size      params      MiB | raw broadcast | ours per-tensor  ratio       | ours flat  ratio")
         for r in rows:

@@ -193,3 +193,67 @@ def test_a_trainer_that_goes_away_mid_update_fails_the_receiver(pool):
     assert receiver.broken and sink.touched
     sender.destroy()
     receiver.destroy()
+
+
+def test_the_backend_carries_tensor_bytes_only_and_finished_updates_leave_no_keys(pool):
+    sender, receiver = pair(pool)
+    calls: list[list[int]] = []
+    broadcast = sender._backend.broadcast
+
+    def counted(tensors, deadline):
+        calls.append([t.numel() for t in tensors])
+        return broadcast(tensors, deadline)
+
+    sender._backend.broadcast = counted
+    params = zeros_like(make_tensors(1))
+    for version in (1, 2):
+        future = pool.submit(receiver.receive, InPlaceSink(params, version - 1))
+        sender.send(make_tensors(version), version, layout_name="flat")
+        assert future.result(30) == version and equal(params, make_tensors(version))
+    nbytes = sum(t.numel() * t.element_size() for _, t in make_tensors(1))
+    # one broadcast per update, of the packed bucket alone: headers and end markers go through the store
+    assert len(calls) == 2 and all(len(c) == 1 and c[0] >= nbytes for c in calls)
+    store = sender._rdv.store
+    sender._rdv._janitor.shutdown(wait=True)  # update 1's keys are deleted in the background
+    assert not store.check(["update/1"]) and not store.check(["bucket/1/0"]) and not store.check(["ack/1/1"])
+    assert store.check(["update/2"]) and store.check(["bucket/2/1"])
+    sender.destroy()
+    receiver.destroy()
+
+
+@pytest.mark.parametrize("layout", ["flat", "per_tensor"])
+def test_a_dtype_or_shape_mismatch_is_refused_and_the_replica_is_unchanged(pool, layout):
+    sender, receiver = pair(pool, coalesce_bytes=256)
+    before = zeros_like(make_tensors(1))
+    params = {n: t.clone() for n, t in before.items()}
+    wrong = [(n, t.double() if n == "lm_head.weight" else t) for n, t in make_tensors(1)]
+    wrong = [(n, t[:8] if n == "model.embed_tokens.weight" else t) for n, t in wrong]
+    sink = InPlaceSink(params, 0)
+    future = pool.submit(receiver.receive, sink)
+    with pytest.raises(UpdateRefused) as err:
+        sender.send(wrong, 1, layout_name=layout)
+    why = err.value.outcome.refused[1]
+    assert "'lm_head.weight' has dtype torch.float64" in why and "'model.embed_tokens.weight' has shape" in why
+    with pytest.raises(InvalidArgument, match="nothing was changed"):
+        future.result(30)
+    assert equal(params, list(before.items())) and sink.version == 0 and not sink.touched
+    sender.destroy()
+    receiver.destroy()
+
+
+def test_a_failure_marker_fails_the_waiting_receiver_at_once(pool):
+    # what a sender posts when its broadcast broke: a receiver waiting for the next header stops now
+    from meshrl.api.common.v1 import weights_pb2
+    from meshrl.common.weights.wire import FAILED, encode_header
+
+    sender, receiver = pair(pool, op_timeout_s=60.0)
+    sink = InPlaceSink(zeros_like(make_tensors(1)), 0)
+    future = pool.submit(receiver.receive, sink)
+    start = time.monotonic()
+    sender._rdv.announce(1, 7)
+    sender._rdv.post_bucket(1, 0, encode_header(FAILED, weights_pb2.WeightBucketMeta(version=7), 0, 0))
+    with pytest.raises(Unavailable, match="trainer's side of the broadcast failed.*mark it stale"):
+        future.result(30)
+    assert time.monotonic() - start < 30 and receiver.broken and sink.version == 0  # far within 60 s
+    sender.destroy()
+    receiver.destroy()

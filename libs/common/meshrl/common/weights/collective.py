@@ -6,9 +6,12 @@ scheduler (a CollectiveGroup per member, see group_plan.py). The trainer's rank 
 TCPStore at master_address:master_port; the group's backend (gloo or NCCL) is built from it
 without touching torch.distributed's default group.
 
-One update: the sender announces it in the store, then broadcasts each bucket (header,
-WeightBucketMeta, tensors; see wire.py) and an end marker (or an abort marker when its export
-failed); each receiver records its progress and finally confirms or refuses (rendezvous.py).
+One update: the sender announces it in the store; for each bucket it posts the bucket's header
+and WeightBucketMeta in the store and broadcasts the bucket's tensors (wire.py); then it posts an
+end marker (or an abort marker when its export failed, a failure marker when its broadcast broke).
+The collective carries tensor bytes only: a receiver waits for each header in the store (pushed to
+it, no polling), so no small broadcast holds the sender up. Each receiver records its progress and
+finally confirms or refuses (rendezvous.py).
 Every step has a deadline; a failed step leaves the group unusable (destroy it, join a fresh
 one), and the sender's error names the members that stopped answering.
 """
@@ -35,11 +38,12 @@ from .wire import (
     BUCKET,
     DEFAULT_COALESCE_BYTES,
     END,
+    FAILED,
     FLAT_THRESHOLD,
     BucketLayout,
+    decode_header,
+    encode_header,
     fit_targets,
-    recv_header,
-    send_header,
 )
 
 LAYOUTS = ("flat", "per_tensor")
@@ -100,6 +104,7 @@ class WeightGroup:
         self._rdv: Rendezvous | None = None
         self._backend: Backend | None = None
         self._buffers: dict[int, torch.Tensor] = {}
+        self._posted = 0  # headers posted in the current update (the sender's store keys to forget)
 
     # ---------------------------------------------------------------- joining and leaving
     @classmethod
@@ -178,10 +183,20 @@ class WeightGroup:
         if sender != self.is_sender:
             raise FailedPrecondition(f"rank {self.rank} cannot {'send' if sender else 'receive'}: only rank 0 sends")
 
-    def _fail(self) -> None:
+    def _fail(self, seq: int = 0, version: int = 0, index: int = 0) -> None:
+        """Marks the group unusable and aborts its backend. The sender (given the update it was in) also
+        tells the receivers, best effort, so one waiting for the next header fails now, not at its deadline."""
         self.broken = True
         if self._backend is not None:
             self._backend.abort()
+        if seq and self.is_sender and self._rdv is not None:
+            try:
+                failed = weights_pb2.WeightBucketMeta(version=version, bucket_index=index)
+                for i in (index, index + 1):  # whichever header the receivers wait for
+                    self._rdv.post_bucket(seq, i, encode_header(FAILED, failed, 0, 0))
+                self._posted = max(self._posted, index + 2)
+            except Exception:  # the store is gone too: receivers fail on it themselves
+                pass
 
     def _buffer(self, slot: int, nbytes: int) -> torch.Tensor:
         buf = self._buffers.get(slot)
@@ -215,11 +230,12 @@ class WeightGroup:
         buckets = as_buckets(tensors, bucket_bytes or self.options.bucket_bytes)
         receivers = range(1, self.world_size)
         if self._seq:
-            self._rdv.forget(self._seq, receivers)
+            self._rdv.forget(self._seq, receivers, self._posted)
         self._seq += 1
+        self._posted = 0
         seq, op = self._seq, self.options.op_timeout_s or self.spec.timeout_s
         self._rdv.announce(seq, version)
-        index, at_boundary = 0, True
+        sent, at_boundary = 0, True  # buckets broadcast so far: the index of the next header
         try:
             for index, bucket in enumerate(buckets):
                 specs = bucket_specs(bucket)
@@ -227,28 +243,30 @@ class WeightGroup:
                 lay = BucketLayout.of(specs, threshold)
                 payload = lay.sender_wire(bucket, lambda n: self._buffer(0, n), self._as_wire)
                 at_boundary = False
-                what = f"update {version}: bucket {index}"
-                send_header(self._backend, BUCKET, meta, lay.payload, threshold, Deadline(op, f"{what} metadata"))
-                self._backend.broadcast(payload, Deadline(op, f"{what} data"))
-                at_boundary = True
-            end = weights_pb2.WeightBucketMeta(version=version, bucket_index=index + 1, num_buckets=index + 1)
-            at_boundary = False
-            send_header(self._backend, END, end, 0, 0, Deadline(op, f"update {version}: end marker"))
+                self._post(seq, index, encode_header(BUCKET, meta, lay.payload, threshold))
+                self._backend.broadcast(payload, Deadline(op, f"update {version}: bucket {index} data"))
+                sent, at_boundary = index + 1, True
+            end = weights_pb2.WeightBucketMeta(version=version, bucket_index=sent, num_buckets=sent)
+            self._post(seq, sent, encode_header(END, end, 0, 0))
         except CollectiveFailed as e:
-            self._fail()
+            self._fail(seq, version, sent)
             raise self._unresponsive(seq, version, str(e)) from e
         except BaseException as e:
             if not at_boundary:
-                self._fail()
+                self._fail(seq, version, sent)
                 raise
             try:
-                abort = weights_pb2.WeightBucketMeta(version=version, bucket_index=index)
-                send_header(self._backend, ABORT, abort, 0, 0, Deadline(op, f"update {version}: abort marker"))
-            except CollectiveFailed as failed:
+                abort = weights_pb2.WeightBucketMeta(version=version, bucket_index=sent)
+                self._post(seq, sent, encode_header(ABORT, abort, 0, 0))
+            except Exception as failed:
                 self._fail()
                 raise self._unresponsive(seq, version, f"{failed} (while aborting after: {e})") from e
             raise
         return self._await_acks(seq, version)
+
+    def _post(self, seq: int, index: int, header: bytes) -> None:
+        self._rdv.post_bucket(seq, index, header)
+        self._posted = index + 1
 
     def _threshold(self, layout_name: str) -> int:
         if layout_name not in LAYOUTS:
@@ -340,10 +358,14 @@ class WeightGroup:
         index = 0
         while True:
             what = f"update {version}: bucket {index}"
-            kind, raw, payload, threshold = recv_header(self._backend, Deadline(op, f"{what} metadata"))
+            kind, raw, payload, threshold = decode_header(
+                self._rdv.await_bucket(seq, index, Deadline(op, f"{what} header"))
+            )
             meta = self._parse(raw, what)
             if kind == ABORT:
                 raise Aborted(f"the trainer aborted update {version} after {index} buckets (its export failed)")
+            if kind == FAILED:
+                raise CollectiveFailed(f"{what}: the trainer's side of the broadcast failed", False)
             if meta.version != version or meta.bucket_index != index or kind not in (BUCKET, END):
                 self._fail()
                 raise DataLoss(f"{what}: inconsistent stream (kind {kind}, meta {meta}); re-create the group")

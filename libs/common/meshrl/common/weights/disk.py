@@ -4,7 +4,8 @@ The trainer calls `write_version` after each update; a replica calls `stage_to_l
 while it still generates) and then `read_version` + `apply.apply_to_state` (or `load_version`).
 
 Each bucket's file is written and hashed in one pass (safetensors_io.py), WRITERS buckets at once;
-the files are fsynced together at the end (one wait per version), then the manifest and the folder.
+each file is fsynced as soon as its bytes are written, while its hashes are still being computed,
+then the manifest and the folder.
 Delta versions (`<root>/d000008/`) are written by delta.py through `publish_folder`.
 
 Layout of `<root>/v000007/` (created as `<root>/.tmp-v000007-*`, fsynced, then renamed):
@@ -177,7 +178,7 @@ def _write_folder(
                     part, job = pending.popleft()
                     parts.append((part, *job.result()))
                 part = os.path.join(tmp, f"part-{i:05d}.safetensors")
-                pending.append((part, pool.submit(write_file, part, list(bucket), fsync=False)))
+                pending.append((part, pool.submit(write_file, part, list(bucket), fsync=fsync)))
             while pending:
                 part, job = pending.popleft()
                 parts.append((part, *job.result()))
@@ -202,10 +203,9 @@ def _write_folder(
             raise InvalidArgument(f"extra file name {name!r} must be a plain file name not used by the weights")
         _write_bytes(os.path.join(tmp, name), data, fsync=False)
         extras.append(ExtraFile(name, len(data), sha256_hex(data)))
-    if fsync:  # one wait for the whole version: every file's fsync at once
-        paths = [os.path.join(tmp, f) for f in [*files, *(x.name for x in extras)]]
-        with ThreadPoolExecutor(min(8, len(paths)), thread_name_prefix="weights-fsync") as pool:
-            list(pool.map(fsync_path, paths))
+    if fsync:  # the weight files were fsynced by their writers, overlapping their hashing
+        for extra in extras:
+            fsync_path(os.path.join(tmp, extra.name))
     return Manifest(version, files, tensors, tuple(extras), total)
 
 

@@ -31,7 +31,7 @@ class TensorHashers:
         self._ends = [s.end for s in self._spans]
         self._hashers = {s.name: hashlib.sha256() for s in self._spans}
         self._pools = [ThreadPoolExecutor(max_workers=1, thread_name_prefix="weights-hash") for _ in range(workers)]
-        self._owner = {s.name: i % workers for i, s in enumerate(self._spans)}
+        self._owner = _balanced_owners(self._spans, workers)
 
     def feed(self, view: memoryview, lo: int, hi: int, base: int = 0) -> list[Future[None]]:
         """Queues bytes [lo, hi) of the data section, held in `view` from offset `base`.
@@ -58,6 +58,18 @@ class TensorHashers:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _balanced_owners(spans: Sequence[Span], workers: int) -> dict[str, int]:
+    """Each tensor's worker, largest first onto the least loaded one, so no core hashes the two
+    embedding-sized tensors while the others idle."""
+    load = [0] * workers
+    owners = {}
+    for s in sorted(spans, key=lambda s: s.begin - s.end):
+        w = load.index(min(load))
+        owners[s.name] = w
+        load[w] += s.end - s.begin
+    return owners
 
 
 def sha256_many(views: Sequence[memoryview], pool: ThreadPoolExecutor) -> list[Future[str]]:

@@ -4,11 +4,14 @@ Used by `collective.py`. Everything a member must tell the others outside the br
 through here, under `meshrl/weights/<group>/`:
   joined/<rank>              the member is in (everyone waits for all before the backend starts)
   update/<seq> = version     the sender starts update number <seq>
+  bucket/<seq>/<i>           header and WeightBucketMeta of the update's bucket i, or its end, abort
+                             or failure marker (wire.py); set before that bucket's broadcast starts
   progress/<seq>/<rank>      the last bucket this receiver got
   failed/<seq>/<rank>        this receiver is alive but lost the update (timed out, sender gone)
   ack/<seq>/<rank>           "ok" or "refused: <error>" once its sink finished
   alive/<rank>               a counter the receiver's heartbeat thread advances a few times a second
 so after a failed step the sender can name the members that stopped instead of guessing.
+A finished update's keys are deleted in the background, on a connection of their own.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -24,7 +28,7 @@ from meshrl.common.errors import DeadlineExceeded, Unavailable
 
 from .errors import MembersUnresponsive, UpdateOutcome
 from .group_plan import GroupSpec
-from .transport import Deadline, await_keys
+from .transport import CollectiveFailed, Deadline, await_keys
 
 STORE_PREFIX = "meshrl/weights/"
 HEARTBEAT_S = 0.25
@@ -38,6 +42,8 @@ class Rendezvous:
         self.rank = rank
         self._stop = threading.Event()
         self._beater: threading.Thread | None = None
+        self._janitor: ThreadPoolExecutor | None = None
+        self._janitor_store: dist.PrefixStore | None = None
         self.store = self._connect(rank == 0, deadline.seconds)
 
     def _connect(self, host: bool, timeout_s: float) -> dist.PrefixStore:
@@ -88,6 +94,9 @@ class Rendezvous:
         if self._beater is not None:
             self._beater.join(timeout=2 * HEARTBEAT_S)
             self._beater = None
+        if self._janitor is not None:
+            self._janitor.shutdown(wait=False, cancel_futures=True)
+            self._janitor = None
 
     # ------------------------------------------------------------------------ one update
     def announce(self, seq: int, version: int) -> None:
@@ -98,6 +107,23 @@ class Rendezvous:
         if await_keys(self.store, [f"update/{seq}"], deadline):
             return None
         return int(self.store.get(f"update/{seq}").decode())
+
+    def post_bucket(self, seq: int, index: int, header: bytes) -> None:
+        """Sender: what comes next in update <seq> (wire.encode_header); receivers wait for it."""
+        self.store.set(f"bucket/{seq}/{index}", header)
+
+    def await_bucket(self, seq: int, index: int, deadline: Deadline) -> bytes:
+        """Receiver: the header the sender posted for bucket <index>. Raises CollectiveFailed (timed
+        out, or the store is gone with the trainer), which fails the update like a broken broadcast."""
+        key = f"bucket/{seq}/{index}"
+        try:
+            if await_keys(self.store, [key], deadline):
+                raise CollectiveFailed(f"{deadline.what}: not posted within {deadline.seconds:.1f}s", True)
+            return self.store.get(key)
+        except CollectiveFailed:
+            raise
+        except Exception as e:  # Unavailable from await_keys, or the get's connection error
+            raise CollectiveFailed(f"{deadline.what}: the trainer's store is unreachable ({e})", False) from e
 
     def progress(self, seq: int, index: int) -> None:
         self.store.set(f"progress/{seq}/{self.rank}", str(index))
@@ -148,10 +174,23 @@ class Rendezvous:
         evidence = f"buckets received {progress}, heartbeats {before} -> {after}, receivers' reports {reports}"
         return tuple(sorted(stopped)) or tuple(receivers), evidence
 
-    def forget(self, seq: int, receivers: Sequence[int]) -> None:
-        """Deletes the keys of a finished update so a long job does not grow the store."""
-        for key in [f"update/{seq}", *(f"{k}/{seq}/{r}" for k in ("progress", "ack", "failed") for r in receivers)]:
-            self.store.delete_key(key)
+    def forget(self, seq: int, receivers: Sequence[int], buckets: int) -> None:
+        """Deletes the keys of a finished update (its `buckets` headers plus the end marker), so a long
+        job does not grow the store; in the background, so the next update does not wait for it."""
+        keys = [f"update/{seq}", *(f"bucket/{seq}/{i}" for i in range(buckets + 1))]
+        keys += [f"{k}/{seq}/{r}" for k in ("progress", "ack", "failed") for r in receivers]
+        if self._janitor is None:
+            self._janitor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weights-janitor")
+        self._janitor.submit(self._delete, keys)
+
+    def _delete(self, keys: list[str]) -> None:
+        try:
+            if self._janitor_store is None:
+                self._janitor_store = self._connect(False, 10.0)
+            for key in keys:
+                self._janitor_store.delete_key(key)
+        except Exception:  # the store is gone with the group: nothing left to clean
+            self._janitor_store = None
 
     def _peek(self, key: str) -> str | None:
         try:

@@ -80,7 +80,7 @@ def write_file(
             hashes.extend(sha256_many([view], pool))
             f.write(view)
         f.flush()
-        if fsync:
+        if fsync:  # the disk write-back runs while the workers still hash
             os.fsync(f.fileno())
         digests = [h.result() for h in hashes]
     entries = [

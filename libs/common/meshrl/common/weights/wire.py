@@ -1,9 +1,10 @@
 """What one bucket looks like on the collective: its header, and which bytes travel how.
 
-Used by `collective.py` on both sides. Every bucket is announced by an int64[4] header
-[kind, metadata bytes, payload bytes, coalesce threshold] and its WeightBucketMeta bytes. Then
-the tensors smaller than the threshold travel packed in one flat buffer (offsets from
-`buckets.layout`, in meta order), and each larger tensor travels on its own, straight from the
+Used by `collective.py` on both sides. Every bucket is announced through the group's store
+(rendezvous.py), not the collective: a header [kind, payload bytes, coalesce threshold] and its
+WeightBucketMeta bytes, so the backend carries nothing but tensor bytes and the sender never waits
+for a receiver to take a small message. Then the tensors smaller than the threshold travel packed
+in one flat buffer (offsets from `buckets.layout`, in meta order), and each larger tensor travels on its own, straight from the
 sender's tensor into the receiver's parameter when the receiver's sink offers it (no copies).
 The "flat" layout is the same with an infinite threshold: one packed buffer per bucket.
 The threshold rides in the header, so receivers always follow the sender's choice.
@@ -11,6 +12,7 @@ The threshold rides in the header, so receivers always follow the sender's choic
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -20,9 +22,9 @@ from meshrl.api.common.v1 import tensor_pb2, weights_pb2
 
 from . import dtypes
 from .buckets import Bucket, align_up, layout, pack, unpack
-from .transport import Backend, Deadline
 
-BUCKET, END, ABORT = 1, 3, 4
+BUCKET, END, ABORT, FAILED = 1, 3, 4, 5  # FAILED: the sender's collective broke mid-update
+_HEADER = struct.Struct("<bqq")
 FLAT_THRESHOLD = 1 << 62  # everything coalesced: one broadcast per bucket
 DEFAULT_COALESCE_BYTES = 1 << 20
 
@@ -105,23 +107,15 @@ def fit_targets(
     return targets
 
 
-def send_header(
-    backend: Backend, kind: int, meta: weights_pb2.WeightBucketMeta, payload: int, threshold: int, deadline: Deadline
-) -> None:
-    raw = meta.SerializeToString()
-    header = torch.tensor([kind, len(raw), payload, threshold], dtype=torch.int64, device=backend.device)
-    tensors = [header]
-    if raw:
-        tensors.append(torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(backend.device))
-    backend.broadcast(tensors, deadline)
+def encode_header(kind: int, meta: weights_pb2.WeightBucketMeta, payload: int, threshold: int) -> bytes:
+    """A bucket's header as the store carries it: [kind, payload bytes, threshold] then the meta bytes."""
+    return _HEADER.pack(kind, payload, threshold) + meta.SerializeToString()
 
 
-def recv_header(backend: Backend, deadline: Deadline) -> tuple[int, bytes, int, int]:
-    """(kind, WeightBucketMeta bytes, payload bytes, coalesce threshold) of the next bucket."""
-    header = torch.zeros(4, dtype=torch.int64, device=backend.device)
-    backend.broadcast([header], deadline)
-    kind, nbytes, payload, threshold = header.tolist()
-    raw = torch.empty(max(nbytes, 0), dtype=torch.uint8, device=backend.device)
-    if nbytes > 0:
-        backend.broadcast([raw], deadline)
-    return kind, raw.cpu().numpy().tobytes(), payload, threshold
+def decode_header(raw: bytes) -> tuple[int, bytes, int, int]:
+    """(kind, WeightBucketMeta bytes, payload bytes, coalesce threshold) of a stored header; kind 0 when
+    the value is too short to be one (the caller reports the stream as inconsistent)."""
+    if len(raw) < _HEADER.size:
+        return 0, b"", 0, 0
+    kind, payload, threshold = _HEADER.unpack_from(raw)
+    return kind, raw[_HEADER.size :], payload, threshold
