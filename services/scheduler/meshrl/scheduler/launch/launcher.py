@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,12 +55,20 @@ class ProcessLauncher:
         self.procs: dict[str, ServiceProcess] = {}
 
     def start(self, specs: list[ServiceSpec]) -> dict[str, str]:
-        addresses = {}
+        """Starts `specs` together (the trainer and the replicas import torch and load the model at once) and
+        returns their addresses; the first failure, in spec order, is raised once every start has ended. What
+        started is kept for `stop_all`, as is what failed."""
         for spec in specs:
-            proc = ServiceProcess(spec.service, spec.args, str(self.logs / f"{spec.name}.log"), child_env(spec.env))
-            self.procs[spec.name] = proc
-            addresses[spec.name] = proc.start(self.timeout)
-        return addresses
+            log_path = str(self.logs / f"{spec.name}.log")
+            self.procs[spec.name] = ServiceProcess(spec.service, spec.args, log_path, child_env(spec.env))
+        if not specs:
+            return {}
+        with ThreadPoolExecutor(max_workers=len(specs), thread_name_prefix="meshrl-start") as pool:
+            started = {s.name: pool.submit(self.procs[s.name].start, self.timeout) for s in specs}
+        for future in started.values():
+            if future.exception() is not None:
+                raise future.exception()
+        return {name: future.result() for name, future in started.items()}
 
     def pid(self, name: str) -> int | None:
         return self.procs[name].pid

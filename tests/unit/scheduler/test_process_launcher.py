@@ -1,0 +1,69 @@
+"""The plain-process launcher starts a batch of services together, not one after the other, raises the first
+failure of a batch once every start has ended, and keeps whatever it started for `stop_all`."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from meshrl.common.errors import Unavailable
+from meshrl.scheduler.launch import launcher as launcher_module
+from meshrl.scheduler.launch.launcher import ProcessLauncher, ServiceSpec
+
+
+class _FakeProcess:
+    """Stands in for ServiceProcess: its start meets the others of its batch at a barrier, so the batch can only
+    start if its starts overlap (one after the other, the first would wait at the barrier alone and fail)."""
+
+    barrier: threading.Barrier
+    fail: set[str] = set()
+    stopped: list[str] = []
+
+    def __init__(self, service: str, args: list[str], log_path: str, env: dict[str, str]) -> None:
+        self.name = log_path.rsplit("/", 1)[-1].removesuffix(".log")
+        self.env = env
+
+    def start(self, timeout: float) -> str:
+        self.barrier.wait(timeout=10)  # broken (BrokenBarrierError) if the starts do not overlap
+        if self.name in self.fail:
+            raise Unavailable(f"{self.name} exited with code 1 while starting")
+        return f"127.0.0.1:{1000 + len(self.name)}"
+
+    def stop(self, grace: float = 10.0) -> int:
+        self.stopped.append(self.name)
+        return 0
+
+
+@pytest.fixture
+def fake_process(monkeypatch):
+    _FakeProcess.fail, _FakeProcess.stopped = set(), []
+    monkeypatch.setattr(launcher_module, "ServiceProcess", _FakeProcess)
+    return _FakeProcess
+
+
+def _specs() -> list[ServiceSpec]:
+    return [ServiceSpec("trainer", "trainer"), ServiceSpec("rollout", "rollout-0"), ServiceSpec("rollout", "rollout-1")]
+
+
+def test_a_batch_of_services_starts_together(fake_process, tmp_path):
+    fake_process.barrier = threading.Barrier(3)
+    launcher = ProcessLauncher(tmp_path, start_timeout=60)
+    addresses = launcher.start(_specs())
+    assert addresses == {"trainer": "127.0.0.1:1007", "rollout-0": "127.0.0.1:1009", "rollout-1": "127.0.0.1:1009"}
+    assert list(addresses) == ["trainer", "rollout-0", "rollout-1"]  # spec order, whatever order they finished in
+    assert launcher.procs["trainer"].env["OMP_WAIT_POLICY"] == "PASSIVE"  # each still gets the child environment
+
+
+def test_the_first_failure_of_a_batch_is_raised_and_what_started_is_stopped_later(fake_process, tmp_path):
+    fake_process.barrier = threading.Barrier(3)
+    fake_process.fail = {"rollout-0", "rollout-1"}
+    launcher = ProcessLauncher(tmp_path, start_timeout=60)
+    with pytest.raises(Unavailable, match="rollout-0 exited"):
+        launcher.start(_specs())
+    launcher.stop_all()
+    assert fake_process.stopped == ["rollout-1", "rollout-0", "trainer"]
+
+
+def test_an_empty_batch_starts_nothing(fake_process, tmp_path):
+    assert ProcessLauncher(tmp_path, start_timeout=60).start([]) == {}
