@@ -53,6 +53,7 @@ class ProcessLauncher:
         self.logs = logs
         self.timeout = start_timeout
         self.procs: dict[str, ServiceProcess] = {}
+        self.batches: list[list[str]] = []  # names, by the `start` call that started them
 
     def start(self, specs: list[ServiceSpec]) -> dict[str, str]:
         """Starts `specs` together (the trainer and the replicas import torch and load the model at once) and
@@ -63,6 +64,7 @@ class ProcessLauncher:
             self.procs[spec.name] = ServiceProcess(spec.service, spec.args, log_path, child_env(spec.env))
         if not specs:
             return {}
+        self.batches.append([spec.name for spec in specs])
         with ThreadPoolExecutor(max_workers=len(specs), thread_name_prefix="meshrl-start") as pool:
             started = {s.name: pool.submit(self.procs[s.name].start, self.timeout) for s in specs}
         for future in started.values():
@@ -79,7 +81,13 @@ class ProcessLauncher:
             proc.stop(grace)
 
     def stop_all(self, grace: float = 10.0) -> None:
-        for name in list(self.procs)[::-1]:
+        """Stops the batches in the reverse of their start order (the data buffer after what uses it), the
+        services of one batch together."""
+        for batch in reversed(self.batches):
+            with ThreadPoolExecutor(max_workers=len(batch), thread_name_prefix="meshrl-stop") as pool:
+                list(pool.map(lambda name: self.stop(name, grace), batch))
+        self.batches.clear()
+        for name in list(self.procs)[::-1]:  # none left unless a caller filled `procs` itself
             self.stop(name, grace)
 
 
