@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,14 +53,24 @@ class ProcessLauncher:
         self.logs = logs
         self.timeout = start_timeout
         self.procs: dict[str, ServiceProcess] = {}
+        self.batches: list[list[str]] = []  # names, by the `start` call that started them
 
     def start(self, specs: list[ServiceSpec]) -> dict[str, str]:
-        addresses = {}
+        """Starts `specs` together (the trainer and the replicas import torch and load the model at once) and
+        returns their addresses; the first failure, in spec order, is raised once every start has ended. What
+        started is kept for `stop_all`, as is what failed."""
         for spec in specs:
-            proc = ServiceProcess(spec.service, spec.args, str(self.logs / f"{spec.name}.log"), child_env(spec.env))
-            self.procs[spec.name] = proc
-            addresses[spec.name] = proc.start(self.timeout)
-        return addresses
+            log_path = str(self.logs / f"{spec.name}.log")
+            self.procs[spec.name] = ServiceProcess(spec.service, spec.args, log_path, child_env(spec.env))
+        if not specs:
+            return {}
+        self.batches.append([spec.name for spec in specs])
+        with ThreadPoolExecutor(max_workers=len(specs), thread_name_prefix="meshrl-start") as pool:
+            started = {s.name: pool.submit(self.procs[s.name].start, self.timeout) for s in specs}
+        for future in started.values():
+            if future.exception() is not None:
+                raise future.exception()
+        return {name: future.result() for name, future in started.items()}
 
     def pid(self, name: str) -> int | None:
         return self.procs[name].pid
@@ -70,7 +81,13 @@ class ProcessLauncher:
             proc.stop(grace)
 
     def stop_all(self, grace: float = 10.0) -> None:
-        for name in list(self.procs)[::-1]:
+        """Stops the batches in the reverse of their start order (the data buffer after what uses it), the
+        services of one batch together."""
+        for batch in reversed(self.batches):
+            with ThreadPoolExecutor(max_workers=len(batch), thread_name_prefix="meshrl-stop") as pool:
+                list(pool.map(lambda name: self.stop(name, grace), batch))
+        self.batches.clear()
+        for name in list(self.procs)[::-1]:  # none left unless a caller filled `procs` itself
             self.stop(name, grace)
 
 
