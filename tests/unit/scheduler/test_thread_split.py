@@ -1,5 +1,5 @@
 """training.split_threads: in the overlapped modes a CPU trainer launched by the job gets the cores its
-replicas leave (torch_threads), so that generation and training do not oversubscribe the host; sync, GPUs,
+replicas leave (torch_threads), so that generation and training do not oversubscribe the host; sync, eta 0, GPUs,
 `split_threads: false` and the job's own trainer torch_threads keep what they had."""
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ def test_the_trainer_gets_the_cores_the_replicas_leave():
 def test_only_overlapped_cpu_jobs_split_threads(tmp_path):
     expected = f"torch_threads={overlapped_trainer_threads(os.cpu_count() or 1, 1)}"
     assert threads_set(tmp_path) == []  # sync: the trainer runs alone, on every core
+    assert threads_set(tmp_path, "training.mode=async", "training.max_staleness=0") == []  # nothing overlaps
     for mode in (["training.mode=one_step_off"], ["training.mode=async", "training.max_staleness=2"]):
         assert threads_set(tmp_path, *mode) == [expected]
         assert threads_set(tmp_path, *mode, "training.split_threads=false") == []

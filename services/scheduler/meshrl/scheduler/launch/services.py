@@ -76,9 +76,10 @@ def trainer_spec(
 
 
 def thread_split_args(cfg: JobConfig) -> list[str]:
-    """training.split_threads in the overlapped modes: the CPU trainer's torch_threads, so that it and the
-    job's replicas on this host get disjoint cores (set before service_overrides, which win)."""
-    overlapped = cfg.training.mode != "sync" and cfg.training.split_threads
+    """training.split_threads in the overlapped modes (eta > 0: at eta 0 nothing overlaps, and the run stays the
+    sync run exactly): the CPU trainer's torch_threads, so that it and the job's replicas on this host get
+    disjoint cores (set before service_overrides, which win)."""
+    overlapped = cfg.training.staleness > 0 and cfg.training.split_threads
     if not overlapped or cfg.trainer.gpus or cfg.rollout.gpus_per_replica:
         return []
     t = cfg.trainer
