@@ -8,8 +8,14 @@ trainer- and rollout-idle fractions per step, the consumed samples' staleness, a
 accuracy. Target (issue 16): the best asynchronous mode reaches sync's final accuracy in <= 0.7x sync's time
 and ends no lower than sync - 0.05.
 
-Run: `.venv/bin/python bench/async/run.py [--steps 60] [--eval-every 5] [--prompts 128] [--tis-cap C]
-[--mis-cap M] [--use-ray]`
+With `--seeds 0,1,2` every mode runs once per seed (job.seed and data.shuffle_seed; the model and data stay
+the same) and each seed's asynchronous runs are compared with that seed's sync run; the summary gives each
+mode's mean and min..max over the seeds, and the verdict is taken on the means. Per mode it also prints where
+a step's time goes: median seconds per step in the rollout, the trainer (log-probs + train), the weight
+publication, and the consumer's wait for samples.
+
+Run: `.venv/bin/python bench/async/run.py [--steps 60] [--eval-every 5] [--prompts 128] [--seeds 0] [--tis-cap C]
+[--mis-cap M] [--trainer-threads N] [--use-ray]`
 (from the repository root; the example's model and data are built under runs/ on first use). Each mode
 costs about what `make run` costs (minutes on 2 cores); --steps and --prompts shrink it.
 """
@@ -31,6 +37,7 @@ if str(ROOT) not in sys.path:
 
 from meshrl.api.scheduler.v1 import scheduler_pb2 as spb  # noqa: E402
 from meshrl.scheduler.jobs import JobManager  # noqa: E402
+from meshrl.scheduler.step.modes import node_kinds  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "countdown"
 MODES = {
@@ -60,20 +67,38 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=0.0,
         help="algorithm.loss.mis_cap for every mode (0: the mode default: off in sync, 4 in the async modes)",
     )
+    p.add_argument("--seeds", default="0", help="comma-separated job seeds; every mode runs once per seed")
+    p.add_argument(
+        "--trainer-threads",
+        type=int,
+        default=0,
+        help="trainer torch_threads for every mode (0: the mode's default, see training.split_threads)",
+    )
+    p.add_argument(
+        "--no-split-threads",
+        action="store_true",
+        help="training.split_threads false for every mode (the trainer uses every core in the async modes too)",
+    )
     p.add_argument("--use-ray", action="store_true", help="services as Ray actors (default: plain processes)")
     p.add_argument("--out", default="", help="write the figures as JSON here too")
     return p.parse_args(argv)
 
 
-def job_yaml(a: argparse.Namespace, mode: str, run_root: Path) -> str:
+def job_yaml(a: argparse.Namespace, mode: str, run_root: Path, seed: int = 0) -> str:
     cfg = yaml.safe_load((EXAMPLE / "config.yaml").read_text())
-    cfg["job"].update(name=f"bench-{mode.replace('_', '-')}", steps=a.steps, run_root=str(run_root))
+    cfg["job"].update(name=f"bench-{mode.replace('_', '-')}-s{seed}", steps=a.steps, run_root=str(run_root),
+                      seed=seed)  # fmt: skip
+    cfg["data"]["shuffle_seed"] = seed
     for section, field in (("model", "path"), ("data", "train"), ("data", "eval")):
         cfg[section][field] = str(ROOT / cfg[section][field])  # shared by every mode: built once
     cfg["eval"]["every"] = a.eval_every
     cfg["checkpoint"] = {"every": 0}
     cfg["services"] = {**cfg.get("services", {}), "use_ray": a.use_ray}
-    cfg["training"] = MODES[mode]
+    cfg["training"] = dict(MODES[mode])
+    if a.no_split_threads:
+        cfg["training"]["split_threads"] = False
+    if a.trainer_threads:
+        cfg["trainer"].setdefault("service_overrides", []).append(f"torch_threads={a.trainer_threads}")
     if a.prompts:
         cfg["data"]["prompts_per_step"] = a.prompts
     for name, value in (("tis_cap", a.tis_cap), ("mis_cap", a.mis_cap)):
@@ -84,10 +109,10 @@ def job_yaml(a: argparse.Namespace, mode: str, run_root: Path) -> str:
     return yaml.safe_dump(cfg)
 
 
-def run_mode(a: argparse.Namespace, mode: str, run_root: Path) -> dict:
+def run_mode(a: argparse.Namespace, mode: str, run_root: Path, seed: int = 0) -> dict:
     jobs = JobManager()
     workflow = (EXAMPLE / "workflow.yaml").read_text()
-    record = jobs.create(workflow, job_yaml(a, mode, run_root), [])
+    record = jobs.create(workflow, job_yaml(a, mode, run_root, seed), [])
     jobs.run(record)
     if record.state != spb.JOB_STATE_SUCCEEDED:
         raise SystemExit(f"{mode}: the job ended {spb.JobState.Name(record.state)}: {record.error}")
@@ -111,6 +136,26 @@ def run_mode(a: argparse.Namespace, mode: str, run_root: Path) -> dict:
         "stream_max": max((m.get("async/stream_groups_max", 0.0) for m in steps), default=0.0),
         "stream_bound": float(cfg.training.stream_groups or (cfg.training.staleness + 1) * cfg.data.prompts_per_step),
         "regenerated": sum(m.get("async/regenerated_groups", 0.0) for m in steps),
+        "phases": phase_seconds(steps, record.runner.workflow.nodes),
+    }
+
+
+def phase_seconds(steps: list[dict], nodes: list) -> dict[str, float]:
+    """Median seconds per step spent in the rollout nodes, the trainer's nodes (log-probs and train), the
+    weight publication, and (asynchronous modes) the consumer's wait for its samples."""
+    rollout, trainer = node_kinds(nodes)
+
+    def median(keys: tuple[str, ...]) -> float:
+        return statistics.median(sum(m.get(k, 0.0) for k in keys) for m in steps)
+
+    return {
+        "rollout": median(tuple(f"time/{i}" for i in rollout)),
+        "trainer": median(tuple(f"time/{i}" for i in trainer)),
+        "publish": median(("weights/seconds",)),
+        "wait": median(("async/wait_seconds",)),
+        "reward": median(("time/reward",)),
+        "handoff": median(("async/handoff_seconds",)),
+        "produce": median(("async/produce_seconds",)),
     }
 
 
@@ -122,30 +167,95 @@ def seconds_to(result: dict, target: float) -> float | None:
     return None
 
 
+def seeds_of(text: str) -> list[int]:
+    try:
+        seeds = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        seeds = []
+    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise SystemExit(f"--seeds {text!r}: give distinct non-negative integers, e.g. 0,1,2")
+    return seeds
+
+
+def print_table(a: argparse.Namespace, results: dict[str, dict], seed: int) -> dict[str, dict]:
+    """One seed's table; returns per mode its ratio to sync's time, final and final - sync's final."""
+    target = results["sync"]["final"]
+    base = seconds_to(results["sync"], target)
+    print(f"\nseed {seed}: {a.steps} RL steps per mode, evaluation every {a.eval_every}; "
+          f"target: sync's final accuracy {target:.3f}")  # fmt: skip
+    head = f"{'mode':<14}{'to target s':>12}{'x sync':>8}{'RL s':>8}{'step s':>8}{'trainer idle':>14}"
+    print(head + f"{'rollout idle':>14}{'final acc':>11}  staleness (groups by lag), dropped, stream max / bound")
+    summary = {}
+    for mode, r in results.items():
+        t = seconds_to(r, target)
+        ratio = t / base if t is not None and base else None
+        print(f"{mode:<14}{(f'{t:.1f}' if t is not None else 'never'):>12}{(f'{ratio:.2f}' if ratio else '-'):>8}"
+              f"{r['rl_seconds']:>8.1f}{r['step_seconds']:>8.2f}{r['trainer_idle']:>14.2f}{r['rollout_idle']:>14.2f}"
+              f"{r['final']:>11.3f}  {r['staleness'] or '-'}, {r['dropped']:.0f}, {r['stream_max']:.0f} / "
+              f"{r['stream_bound']:.0f}")  # fmt: skip
+        summary[mode] = {"ratio": ratio, "final": r["final"], "delta": r["final"] - target,
+                         "step_ratio": r["step_seconds"] / results["sync"]["step_seconds"]}  # fmt: skip
+    names = ("rollout", "reward", "trainer", "publish", "wait", "handoff", "produce")
+    print(f"{'mode':<14}{'median s per step:':>20}" + "".join(f"{n:>9}" for n in names))
+    for mode, r in results.items():
+        print(f"{mode:<34}" + "".join(f"{r['phases'][n]:>9.2f}" for n in names))
+    return summary
+
+
+def spread(values: list[float | None], fmt: str = "{:.2f}") -> str:
+    """mean [min..max] of the values; 'never' counts as missing (shown as how many)."""
+    got = [v for v in values if v is not None]
+    missing = len(values) - len(got)
+    if not got:
+        return "never"
+    text = fmt.format(statistics.mean(got))
+    if len(values) > 1:
+        text += f" [{fmt.format(min(got))}..{fmt.format(max(got))}]"
+    return text + (f" ({missing} never)" if missing else "")
+
+
+def print_summary(per_seed: dict[int, dict[str, dict]]) -> None:
+    """Each mode over the seeds, and the verdict on the means (issue 16's target)."""
+    seeds = list(per_seed)
+    modes = list(per_seed[seeds[0]])
+    print(f"\nover seeds {seeds}: mean [min..max]")
+    print(f"{'mode':<14}{'x sync to target':>26}{'step x sync':>22}{'final':>24}{'final - sync':>26}")
+    verdict = []
+    for mode in modes:
+        rows = [per_seed[s][mode] for s in seeds]
+        ratios = [r["ratio"] for r in rows]
+        deltas = [r["delta"] for r in rows]
+        print(f"{mode:<14}{spread(ratios):>26}{spread([r['step_ratio'] for r in rows]):>22}"
+              f"{spread([r['final'] for r in rows], '{:.3f}'):>24}{spread(deltas, '{:+.3f}'):>26}")  # fmt: skip
+        if mode != "sync":
+            # a seed on which the mode never reached sync's final counts as missing the time target
+            met = all(r is not None for r in ratios) and statistics.mean(ratios) <= 0.7
+            met = met and statistics.mean(deltas) >= -0.05
+            verdict.append((mode, met))
+    best = [m for m, ok in verdict if ok]
+    print(f"target (mean x sync <= 0.70 with every seed reaching sync's final, mean final >= sync - 0.05): "
+          f"{'met by ' + ', '.join(best) if best else 'missed'}")  # fmt: skip
+
+
 def main(argv=None) -> int:
     a = parse_args(argv)
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in MODES]
     if unknown or "sync" not in modes:
         raise SystemExit(f"--modes: {unknown or 'sync is missing'}; choose from {list(MODES)} (sync included)")
-    results: dict[str, dict] = {}
+    seeds = seeds_of(a.seeds)
+    results: dict[int, dict[str, dict]] = {}
+    per_seed: dict[int, dict[str, dict]] = {}
     with tempfile.TemporaryDirectory(prefix="mr-async-") as tmp:
-        for mode in modes:
-            print(f"running {mode} ...", flush=True)
-            results[mode] = run_mode(a, mode, Path(tmp))
-    target = results["sync"]["final"]
-    base = seconds_to(results["sync"], target)
-    print(f"\n{a.steps} RL steps per mode, evaluation every {a.eval_every}; target: sync's final accuracy {target:.3f}")
-    head = f"{'mode':<14}{'to target s':>12}{'x sync':>8}{'RL s':>8}{'step s':>8}{'trainer idle':>14}"
-    print(head + f"{'rollout idle':>14}{'final acc':>11}  staleness (groups by lag), dropped, stream max / bound")
-    for mode, r in results.items():
-        t = seconds_to(r, target)
-        ratio = f"{t / base:.2f}" if t is not None and base else "-"
-        print(f"{mode:<14}{(f'{t:.1f}' if t is not None else 'never'):>12}{ratio:>8}{r['rl_seconds']:>8.1f}"
-              f"{r['step_seconds']:>8.2f}{r['trainer_idle']:>14.2f}{r['rollout_idle']:>14.2f}{r['final']:>11.3f}"
-              f"  {r['staleness'] or '-'}, {r['dropped']:.0f}, {r['stream_max']:.0f} / {r['stream_bound']:.0f}")  # fmt: skip
+        for seed in seeds:
+            results[seed] = {}
+            for mode in ["sync", *[m for m in modes if m != "sync"]]:
+                print(f"running {mode}, seed {seed} ...", flush=True)
+                results[seed][mode] = run_mode(a, mode, Path(tmp), seed)
+            per_seed[seed] = print_table(a, results[seed], seed)
+    print_summary(per_seed)
     if a.out:
-        Path(a.out).write_text(json.dumps(results, indent=1))
+        Path(a.out).write_text(json.dumps({str(s): r for s, r in results.items()}, indent=1))
     return 0
 
 

@@ -422,3 +422,42 @@ def test_stale_policy_settings_are_checked():
     plan = AsyncPlan(split_at_rollout(nodes), 1, 2 * PROMPTS, PROMPTS, "regenerate", "data")
     with pytest.raises(InvalidArgument, match="needs the job's data loader to put prompts back"):
         AsyncSteps(StepExecutor(nodes, lambda n: None, EventLog("x")), None, "x", nodes, plan, threading.Event())
+
+
+class SlowReward(Sim):
+    """The reward of round 1 waits for round 2's generation to start (`overlapped` says whether it did);
+    the reward of round `fail_at` raises."""
+
+    def __init__(self, buffer: DataBufferClient, fail_at: int = 0) -> None:
+        super().__init__(buffer)
+        self.generating = {r: threading.Event() for r in range(1, 8)}
+        self.overlapped: bool | None = None
+        self.fail_at = fail_at
+
+    def __call__(self, node, ctx) -> NodeResult:
+        if node.node_id == "data":
+            self.generating[ctx.step].set()
+        if node.node_id == "reward" and ctx.step == 1:
+            self.overlapped = self.generating[2].wait(30.0)
+        if node.node_id == "reward" and ctx.step == self.fail_at:
+            raise RuntimeError(f"reward of round {ctx.step} failed")
+        return super().__call__(node, ctx)
+
+
+def test_the_next_round_generates_while_the_last_one_is_scored(buffer):
+    sim = SlowReward(buffer)
+    metrics, driver = run(sim, buffer, steps=4, eta=1)
+    assert sim.overlapped  # round 2's data load and rollout ran during round 1's reward
+    records = iter(sim.records)  # the data node's, in the order it handed them out
+    assert driver.producer.produced == [f"r{r}-g{g}-p{next(records)}" for r in range(1, 5) for g in range(PROMPTS)]
+    for version, token_versions in sim.trained:
+        assert version - token_versions.values.min() <= 1
+    assert max(m["async/stream_groups_max"] for m in metrics) <= 2 * PROMPTS
+    assert all(m["async/produce_seconds"] >= m["async/handoff_seconds"] > 0 for m in metrics)
+
+
+def test_a_failed_reward_fails_the_step_that_waits_for_it(buffer):
+    sim = SlowReward(buffer, fail_at=2)
+    with pytest.raises(Exception, match="reward of round 2 failed"):
+        run(sim, buffer, steps=4, eta=1)
+    assert len(sim.trained) == 1  # round 1 trained; nothing after the failed round

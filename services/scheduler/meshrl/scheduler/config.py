@@ -261,6 +261,12 @@ class TrainingSection(StrictModel):
         description="a group older than eta: 'drop' it (counted), or 'regenerate' (its prompt goes back to the "
         "data loader and is generated again on current weights; counted)",
     )
+    split_threads: bool = Field(
+        True,
+        description="one_step_off / async, a CPU trainer the job launches: true gives it the cores its replicas "
+        "(one torch thread each) leave, at least one, so generation and training do not oversubscribe the host; "
+        "false: every core, as in sync. trainer.service_overrides torch_threads=N wins",
+    )
 
     @pydantic.model_validator(mode="after")
     def _staleness_fits_mode(self) -> TrainingSection:

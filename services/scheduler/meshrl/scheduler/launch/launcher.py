@@ -46,6 +46,13 @@ def child_env(extra: dict[str, str]) -> dict[str, str]:
     return {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "OMP_WAIT_POLICY": "PASSIVE", **extra}
 
 
+def overlapped_trainer_threads(cores: int, replicas: int, ranks: int = 1) -> int:
+    """Torch threads of each rank of a CPU trainer whose replicas generate at the same time
+    (training.split_threads): the cores the replicas' one thread each leave, shared by the ranks, at
+    least one. On 2 cores the trainer otherwise runs 2 threads beside the replica's one (bench/async)."""
+    return max(1, (cores - replicas) // max(1, ranks))
+
+
 class ProcessLauncher:
     """Services as child processes of the scheduler (`services.use_ray: false`, `meshrl up`)."""
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from meshrl.common.registry import ReplicaRegistry
 from meshrl.scheduler.clients import TrainerClient
 from meshrl.scheduler.config import JobConfig
 from meshrl.scheduler.fleet.rollout_fleet import RolloutFleet
-from meshrl.scheduler.launch.launcher import ProcessLauncher, RayLauncher, ServiceSpec
+from meshrl.scheduler.launch.launcher import ProcessLauncher, RayLauncher, ServiceSpec, overlapped_trainer_threads
 from meshrl.scheduler.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -69,8 +70,22 @@ def trainer_spec(
             "--set", f"data_parallel.size={t.data_parallel}",
             "--set", f"parallel.tensor_parallel={t.tensor_parallel}",
             "--set", f"parallel.pipeline_parallel={t.pipeline_parallel}",
-            *telemetry_args(cfg, run, name), *[a for kv in t.service_overrides for a in ("--set", kv)]]  # fmt: skip
+            *telemetry_args(cfg, run, name), *thread_split_args(cfg),
+            *[a for kv in t.service_overrides for a in ("--set", kv)]]  # fmt: skip
     return ServiceSpec("trainer", name, args, gpus=t.gpus)
+
+
+def thread_split_args(cfg: JobConfig) -> list[str]:
+    """training.split_threads in the overlapped modes (eta > 0: at eta 0 nothing overlaps, and the run stays the
+    sync run exactly): the CPU trainer's torch_threads, so that it and the job's replicas on this host get
+    disjoint cores (set before service_overrides, which win)."""
+    overlapped = cfg.training.staleness > 0 and cfg.training.split_threads
+    if not overlapped or cfg.trainer.gpus or cfg.rollout.gpus_per_replica:
+        return []
+    t = cfg.trainer
+    ranks = t.data_parallel * t.tensor_parallel * t.pipeline_parallel
+    threads = overlapped_trainer_threads(os.cpu_count() or 1, cfg.rollout.replicas, ranks)
+    return ["--set", f"torch_threads={threads}"]
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """Where a workflow's DAG splits for asynchronous training (`training.mode` one_step_off / async): the
 producer side is every node that needs no trainer model (data load, rollout, and COMPUTE nodes such as the
 reward that depend only on those), the consumer side is the rest (log-probs, advantages that read them,
-training). The boundary nodes are the producer nodes the consumer reads from; their rows travel through the
+training). Within the producer, generation (the ROLLOUT nodes and what they depend on) is told apart from the
+nodes after it, which finish a round while the next one generates. The boundary nodes are the producer nodes the consumer reads from; their rows travel through the
 data buffer's sample stream. Called by `meshrl.scheduler.step.pipeline` and checked when a job is created.
 """
 
@@ -24,6 +25,12 @@ class Split:
     boundary: tuple[str, ...]  # producer nodes a consumer node depends on (their rows go through the stream)
     rollout: tuple[str, ...]  # the ROLLOUT nodes (their time is the rollout's busy time)
     trainer: tuple[str, ...]  # MODEL_* nodes (their time is the trainer's busy time)
+    generation: frozenset[str] = frozenset()  # the ROLLOUT nodes and the producer nodes they depend on
+
+    @property
+    def finish(self) -> frozenset[str]:
+        """The producer nodes after generation (reward, ...): run while the next round generates."""
+        return self.producer - self.generation
 
 
 def _type(node: Any) -> NodeType:
@@ -63,7 +70,14 @@ def split_at_rollout(nodes: list[Any]) -> Split:
     if not consumer:
         raise InvalidArgument(f"the workflow has no MODEL_INFERENCE / MODEL_TRAIN node to consume samples; {fix}")
     boundary = tuple(i for i in by_id if i in producer and any(i in by_id[c].dependencies for c in consumer))
-    return Split(producer, consumer, boundary, rollout, trainer)
+    generation: set[str] = set()
+    stack = list(rollout)
+    while stack:
+        node_id = stack.pop()
+        if node_id not in generation:
+            generation.add(node_id)
+            stack += by_id[node_id].dependencies
+    return Split(producer, consumer, boundary, rollout, trainer, frozenset(generation))
 
 
 @dataclass(frozen=True)

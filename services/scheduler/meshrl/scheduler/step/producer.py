@@ -1,7 +1,9 @@
 """The producer side of an asynchronous job: a thread that runs the DAG's producer nodes (data load, rollout,
-reward, ...) round after round, as far ahead as `AdmissionGate` allows, and appends each round's samples to the
-job's sample stream in the data buffer, one group per prompt, each stamped with the oldest weight version among
-its tokens and named by its round, group and dataset record (`r<round>-g<group>-p<record>`). Its spans live in the trace of the step that will consume the round (`StepSpans`).
+reward, ...) round after round, as far ahead as `AdmissionGate` allows (a round's reward and hand-off run in a
+finisher thread while the next round generates), and appends each round's samples to the job's sample stream
+in the data buffer, one group per prompt, each stamped with the oldest weight version among its tokens and
+named by its round, group and dataset record (`r<round>-g<group>-p<record>`). Its spans live in the trace of
+the step that will consume the round (`StepSpans`).
 Started and stopped by `meshrl.scheduler.step.pipeline.AsyncSteps`.
 """
 
@@ -10,8 +12,10 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 import types
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -93,30 +97,57 @@ class Producer:
             self._thread.join(timeout)
 
     def _run(self) -> None:
+        """Generates round after round as admitted; each round's finish (the producer nodes after generation,
+        then the hand-off to the stream) runs in one finisher thread, in round order, while the next round
+        generates, so the replicas do not wait for the reward and the stream writes."""
         r = self.gate.first_round
+        finisher = ThreadPoolExecutor(1, thread_name_prefix="producer-finish")
         try:
             while self.gate.admit(r):
-                self._round(r)
+                finisher.submit(self._finish, r, *self._generate(r))
                 r += 1
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it in the step loop
-            if not self.gate.stopped:
-                log.warning("producer failed at round %d: %s", r, exc)
-            self.gate.fail(exc)
+            self._failed(r, exc)
+        finally:
+            finisher.shutdown(wait=True)
 
-    def _round(self, r: int) -> None:
+    def _failed(self, r: int, exc: BaseException) -> None:
+        if not self.gate.stopped:
+            log.warning("producer failed at round %d: %s", r, exc)
+        self.gate.fail(exc)
+
+    def _generate(self, r: int) -> tuple[int, float, dict[str, float], StepContext, str]:
+        """Round r's generation nodes (data load, rollout); returns what `_finish` needs, with the data
+        position taken now, before the next round's data load moves it."""
         version = self.version_of()
+        start = time.perf_counter()
         with self.span_for(r):
-            metrics, ctx = self.executor.run_nodes(self.job_id, r, only=set(self.split.producer))
-            position = self.position_of()
-            batch = self.buffer.get_many(boundary_keys(ctx, self.split))
-            groups = split_groups(batch, r, version, self._prompts(ctx))
-            self.buffer.append_groups(self.job_id, STREAM, groups)
-            self.produced += [g.group_id for g in groups]
-        for key in self.buffer.list(self.job_id, r):  # the round's own keys: its rows are in the stream now
-            self.buffer.delete(key)
-        rollout = sum(metrics.get(f"time/{i}", 0.0) for i in self.split.rollout)
-        metrics["async/groups_produced"] = float(len(groups))
-        self.gate.produced(r, len(groups), metrics, rollout, position)
+            metrics, ctx = self.executor.run_nodes(self.job_id, r, only=set(self.split.generation))
+        return version, start, metrics, ctx, self.position_of()
+
+    def _finish(self, r: int, version: int, start: float, metrics: dict[str, float], ctx: StepContext,
+                position: str) -> None:  # fmt: skip
+        """The rest of round r's producer nodes, then its groups into the stream and the gate told."""
+        if self.gate.error is not None:
+            return  # an earlier round failed: the job stops
+        try:
+            with self.span_for(r):
+                more, ctx = self.executor.run_nodes(self.job_id, r, only=set(self.split.finish), given=ctx.results)
+                metrics.update(more)
+                handoff = time.perf_counter()
+                batch = self.buffer.get_many(boundary_keys(ctx, self.split))
+                groups = split_groups(batch, r, version, self._prompts(ctx))
+                self.buffer.append_groups(self.job_id, STREAM, groups)
+                self.produced += [g.group_id for g in groups]
+            for key in self.buffer.list(self.job_id, r):  # the round's own keys: its rows are in the stream now
+                self.buffer.delete(key)
+            metrics["async/handoff_seconds"] = time.perf_counter() - handoff
+            metrics["async/produce_seconds"] = time.perf_counter() - start
+            rollout = sum(metrics.get(f"time/{i}", 0.0) for i in self.split.rollout)
+            metrics["async/groups_produced"] = float(len(groups))
+            self.gate.produced(r, len(groups), metrics, rollout, position)
+        except BaseException as exc:  # noqa: BLE001 - the consumer raises it (the generating side stops too)
+            self._failed(r, exc)
 
     def _prompts(self, ctx: StepContext) -> np.ndarray | None:
         """The round's prompt_index (one per prompt, in group-index order), if its data node wrote one."""

@@ -20,9 +20,9 @@ from meshrl.common.errors import Cancelled
 
 class AdmissionGate:
     """Round r (1-based, the step that trains on it when nothing is dropped) is admitted when
-    trainer_version >= first_version + (r - first_round) - eta and the stream's unconsumed groups leave room
-    for `round_groups` more (at most `stream_groups`). With eta = 0 every round waits for the step before it:
-    exactly the synchronous order."""
+    trainer_version >= first_version + (r - first_round) - eta and the stream's unconsumed groups, with those of
+    the rounds admitted and not yet appended, leave room for `round_groups` more (at most `stream_groups`).
+    With eta = 0 every round waits for the step before it: exactly the synchronous order."""
 
     def __init__(self, first_round: int, first_version: int, eta: int, stream_groups: int, round_groups: int,
                  last_round: int | None = None):  # fmt: skip
@@ -34,6 +34,7 @@ class AdmissionGate:
         self.round_groups = round_groups
         self.version = first_version
         self.unconsumed = 0  # groups appended and not yet consumed
+        self.reserved: set[int] = set()  # rounds admitted and not yet appended (each holds round_groups of room)
         self.max_unconsumed = 0
         self.sizes: dict[int, int] = {}  # round -> groups appended
         self.metrics: dict[int, dict[str, float]] = {}  # round -> the producer side's node metrics
@@ -46,15 +47,23 @@ class AdmissionGate:
 
     def _admits(self, r: int) -> bool:
         fresh = self.version >= self.first_version + (r - self.first_round) - self.eta
-        return fresh and self.unconsumed + self.round_groups <= self.stream_groups
+        held = self.unconsumed + len(self.reserved - {r}) * self.round_groups
+        return fresh and held + self.round_groups <= self.stream_groups
 
     def admit(self, r: int) -> bool:
-        """Blocks the producer until round r may start; False once the job stops (or r is past its end)."""
+        """Blocks the producer until round r may start, and holds its room in the stream; False once the job
+        stops or failed (or r is past its end)."""
         start = time.perf_counter()
         with self._cond:
-            self._cond.wait_for(lambda: self.stopped or self._past_end(r) or self._admits(r))
+            self._cond.wait_for(lambda: self._ended(r) or self._admits(r))
             self.rollout_wait += time.perf_counter() - start
-            return not (self.stopped or self._past_end(r))
+            if self._ended(r):
+                return False
+            self.reserved.add(r)
+            return True
+
+    def _ended(self, r: int) -> bool:
+        return self.stopped or self.error is not None or self._past_end(r)
 
     def _past_end(self, r: int) -> bool:
         return self.last_round is not None and r > self.last_round
@@ -69,6 +78,7 @@ class AdmissionGate:
     def produced(self, r: int, groups: int, metrics: dict[str, float], rollout_seconds: float,
                  position: str = "") -> None:  # fmt: skip
         with self._cond:
+            self.reserved.discard(r)
             self.positions[r] = position
             self.sizes[r] = groups
             self.metrics[r] = metrics
