@@ -45,19 +45,23 @@ class Budget:
 
 @dataclass
 class Curve:
-    """Held-out greedy accuracy against training samples and training seconds (evaluation time excluded)."""
+    """Held-out greedy accuracy (and mean partial-credit reward) against training samples and training
+    seconds (evaluation time excluded)."""
 
     side: str  # "meshrl" | "trl"
     phase: str  # "sft" | "rl-own" | "rl-common"
     samples: list[int] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
     accuracy: list[float] = field(default_factory=list)
+    reward: list[float] = field(default_factory=list)  # held-out mean reward of the greedy answers
     extra: dict = field(default_factory=dict)  # held-out loss curve, process wall time, ...
 
-    def add(self, samples: int, seconds: float, accuracy: float) -> None:
+    def add(self, samples: int, seconds: float, accuracy: float, reward: float | None = None) -> None:
         self.samples.append(int(samples))
         self.seconds.append(float(seconds))
         self.accuracy.append(float(accuracy))
+        if reward is not None:
+            self.reward.append(float(reward))
 
     @property
     def gain(self) -> float:

@@ -47,6 +47,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="reuse TRL's curves and weights of an earlier run with the same budget (to compare meshrl settings)",
     )
+    p.add_argument(
+        "--no-common",
+        action="store_true",
+        help="skip meshrl's rl-common run (it has no warm-up, so warm-up settings do not change it)",
+    )
     p.add_argument("--meshrl-set", action="append", default=[], metavar="KEY=VALUE", help="extra meshrl override")
     p.add_argument("--report", metavar="RESULTS_JSON", help="only reprint the table and redraw the PNGs of a run")
     p.add_argument("--out", default="runs/vs_trl", help="work folder (models, data, run folders, results.json)")
@@ -84,7 +89,8 @@ def trl_phases(name: str, b: Budget, work: Path, model: Path, data: Path, reuse:
     return sft, rl, weights
 
 
-def run_task(name: str, b: Budget, out: Path, sets: list[str], reuse: bool) -> list[tuple[str, Curve, Curve]]:
+def run_task(name: str, b: Budget, out: Path, sets: list[str], reuse: bool,
+             common: bool = True) -> list[tuple[str, Curve, Curve]]:  # fmt: skip
     task, work = TASKS[name], out / name
     data = work / "data"
     write_task_data(task, data, b.seed, b.n_train, b.n_eval)
@@ -96,9 +102,14 @@ def run_task(name: str, b: Budget, out: Path, sets: list[str], reuse: bool) -> l
     print(f"[{name}] meshrl warm-up + GRPO", flush=True)
     m_sft, m_rl_own = run_meshrl(task, b, model, data, work, "rl-own", True, sets)
     m_sft.samples.insert(0, 0), m_sft.seconds.insert(0, 0.0), m_sft.accuracy.insert(0, trl_sft_curve.accuracy[0])
-    print(f"[{name}] meshrl GRPO from TRL's SFT weights", flush=True)
-    _, m_rl_common = run_meshrl(task, b, trl_weights, data, work, "rl-common", False, sets)
-    return [("sft", m_sft, trl_sft_curve), ("rl-own", m_rl_own, trl_rl), ("rl-common", m_rl_common, trl_rl)]
+    if m_sft.reward and trl_sft_curve.reward:  # both start from the same initial weights
+        m_sft.reward.insert(0, trl_sft_curve.reward[0])
+    pairs = [("sft", m_sft, trl_sft_curve), ("rl-own", m_rl_own, trl_rl)]
+    if common:
+        print(f"[{name}] meshrl GRPO from TRL's SFT weights", flush=True)
+        _, m_rl_common = run_meshrl(task, b, trl_weights, data, work, "rl-common", False, sets)
+        pairs.append(("rl-common", m_rl_common, trl_rl))
+    return pairs
 
 
 def report(results: dict, png_dir: Path) -> list[tuple[str, str, dict]]:
@@ -126,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"budget: {b.to_dict()}\nmeshrl overrides: {args.meshrl_set or 'none'}", flush=True)
     started, rows, results = time.monotonic(), [], {"budget": b.to_dict(), "meshrl_set": args.meshrl_set}
     for name in args.tasks:
-        pairs = run_task(name, b, out, args.meshrl_set, args.reuse_trl)
+        pairs = run_task(name, b, out, args.meshrl_set, args.reuse_trl, not args.no_common)
         plot(name, pairs, Path(args.png_dir) / f"curves_{name}.png")
         for phase, m, t in pairs:
             r = ratios(m, t)

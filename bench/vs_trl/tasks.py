@@ -1,8 +1,9 @@
-"""The harness's own tasks (not the default example): digit-string reversal and multiplication by one digit.
+"""The harness's own tasks (not the default example): digit-string reversal, digit sorting and multiplication by
+one digit.
 
 Each task writes train / held-out jsonl files in the shape `meshrl run` reads (`prompt`, `answer`, `solution`)
 and has a partial-credit reward `score(prompts, responses, answers) -> list[float]` that both trainers call:
-meshrl as `algorithm.reward` (`bench.vs_trl.tasks:reverse_score`), TRL through `trl_reward`. Held-out
+meshrl as `algorithm.reward` (`bench.vs_trl.tasks:positional_score`), TRL through `trl_reward`. Held-out
 accuracy is the share of greedy responses with reward 1.0. Called by bench/vs_trl/run.py.
 """
 
@@ -31,8 +32,8 @@ def _positional_credit(response: str, answer: str) -> float:
     return max(0.0, (hits - max(0, len(got) - len(answer))) / len(answer))
 
 
-def reverse_score(prompts: Sequence[str], responses: Sequence[str], answers: Sequence[str]) -> list[float]:
-    """Partial credit for reversing a digit string: positional matches (left-aligned)."""
+def positional_score(prompts: Sequence[str], responses: Sequence[str], answers: Sequence[str]) -> list[float]:
+    """Partial credit for a rearranged digit string (reversed, sorted): positional matches (left-aligned)."""
     return [_positional_credit(r, a) for r, a in zip(responses, answers, strict=True)]
 
 
@@ -63,13 +64,19 @@ def _reverse(rng: random.Random) -> tuple[str, str]:
     return f"Reverse {s}", s[::-1]
 
 
+def _sort(rng: random.Random) -> tuple[str, str]:
+    s = _digits(rng, 3, 6)
+    return f"Sort {s}", "".join(sorted(s))
+
+
 def _multiply(rng: random.Random) -> tuple[str, str]:
     a, b = rng.randint(10, 99), rng.randint(2, 9)
     return f"{a}*{b}=", str(a * b)
 
 
 TASKS: dict[str, Task] = {
-    "reverse": Task("reverse", "bench.vs_trl.tasks:reverse_score", reverse_score, _reverse),
+    "reverse": Task("reverse", "bench.vs_trl.tasks:positional_score", positional_score, _reverse),
+    "sort": Task("sort", "bench.vs_trl.tasks:positional_score", positional_score, _sort),
     "multiply": Task("multiply", "bench.vs_trl.tasks:multiply_score", multiply_score, _multiply, max_rows=720),
 }
 

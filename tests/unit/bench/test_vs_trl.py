@@ -10,17 +10,17 @@ import pytest
 from bench.vs_trl.budget import Budget, Curve
 from bench.vs_trl.compare import ratios, table
 from bench.vs_trl.meshrl_side import WORKFLOW, job_config
-from bench.vs_trl.tasks import TASKS, multiply_score, reverse_score, write_task_data
+from bench.vs_trl.tasks import TASKS, multiply_score, positional_score, write_task_data
 from meshrl.scheduler.config import JobConfig
 from meshrl.scheduler.step.rewards import resolve_reward
 from meshrl.scheduler.workflow.loader import load_workflow_file
 
 
 def test_rewards_give_partial_credit_and_full_credit_only_when_exact():
-    assert reverse_score(["p"] * 4, ["321", "3x1", "32", "3211"], ["321"] * 4) == pytest.approx(
+    assert positional_score(["p"] * 4, ["321", "3x1", "32", "3211"], ["321"] * 4) == pytest.approx(
         [1, 2 / 3, 2 / 3, 2 / 3]
     )
-    assert reverse_score(["p"], [""], ["321"]) == [0.0]
+    assert positional_score(["p"], [""], ["321"]) == [0.0]
     got = multiply_score(["p"] * 4, ["1236", "1230", "36", "12a6"], ["1236"] * 4)
     assert got == pytest.approx([1.0, 0.75, 0.5, 0.0])  # right-aligned digits; non-digits score 0
 
@@ -68,3 +68,15 @@ def test_no_time_ratio_when_trl_final_is_its_start():
     flat = curve("trl", [0, 64], [0.0, 5.0], [0.2, 0.1])
     r = ratios(curve("meshrl", [0, 64], [0, 1], [0.2, 0.3]), flat)
     assert r["gain_ratio"] is None and r["time_ratio"] is None
+
+
+def test_reward_gain_ratio_beside_accuracy_and_na_without_rewards():
+    m = curve("meshrl", [0, 64], [0, 1], [0.3, 0.3])
+    t = curve("trl", [0, 64], [0, 2], [0.3, 0.2])
+    m.reward, t.reward = [0.5, 0.7], [0.5, 0.6]
+    r = ratios(m, t)
+    assert r["gain_ratio"] is None  # TRL's accuracy fell
+    assert r["reward_gain_ratio"] == pytest.approx(2.0)  # (0.7-0.5) / (0.6-0.5)
+    assert "+0.200/+0.100=2.00" in table([("sort", "rl-common", r)])
+    t.reward = []
+    assert ratios(m, t)["reward_gain_ratio"] is None
