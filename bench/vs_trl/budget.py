@@ -5,21 +5,21 @@ bench/vs_trl/run.py, meshrl_side.py and trl_side.py.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 
 @dataclass
 class Budget:
-    sft_steps: int = 50  # stopped early on purpose: RL starts from a weak warm start
+    sft_steps: int | None = None  # None: the task's own (Task.sft_steps), stopped early so RL starts mid-range
     sft_batch: int = 32
     sft_lr: float = 3e-3
-    rl_steps: int = 100
+    rl_steps: int = 150
     prompts_per_step: int = 8  # x n samples = 64 samples per RL step (one optimizer step)
     n: int = 8
     rl_lr: float = 1e-3
     max_tokens: int = 10
     sft_eval_every: int = 30
-    rl_eval_every: int = 20
+    rl_eval_every: int = 25
     n_train: int = 4000
     n_eval: int = 128
     seed: int = 0
@@ -34,6 +34,10 @@ class Budget:
     def full(cls) -> Budget:
         """The issue's budget: 2,000 RL steps of 64 samples after the same short warm-up."""
         return cls(rl_steps=2000, rl_eval_every=100, n_eval=256)
+
+    def for_task(self, task_sft_steps: int) -> Budget:
+        """This budget with the task's warm-up length where none was asked for."""
+        return replace(self, sft_steps=self.sft_steps or task_sft_steps)
 
     @property
     def rl_samples_per_step(self) -> int:

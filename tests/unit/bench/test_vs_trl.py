@@ -39,9 +39,11 @@ def test_task_data_is_deterministic_and_held_out(tmp_path):
 
 def test_job_config_validates_and_names_a_resolvable_reward(tmp_path):
     for task in TASKS.values():
-        raw = job_config(task, Budget(), tmp_path / "model", tmp_path / "data", tmp_path / "runs", "t", True)
+        b = Budget().for_task(task.sft_steps)
+        raw = job_config(task, b, tmp_path / "model", tmp_path / "data", tmp_path / "runs", "t", True)
         cfg = JobConfig(**raw)
-        assert cfg.warmup.steps == Budget().sft_steps and cfg.data.prompts_per_step * cfg.rollout.n == 64
+        assert cfg.warmup.steps == task.sft_steps and Budget(sft_steps=7).for_task(task.sft_steps).sft_steps == 7
+        assert cfg.data.prompts_per_step * cfg.rollout.n == 64
         assert resolve_reward(cfg.algorithm.reward, cfg.job.allowed_modules) is not None
     load_workflow_file(WORKFLOW, allowed_modules=["meshrl"])
 
