@@ -37,6 +37,17 @@ def positional_score(prompts: Sequence[str], responses: Sequence[str], answers: 
     return [_positional_credit(r, a) for r, a in zip(responses, answers, strict=True)]
 
 
+def length_score(prompts: Sequence[str], responses: Sequence[str], answers: Sequence[str]) -> list[float]:
+    """`positional_score` less 1/len(answer) for each character missing, as for each extra one: a missing character
+    costs its match and the length penalty, so a policy unsure of the length is not paid to stop short."""
+    out = []
+    for response, answer in zip(responses, answers, strict=True):
+        got = response.strip()
+        short = max(0, len(answer) - len(got))
+        out.append(max(0.0, _positional_credit(got, answer) - short / len(answer)) if got else 0.0)
+    return out
+
+
 def multiply_score(prompts: Sequence[str], responses: Sequence[str], answers: Sequence[str]) -> list[float]:
     """Partial credit for a product: digits matched right-aligned (the units digit is the easiest to get right);
     anything but digits scores 0."""
@@ -80,6 +91,8 @@ TASKS: dict[str, Task] = {
     "reverse": Task("reverse", "bench.vs_trl.tasks:positional_score", positional_score, _reverse, sft_steps=95),
     # 40 / 80 / 110 steps: 0.15 / 0.61 / 0.84
     "sort": Task("sort", "bench.vs_trl.tasks:positional_score", positional_score, _sort, sft_steps=50),
+    # sort with `length_score`: the same data and warm-up
+    "sort_len": Task("sort_len", "bench.vs_trl.tasks:length_score", length_score, _sort, sft_steps=50),
     # 150 / 300 steps: 0.016 / 0.07: no warm-up this budget affords reaches mid-range (not in run.py's default)
     "multiply": Task("multiply", "bench.vs_trl.tasks:multiply_score", multiply_score, _multiply, max_rows=720),
 }

@@ -10,7 +10,7 @@ import pytest
 from bench.vs_trl.budget import Budget, Curve
 from bench.vs_trl.compare import ratios, table
 from bench.vs_trl.meshrl_side import WORKFLOW, job_config
-from bench.vs_trl.tasks import TASKS, multiply_score, positional_score, write_task_data
+from bench.vs_trl.tasks import TASKS, length_score, multiply_score, positional_score, write_task_data
 from meshrl.scheduler.config import JobConfig
 from meshrl.scheduler.step.rewards import resolve_reward
 from meshrl.scheduler.workflow.loader import load_workflow_file
@@ -21,6 +21,8 @@ def test_rewards_give_partial_credit_and_full_credit_only_when_exact():
         [1, 2 / 3, 2 / 3, 2 / 3]
     )
     assert positional_score(["p"], [""], ["321"]) == [0.0]
+    # one short costs its match and the length penalty: "32" scores 1/3, "3211" (one over) 2/3
+    assert length_score(["p"] * 4, ["321", "32", "3211", "3"], ["321"] * 4) == pytest.approx([1, 1 / 3, 2 / 3, 0])
     got = multiply_score(["p"] * 4, ["1236", "1230", "36", "12a6"], ["1236"] * 4)
     assert got == pytest.approx([1.0, 0.75, 0.5, 0.0])  # right-aligned digits; non-digits score 0
 
