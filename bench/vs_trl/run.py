@@ -137,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     b, out = budget_of(args), Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    Path(args.png_dir).mkdir(parents=True, exist_ok=True)
     print(f"budget: {b.to_dict()}\nmeshrl overrides: {args.meshrl_set or 'none'}", flush=True)
     started, rows, results = time.monotonic(), [], {"budget": b.to_dict(), "meshrl_set": args.meshrl_set}
     for name in args.tasks:
