@@ -5,21 +5,21 @@ bench/vs_trl/run.py, meshrl_side.py and trl_side.py.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 
 @dataclass
 class Budget:
-    sft_steps: int = 50  # stopped early on purpose: RL starts from a weak warm start
+    sft_steps: int | None = None  # None: the task's own (Task.sft_steps), stopped early so RL starts mid-range
     sft_batch: int = 32
     sft_lr: float = 3e-3
-    rl_steps: int = 100
+    rl_steps: int = 150
     prompts_per_step: int = 8  # x n samples = 64 samples per RL step (one optimizer step)
     n: int = 8
     rl_lr: float = 1e-3
     max_tokens: int = 10
     sft_eval_every: int = 30
-    rl_eval_every: int = 20
+    rl_eval_every: int = 25
     n_train: int = 4000
     n_eval: int = 128
     seed: int = 0
@@ -35,6 +35,10 @@ class Budget:
         """The issue's budget: 2,000 RL steps of 64 samples after the same short warm-up."""
         return cls(rl_steps=2000, rl_eval_every=100, n_eval=256)
 
+    def for_task(self, task_sft_steps: int) -> Budget:
+        """This budget with the task's warm-up length where none was asked for."""
+        return replace(self, sft_steps=self.sft_steps or task_sft_steps)
+
     @property
     def rl_samples_per_step(self) -> int:
         return self.prompts_per_step * self.n
@@ -45,19 +49,23 @@ class Budget:
 
 @dataclass
 class Curve:
-    """Held-out greedy accuracy against training samples and training seconds (evaluation time excluded)."""
+    """Held-out greedy accuracy (and mean partial-credit reward) against training samples and training
+    seconds (evaluation time excluded)."""
 
     side: str  # "meshrl" | "trl"
     phase: str  # "sft" | "rl-own" | "rl-common"
     samples: list[int] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
     accuracy: list[float] = field(default_factory=list)
+    reward: list[float] = field(default_factory=list)  # held-out mean reward of the greedy answers
     extra: dict = field(default_factory=dict)  # held-out loss curve, process wall time, ...
 
-    def add(self, samples: int, seconds: float, accuracy: float) -> None:
+    def add(self, samples: int, seconds: float, accuracy: float, reward: float | None = None) -> None:
         self.samples.append(int(samples))
         self.seconds.append(float(seconds))
         self.accuracy.append(float(accuracy))
+        if reward is not None:
+            self.reward.append(float(reward))
 
     @property
     def gain(self) -> float:

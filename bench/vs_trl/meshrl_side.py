@@ -58,16 +58,16 @@ def run_meshrl(task: Task, b: Budget, model: Path, data: Path, out: Path, phase:
         subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, check=True)
     wall = time.monotonic() - started
     (run_dir,) = set(run_root.glob(f"{name}*")) - before
-    evals = {r["step"]: r["eval/accuracy"] for r in _read(run_dir / "eval.jsonl")}
+    evals = {r["step"]: (r["eval/accuracy"], r.get("eval/reward_mean")) for r in _read(run_dir / "eval.jsonl")}
     step_seconds = {r["step"]: r["time/step"] for r in _read(run_dir / "metrics.jsonl")}
     sft_points = _read(run_dir / "warmup.jsonl")
     sft = None
     if warmup:
         sft = Curve("meshrl", "sft", extra={"heldout_loss": [(p["samples"], p["heldout_loss"]) for p in sft_points
                                                               if "heldout_loss" in p]})  # fmt: skip
-        sft.add(sft_points[-1]["samples"], sft_points[-1]["seconds"], evals[0])
+        sft.add(sft_points[-1]["samples"], sft_points[-1]["seconds"], *evals[0])
     rl = Curve("meshrl", phase, extra={"process_seconds": wall, "run_dir": str(run_dir),
                                        "seconds_per_step": sorted(step_seconds.values())})  # fmt: skip
     for step in sorted(evals):
-        rl.add(step * b.rl_samples_per_step, sum(v for s, v in step_seconds.items() if s <= step), evals[step])
+        rl.add(step * b.rl_samples_per_step, sum(v for s, v in step_seconds.items() if s <= step), *evals[step])
     return sft, rl

@@ -35,7 +35,7 @@ from meshrl.trainer.model_builder import build_small_model  # noqa: E402
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    p.add_argument("--tasks", nargs="+", default=["reverse", "sort"], choices=list(TASKS))
     p.add_argument("--full", action="store_true", help="the issue's budget (Budget.full)")
     for name in ("sft_steps", "rl_steps", "sft_batch", "prompts_per_step", "n", "n_eval", "rl_eval_every", "seed"):
         p.add_argument(f"--{name.replace('_', '-')}", type=int)
@@ -46,6 +46,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--reuse-trl",
         action="store_true",
         help="reuse TRL's curves and weights of an earlier run with the same budget (to compare meshrl settings)",
+    )
+    p.add_argument(
+        "--no-common",
+        action="store_true",
+        help="skip meshrl's rl-common run (it has no warm-up, so warm-up settings do not change it)",
     )
     p.add_argument("--meshrl-set", action="append", default=[], metavar="KEY=VALUE", help="extra meshrl override")
     p.add_argument("--report", metavar="RESULTS_JSON", help="only reprint the table and redraw the PNGs of a run")
@@ -84,8 +89,12 @@ def trl_phases(name: str, b: Budget, work: Path, model: Path, data: Path, reuse:
     return sft, rl, weights
 
 
-def run_task(name: str, b: Budget, out: Path, sets: list[str], reuse: bool) -> list[tuple[str, Curve, Curve]]:
+def run_task(name: str, b: Budget, out: Path, sets: list[str], reuse: bool,
+             common: bool = True) -> list[tuple[str, Curve, Curve]]:  # fmt: skip
     task, work = TASKS[name], out / name
+    b = b.for_task(task.sft_steps)
+    print(f"[{name}] warm-up {b.sft_steps} steps x {b.sft_batch}, RL {b.rl_steps} steps x {b.rl_samples_per_step}",
+          flush=True)  # fmt: skip
     data = work / "data"
     write_task_data(task, data, b.seed, b.n_train, b.n_eval)
     model = work / "model"
@@ -96,9 +105,14 @@ def run_task(name: str, b: Budget, out: Path, sets: list[str], reuse: bool) -> l
     print(f"[{name}] meshrl warm-up + GRPO", flush=True)
     m_sft, m_rl_own = run_meshrl(task, b, model, data, work, "rl-own", True, sets)
     m_sft.samples.insert(0, 0), m_sft.seconds.insert(0, 0.0), m_sft.accuracy.insert(0, trl_sft_curve.accuracy[0])
-    print(f"[{name}] meshrl GRPO from TRL's SFT weights", flush=True)
-    _, m_rl_common = run_meshrl(task, b, trl_weights, data, work, "rl-common", False, sets)
-    return [("sft", m_sft, trl_sft_curve), ("rl-own", m_rl_own, trl_rl), ("rl-common", m_rl_common, trl_rl)]
+    if m_sft.reward and trl_sft_curve.reward:  # both start from the same initial weights
+        m_sft.reward.insert(0, trl_sft_curve.reward[0])
+    pairs = [("sft", m_sft, trl_sft_curve), ("rl-own", m_rl_own, trl_rl)]
+    if common:
+        print(f"[{name}] meshrl GRPO from TRL's SFT weights", flush=True)
+        _, m_rl_common = run_meshrl(task, b, trl_weights, data, work, "rl-common", False, sets)
+        pairs.append(("rl-common", m_rl_common, trl_rl))
+    return pairs
 
 
 def report(results: dict, png_dir: Path) -> list[tuple[str, str, dict]]:
@@ -123,10 +137,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     b, out = budget_of(args), Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    Path(args.png_dir).mkdir(parents=True, exist_ok=True)
     print(f"budget: {b.to_dict()}\nmeshrl overrides: {args.meshrl_set or 'none'}", flush=True)
     started, rows, results = time.monotonic(), [], {"budget": b.to_dict(), "meshrl_set": args.meshrl_set}
     for name in args.tasks:
-        pairs = run_task(name, b, out, args.meshrl_set, args.reuse_trl)
+        pairs = run_task(name, b, out, args.meshrl_set, args.reuse_trl, not args.no_common)
         plot(name, pairs, Path(args.png_dir) / f"curves_{name}.png")
         for phase, m, t in pairs:
             r = ratios(m, t)

@@ -10,17 +10,19 @@ import pytest
 from bench.vs_trl.budget import Budget, Curve
 from bench.vs_trl.compare import ratios, table
 from bench.vs_trl.meshrl_side import WORKFLOW, job_config
-from bench.vs_trl.tasks import TASKS, multiply_score, reverse_score, write_task_data
+from bench.vs_trl.tasks import TASKS, length_score, multiply_score, positional_score, write_task_data
 from meshrl.scheduler.config import JobConfig
 from meshrl.scheduler.step.rewards import resolve_reward
 from meshrl.scheduler.workflow.loader import load_workflow_file
 
 
 def test_rewards_give_partial_credit_and_full_credit_only_when_exact():
-    assert reverse_score(["p"] * 4, ["321", "3x1", "32", "3211"], ["321"] * 4) == pytest.approx(
+    assert positional_score(["p"] * 4, ["321", "3x1", "32", "3211"], ["321"] * 4) == pytest.approx(
         [1, 2 / 3, 2 / 3, 2 / 3]
     )
-    assert reverse_score(["p"], [""], ["321"]) == [0.0]
+    assert positional_score(["p"], [""], ["321"]) == [0.0]
+    # one short costs its match and the length penalty: "32" scores 1/3, "3211" (one over) 2/3
+    assert length_score(["p"] * 4, ["321", "32", "3211", "3"], ["321"] * 4) == pytest.approx([1, 1 / 3, 2 / 3, 0])
     got = multiply_score(["p"] * 4, ["1236", "1230", "36", "12a6"], ["1236"] * 4)
     assert got == pytest.approx([1.0, 0.75, 0.5, 0.0])  # right-aligned digits; non-digits score 0
 
@@ -39,9 +41,11 @@ def test_task_data_is_deterministic_and_held_out(tmp_path):
 
 def test_job_config_validates_and_names_a_resolvable_reward(tmp_path):
     for task in TASKS.values():
-        raw = job_config(task, Budget(), tmp_path / "model", tmp_path / "data", tmp_path / "runs", "t", True)
+        b = Budget().for_task(task.sft_steps)
+        raw = job_config(task, b, tmp_path / "model", tmp_path / "data", tmp_path / "runs", "t", True)
         cfg = JobConfig(**raw)
-        assert cfg.warmup.steps == Budget().sft_steps and cfg.data.prompts_per_step * cfg.rollout.n == 64
+        assert cfg.warmup.steps == task.sft_steps and Budget(sft_steps=7).for_task(task.sft_steps).sft_steps == 7
+        assert cfg.data.prompts_per_step * cfg.rollout.n == 64
         assert resolve_reward(cfg.algorithm.reward, cfg.job.allowed_modules) is not None
     load_workflow_file(WORKFLOW, allowed_modules=["meshrl"])
 
@@ -68,3 +72,15 @@ def test_no_time_ratio_when_trl_final_is_its_start():
     flat = curve("trl", [0, 64], [0.0, 5.0], [0.2, 0.1])
     r = ratios(curve("meshrl", [0, 64], [0, 1], [0.2, 0.3]), flat)
     assert r["gain_ratio"] is None and r["time_ratio"] is None
+
+
+def test_reward_gain_ratio_beside_accuracy_and_na_without_rewards():
+    m = curve("meshrl", [0, 64], [0, 1], [0.3, 0.3])
+    t = curve("trl", [0, 64], [0, 2], [0.3, 0.2])
+    m.reward, t.reward = [0.5, 0.7], [0.5, 0.6]
+    r = ratios(m, t)
+    assert r["gain_ratio"] is None  # TRL's accuracy fell
+    assert r["reward_gain_ratio"] == pytest.approx(2.0)  # (0.7-0.5) / (0.6-0.5)
+    assert "+0.200/+0.100=2.00" in table([("sort", "rl-common", r)])
+    t.reward = []
+    assert ratios(m, t)["reward_gain_ratio"] is None
