@@ -116,7 +116,12 @@ def test_each_step_is_one_trace_across_every_service(tiny_task, tmp_path):
         ]  # a too-large unary try reads nothing and is retried streamed
         assert reads and {s.attributes[A.BUFFER_KEY] for s in reads} <= set(written), "read a key not written"
         assert all(0 < s.attributes[A.BYTES] <= written[s.attributes[A.BUFFER_KEY]] for s in reads)
-        readers = {t.by_id[s.parent_span_id].lane for s in reads}  # the client span runs in the reader
+        many = [s for s in t.server(DATA_BUFFER, "GetSmallBatches") if s.attributes.get(A.BYTES)]
+        for s in many:  # several small batches in one call: each key named, at most their written bytes in all
+            keys = list(s.attributes[A.BUFFER_KEYS])
+            assert keys and set(keys) <= set(written), f"read keys not written: {keys}"
+            assert s.attributes[A.BYTES] <= sum(written[k] for k in keys)
+        readers = {t.by_id[s.parent_span_id].lane for s in reads + many}  # the client span runs in the reader
         assert {"scheduler", "trainer/trainer", *(f"rollout/{r}" for r in replicas)} <= readers, readers
 
         # Generation: one GenerateBatch per replica, under the rollout node, serving step N's weights

@@ -94,7 +94,7 @@ class DataBufferServicer:
         if request.limit_bytes < 0:
             raise InvalidArgument(f"limit_bytes = {request.limit_bytes} must be >= 0", field="limit_bytes")
         left = min(request.limit_bytes or self.frame_bytes, self.frame_bytes)
-        replies, sent = [], 0
+        replies, sent, keys = [], 0, []
         for get in request.gets:
             stored = self._open(get, context, limit=left, tag=False)
             if stored.chunks is None:
@@ -103,8 +103,9 @@ class DataBufferServicer:
             payload = b"".join(stored.chunks)
             left -= len(payload)
             sent += len(payload)
+            keys.append(str(stored.ref))
             replies.append(pb.GetSmallBatchResponse(header=stored.header, payload=payload))
-        tag_span({A.BUFFER_KEY: f"{len(replies)} batches", A.BYTES: sent})
+        tag_span({A.BUFFER_KEYS: keys, A.BYTES: sent})
         return pb.GetSmallBatchesResponse(batches=replies)
 
     def _open(

@@ -15,6 +15,7 @@ NODE_ROLE = "meshrl.node_role"  # str: actor, reference, critic, ...
 REPLICA = "meshrl.replica"  # str: rollout engine replica id
 BYTES = "meshrl.bytes"  # int: payload bytes read or written (data buffer, weights)
 BUFFER_KEY = "meshrl.buffer.key"  # str: data-buffer key (job/step/node)
+BUFFER_KEYS = "meshrl.buffer.keys"  # list[str]: the keys one GetSmallBatches call sent (BYTES: their sum)
 REQUESTS = "meshrl.requests"  # int: generation requests in a call
 TOKENS = "meshrl.tokens"  # int: tokens generated or processed
 MICRO_BATCHES = "meshrl.micro_batches"  # int
