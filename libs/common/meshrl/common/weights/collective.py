@@ -19,7 +19,6 @@ one), and the sender's error names the members that stopped answering.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -27,8 +26,9 @@ import torch.distributed as dist
 from meshrl.api.common.v1 import weights_pb2
 from meshrl.common.errors import Aborted, DataLoss, DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
 
-from .buckets import DEFAULT_BUCKET_BYTES, Export, as_buckets, bucket_specs
+from .buckets import Export, as_buckets, bucket_specs
 from .errors import MembersUnresponsive, UpdateOutcome, UpdateRefused
+from .group_options import LAYOUTS, WeightGroupOptions
 from .group_plan import GroupSpec
 from .rendezvous import Rendezvous
 from .sink import CallbackSink, WeightSink
@@ -36,7 +36,6 @@ from .transport import Backend, CollectiveFailed, Deadline, device_for
 from .wire import (
     ABORT,
     BUCKET,
-    DEFAULT_COALESCE_BYTES,
     END,
     FAILED,
     FLAT_THRESHOLD,
@@ -45,49 +44,6 @@ from .wire import (
     encode_header,
     fit_targets,
 )
-
-LAYOUTS = ("flat", "per_tensor")
-
-
-@dataclass(frozen=True)
-class WeightGroupOptions:
-    """bucket_bytes: bucket size of `send` (512 MiB default, as slime).
-    layout: "per_tensor" broadcasts each tensor of at least `coalesce_bytes` straight from the
-        sender's memory into the receiver's parameter (no copies) and the smaller ones packed in
-        one buffer per bucket; "flat" packs the whole bucket into one buffer (one broadcast per
-        bucket, two copies). Receivers follow whatever layout the sender uses.
-    init_timeout_s / op_timeout_s / ack_timeout_s: deadlines of joining, of each bucket's
-        metadata and data, and of the receivers' confirmation; None = the group's timeout_s.
-    grace_s: after a failed step, how long the sender watches heartbeats to name the culprits.
-    local_address: address this member's gloo transport binds (None: loopback when the master
-        is loopback, else GLOO_SOCKET_IFNAME or the host name's address).
-    keep_buffers: keep the packing/staging buffers between updates (first use of fresh memory
-        is slow; a long-lived group should keep them).
-    """
-
-    bucket_bytes: int = DEFAULT_BUCKET_BYTES
-    layout: str = "per_tensor"
-    coalesce_bytes: int = DEFAULT_COALESCE_BYTES
-    init_timeout_s: float | None = None
-    op_timeout_s: float | None = None
-    ack_timeout_s: float | None = None
-    grace_s: float = 1.5
-    local_address: str | None = None
-    keep_buffers: bool = True
-
-    def __post_init__(self) -> None:
-        if self.layout not in LAYOUTS:
-            raise InvalidArgument(f"weight group layout {self.layout!r} is not one of {sorted(LAYOUTS)}")
-        if self.bucket_bytes <= 0:
-            raise InvalidArgument(f"bucket_bytes must be positive, got {self.bucket_bytes}")
-        if self.coalesce_bytes < 0:
-            raise InvalidArgument(
-                f"coalesce_bytes must be >= 0 (0 sends every tensor on its own), got {self.coalesce_bytes}"
-            )
-        for name in ("init_timeout_s", "op_timeout_s", "ack_timeout_s"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise InvalidArgument(f"{name} must be > 0 seconds (or None for the group's timeout), got {value}")
 
 
 class WeightGroup:

@@ -1,0 +1,55 @@
+"""The options of one member of a weight-update group (meshrl.common.weights.collective): bucket size,
+layout, coalescing threshold, deadlines, grace period, bind address, buffer reuse; checked when made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshrl.common.errors import InvalidArgument
+
+from .buckets import DEFAULT_BUCKET_BYTES
+from .wire import DEFAULT_COALESCE_BYTES
+
+LAYOUTS = ("flat", "per_tensor")
+
+
+@dataclass(frozen=True)
+class WeightGroupOptions:
+    """bucket_bytes: bucket size of `send` (512 MiB default, as slime).
+    layout: "per_tensor" broadcasts each tensor of at least `coalesce_bytes` straight from the
+        sender's memory into the receiver's parameter (no copies) and the smaller ones packed in
+        one buffer per bucket; "flat" packs the whole bucket into one buffer (one broadcast per
+        bucket, two copies). Receivers follow whatever layout the sender uses.
+    init_timeout_s / op_timeout_s / ack_timeout_s: deadlines of joining, of each bucket's
+        metadata and data, and of the receivers' confirmation; None = the group's timeout_s.
+    grace_s: after a failed step, how long the sender watches heartbeats to name the culprits.
+    local_address: address this member's gloo transport binds (None: loopback when the master
+        is loopback, else GLOO_SOCKET_IFNAME or the host name's address).
+    keep_buffers: keep the packing/staging buffers between updates (first use of fresh memory
+        is slow; a long-lived group should keep them).
+    """
+
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    layout: str = "per_tensor"
+    coalesce_bytes: int = DEFAULT_COALESCE_BYTES
+    init_timeout_s: float | None = None
+    op_timeout_s: float | None = None
+    ack_timeout_s: float | None = None
+    grace_s: float = 1.5
+    local_address: str | None = None
+    keep_buffers: bool = True
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise InvalidArgument(f"weight group layout {self.layout!r} is not one of {sorted(LAYOUTS)}")
+        if self.bucket_bytes <= 0:
+            raise InvalidArgument(f"bucket_bytes must be positive, got {self.bucket_bytes}")
+        if self.coalesce_bytes < 0:
+            raise InvalidArgument(
+                f"coalesce_bytes must be >= 0 (0 sends every tensor on its own), got {self.coalesce_bytes}"
+            )
+        for name in ("init_timeout_s", "op_timeout_s", "ack_timeout_s"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise InvalidArgument(f"{name} must be > 0 seconds (or None for the group's timeout), got {value}")
