@@ -79,3 +79,16 @@ def test_unknown_or_mismatched_algorithm_is_a_clear_error(tmp_path):
 def test_hashers_refuse_an_unknown_algorithm():
     with pytest.raises(InvalidArgument, match="'crc32' is unknown"):
         TensorHashers([], "crc32")
+
+
+def test_versions_are_not_fsynced_unless_asked(tmp_path, monkeypatch):
+    synced: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd)))
+    disk = write_version(str(tmp_path), 1, make_tensors(1), bucket_bytes=4096, extra_files={"config.json": b"{}"})
+    assert synced == []  # the default: the rename makes it whole to readers, digests catch a torn one
+    write_version(str(tmp_path), 2, make_tensors(2), bucket_bytes=4096, extra_files={"config.json": b"{}"}, fsync=True)
+    shards = [f for f in os.listdir(tmp_path / "v000002") if f.endswith(".safetensors")]
+    assert len(synced) >= len(shards) + 4  # every shard, config.json, manifest, the folder and the root
+    params = zeros_like(make_tensors(1))
+    assert load_version(params, disk, current_version=0) == 1 and equal(params, make_tensors(1))

@@ -3,12 +3,17 @@
 The trainer calls `write_version` after each update; a replica calls `stage_to_local` (optional,
 while it still generates) and then `read_version` + `apply.apply_to_state` (or `load_version`).
 
-Each bucket's file is written and hashed in one pass (safetensors_io.py), WRITERS buckets at once;
-each file is fsynced as soon as its bytes are written, while its hashes are still being computed,
-then the manifest and the folder.
+Each bucket's file is written and hashed in one pass (safetensors_io.py), WRITERS buckets at once.
+A version is not fsynced by default: it is derived state (the trainer re-publishes it from its
+checkpoint after a crash, overwriting), the rename alone makes it appear whole to every reader
+while the host is up, and a replica verifies every tensor's digest before it copies anything, so
+a version torn by a host crash is refused (DataLoss), never served. Waiting for the disk cost
+~2 s per GiB here, more than the rest of the publication. With fsync=True each file is fsynced
+as soon as its bytes are written (while its hashes are still computed), then the manifest and
+the folder, all before the rename.
 Delta versions (`<root>/d000008/`) are written by delta.py through `publish_folder`.
 
-Layout of `<root>/v000007/` (created as `<root>/.tmp-v000007-*`, fsynced, then renamed):
+Layout of `<root>/v000007/` (created as `<root>/.tmp-v000007-*`, fsynced if asked, then renamed):
     model.safetensors | model-0000i-of-0000n.safetensors   one file per bucket (HF shards)
     model.safetensors.index.json                           HF weight map (several shards only)
     <extra files>                                          e.g. config.json
@@ -97,7 +102,7 @@ def write_version(
     *,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     extra_files: Mapping[str, bytes] | None = None,
-    fsync: bool = True,
+    fsync: bool = False,
     overwrite: bool = False,
     digest: str = DEFAULT_DIGEST,
 ) -> weights_pb2.DiskWeights:
@@ -108,7 +113,8 @@ def write_version(
     keep_last: versions to keep after publishing (0 keeps all).
     extra_files: name -> bytes written beside the weights (config.json for engines that reload a
         model folder), checksummed in the manifest.
-    fsync: make the files durable before the rename (turn off only for throwaway folders).
+    fsync: make the files durable before the rename (a folder that must outlive a host crash
+        as it is, e.g. a final model; see the module docstring for why updates need not).
     digest: the per-tensor integrity digest the manifest names ("xxh3_128", or "sha256" for
         replicas running a meshrl from before the choice).
     Raises InvalidArgument for a version older than the newest published one, a duplicate or
