@@ -114,8 +114,10 @@ def bench_disk(size: str, dtype: torch.dtype, reps: int, workdir: str, bucket_by
 
 
 # -------------------------------------------------------------------------------------- distributed
-def _member(rank: int, size: str, dtype_name: str, reps: int, ports: tuple[int, int], bucket_bytes: int, coalesce: int,
-            out) -> None:  # fmt: skip
+def _member(rank: int, size: str, dtype_name: str, reps: int, ports: tuple[int, int], bucket_bytes: int,
+            coalesce: list[int], out) -> None:  # fmt: skip
+    import dataclasses
+
     from meshrl.common.weights import GroupPlan, InPlaceSink, WeightGroup, WeightGroupOptions
 
     torch.set_num_threads(1)
@@ -124,13 +126,13 @@ def _member(rank: int, size: str, dtype_name: str, reps: int, ports: tuple[int, 
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2)  # the raw baseline's group
     plan = GroupPlan.build([("r", 1)], "127.0.0.1", ports[1], "bench", "gloo", 300.0)
     group = WeightGroup.join(plan.sender if rank == 0 else plan.replica_spec("r"),
-                             options=WeightGroupOptions(bucket_bytes=bucket_bytes, coalesce_bytes=coalesce))  # fmt: skip
+                             options=WeightGroupOptions(bucket_bytes=bucket_bytes, coalesce_bytes=coalesce[0]))  # fmt: skip
     tensors = model_tensors(size, dtype)
     total = nbytes(tensors)
     flat = torch.ones(total, dtype=torch.uint8) if rank == 0 else torch.zeros(total, dtype=torch.uint8)
     params = {n: torch.zeros_like(t) for n, t in tensors} if rank else {}
     sink = InPlaceSink(params, 0) if rank else None
-    times: dict[str, list[float]] = {"raw": [], "flat": [], "per_tensor": []}
+    times: dict[str, list[float]] = {"raw": [], "flat": [], **{f"per_tensor@{c}": [] for c in coalesce}}
     version = 0
     for rep in range(reps + 1):  # the first round warms buffers and connections up
         for kind in times:
@@ -140,7 +142,10 @@ def _member(rank: int, size: str, dtype_name: str, reps: int, ports: tuple[int, 
                 dist.broadcast(flat, src=0)
             elif rank == 0:
                 version += 1
-                group.send(tensors, version, layout_name=kind)
+                layout, _, threshold = kind.partition("@")
+                if threshold:  # the sender's choice rides in each bucket's header; receivers follow it
+                    group.options = dataclasses.replace(group.options, coalesce_bytes=int(threshold))
+                group.send(tensors, version, layout_name=layout)
             else:
                 version = group.receive(sink, timeout=300)
             if rep:
@@ -154,7 +159,7 @@ def _member(rank: int, size: str, dtype_name: str, reps: int, ports: tuple[int, 
 
 
 def bench_distributed(
-    size: str, dtype_name: str, reps: int, bucket_bytes: int, coalesce: int
+    size: str, dtype_name: str, reps: int, bucket_bytes: int, coalesce: list[int]
 ) -> dict[str, list[float]]:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
@@ -180,8 +185,9 @@ def main() -> None:
     parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="dtype of every tensor")
     parser.add_argument("--reps", type=int, default=3, help="timed repetitions per measurement (median)")
     parser.add_argument("--bucket-mb", type=int, default=512, help="bucket size of both transports, MiB")
-    parser.add_argument("--coalesce-kb", type=int, default=DEFAULT_COALESCE_BYTES // 1024,
-                        help="per-tensor layout: tensors below this many KiB travel packed in one buffer")  # fmt: skip
+    parser.add_argument("--coalesce-kb", default=str(DEFAULT_COALESCE_BYTES // 1024),
+                        help="per-tensor layout: tensors below this many KiB travel packed in one buffer; "
+                        "several, comma-separated, are measured side by side")  # fmt: skip
     parser.add_argument("--workdir", default=None, help="folder for the disk runs (default: a temp folder)")
     parser.add_argument("--skip", choices=["disk", "distributed", "delta"], action="append", default=[],
                         help="leave a section out (repeatable)")  # fmt: skip
@@ -193,6 +199,7 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown sizes {unknown}; choose from {list(SHAPES)}")
     bucket = args.bucket_mb * 1024**2
+    coalesce = [int(x) * 1024 for x in args.coalesce_kb.split(",") if x.strip()]
     workdir = args.workdir or tempfile.mkdtemp(prefix="meshrl-bench-weights-")
     rows = []
     try:
@@ -203,7 +210,7 @@ def main() -> None:
                 row["disk"] = bench_disk(size, DTYPES[args.dtype], args.reps, workdir, bucket)
             gc.collect()
             if "distributed" not in args.skip:
-                row["dist"] = bench_distributed(size, args.dtype, args.reps, bucket, args.coalesce_kb * 1024)
+                row["dist"] = bench_distributed(size, args.dtype, args.reps, bucket, coalesce)
             rows.append(row)
             print(f"measured {size}", file=sys.stderr, flush=True)
         if "delta" not in args.skip:
@@ -246,12 +253,14 @@ def _print(rows: list[dict], args) -> None:
                   f"| {_cell(d, 'raw_in'):>12}  {_ratio(d, 'ours', 'raw_in'):<11} | {_cell(d, 'synced'):>6}  "
                   f"{_ratio(d, 'synced')}")  # fmt: skip
     if "distributed" not in args.skip:
-        print("\nDIST    size      params      MiB | raw broadcast | ours per-tensor  ratio       | ours flat  ratio")
+        kinds = [k for k in rows[0]["dist"] if k.startswith("per_tensor@")] if rows else []
+        heads = "".join(f" | per-tensor <{int(k.split('@')[1]) // 1024} KiB packed  ratio " for k in kinds)
+        print(f"\nDIST    size      params      MiB | raw broadcast{heads} | ours flat  ratio")
         for r in rows:
             d = r["dist"]
-            print(f"       {r['size']:>5} {r['params']:>11,} {r['bytes'] / 2**20:>8.0f} | {_cell(d, 'raw'):>13} | "
-                  f"{_cell(d, 'per_tensor'):>15}  {_ratio(d, 'per_tensor'):<11} | {_cell(d, 'flat'):>9}  "
-                  f"{_ratio(d, 'flat')}")  # fmt: skip
+            cells = "".join(f" | {_cell(d, k):>23}  {_ratio(d, k):<11}" for k in kinds)
+            print(f"       {r['size']:>5} {r['params']:>11,} {r['bytes'] / 2**20:>8.0f} | {_cell(d, 'raw'):>13}{cells} | "
+                  f"{_cell(d, 'flat'):>9}  {_ratio(d, 'flat')}")  # fmt: skip
     print(
         "\ntargets: disk <= 1.5, distributed <= 1.25. meshrl also hashes every tensor, verifies before it copies into "
         "the live parameters, and confirms each update; raw does none of that."
