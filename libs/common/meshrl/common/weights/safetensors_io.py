@@ -7,7 +7,9 @@ the tensor's memory (no serialised copy), and hashed on worker threads while the
 `read_file` hands back views of one new buffer per file, hashing each chunk while the next one
 is read; `verify_file` + `copy_file_into` check a file and then copy it into existing
 parameters, both straight from a mapping of the file (the page cache: no read copy, and the
-second pass finds the bytes the first one brought in).
+second pass finds the bytes the first one brought in). Versions are only ever replaced by rename
+and removed by unlink, which a mapping survives; a file truncated in place while mapped would
+fault the reader (SIGBUS), so nothing may rewrite a published file in place.
 """
 
 from __future__ import annotations
