@@ -4,9 +4,10 @@ Used by `safetensors_io.py` when writing (one job per tensor) and when verifying
 of a mapped file), and by `manifest.py` to check the algorithm a manifest names. Each tensor
 belongs to one worker, so its bytes are hashed in order while different tensors are hashed on
 different cores. sha256 is what every manifest carried before the choice existed (and what a
-manifest without a "digest" field means); xxh3-128 is ~4x faster and guards against torn or
-altered files as well (it is not a cryptographic hash: trust in the folder comes from the
-manifest's own sha256, announced by the trainer).
+manifest without a "digest" field means); xxh3-128 is ~4x faster here and catches torn or
+corrupted files as well, but it is not cryptographic: a file altered on purpose could be made
+to match it (publish with sha256 where that is the threat; the manifest itself is always checked
+against the sha256 the trainer announced).
 """
 
 from __future__ import annotations
