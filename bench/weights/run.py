@@ -3,11 +3,13 @@
     .venv/bin/python bench/weights/run.py                      # ~10M, ~100M, ~500M parameters, bf16
     .venv/bin/python bench/weights/run.py --sizes 10M --reps 2 # quick run
 
-disk:        write_version + load_version (atomic folder, fsync, sha256 per tensor written and
-             verified before anything is copied, then read straight into the live parameters)
-             vs. safetensors save_file + load_file of the same tensors (the target's ratio; load_file
-             maps the file lazily and touches no byte), and also vs. save_file + load_file + a copy
-             into the replica's parameters, which a replica must do too ("raw +copy in").
+disk:        write_version + load_version (atomic folder, an xxh3-128 digest per tensor written and
+             verified before anything is copied, then copied from the file's mapping into the live
+             parameters) vs. safetensors save_file + load_file of the same tensors (the target's
+             ratio; load_file maps the file lazily and touches no byte), and also vs. save_file +
+             load_file + a copy into the replica's parameters, which a replica must do too ("raw
+             +copy in"). "+fsync": write_version(fsync=True) + load_version, what durability costs
+             (neither raw side fsyncs); "write" and "load" split the default run.
 distributed: WeightGroup.send -> receive into live parameters (metadata, buckets, confirmation),
              flat and per-tensor layouts, vs. one torch.distributed.broadcast of a flat tensor of the
              same bytes on the default group, between 2 processes over gloo on this host.
@@ -15,7 +17,8 @@ delta:       after one AdamW step of a real model (bf16 export), a delta version
              bytes, publication time, and the pause (apply) apart from the transfer (delta_bench.py).
 Raw and meshrl alternate within each repetition; the table shows medians and, in brackets, the
 ratio of the best runs (the machine is shared, so both are noisy). The distributed runs first
-warm up once. Ratios > 1 mean slower than raw; the target is <= 1.25. Nothing here asserts timings.
+warm up once. Ratios > 1 mean slower than raw; targets: disk <= 1.5, distributed <= 1.25.
+Nothing here asserts timings.
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ def bench_disk(size: str, dtype: torch.dtype, reps: int, workdir: str, bucket_by
     tensors = model_tensors(size, dtype)
     params = {n: torch.zeros_like(t) for n, t in tensors}  # the replica's live model
     raw_params = {n: torch.zeros_like(t) for n, t in tensors}  # the raw side's, as warm as ours
-    raw, raw_in, ours, write, load = [], [], [], [], []
+    raw, raw_in, ours, write, load, synced = [], [], [], [], [], []
     for rep in range(reps):
         root = os.path.join(workdir, f"disk-{size}")
         path = os.path.join(workdir, f"raw-{size}.safetensors")
@@ -100,13 +103,21 @@ def bench_disk(size: str, dtype: torch.dtype, reps: int, workdir: str, bucket_by
         load.append(t2 - t1)
         shutil.rmtree(root)  # deleting is outside the timing for both
         gc.collect()
+        t0 = time.perf_counter()
+        disk = write_version(root, rep + 1, tensors, keep_last=0, bucket_bytes=bucket_bytes, fsync=True)
+        load_version(params, disk, current_version=rep)
+        synced.append(time.perf_counter() - t0)
+        shutil.rmtree(root)
+        gc.collect()
     assert all(torch.equal(params[n], t) for n, t in tensors), "disk publication was not bit-exact"
-    return {"raw": raw, "raw_in": raw_in, "ours": ours, "write": write, "load": load}
+    return {"raw": raw, "raw_in": raw_in, "ours": ours, "write": write, "load": load, "synced": synced}
 
 
 # -------------------------------------------------------------------------------------- distributed
-def _member(rank: int, size: str, dtype_name: str, reps: int, ports: tuple[int, int], bucket_bytes: int, coalesce: int,
-            out) -> None:  # fmt: skip
+def _member(rank: int, size: str, dtype_name: str, reps: int, ports: tuple[int, int], bucket_bytes: int,
+            coalesce: list[int], out) -> None:  # fmt: skip
+    import dataclasses
+
     from meshrl.common.weights import GroupPlan, InPlaceSink, WeightGroup, WeightGroupOptions
 
     torch.set_num_threads(1)
@@ -115,13 +126,13 @@ def _member(rank: int, size: str, dtype_name: str, reps: int, ports: tuple[int, 
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2)  # the raw baseline's group
     plan = GroupPlan.build([("r", 1)], "127.0.0.1", ports[1], "bench", "gloo", 300.0)
     group = WeightGroup.join(plan.sender if rank == 0 else plan.replica_spec("r"),
-                             options=WeightGroupOptions(bucket_bytes=bucket_bytes, coalesce_bytes=coalesce))  # fmt: skip
+                             options=WeightGroupOptions(bucket_bytes=bucket_bytes, coalesce_bytes=coalesce[0]))  # fmt: skip
     tensors = model_tensors(size, dtype)
     total = nbytes(tensors)
     flat = torch.ones(total, dtype=torch.uint8) if rank == 0 else torch.zeros(total, dtype=torch.uint8)
     params = {n: torch.zeros_like(t) for n, t in tensors} if rank else {}
     sink = InPlaceSink(params, 0) if rank else None
-    times: dict[str, list[float]] = {"raw": [], "flat": [], "per_tensor": []}
+    times: dict[str, list[float]] = {"raw": [], "flat": [], **{f"per_tensor@{c}": [] for c in coalesce}}
     version = 0
     for rep in range(reps + 1):  # the first round warms buffers and connections up
         for kind in times:
@@ -131,7 +142,10 @@ def _member(rank: int, size: str, dtype_name: str, reps: int, ports: tuple[int, 
                 dist.broadcast(flat, src=0)
             elif rank == 0:
                 version += 1
-                group.send(tensors, version, layout_name=kind)
+                layout, _, threshold = kind.partition("@")
+                if threshold:  # the sender's choice rides in each bucket's header; receivers follow it
+                    group.options = dataclasses.replace(group.options, coalesce_bytes=int(threshold))
+                group.send(tensors, version, layout_name=layout)
             else:
                 version = group.receive(sink, timeout=300)
             if rep:
@@ -145,7 +159,7 @@ def _member(rank: int, size: str, dtype_name: str, reps: int, ports: tuple[int, 
 
 
 def bench_distributed(
-    size: str, dtype_name: str, reps: int, bucket_bytes: int, coalesce: int
+    size: str, dtype_name: str, reps: int, bucket_bytes: int, coalesce: list[int]
 ) -> dict[str, list[float]]:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
@@ -171,8 +185,9 @@ def main() -> None:
     parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="dtype of every tensor")
     parser.add_argument("--reps", type=int, default=3, help="timed repetitions per measurement (median)")
     parser.add_argument("--bucket-mb", type=int, default=512, help="bucket size of both transports, MiB")
-    parser.add_argument("--coalesce-kb", type=int, default=DEFAULT_COALESCE_BYTES // 1024,
-                        help="per-tensor layout: tensors below this many KiB travel packed in one buffer")  # fmt: skip
+    parser.add_argument("--coalesce-kb", default=str(DEFAULT_COALESCE_BYTES // 1024),
+                        help="per-tensor layout: tensors below this many KiB travel packed in one buffer; "
+                        "several, comma-separated, are measured side by side")  # fmt: skip
     parser.add_argument("--workdir", default=None, help="folder for the disk runs (default: a temp folder)")
     parser.add_argument("--skip", choices=["disk", "distributed", "delta"], action="append", default=[],
                         help="leave a section out (repeatable)")  # fmt: skip
@@ -184,6 +199,7 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown sizes {unknown}; choose from {list(SHAPES)}")
     bucket = args.bucket_mb * 1024**2
+    coalesce = [int(x) * 1024 for x in args.coalesce_kb.split(",") if x.strip()]
     workdir = args.workdir or tempfile.mkdtemp(prefix="meshrl-bench-weights-")
     rows = []
     try:
@@ -194,7 +210,7 @@ def main() -> None:
                 row["disk"] = bench_disk(size, DTYPES[args.dtype], args.reps, workdir, bucket)
             gc.collect()
             if "distributed" not in args.skip:
-                row["dist"] = bench_distributed(size, args.dtype, args.reps, bucket, args.coalesce_kb * 1024)
+                row["dist"] = bench_distributed(size, args.dtype, args.reps, bucket, coalesce)
             rows.append(row)
             print(f"measured {size}", file=sys.stderr, flush=True)
         if "delta" not in args.skip:
@@ -229,22 +245,25 @@ def _print(rows: list[dict], args) -> None:
           f"{args.reps} reps: median seconds, ratio to raw as median (best)")  # fmt: skip
     if "disk" not in args.skip:
         print("\nDISK    size      params      MiB | raw save+load | ours write+load   ratio       | write   load "
-              "| raw +copy in  ours / that")  # fmt: skip
+              "| raw +copy in  ours / that   | +fsync  / raw")  # fmt: skip
         for r in rows:
             d = r["disk"]
             print(f"       {r['size']:>5} {r['params']:>11,} {r['bytes'] / 2**20:>8.0f} | {_cell(d, 'raw'):>13} | "
                   f"{_cell(d, 'ours'):>15}   {_ratio(d, 'ours'):<11} | {_cell(d, 'write')}  {_cell(d, 'load')} "
-                  f"| {_cell(d, 'raw_in'):>12}  {_ratio(d, 'ours', 'raw_in')}")  # fmt: skip
+                  f"| {_cell(d, 'raw_in'):>12}  {_ratio(d, 'ours', 'raw_in'):<11} | {_cell(d, 'synced'):>6}  "
+                  f"{_ratio(d, 'synced')}")  # fmt: skip
     if "distributed" not in args.skip:
-        print("\nDIST    size      params      MiB | raw broadcast | ours per-tensor  ratio       | ours flat  ratio")
+        kinds = [k for k in rows[0]["dist"] if k.startswith("per_tensor@")] if rows else []
+        heads = "".join(f" | per-tensor <{int(k.split('@')[1]) // 1024} KiB packed  ratio " for k in kinds)
+        print(f"\nDIST    size      params      MiB | raw broadcast{heads} | ours flat  ratio")
         for r in rows:
             d = r["dist"]
-            print(f"       {r['size']:>5} {r['params']:>11,} {r['bytes'] / 2**20:>8.0f} | {_cell(d, 'raw'):>13} | "
-                  f"{_cell(d, 'per_tensor'):>15}  {_ratio(d, 'per_tensor'):<11} | {_cell(d, 'flat'):>9}  "
-                  f"{_ratio(d, 'flat')}")  # fmt: skip
+            cells = "".join(f" | {_cell(d, k):>23}  {_ratio(d, k):<11}" for k in kinds)
+            print(f"       {r['size']:>5} {r['params']:>11,} {r['bytes'] / 2**20:>8.0f} | {_cell(d, 'raw'):>13}{cells} | "
+                  f"{_cell(d, 'flat'):>9}  {_ratio(d, 'flat')}")  # fmt: skip
     print(
-        "\ntarget: ratio <= 1.25. meshrl also fsyncs, hashes every tensor, verifies before it copies into the live "
-        "parameters, and confirms each update; raw does none of that."
+        "\ntargets: disk <= 1.5, distributed <= 1.25. meshrl also hashes every tensor, verifies before it copies into "
+        "the live parameters, and confirms each update; raw does none of that."
     )
 
 

@@ -10,6 +10,7 @@ from meshrl.api.common.v1 import weights_pb2
 from meshrl.common.errors import InvalidArgument
 from meshrl.common.weights import GroupPlan, GroupSpec, WeightGroupOptions, iter_buckets
 from meshrl.common.weights.buckets import ALIGN, bucket_specs, layout, pack, unpack
+from meshrl.common.weights.wire import BucketLayout
 
 
 def test_buckets_respect_the_size_and_keep_order():
@@ -75,3 +76,10 @@ def test_bad_options_are_refused():
         WeightGroupOptions(layout="zigzag")
     with pytest.raises(InvalidArgument):
         WeightGroupOptions(op_timeout_s=-1)
+
+
+def test_by_default_only_tensors_under_256_kib_travel_packed():
+    bucket = [(f"t{kib}", torch.zeros(kib * 512, dtype=torch.bfloat16)) for kib in (4, 128, 255, 256, 512, 4096)]
+    lay = BucketLayout.of(bucket_specs(bucket), WeightGroupOptions().coalesce_bytes)
+    assert [bucket[i][0] for i in lay.packed] == ["t4", "t128", "t255"]  # norms and small matrices: one buffer
+    assert [bucket[i][0] for i in lay.direct] == ["t256", "t512", "t4096"]  # straight into the parameters

@@ -7,6 +7,7 @@ import os
 
 import pytest
 import torch
+import xxhash
 from _weights_workers import equal, make_tensors, zeros_like
 
 from meshrl.common.errors import DataLoss, FailedPrecondition, InvalidArgument
@@ -61,24 +62,27 @@ def test_delta_apply_is_bit_exact_and_checksums_equal(tmp_path):
     assert list_versions(str(tmp_path)) == [(1, str(tmp_path / "v000001"))]  # a delta is not a complete version
 
 
-def test_delta_digests_are_those_of_the_complete_version(tmp_path):
+def test_delta_digests_are_those_of_a_sha256_complete_version(tmp_path):
     base, _, _, v2 = published(tmp_path)
     delta, _ = write_delta(str(tmp_path), 2, base, v2)
-    full = write_version(str(tmp_path / "full"), 2, v2)
+    full = write_version(str(tmp_path / "full"), 2, v2, digest="sha256")
     manifest, _ = read_manifest(full.path)
-    complete = {e.name: e.sha256 for entries in manifest.tensors.values() for e in entries}
+    assert manifest.digest == "sha256"
+    complete = {e.name: e.digest for entries in manifest.tensors.values() for e in entries}
     raw = (tmp_path / "d000002" / "manifest.json").read_text()
     assert all(sha in raw for sha in complete.values())
     assert delta.manifest_sha256 != full.manifest_sha256
 
 
-def test_single_pass_hash_equals_a_separate_sha256(tmp_path):
+@pytest.mark.parametrize("digest", ["sha256", "xxh3_128"])
+def test_single_pass_hash_equals_a_separate_digest(tmp_path, digest):
     tensors = make_tensors(3, scale=8)
-    disk = write_version(str(tmp_path), 1, tensors)
+    disk = write_version(str(tmp_path), 1, tensors, digest=digest)
     manifest, _ = read_manifest(disk.path)
-    written = {e.name: e.sha256 for entries in manifest.tensors.values() for e in entries}
-    separate = {n: hashlib.sha256(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest() for n, t in tensors}
-    assert written == separate
+    written = {e.name: e.digest for entries in manifest.tensors.values() for e in entries}
+    new = {"sha256": hashlib.sha256, "xxh3_128": xxhash.xxh3_128}[digest]
+    separate = {n: new(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest() for n, t in tensors}
+    assert manifest.digest == digest and written == separate
 
 
 def test_delta_against_a_missing_base_is_refused_and_nothing_changes(tmp_path):

@@ -71,18 +71,19 @@ def test_load_version_into_strided_parameters(tmp_path):
     assert torch.equal(params["w"], tensors[0][1]) and torch.equal(params["b"], tensors[1][1])
 
 
-def test_corrupted_file_is_refused_and_old_weights_kept(tmp_path):
+@pytest.mark.parametrize("digest", ["sha256", "xxh3_128"])
+def test_corrupted_file_is_refused_and_old_weights_kept(tmp_path, digest):
     publish(tmp_path, 1)
     params = zeros_like(make_tensors(1))
     load_version(params, str(tmp_path / "v000001"), 0)
-    disk = publish(tmp_path, 2, bucket_bytes=4096)
+    disk = publish(tmp_path, 2, bucket_bytes=4096, digest=digest)
     last = sorted(f for f in os.listdir(disk.path) if f.endswith(".safetensors"))[-1]
     with open(os.path.join(disk.path, last), "r+b") as f:  # flip one byte of the last tensor data
         f.seek(-1, os.SEEK_END)
         byte = f.read(1)
         f.seek(-1, os.SEEK_END)
         f.write(bytes([byte[0] ^ 0xFF]))
-    with pytest.raises(DataLoss, match="sha256"):
+    with pytest.raises(DataLoss, match=f"does not match its {digest}"):
         load_version(params, disk, current_version=1)
     assert equal(params, make_tensors(1))  # earlier shards were verified but nothing was copied
 
@@ -113,7 +114,7 @@ def test_manifest_checks(tmp_path):
         (lambda d: d["tensors"][0].update(dtype="complex64"), "dtype"),
         (lambda d: d["tensors"][0].update(file="../../etc/passwd"), "does not list"),
         (lambda d: d["files"][0].update(file="../x"), "plain file name"),
-        (lambda d: d["tensors"][0].update(sha256="xyz"), "sha256"),
+        (lambda d: d["tensors"][0].update({d["digest"]: "xyz"}), "hex digest"),
         (lambda d: d.update(total_bytes=1), "total_bytes"),
         (lambda d: d.update(version=7), "folder"),
     ]:

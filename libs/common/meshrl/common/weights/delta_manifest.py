@@ -17,7 +17,8 @@ from meshrl.common.errors import InvalidArgument
 
 from . import dtypes
 from .delta_codec import ENCODING
-from .manifest import _HEX64, _dump, _int, _list, _sha, load_doc, tensor_fields
+from .hashing import SHA256, is_hex_digest
+from .manifest import _dump, _int, _list, _sha, load_doc, tensor_fields
 
 FORMAT = "meshrl-weights-delta/1"
 DATA_NAME = "delta.bin"
@@ -101,7 +102,7 @@ class DeltaManifest:
                     f"{where}: tensor {name!r}: changed {changed} of {numel} elements with blob {offsets} "
                     f"in a {data_bytes}-byte data file is inconsistent"
                 )
-            if changed and not (isinstance(blob_sha, str) and _HEX64.match(blob_sha)):
+            if changed and not is_hex_digest(blob_sha, SHA256):
                 raise InvalidArgument(f"{where}: {field}blob_sha256 {blob_sha!r} is not a sha256 hex digest")
             covered += end - begin
             entries.append(

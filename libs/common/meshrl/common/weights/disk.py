@@ -3,12 +3,17 @@
 The trainer calls `write_version` after each update; a replica calls `stage_to_local` (optional,
 while it still generates) and then `read_version` + `apply.apply_to_state` (or `load_version`).
 
-Each bucket's file is written and hashed in one pass (safetensors_io.py), WRITERS buckets at once;
-each file is fsynced as soon as its bytes are written, while its hashes are still being computed,
-then the manifest and the folder.
+Each bucket's file is written and hashed in one pass (safetensors_io.py), WRITERS buckets at once.
+A version is not fsynced by default: it is derived state (the trainer re-publishes it from its
+checkpoint after a crash, overwriting), the rename alone makes it appear whole to every reader
+while the host is up, and a replica verifies every tensor's digest before it copies anything, so
+a version torn by a host crash is refused (DataLoss), never served. Waiting for the disk cost
+~2 s per GiB here, more than the rest of the publication. With fsync=True each file is fsynced
+as soon as its bytes are written (while its hashes are still computed), then the manifest and
+the folder, all before the rename.
 Delta versions (`<root>/d000008/`) are written by delta.py through `publish_folder`.
 
-Layout of `<root>/v000007/` (created as `<root>/.tmp-v000007-*`, fsynced, then renamed):
+Layout of `<root>/v000007/` (created as `<root>/.tmp-v000007-*`, fsynced if asked, then renamed):
     model.safetensors | model-0000i-of-0000n.safetensors   one file per bucket (HF shards)
     model.safetensors.index.json                           HF weight map (several shards only)
     <extra files>                                          e.g. config.json
@@ -33,6 +38,7 @@ from meshrl.api.common.v1 import weights_pb2
 from meshrl.common.errors import AlreadyExists, DataLoss, InvalidArgument, NotFound
 
 from .buckets import DEFAULT_BUCKET_BYTES, NamedTensor, as_buckets
+from .hashing import DEFAULT_DIGEST, check_digest
 from .manifest import MANIFEST_NAME, ExtraFile, Manifest, sha256_hex
 from .safetensors_io import copy_file_into, read_file, verify_file, write_file
 
@@ -96,8 +102,9 @@ def write_version(
     *,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     extra_files: Mapping[str, bytes] | None = None,
-    fsync: bool = True,
+    fsync: bool = False,
     overwrite: bool = False,
+    digest: str = DEFAULT_DIGEST,
 ) -> weights_pb2.DiskWeights:
     """Publishes one complete weight version as `<root>/v{version:06d}/` and returns its DiskWeights.
 
@@ -106,12 +113,16 @@ def write_version(
     keep_last: versions to keep after publishing (0 keeps all).
     extra_files: name -> bytes written beside the weights (config.json for engines that reload a
         model folder), checksummed in the manifest.
-    fsync: make the files durable before the rename (turn off only for throwaway folders).
+    fsync: make the files durable before the rename (a folder that must outlive a host crash
+        as it is, e.g. a final model; see the module docstring for why updates need not).
+    digest: the per-tensor integrity digest the manifest names ("xxh3_128", or "sha256" for
+        replicas running a meshrl from before the choice).
     Raises InvalidArgument for a version older than the newest published one, a duplicate or
     unsupported tensor, or an empty export; AlreadyExists when the version exists (unless overwrite).
     """
     if version < 0:
         raise InvalidArgument(f"version must be >= 0, got {version}")
+    check_digest(digest, "write_version")
     os.makedirs(root, exist_ok=True)
     final = os.path.join(root, version_dir_name(version))
     versions = list_versions(root)
@@ -125,7 +136,9 @@ def write_version(
     raw = publish_folder(
         root,
         version_dir_name(version),
-        lambda tmp: _write_folder(tmp, version, as_buckets(tensors, bucket_bytes), extra_files or {}, fsync).to_json(),
+        lambda tmp: _write_folder(
+            tmp, version, as_buckets(tensors, bucket_bytes), extra_files or {}, fsync, digest
+        ).to_json(),
         fsync,
     )
     gc_versions(root, keep_last)
@@ -160,7 +173,12 @@ def publish_folder(root: str, name: str, fill: Callable[[str], bytes], fsync: bo
 
 
 def _write_folder(
-    tmp: str, version: int, buckets: Iterator[Sequence[NamedTensor]], extra_files: Mapping[str, bytes], fsync: bool
+    tmp: str,
+    version: int,
+    buckets: Iterator[Sequence[NamedTensor]],
+    extra_files: Mapping[str, bytes],
+    fsync: bool,
+    digest: str,
 ) -> Manifest:
     parts: list[tuple[str, list, int]] = []
     seen: set[str] = set()
@@ -178,7 +196,7 @@ def _write_folder(
                     part, job = pending.popleft()
                     parts.append((part, *job.result()))
                 part = os.path.join(tmp, f"part-{i:05d}.safetensors")
-                pending.append((part, pool.submit(write_file, part, list(bucket), fsync=fsync)))
+                pending.append((part, pool.submit(write_file, part, list(bucket), fsync, digest)))
             while pending:
                 part, job = pending.popleft()
                 parts.append((part, *job.result()))
@@ -206,7 +224,7 @@ def _write_folder(
     if fsync:  # the weight files were fsynced by their writers, overlapping their hashing
         for extra in extras:
             fsync_path(os.path.join(tmp, extra.name))
-    return Manifest(version, files, tensors, tuple(extras), total)
+    return Manifest(version, files, tensors, tuple(extras), total, digest)
 
 
 def fsync_path(path: str | os.PathLike) -> None:
@@ -281,12 +299,13 @@ class VersionReader:
 
     def __iter__(self) -> Iterator[NamedTensor]:
         for file, entries in self.manifest.tensors.items():
-            yield from read_file(os.path.join(self.path, file), entries, self.manifest.files[file], self.verify)
+            path = os.path.join(self.path, file)
+            yield from read_file(path, entries, self.manifest.files[file], self.verify, self.manifest.digest)
 
     def verify_all(self) -> None:
-        """Checks every file against the manifest (sizes, headers, sha256) without keeping the data."""
+        """Checks every file against the manifest (sizes, headers, digests) without keeping the data."""
         for file, entries in self.manifest.tensors.items():
-            verify_file(os.path.join(self.path, file), entries, self.manifest.files[file])
+            verify_file(os.path.join(self.path, file), entries, self.manifest.files[file], self.manifest.digest)
 
     def copy_into(self, targets: Mapping[str, torch.Tensor]) -> None:
         """Reads every tensor straight into `targets[name]` (same dtype and shape; check first)."""

@@ -1,8 +1,8 @@
 """The manifest of a published weight version (manifest.json) and its strict parser.
 
 Written last by `disk.write_version`, read first by `disk.read_version`: the version, every
-file with its size, every tensor with its dtype, shape, file, byte range and sha256, and the
-extra files (config.json...) with theirs. Its own sha256 is what DiskWeights.manifest_sha256
+file with its size, every tensor with its dtype, shape, file, byte range and digest (the
+algorithm the manifest names, see hashing.py), and the extra files (config.json...) with their sha256. Its own sha256 is what DiskWeights.manifest_sha256
 carries, so a replica can refuse a folder that is not the one the trainer published.
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import dataclass
 
 import torch
@@ -18,11 +17,11 @@ import torch
 from meshrl.common.errors import InvalidArgument
 
 from . import dtypes
+from .hashing import SHA256, check_digest, is_hex_digest
 from .safetensors_io import FileEntry
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "meshrl-weights/1"
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
 @dataclass(frozen=True)
@@ -35,13 +34,16 @@ class ExtraFile:
 @dataclass(frozen=True)
 class Manifest:
     """version: the weight version; files: safetensors file name -> size in bytes;
-    tensors: file name -> its entries in file order; total_bytes: sum of tensor bytes."""
+    tensors: file name -> its entries in file order; total_bytes: sum of tensor bytes.
+    In JSON each tensor's digest sits under the algorithm's name ("sha256": ..., "xxh3_128": ...),
+    and a top-level "digest" names it; a manifest without one (written before the choice) is sha256."""
 
     version: int
     files: dict[str, int]
     tensors: dict[str, list[FileEntry]]
     extra_files: tuple[ExtraFile, ...]
     total_bytes: int
+    digest: str = SHA256  # the algorithm of every FileEntry.digest (extra files: always sha256)
 
     @property
     def num_tensors(self) -> int:
@@ -53,6 +55,7 @@ class Manifest:
             "version": self.version,
             "total_bytes": self.total_bytes,
             "num_tensors": self.num_tensors,
+            "digest": self.digest,
             "files": [{"file": name, "bytes": n} for name, n in self.files.items()],
             "tensors": [
                 {
@@ -61,7 +64,7 @@ class Manifest:
                     "shape": list(e.shape),
                     "file": file,
                     "data_offsets": [e.begin, e.end],
-                    "sha256": e.sha256,
+                    self.digest: e.digest,
                 }
                 for file, entries in self.tensors.items()
                 for e in entries
@@ -75,6 +78,7 @@ class Manifest:
         """Parses and checks a manifest; raises InvalidArgument naming the bad field."""
         doc = load_doc(raw, where, FORMAT)
         version = _int(doc, "version", where)
+        digest = check_digest(doc.get("digest", SHA256), f"{where}: manifest field 'digest'")
         files: dict[str, int] = {}
         for i, item in enumerate(_list(doc, "files", where)):
             name = _file_name(item, f"files[{i}]", where)
@@ -96,8 +100,8 @@ class Manifest:
                 raise InvalidArgument(f"{where}: tensor {name!r} has bad data_offsets {offsets!r}")
             if offsets[0] < 0 or offsets[1] - offsets[0] != nbytes:
                 raise InvalidArgument(f"{where}: tensor {name!r} data_offsets {offsets} do not hold {nbytes} bytes")
-            sha = _sha(item, where, field)
-            tensors[file].append(FileEntry(name, dtype, tuple(shape), offsets[0], offsets[1], sha))
+            hex_ = _digest(item, where, field, digest)
+            tensors[file].append(FileEntry(name, dtype, tuple(shape), offsets[0], offsets[1], hex_))
             total += nbytes
         extras = []
         for i, item in enumerate(_list(doc, "extra_files", where)):
@@ -107,7 +111,7 @@ class Manifest:
             )
         if _int(doc, "total_bytes", where) != total:
             raise InvalidArgument(f"{where}: total_bytes {doc['total_bytes']} differs from the tensors' sum {total}")
-        return Manifest(version, files, tensors, tuple(extras), total)
+        return Manifest(version, files, tensors, tuple(extras), total, digest)
 
 
 def load_doc(raw: bytes, where: str, fmt: str) -> dict:
@@ -166,10 +170,14 @@ def _int(doc: object, key: str, where: str, prefix: str = "") -> int:
 
 
 def _sha(item: dict, where: str, field: str) -> str:
-    sha = item.get("sha256")
-    if not isinstance(sha, str) or not _HEX64.match(sha):
-        raise InvalidArgument(f"{where}: {field}sha256 {sha!r} is not a lowercase sha256 hex digest")
-    return sha
+    return _digest(item, where, field, SHA256)
+
+
+def _digest(item: dict, where: str, field: str, algorithm: str) -> str:
+    value = item.get(algorithm)
+    if not is_hex_digest(value, algorithm):
+        raise InvalidArgument(f"{where}: {field}{algorithm} {value!r} is not a lowercase {algorithm} hex digest")
+    return value
 
 
 def _file_name(item: object, field: str, where: str) -> str:

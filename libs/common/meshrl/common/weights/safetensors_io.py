@@ -1,35 +1,40 @@
-"""Writing and verified reading of one Hugging Face safetensors file, with per-tensor sha256.
+"""Writing and verified reading of one Hugging Face safetensors file, with a digest per tensor.
 
 Used by `disk.py` (one file per bucket). Files are standard safetensors (any HF loader reads
 them): an 8-byte little-endian header length, a JSON header, then the tensors back to back.
 Tensors are written largest itemsize first so every tensor is naturally aligned, straight from
 the tensor's memory (no serialised copy), and hashed on worker threads while they are written.
-Reading hashes each chunk while the next one is read; `read_file` hands back views of one
-buffer per file, `verify_file` + `copy_file_into` check a file and then read it straight into
-existing parameters.
+`read_file` hands back views of one new buffer per file, hashing each chunk while the next one
+is read; `verify_file` + `copy_file_into` check a file and then copy it into existing
+parameters, both straight from a mapping of the file (the page cache: no read copy, and the
+second pass finds the bytes the first one brought in). Versions are only ever replaced by rename
+and removed by unlink, which a mapping survives; a file truncated in place while mapped would
+fault the reader (SIGBUS), so nothing may rewrite a published file in place.
 """
 
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import struct
-import threading
-from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import BinaryIO
 
+import numpy as np
 import torch
 
 from meshrl.common.errors import DataLoss
 
 from . import dtypes
-from .hashing import WORKERS, TensorHashers, sha256_many
+from .hashing import SHA256, WORKERS, TensorHashers, digest_many
 
 HEADER_ALIGN = 64  # data section starts at a multiple of this many bytes
 READ_CHUNK = 16 * 1024**2
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux: fault the whole mapping in at once
 MAX_HEADER = 100 * 1024**2
 
 
@@ -42,7 +47,7 @@ class FileEntry:
     shape: tuple[int, ...]
     begin: int
     end: int
-    sha256: str
+    digest: str  # hex, of the algorithm the manifest names
 
 
 def _cpu_bytes(tensor: torch.Tensor) -> memoryview:
@@ -52,9 +57,10 @@ def _cpu_bytes(tensor: torch.Tensor) -> memoryview:
 
 
 def write_file(
-    path: str, named_tensors: Sequence[tuple[str, torch.Tensor]], fsync: bool = True
+    path: str, named_tensors: Sequence[tuple[str, torch.Tensor]], fsync: bool = True, digest: str = SHA256
 ) -> tuple[list[FileEntry], int]:
-    """Writes one safetensors file; returns its entries (in file order) and the file's size in bytes."""
+    """Writes one safetensors file; returns its entries (in file order, each with its `digest`
+    hex) and the file's size in bytes."""
     order = sorted(range(len(named_tensors)), key=lambda i: -named_tensors[i][1].element_size())
     header: dict[str, object] = {"__metadata__": {"format": "pt"}}
     placed: list[tuple[str, torch.Tensor, int, int]] = []
@@ -77,15 +83,15 @@ def write_file(
         f.write(raw)
         for _, tensor, _, _ in placed:  # each tensor is hashed on a worker while it is written
             view = _cpu_bytes(tensor)
-            hashes.extend(sha256_many([view], pool))
+            hashes.extend(digest_many([view], pool, digest))
             f.write(view)
         f.flush()
         if fsync:  # the disk write-back runs while the workers still hash
             os.fsync(f.fileno())
         digests = [h.result() for h in hashes]
     entries = [
-        FileEntry(name, tensor.dtype, tuple(tensor.shape), begin, end, digest)
-        for (name, tensor, begin, end), digest in zip(placed, digests, strict=True)
+        FileEntry(name, tensor.dtype, tuple(tensor.shape), begin, end, hex_)
+        for (name, tensor, begin, end), hex_ in zip(placed, digests, strict=True)
     ]
     return entries, 8 + len(raw) + offset
 
@@ -129,17 +135,17 @@ def _open_checked(path: str, entries: Sequence[FileEntry], file_bytes: int) -> t
 
 
 def read_file(
-    path: str, entries: Sequence[FileEntry], file_bytes: int, verify: bool = True
+    path: str, entries: Sequence[FileEntry], file_bytes: int, verify: bool = True, digest: str = SHA256
 ) -> list[tuple[str, torch.Tensor]]:
     """Reads a file the manifest describes, checks its header against `entries` and (if verify)
-    every tensor's sha256. Returns (name, tensor) views of one new CPU buffer, in `entries` order.
+    every tensor's `digest`. Returns (name, tensor) views of one new CPU buffer, in `entries` order.
 
     Raises DataLoss for a missing, truncated, or altered file.
     """
     f, start = _open_checked(path, entries, file_bytes)
     buffer = torch.empty(file_bytes - start, dtype=torch.uint8)
     view = memoryview(buffer.numpy())
-    with f, TensorHashers(entries) as hashers:
+    with f, TensorHashers(entries, digest) as hashers:
         done = 0
         while done < len(view):
             got = f.readinto(view[done : done + READ_CHUNK])
@@ -150,103 +156,60 @@ def read_file(
             done += got
         digests = hashers.digests()
     if verify:
-        _compare(path, entries, digests)
+        _compare(path, entries, digests, digest)
     return [(e.name, _tensor(buffer, e)) for e in entries]
 
 
-def verify_file(path: str, entries: Sequence[FileEntry], file_bytes: int) -> None:
-    """Checks a file's size, header and every tensor's sha256 without keeping its data: it is
-    read through a few reused chunk buffers, each hashed on workers while the next is filled."""
+@contextmanager
+def _mapped(path: str, entries: Sequence[FileEntry], file_bytes: int) -> Iterator[tuple[mmap.mmap, int]]:
+    """A checked file mapped whole, read-only (a private writable mapping would be populated by
+    copying every page), with its data start. Views of it must be dropped before the block ends."""
     f, start = _open_checked(path, entries, file_bytes)
-    in_flight: deque[tuple[torch.Tensor, list[Future[None]]]] = deque()
-    free = [_CHUNKS.take() for _ in range(WORKERS + 1)]
+    with f:
+        mapping = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ)
     try:
-        with f, TensorHashers(entries) as hashers:
-            done, total = 0, file_bytes - start
-            while done < total:
-                if not free:
-                    chunk, jobs = in_flight.popleft()
-                    for job in jobs:
-                        job.result()  # the chunk is free again once its bytes are hashed
-                    free.append(chunk)
-                chunk = free.pop()
-                view = memoryview(chunk.numpy())[: min(READ_CHUNK, total - done)]
-                got = f.readinto(view)
-                if not got:
-                    raise DataLoss(f"{path}: file ended at byte {start + done} while reading")
-                in_flight.append((chunk, hashers.feed(view, done, done + got, base=done)))
-                done += got
-            digests = hashers.digests()
+        yield mapping, start
     finally:
-        for chunk in [*free, *(c for c, _ in in_flight)]:
-            _CHUNKS.give(chunk)
-    _compare(path, entries, digests)
+        try:
+            mapping.close()
+        except BufferError:  # a view escaped through an exception; the mapping goes with it
+            pass
+
+
+def verify_file(path: str, entries: Sequence[FileEntry], file_bytes: int, digest: str = SHA256) -> None:
+    """Checks a file's size, header and every tensor's `digest` without keeping its data: each
+    tensor is hashed on a worker straight from the file's mapping."""
+    with _mapped(path, entries, file_bytes) as (mapping, start), TensorHashers(entries, digest) as hashers:
+        with memoryview(mapping) as view:
+            hashers.feed(view[start:], 0, file_bytes - start)
+            digests = hashers.digests()
+    _compare(path, entries, digests, digest)
 
 
 def copy_file_into(path: str, entries: Sequence[FileEntry], file_bytes: int, targets: dict[str, torch.Tensor]) -> None:
-    """Reads each tensor of a (verified) file straight into its target's memory: `readinto` for a
-    contiguous CPU target, through a reused chunk for a GPU one, via a temporary otherwise."""
-    f, start = _open_checked(path, entries, file_bytes)
-    chunk = _CHUNKS.take()
-    try:
-        with f:
-            for e in sorted(entries, key=lambda e: e.begin):
-                target = targets[e.name].detach()  # raw bytes in place: no autograd involved
-                if e.end == e.begin:
-                    continue
-                f.seek(start + e.begin)
-                if target.is_contiguous() and target.device.type == "cpu":
-                    _read_exact(f, memoryview(dtypes.as_bytes(target).numpy()), path)
-                elif target.is_contiguous():
-                    flat = target.view(-1).view(torch.uint8)
-                    for lo in range(0, e.end - e.begin, READ_CHUNK):
-                        n = min(READ_CHUNK, e.end - e.begin - lo)
-                        _read_exact(f, memoryview(chunk.numpy())[:n], path)
-                        flat[lo : lo + n].copy_(chunk[:n])
-                else:
-                    temp = torch.empty(e.shape, dtype=e.dtype)
-                    _read_exact(f, memoryview(dtypes.as_bytes(temp).numpy()), path)
-                    target.copy_(temp)
-    finally:
-        _CHUNKS.give(chunk)
+    """Copies each tensor of a (verified) file from its mapping straight into its target's memory
+    (a contiguous CPU target; any other goes through a temporary CPU tensor and `copy_`)."""
+    with _mapped(path, entries, file_bytes) as (mapping, start), torch.no_grad():
+        for e in entries:
+            if e.end == e.begin:
+                continue
+            source = np.frombuffer(mapping, dtype=np.uint8, count=e.end - e.begin, offset=start + e.begin)
+            target = targets[e.name].detach()  # raw bytes in place: no autograd involved
+            if target.is_contiguous() and target.device.type == "cpu":  # bytes to bytes, no alignment asked
+                np.copyto(dtypes.as_bytes(target).numpy(), source)
+            else:
+                temp = torch.empty(e.shape, dtype=e.dtype)
+                np.copyto(dtypes.as_bytes(temp).numpy(), source)
+                target.copy_(temp)
+            del source
 
 
-def _read_exact(f: BinaryIO, view: memoryview, path: str) -> None:
-    done = 0
-    while done < len(view):
-        got = f.readinto(view[done:])
-        if not got:
-            raise DataLoss(f"{path}: file ended while copying it into the parameters; refit this replica")
-        done += got
-
-
-def _compare(path: str, entries: Sequence[FileEntry], digests: dict[str, str]) -> None:
+def _compare(path: str, entries: Sequence[FileEntry], digests: dict[str, str], digest: str) -> None:
     for e in entries:
-        if digests[e.name] != e.sha256:
-            raise DataLoss(f"{path}: tensor {e.name!r} does not match its sha256 in the manifest; the file is corrupt")
-
-
-class _ChunkPool:
-    """Reused READ_CHUNK-byte CPU buffers: first use of fresh memory is slow, so they are kept."""
-
-    def __init__(self, keep: int = 8) -> None:
-        self._free: list[torch.Tensor] = []
-        self._keep = keep
-        self._lock = threading.Lock()
-
-    def take(self) -> torch.Tensor:
-        with self._lock:
-            if self._free:
-                return self._free.pop()
-        return torch.empty(READ_CHUNK, dtype=torch.uint8)
-
-    def give(self, chunk: torch.Tensor) -> None:
-        with self._lock:
-            if len(self._free) < self._keep:
-                self._free.append(chunk)
-
-
-_CHUNKS = _ChunkPool()
+        if digests[e.name] != e.digest:
+            raise DataLoss(
+                f"{path}: tensor {e.name!r} does not match its {digest} in the manifest; the file is corrupt"
+            )
 
 
 def _tensor(buffer: torch.Tensor, e: FileEntry) -> torch.Tensor:
