@@ -17,6 +17,7 @@ class Budget:
     prompts_per_step: int = 8  # x n samples = 64 samples per RL step (one optimizer step)
     n: int = 8
     rl_lr: float = 1e-3
+    temperature: float = 1.0  # rollout sampling temperature of both sides (held-out evaluation is greedy)
     max_tokens: int = 10
     sft_eval_every: int = 30
     rl_eval_every: int = 25

@@ -41,6 +41,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         p.add_argument(f"--{name.replace('_', '-')}", type=int)
     p.add_argument("--sft-lr", type=float)
     p.add_argument("--rl-lr", type=float)
+    p.add_argument("--temperature", type=float, help="rollout sampling temperature (both sides)")
     p.add_argument("--trl-threads", type=int)
     p.add_argument(
         "--reuse-trl",

@@ -84,3 +84,12 @@ def test_reward_gain_ratio_beside_accuracy_and_na_without_rewards():
     assert "+0.200/+0.100=2.00" in table([("sort", "rl-common", r)])
     t.reward = []
     assert ratios(m, t)["reward_gain_ratio"] is None
+
+
+def test_sampling_temperature_reaches_meshrl_rollouts_and_the_command_line(tmp_path):
+    from bench.vs_trl.run import budget_of, parse
+
+    b = budget_of(parse(["--temperature", "0.7", "--rl-lr", "1e-4"]))
+    assert (b.temperature, b.rl_lr) == (0.7, 1e-4)
+    raw = job_config(TASKS["sort"], b.for_task(50), tmp_path / "m", tmp_path / "d", tmp_path / "r", "t", True)
+    assert JobConfig(**raw).rollout.temperature == 0.7
