@@ -13,10 +13,11 @@ class Budget:
     sft_steps: int | None = None  # None: the task's own (Task.sft_steps), stopped early so RL starts mid-range
     sft_batch: int = 32
     sft_lr: float = 3e-3
-    rl_steps: int = 150
+    rl_steps: int = 300
     prompts_per_step: int = 8  # x n samples = 64 samples per RL step (one optimizer step)
     n: int = 8
-    rl_lr: float = 1e-3
+    rl_lr: float | None = None  # None: the task's own (Task.rl_lr), where TRL's GRPO gains held out
+    temperature: float = 1.0  # rollout sampling temperature of both sides (held-out evaluation is greedy)
     max_tokens: int = 10
     sft_eval_every: int = 30
     rl_eval_every: int = 25
@@ -35,9 +36,9 @@ class Budget:
         """The issue's budget: 2,000 RL steps of 64 samples after the same short warm-up."""
         return cls(rl_steps=2000, rl_eval_every=100, n_eval=256)
 
-    def for_task(self, task_sft_steps: int) -> Budget:
-        """This budget with the task's warm-up length where none was asked for."""
-        return replace(self, sft_steps=self.sft_steps or task_sft_steps)
+    def for_task(self, task_sft_steps: int, task_rl_lr: float = 1e-4) -> Budget:
+        """This budget with the task's warm-up length and RL learning rate where none was asked for."""
+        return replace(self, sft_steps=self.sft_steps or task_sft_steps, rl_lr=self.rl_lr or task_rl_lr)
 
     @property
     def rl_samples_per_step(self) -> int:

@@ -35,12 +35,13 @@ from meshrl.trainer.model_builder import build_small_model  # noqa: E402
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tasks", nargs="+", default=["reverse", "sort"], choices=list(TASKS))
+    p.add_argument("--tasks", nargs="+", default=["reverse", "sort_len"], choices=list(TASKS))
     p.add_argument("--full", action="store_true", help="the issue's budget (Budget.full)")
     for name in ("sft_steps", "rl_steps", "sft_batch", "prompts_per_step", "n", "n_eval", "rl_eval_every", "seed"):
         p.add_argument(f"--{name.replace('_', '-')}", type=int)
     p.add_argument("--sft-lr", type=float)
     p.add_argument("--rl-lr", type=float)
+    p.add_argument("--temperature", type=float, help="rollout sampling temperature (both sides)")
     p.add_argument("--trl-threads", type=int)
     p.add_argument(
         "--reuse-trl",
@@ -92,7 +93,7 @@ def trl_phases(name: str, b: Budget, work: Path, model: Path, data: Path, reuse:
 def run_task(name: str, b: Budget, out: Path, sets: list[str], reuse: bool,
              common: bool = True) -> list[tuple[str, Curve, Curve]]:  # fmt: skip
     task, work = TASKS[name], out / name
-    b = b.for_task(task.sft_steps)
+    b = b.for_task(task.sft_steps, task.rl_lr)
     print(f"[{name}] warm-up {b.sft_steps} steps x {b.sft_batch}, RL {b.rl_steps} steps x {b.rl_samples_per_step}",
           flush=True)  # fmt: skip
     data = work / "data"

@@ -111,7 +111,7 @@ def trl_grpo(task: Task, b: Budget, start: Path, data: Path, out: Path, phase: s
     ds = Dataset.from_list([{"prompt": templated(tok, r.prompt), "answer": r.answer} for r in rows])
     args = GRPOConfig(
         max_steps=b.rl_steps, per_device_train_batch_size=b.rl_samples_per_step, num_generations=b.n,
-        learning_rate=b.rl_lr, max_completion_length=b.max_tokens, temperature=1.0, top_p=1.0,
+        learning_rate=b.rl_lr, max_completion_length=b.max_tokens, temperature=b.temperature, top_p=1.0,
         **_common(b, out / f"trl-{phase}"),
     )  # fmt: skip
     curve = Curve("trl", phase)

@@ -84,3 +84,25 @@ def test_reward_gain_ratio_beside_accuracy_and_na_without_rewards():
     assert "+0.200/+0.100=2.00" in table([("sort", "rl-common", r)])
     t.reward = []
     assert ratios(m, t)["reward_gain_ratio"] is None
+
+
+def test_sampling_temperature_reaches_meshrl_rollouts_and_the_command_line(tmp_path):
+    from bench.vs_trl.run import budget_of, parse
+
+    b = budget_of(parse(["--temperature", "0.7", "--rl-lr", "1e-4"]))
+    assert (b.temperature, b.rl_lr) == (0.7, 1e-4)
+    raw = job_config(TASKS["sort"], b.for_task(50), tmp_path / "m", tmp_path / "d", tmp_path / "r", "t", True)
+    assert JobConfig(**raw).rollout.temperature == 0.7
+
+
+def test_each_task_brings_its_rl_lr_unless_one_is_asked_for(tmp_path):
+    from bench.vs_trl.run import parse
+
+    for task in TASKS.values():
+        b = Budget().for_task(task.sft_steps, task.rl_lr)
+        assert b.rl_lr == task.rl_lr and Budget(rl_lr=5e-5).for_task(task.sft_steps, task.rl_lr).rl_lr == 5e-5
+        raw = job_config(task, b, tmp_path / "m", tmp_path / "d", tmp_path / "r", "t", True)
+        assert JobConfig(**raw).trainer.optimizer.lr == task.rl_lr
+    assert TASKS["reverse"].rl_lr == 3e-4 and TASKS["sort_len"].rl_lr == 1e-4
+    # the default run: the two tasks on which TRL's own GRPO gains held out at this budget
+    assert parse([]).tasks == ["reverse", "sort_len"] and Budget().rl_steps == 300
