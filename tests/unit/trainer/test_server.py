@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 from meshrl.api.common.v1 import keys_pb2, weights_pb2
 from meshrl.api.trainer.v1 import trainer_pb2 as pb
 from meshrl.api.trainer.v1 import trainer_pb2_grpc
-from meshrl.common.codec import Batch, merge_batches
+from meshrl.common.codec import Batch, Ragged, merge_batches
 from meshrl.common.errors import MODEL_NOT_LOADED, FailedPrecondition, NotFound, from_rpc_error
 from meshrl.common.grpc_server import ServerConfig, start_server
 from meshrl.common.net import free_port
@@ -210,3 +210,28 @@ def test_publish_over_a_gloo_group(served, qwen2_dir):
     with pytest.raises(grpc.RpcError) as err:
         stub.PublishWeights(req, timeout=10)
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_the_actor_pass_reports_the_rollout_gap_per_version_lag(served, qwen2_dir):
+    """With weight_version set and the rollout's log-probs and versions among the rows read, the actor's
+    reply carries logprob_gap_lag<k> (the scheduler reads none of those columns itself)."""
+    stub, buffer, trainer = served
+    reply = load_actor(stub, qwen2_dir)
+    batch = make_batch(reply.vocab_size)
+    offsets = batch["response_ids"].offsets
+    tokens = int(offsets[-1])
+    rollout = np.linspace(-3.0, -0.5, tokens).astype(np.float32)
+    versions = np.where(np.arange(tokens) % 3 == 0, 4, 5).astype(np.int64)
+    buffer.put(key("rollout"), {"prompt_ids": batch["prompt_ids"], "response_ids": batch["response_ids"],
+                                "rollout_logprobs": Ragged(rollout, offsets), "response_versions": Ragged(versions, offsets)})  # fmt: skip
+    cols = ["prompt_ids", "response_ids", "rollout_logprobs", "response_versions"]
+    req = pb.ComputeLogProbsRequest(role=pb.ROLE_ACTOR, inputs=[key("rollout")], output=key("old"),
+                                    output_name="old_logprobs", columns=cols, weight_version=5)  # fmt: skip
+    metrics = stub.ComputeLogProbs(req, timeout=60).metrics
+    old = buffer.batches[("job", 0, "old", None)].columns["old_logprobs"].values
+    gap = np.abs(old - rollout)
+    assert metrics["logprob_gap_lag0"] == pytest.approx(float(gap[versions == 5].mean()))
+    assert metrics["logprob_gap_lag1"] == pytest.approx(float(gap[versions == 4].mean()))
+    assert metrics["logprob_mismatch_mean"] == pytest.approx(float(gap.mean()), rel=1e-5)
+    req.ClearField("weight_version")  # not told its version: no gap per lag
+    assert not [k for k in stub.ComputeLogProbs(req, timeout=60).metrics if k.startswith("logprob_gap_lag")]

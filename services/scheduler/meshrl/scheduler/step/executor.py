@@ -47,6 +47,7 @@ class StepContext:
     step: int
     results: dict[str, NodeResult] = field(default_factory=dict)
     nodes: dict[str, Any] = field(default_factory=dict)
+    version: int | None = None  # the weight version the step trains from (None: not told)
 
     def input_keys(self, node_id: str) -> list[keys_pb2.BatchKey]:
         """Keys of every upstream node's output, nearest first, not past a row-rewriting node."""
@@ -107,11 +108,14 @@ class StepExecutor:
         return self.run_nodes(job_id, step)[0]
 
     def run_nodes(
-        self, job_id: str, step: int, only: set[str] | None = None, given: dict[str, NodeResult] | None = None
-    ) -> tuple[dict[str, float], StepContext]:
+        self, job_id: str, step: int, only: set[str] | None = None, given: dict[str, NodeResult] | None = None,
+        version: int | None = None,
+    ) -> tuple[dict[str, float], StepContext]:  # fmt: skip
         """Runs the nodes in `only` (default: all), with `given` standing in for the results of nodes
-        that ran elsewhere (the producer side of an asynchronous step); returns (metrics, context)."""
-        ctx = StepContext(job_id, step, results=dict(given or {}), nodes=self.nodes)
+        that ran elsewhere (the producer side of an asynchronous step); `version`: the weight version the
+        step trains from (the actor's log-prob pass reports the rollout gap per version lag against it).
+        Returns (metrics, context)."""
+        ctx = StepContext(job_id, step, results=dict(given or {}), nodes=self.nodes, version=version)
         pending = {i: n for i, n in self.nodes.items() if (only is None or i in only) and i not in ctx.results}
         for node_id in pending:
             self.events.node(step, node_id, spb.NODE_STATE_PENDING)
