@@ -314,17 +314,15 @@ class WeightPublisher:
 
     def verify(self, replicas: list[RolloutClient], version: int) -> None:
         """Every replica serves `version` with the trainer's checksums (those its publish reply carried; asked
-        for only when that reply had none), or DataLoss names who differs."""
+        for only when that reply had none), or DataLoss names who differs. One call per replica: its checksums
+        reply carries the version it serves, taken with the checksums."""
         expected = self.published_checksums
         if expected is None or expected.version != version:
             expected = self.trainer.checksums("actor")
         for replica in replicas:
-            status = replica.status()
-            if status.weight_version != version:
-                raise DataLoss(
-                    f"replica {replica.address} serves weight version {status.weight_version}, expected {version}"
-                )
             got = replica.checksums(list(expected.sha256))
+            if got.version != version:
+                raise DataLoss(f"replica {replica.address} serves weight version {got.version}, expected {version}")
             diff = sorted(k for k in expected.sha256 if got.sha256.get(k) != expected.sha256[k])
             if diff:
                 raise DataLoss(f"replica {replica.address} has different weights than the trainer for {diff[:5]}")
