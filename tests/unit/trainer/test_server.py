@@ -235,3 +235,27 @@ def test_the_actor_pass_reports_the_rollout_gap_per_version_lag(served, qwen2_di
     assert metrics["logprob_mismatch_mean"] == pytest.approx(float(gap.mean()), rel=1e-5)
     req.ClearField("weight_version")  # not told its version: no gap per lag
     assert not [k for k in stub.ComputeLogProbs(req, timeout=60).metrics if k.startswith("logprob_gap_lag")]
+
+
+def test_a_log_prob_pass_reads_its_rows_while_another_pass_holds_the_model(served, qwen2_dir):
+    """One rank: the reference's pass reads its rows while the actor's computes (only the forward pass holds
+    the trainer's lock), instead of waiting for the whole of the other call before reading."""
+    stub, buffer, trainer = served
+    reply = load_actor(stub, qwen2_dir)
+    batch = make_batch(reply.vocab_size)
+    buffer.put(key("rollout"), {k: batch[k] for k in ("prompt_ids", "response_ids")})
+    read, real_get = threading.Event(), buffer.get_many
+
+    def get_many(keys, **kwargs):
+        read.set()
+        return real_get(keys, **kwargs)
+
+    buffer.get_many = get_many
+    req = pb.ComputeLogProbsRequest(role=pb.ROLE_ACTOR, inputs=[key("rollout")], output=key("old"),
+                                    output_name="old_logprobs")  # fmt: skip
+    with trainer._lock:  # another pass computing
+        call = stub.ComputeLogProbs.future(req, timeout=60)
+        assert read.wait(30)  # was: no read before the lock is free
+        assert not call.done()  # ... but its forward pass waits for the model
+    assert call.result().tokens == batch["response_ids"].offsets[-1]
+    assert ("job", 0, "old", None) in buffer.batches

@@ -155,13 +155,27 @@ class TrainerService:
     def compute_logprobs(
         self, role: str, inputs: Sequence[BatchRef], output: BatchRef, **kwargs: Any
     ) -> dict[str, Any]:
-        return self._call("compute_logprobs", role=role, inputs=list(inputs), output=output, **kwargs)
+        if self.bus is not None and self.bus.world > 1:
+            return self._call("compute_logprobs", role=role, inputs=list(inputs), output=output, **kwargs)
+        # One rank: only the forward pass holds the lock, so a second pass (the reference's beside the
+        # actor's) reads its rows while the first computes, and the first writes while the second computes.
+        self.core.role(role)  # fail fast before waiting for the batch
+        columns = self._read(list(inputs), kwargs.pop("columns", ()))
+        with self._lock:
+            out, reply = self._logprobs_of(role, columns, **kwargs)
+        self._write(output, out)
+        return reply
 
-    def _compute_logprobs(self, role, inputs, output, with_entropy=False, temperature=None, micro_batch_tokens=None,
-                          output_name="", columns=(), weight_version=None) -> dict[str, Any]:  # fmt: skip
+    def _compute_logprobs(self, role, inputs, output, columns=(), **kwargs: Any) -> dict[str, Any]:
+        """Every rank of a data-parallel trainer, in order with the other collective ops."""
         self.core.role(role)  # fail fast (same on every rank) before waiting for the batch
-        names = columns
-        columns = self._read(inputs, names)
+        out, reply = self._logprobs_of(role, self._read(inputs, columns), **kwargs)
+        self._write(output, out)
+        return reply
+
+    def _logprobs_of(self, role, columns, with_entropy=False, temperature=None, micro_batch_tokens=None,
+                     output_name="", weight_version=None) -> tuple[dict[str, object], dict[str, Any]]:  # fmt: skip
+        """(the columns to write, the reply) of one log-prob pass over the rows read (`columns`)."""
         result = self.core.compute_logprobs(
             role,
             columns,
@@ -177,8 +191,7 @@ class TrainerService:
                 metrics["entropy"] = float(result.entropy.values.mean())
         if role == "actor":  # the rollout-vs-actor log-prob gap, from the rows read (rollout_gap.py)
             metrics.update(rollout_gap_metrics(columns, result.values.values, weight_version))
-        self._write(output, out)
-        return {"tokens": result.tokens, "micro_batches": result.micro_batches, "metrics": metrics}
+        return out, {"tokens": result.tokens, "micro_batches": result.micro_batches, "metrics": metrics}
 
     def compute_values(
         self, inputs: Sequence[BatchRef], output: BatchRef, micro_batch_tokens: int | None = None,
