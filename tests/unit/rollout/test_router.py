@@ -209,3 +209,25 @@ def test_a_stream_from_a_replica_behind_the_jobs_weight_version_is_made_elsewher
         router.min_version = 4  # no replica serves it: refused with the reason, not after the deadline
         with pytest.raises(StaleFleet, match="the job is at version 4"):
             router.generate([1, 2, 3], sampling={"max_tokens": 4}, session_id="episode-1")
+
+
+def test_a_batch_of_one_range_is_generated_from_the_calling_thread(fleet, buffer):
+    """One row range (one replica): its GenerateBatch goes out from the caller's thread, not a pool thread
+    started per call; several ranges still go out concurrently."""
+    router, _, _ = fleet
+    threads, real = [], router._run_range
+
+    def recording(*args):
+        threads.append(threading.current_thread())
+        return real(*args)
+
+    router._run_range = recording
+    source, _ = put_prompts(buffer, "single", 1)
+    result = router.generate_batch(source, batch_key("single", 0, "rollout"), {"max_tokens": 4, "seed": 1}, n=2,
+                                   job_id="single", merge=False)  # fmt: skip
+    assert result.samples == 2 and threads == [threading.current_thread()]  # was: a "router" pool thread
+    threads.clear()
+    source, _ = put_prompts(buffer, "several", 12)
+    router.generate_batch(source, batch_key("several", 0, "rollout"), {"max_tokens": 4, "seed": 1}, n=4,
+                          job_id="several", merge=False)  # fmt: skip
+    assert len(threads) >= 2 and threading.current_thread() not in threads

@@ -34,7 +34,7 @@ from meshrl.scheduler.step.executor import NodeResult, StepExecutor
 from meshrl.scheduler.step.modes import AsyncPlan, plan_async, split_at_rollout
 from meshrl.scheduler.step.pipeline import LEARNER_GROUP, STREAM, AsyncSteps, SyncSteps
 from meshrl.scheduler.step.producer import prompt_of, split_groups
-from meshrl.scheduler.step.staleness import AdmissionGate, logprob_gap_by_lag, staleness_histogram
+from meshrl.scheduler.step.staleness import AdmissionGate, staleness_histogram
 from meshrl.scheduler.workflow import NodeRole, NodeType
 
 PROMPTS = 3  # groups per round
@@ -256,12 +256,6 @@ def test_admission_gate_and_figures():
     assert ending.admit(2)
     assert staleness_histogram([0, 1, 1]) == {"async/staleness_0": 1.0, "async/staleness_1": 2.0,
                                               "async/staleness_max": 1.0}  # fmt: skip
-    batch = Batch({
-        S.OLD_LOGPROBS: Ragged.from_rows([np.array([-1.0, -2.0], np.float32)]),
-        S.ROLLOUT_LOGPROBS: Ragged.from_rows([np.array([-1.5, -2.0], np.float32)]),
-        S.RESPONSE_VERSIONS: Ragged.from_rows([np.array([3, 4], np.int64)]),
-    })  # fmt: skip
-    assert logprob_gap_by_lag(batch, 4) == {"async/logprob_gap_lag1": 0.5, "async/logprob_gap_lag0": 0.0}
 
 
 @pytest.mark.parametrize(

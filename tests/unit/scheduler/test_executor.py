@@ -64,3 +64,23 @@ def test_failure_names_the_node_and_keeps_the_traceback():
     assert len(errors) == 1 and "Traceback" in errors[0]
     ran = {e.node.node_id for e in events.read(0, 0)[0] if e.WhichOneof("body") == "node" and e.node.state == 2}
     assert "train" not in ran  # nothing downstream of a failure starts
+
+
+def test_a_node_that_runs_alone_runs_in_the_calling_thread():
+    """The chain's nodes (load, roll, train) run in the step loop's own thread: a pool thread would cost two
+    hand-offs per node; the concurrent branches (a, b) still run in pool threads, at the same time."""
+    threads, failing = {}, {"train"}
+
+    def handler(node, ctx):
+        threads[node.node_id] = threading.current_thread()
+        if node.node_id in failing:
+            raise ValueError("train broke")
+        return NodeResult([batch_key("j", ctx.step, node.node_id)])
+
+    events = EventLog("j")
+    with pytest.raises(NodeFailed, match="node 'train' failed at step 2"):  # reported as a pool thread's failure
+        StepExecutor(graph(), lambda n: handler, events).run_step("j", 2)
+    me = threading.current_thread()
+    assert threads["load"] is me and threads["roll"] is me and threads["train"] is me  # was: pool threads
+    assert threads["a"] is not me and threads["b"] is not me
+    assert len(events.errors()) == 1

@@ -1,10 +1,10 @@
-"""What the scheduler itself reads from the data buffer: the log-prob gap metric reads its three columns from
-the batches that write them (not every column of every input batch), the held-out evaluation tells the
+"""What the scheduler itself reads from the data buffer: nothing for the log-prob gap metric (the actor's old
+log-prob pass asks the trainer for it, with the two rollout columns it needs), the held-out evaluation tells the
 router its row count (so nobody reads the prompts to count them) and reads only the responses."""
 
 from __future__ import annotations
 
-import numpy as np
+from types import SimpleNamespace
 
 from meshrl.common import batch_schema as S
 from meshrl.common.batch_key import batch_key
@@ -14,9 +14,9 @@ from meshrl.scheduler.step.columns import column_reads
 from meshrl.scheduler.step.data import Record
 from meshrl.scheduler.step.evaluation import evaluate
 from meshrl.scheduler.step.executor import NodeResult, StepContext
-from meshrl.scheduler.step.pipeline import GAP_COLUMNS, _gap
+from meshrl.scheduler.step.nodes import NodeHandlers
+from meshrl.scheduler.step.pipeline import SyncSteps
 from meshrl.scheduler.workflow.builtin import load_builtin
-from meshrl.scheduler.workflow.columns import node_outputs
 
 
 class RecordingBuffer:
@@ -67,27 +67,63 @@ def test_column_reads_takes_each_column_from_its_nearest_writer_or_gives_none():
     assert column_reads(keys, writes, ["old_logprobs", "values"]) is None
 
 
-def test_the_gap_metric_reads_its_three_columns_from_the_two_batches_that_write_them():
-    tokens = Ragged.from_rows([[0.1, 0.2], [0.3]], dtype=np.float32)
-    buffer = RecordingBuffer({
-        "rollout": Batch({S.ROLLOUT_LOGPROBS: tokens, S.RESPONSE_VERSIONS: Ragged.from_rows([[4, 4], [3]]),
-                          S.RESPONSE_IDS: Ragged.from_rows([[1, 2], [3]])}),
-        "old_logprob": Batch({S.OLD_LOGPROBS: Ragged.from_rows([[0.1, 0.4], [0.3]], dtype=np.float32)}),
-    })  # fmt: skip
-    ctx = _grpo_context()
-    metrics = _gap(buffer, ctx, ("actor_train",), 4, node_outputs(ctx.nodes.values()))
-    assert buffer.reads == [(["old_logprob", "rollout"], GAP_COLUMNS)]  # was: every column of 5 batches
-    assert abs(metrics["async/logprob_gap_lag0"] - 0.1) < 1e-6  # |0.2 - 0.4| and |0.1 - 0.1| at version 4
-    assert metrics["async/logprob_gap_lag1"] == 0.0
+class RecordingTrainer:
+    """The trainer client's log-prob call: records what it was asked and answers with `metrics`."""
+
+    def __init__(self, metrics: dict[str, float]) -> None:
+        self.metrics = metrics
+        self.calls: list[dict] = []
+
+    def compute_logprobs(self, role, inputs, output, name, entropy, columns=(), weight_version=None):
+        self.calls.append({"role": role, "inputs": [k.node_id for k in inputs], "columns": list(columns),
+                           "weight_version": weight_version})  # fmt: skip
+        return SimpleNamespace(metrics=self.metrics)
 
 
-def test_the_gap_metric_is_left_out_when_no_batch_holds_its_columns():
-    buffer = RecordingBuffer({"rollout": Batch({S.RESPONSE_IDS: Ragged.from_rows([[1]])})})
+def _handlers(buffer, trainer) -> NodeHandlers:
+    return NodeHandlers(None, buffer, trainer, None, None, None, None)
+
+
+def test_the_actor_pass_asks_the_trainer_for_the_gap_and_the_scheduler_reads_nothing():
+    buffer, trainer = RecordingBuffer({}), RecordingTrainer({"entropy": 1.5, "logprob_gap_lag0": 0.25})
     ctx = _grpo_context()
-    for nid in ctx.results:  # batches of no workflow node (as the async mode's rows are): every one is asked
+    ctx.version = 4
+    handlers = _handlers(buffer, trainer)
+    old = handlers.inference(ctx.nodes["old_logprob"], ctx)
+    ref = handlers.inference(ctx.nodes["ref_logprob"], ctx)
+    assert buffer.reads == []  # was: a GetSmallBatches of the gap's three columns after the step's nodes
+    assert trainer.calls[0] == {"role": "actor", "inputs": ["rollout"], "weight_version": 4,
+                                "columns": [S.PROMPT_IDS, S.RESPONSE_IDS, S.ROLLOUT_LOGPROBS, S.RESPONSE_VERSIONS]}  # fmt: skip
+    assert trainer.calls[1]["columns"] == [S.PROMPT_IDS, S.RESPONSE_IDS] and trainer.calls[1]["weight_version"] is None
+    assert old.metrics == {"old_logprob/entropy": 1.5, "async/logprob_gap_lag0": 0.25}  # the step metric's name
+    assert "async/logprob_gap_lag0" not in ref.metrics
+
+
+def test_the_gap_columns_are_asked_from_stream_rows_and_not_where_no_node_writes_them():
+    trainer = RecordingTrainer({})
+    ctx = _grpo_context()
+    ctx.version = 2
+    for nid in ctx.results:  # an asynchronous step's rows: one batch of no workflow node, every column
         ctx.results[nid].outputs = [batch_key("j", 3, "rows")]
-    assert _gap(buffer, ctx, ("actor_train",), 1, node_outputs(ctx.nodes.values())) == {}
-    assert buffer.reads == [(["rows"], GAP_COLUMNS)]
+    _handlers(RecordingBuffer({}), trainer).inference(ctx.nodes["old_logprob"], ctx)
+    assert trainer.calls[-1]["columns"][-2:] == [S.ROLLOUT_LOGPROBS, S.RESPONSE_VERSIONS]
+    ctx = _grpo_context()
+    ctx.version = 2
+    ctx.nodes["rollout"].config["outputs"] = [S.PROMPT_IDS, S.RESPONSE_IDS]  # writes no rollout log-probs
+    _handlers(RecordingBuffer({}), trainer).inference(ctx.nodes["old_logprob"], ctx)
+    assert trainer.calls[-1]["columns"] == [S.PROMPT_IDS, S.RESPONSE_IDS]
+
+
+def test_a_sync_step_reads_nothing_itself_and_tells_the_nodes_its_version():
+    class Executor:
+        def run_nodes(self, job_id, step, version=None, **_):
+            self.version = version
+            return {"time/rollout": 0.1}, StepContext(job_id, step)
+
+    buffer, executor = RecordingBuffer({}), Executor()
+    steps = SyncSteps(executor, buffer, "j", list(load_builtin("grpo").nodes))
+    assert steps.run_step(3, 7) == {"time/rollout": 0.1}
+    assert executor.version == 7 and buffer.reads == []  # was: the gap metric's own read
 
 
 class Encoder:

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 from meshrl.api.common.v1 import keys_pb2, weights_pb2
 from meshrl.api.trainer.v1 import trainer_pb2 as pb
 from meshrl.api.trainer.v1 import trainer_pb2_grpc
-from meshrl.common.codec import Batch, merge_batches
+from meshrl.common.codec import Batch, Ragged, merge_batches
 from meshrl.common.errors import MODEL_NOT_LOADED, FailedPrecondition, NotFound, from_rpc_error
 from meshrl.common.grpc_server import ServerConfig, start_server
 from meshrl.common.net import free_port
@@ -210,3 +210,52 @@ def test_publish_over_a_gloo_group(served, qwen2_dir):
     with pytest.raises(grpc.RpcError) as err:
         stub.PublishWeights(req, timeout=10)
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_the_actor_pass_reports_the_rollout_gap_per_version_lag(served, qwen2_dir):
+    """With weight_version set and the rollout's log-probs and versions among the rows read, the actor's
+    reply carries logprob_gap_lag<k> (the scheduler reads none of those columns itself)."""
+    stub, buffer, trainer = served
+    reply = load_actor(stub, qwen2_dir)
+    batch = make_batch(reply.vocab_size)
+    offsets = batch["response_ids"].offsets
+    tokens = int(offsets[-1])
+    rollout = np.linspace(-3.0, -0.5, tokens).astype(np.float32)
+    versions = np.where(np.arange(tokens) % 3 == 0, 4, 5).astype(np.int64)
+    buffer.put(key("rollout"), {"prompt_ids": batch["prompt_ids"], "response_ids": batch["response_ids"],
+                                "rollout_logprobs": Ragged(rollout, offsets), "response_versions": Ragged(versions, offsets)})  # fmt: skip
+    cols = ["prompt_ids", "response_ids", "rollout_logprobs", "response_versions"]
+    req = pb.ComputeLogProbsRequest(role=pb.ROLE_ACTOR, inputs=[key("rollout")], output=key("old"),
+                                    output_name="old_logprobs", columns=cols, weight_version=5)  # fmt: skip
+    metrics = stub.ComputeLogProbs(req, timeout=60).metrics
+    old = buffer.batches[("job", 0, "old", None)].columns["old_logprobs"].values
+    gap = np.abs(old - rollout)
+    assert metrics["logprob_gap_lag0"] == pytest.approx(float(gap[versions == 5].mean()))
+    assert metrics["logprob_gap_lag1"] == pytest.approx(float(gap[versions == 4].mean()))
+    assert metrics["logprob_mismatch_mean"] == pytest.approx(float(gap.mean()), rel=1e-5)
+    req.ClearField("weight_version")  # not told its version: no gap per lag
+    assert not [k for k in stub.ComputeLogProbs(req, timeout=60).metrics if k.startswith("logprob_gap_lag")]
+
+
+def test_a_log_prob_pass_reads_its_rows_while_another_pass_holds_the_model(served, qwen2_dir):
+    """One rank: the reference's pass reads its rows while the actor's computes (only the forward pass holds
+    the trainer's lock), instead of waiting for the whole of the other call before reading."""
+    stub, buffer, trainer = served
+    reply = load_actor(stub, qwen2_dir)
+    batch = make_batch(reply.vocab_size)
+    buffer.put(key("rollout"), {k: batch[k] for k in ("prompt_ids", "response_ids")})
+    read, real_get = threading.Event(), buffer.get_many
+
+    def get_many(keys, **kwargs):
+        read.set()
+        return real_get(keys, **kwargs)
+
+    buffer.get_many = get_many
+    req = pb.ComputeLogProbsRequest(role=pb.ROLE_ACTOR, inputs=[key("rollout")], output=key("old"),
+                                    output_name="old_logprobs")  # fmt: skip
+    with trainer._lock:  # another pass computing
+        call = stub.ComputeLogProbs.future(req, timeout=60)
+        assert read.wait(30)  # was: no read before the lock is free
+        assert not call.done()  # ... but its forward pass waits for the model
+    assert call.result().tokens == batch["response_ids"].offsets[-1]
+    assert ("job", 0, "old", None) in buffer.batches

@@ -36,6 +36,17 @@ def _truncated(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -
     return scaled.masked_fill(torch.zeros_like(drop).scatter(1, order, drop), float("-inf"))
 
 
+def _seeded_picks(probs: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:
+    """One token per row of probs [B, V], row b drawn with generators[b]: exactly what
+    `torch.multinomial(probs[b], 1, generator=generators[b])` picks (its one-sample path is argmax(p / q),
+    q ~ Exp(1) drawn from the generator), with one noise draw per row and the rest batched, instead of a
+    whole multinomial call (with its checks) and a tensor write per row and token."""
+    noise = torch.empty_like(probs)
+    for row, gen in zip(noise, generators):
+        row.exponential_(generator=gen)
+    return torch.argmax(probs / noise, dim=-1)
+
+
 def sample(
     logits: torch.Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None]
 ) -> tuple[list[int], list[float]]:
@@ -58,8 +69,8 @@ def sample(
         if free:
             picks = torch.multinomial(probs[free], 1)[:, 0]
             chosen[idx[free]] = picks
-        for j, i in enumerate(sampled):
-            if generators[i] is not None:  # seeded: its own generator, reproducible whatever the batch
-                chosen[i] = torch.multinomial(probs[j], 1, generator=generators[i])[0]
+        seeded = [j for j, i in enumerate(sampled) if generators[i] is not None]
+        if seeded:  # each from its own generator: reproducible whatever the batch
+            chosen[idx[seeded]] = _seeded_picks(probs[seeded], [generators[sampled[j]] for j in seeded])
     picked = logprobs.gather(1, chosen[:, None])[:, 0]
     return chosen.tolist(), picked.tolist()

@@ -54,12 +54,13 @@ class TrainerClient:
 
     def compute_logprobs(
         self, role: str, inputs: Sequence[keys_pb2.BatchKey], output: keys_pb2.BatchKey, name: str, entropy: bool,
-        columns: Sequence[str] = (),
+        columns: Sequence[str] = (), weight_version: int | None = None,
     ) -> tpb.ComputeResponse:  # fmt: skip
-        """`columns`: the only input columns the trainer reads (empty: every column)."""
+        """`columns`: the only input columns the trainer reads (empty: every column); `weight_version`: the
+        version the actor's weights are at (its reply then carries the rollout gap per version lag)."""
         req = tpb.ComputeLogProbsRequest(
             role=role_proto(role), inputs=inputs, output=output, output_name=name, with_entropy=entropy,
-            temperature=1.0, columns=columns,
+            temperature=1.0, columns=columns, weight_version=weight_version,
         )  # fmt: skip
         return call(self.stub.ComputeLogProbs, req, timeout=self.timeout)
 

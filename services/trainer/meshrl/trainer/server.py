@@ -87,6 +87,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
             micro_batch_tokens=optional_field(request, "micro_batch_tokens"),
             output_name=request.output_name,
             columns=list(request.columns),
+            weight_version=optional_field(request, "weight_version"),
         )
         return _compute_reply(out)
 

@@ -16,8 +16,6 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from meshrl.api.common.v1 import weights_pb2
 from meshrl.common import batch_schema as S
 from meshrl.common.batch_key import BatchRef
@@ -32,6 +30,7 @@ from meshrl.trainer.losses import LossConfig
 from meshrl.trainer.offload import set_residency
 from meshrl.trainer.optim import OptimizerConfig
 from meshrl.trainer.reward_model import REWARD_ROLE, SCORES, compute_scores
+from meshrl.trainer.rollout_gap import rollout_gap_metrics
 
 # Copied into every published version so engines can (re)load it as a Hugging Face model folder.
 MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -156,13 +155,27 @@ class TrainerService:
     def compute_logprobs(
         self, role: str, inputs: Sequence[BatchRef], output: BatchRef, **kwargs: Any
     ) -> dict[str, Any]:
-        return self._call("compute_logprobs", role=role, inputs=list(inputs), output=output, **kwargs)
+        if self.bus is not None and self.bus.world > 1:
+            return self._call("compute_logprobs", role=role, inputs=list(inputs), output=output, **kwargs)
+        # One rank: only the forward pass holds the lock, so a second pass (the reference's beside the
+        # actor's) reads its rows while the first computes, and the first writes while the second computes.
+        self.core.role(role)  # fail fast before waiting for the batch
+        columns = self._read(list(inputs), kwargs.pop("columns", ()))
+        with self._lock:
+            out, reply = self._logprobs_of(role, columns, **kwargs)
+        self._write(output, out)
+        return reply
 
-    def _compute_logprobs(self, role, inputs, output, with_entropy=False, temperature=None, micro_batch_tokens=None,
-                          output_name="", columns=()) -> dict[str, Any]:  # fmt: skip
+    def _compute_logprobs(self, role, inputs, output, columns=(), **kwargs: Any) -> dict[str, Any]:
+        """Every rank of a data-parallel trainer, in order with the other collective ops."""
         self.core.role(role)  # fail fast (same on every rank) before waiting for the batch
-        names = columns
-        columns = self._read(inputs, names)
+        out, reply = self._logprobs_of(role, self._read(inputs, columns), **kwargs)
+        self._write(output, out)
+        return reply
+
+    def _logprobs_of(self, role, columns, with_entropy=False, temperature=None, micro_batch_tokens=None,
+                     output_name="", weight_version=None) -> tuple[dict[str, object], dict[str, Any]]:  # fmt: skip
+        """(the columns to write, the reply) of one log-prob pass over the rows read (`columns`)."""
         result = self.core.compute_logprobs(
             role,
             columns,
@@ -176,19 +189,9 @@ class TrainerService:
             out[S.ENTROPY] = result.entropy
             if result.entropy.values.size:
                 metrics["entropy"] = float(result.entropy.values.mean())
-        rollout = columns.get(S.ROLLOUT_LOGPROBS)
-        same_tokens = rollout is not None and rollout.values.size == result.values.values.size
-        if role == "actor" and same_tokens and rollout.values.size:
-            # How far the rollout engine's log-probs are from the trainer's for the same tokens.
-            gap = np.abs(np.asarray(rollout.values, np.float64) - np.asarray(result.values.values, np.float64))
-            loss_mask = columns.get(S.LOSS_MASK)
-            if loss_mask is not None and loss_mask.values.size == gap.size:  # model tokens only (multi-turn)
-                gap = gap[np.asarray(loss_mask.values) > 0]
-            if gap.size:
-                metrics["logprob_mismatch_mean"] = float(gap.mean())
-                metrics["logprob_mismatch_max"] = float(gap.max())
-        self._write(output, out)
-        return {"tokens": result.tokens, "micro_batches": result.micro_batches, "metrics": metrics}
+        if role == "actor":  # the rollout-vs-actor log-prob gap, from the rows read (rollout_gap.py)
+            metrics.update(rollout_gap_metrics(columns, result.values.values, weight_version))
+        return out, {"tokens": result.tokens, "micro_batches": result.micro_batches, "metrics": metrics}
 
     def compute_values(
         self, inputs: Sequence[BatchRef], output: BatchRef, micro_batch_tokens: int | None = None,

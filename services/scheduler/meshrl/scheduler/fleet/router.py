@@ -227,10 +227,13 @@ class RolloutRouter(StreamingMixin):
         def run(c: _Chunk) -> None:
             replies[c.index] = self._run_range(c, base, c.shard_key(output_key, single), deadline, result)
 
-        with ThreadPoolExecutor(max_workers=min(len(chunks), 64), thread_name_prefix="router") as pool:
-            # each chunk's RPC runs inside the caller's trace context (pool threads do not inherit it)
-            for future in [pool.submit(contextvars.copy_context().run, run, c) for c in chunks]:
-                future.result()
+        if single:  # one range: its RPC in this thread (a pool thread would cost two hand-offs per call)
+            run(chunks[0])
+        else:
+            with ThreadPoolExecutor(max_workers=min(len(chunks), 64), thread_name_prefix="router") as pool:
+                # each chunk's RPC runs inside the caller's trace context (pool threads do not inherit it)
+                for future in [pool.submit(contextvars.copy_context().run, run, c) for c in chunks]:
+                    future.result()
         summarize(result, [replies[c.index] for c in chunks])
         shards = [c.shard_key(output_key, single) for c in chunks]
         result.keys = shards if single or not merge else [self._merge(shards, output_key)]

@@ -12,7 +12,7 @@ import contextvars
 import logging
 import socket
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from meshrl.api.common.v1 import weights_pb2 as wpb
@@ -269,20 +269,7 @@ class WeightPublisher:
             if self.cfg.transport == "disk":
                 reply = self._publish_disk(version, delta=self.cfg.delta)
                 nbytes = reply.disk.delta_bytes if reply.disk.delta else reply.bytes
-                flush = self.cfg.flush_cache != "never"
-                with ThreadPoolExecutor(max(1, len(replicas))) as pool:
-                    futures = {
-                        r.address: _submit(
-                            pool,
-                            r.update_from_disk,
-                            reply.disk,
-                            PAUSE[self.cfg.pause_mode],
-                            flush,
-                            self.cfg.timeout_seconds,
-                        )
-                        for r in replicas
-                    }
-                    failed = _failed(futures, f"load weight version {version}")
+                failed = self._load_disk(reply.disk, replicas, version)
                 if reply.disk.delta and failed:  # missed the base (or cannot apply deltas): a complete version
                     self.version = version
                     stale = self._refit_all([r for r in replicas if r.address in failed])
@@ -300,6 +287,21 @@ class WeightPublisher:
             span.set_attribute("meshrl.weights.backend", backend)
         return PublishResult(version, time.perf_counter() - start, nbytes, stale, self.last_disk, backend)
 
+    def _load_disk(self, disk: wpb.DiskWeights, replicas: list[RolloutClient], version: int) -> dict[str, MeshrlError]:
+        """Every replica loads the published version `disk`, concurrently; returns those that failed. One
+        replica loads from this thread (a pool thread would cost a start and two hand-offs per step)."""
+        args = (disk, PAUSE[self.cfg.pause_mode], self.cfg.flush_cache != "never", self.cfg.timeout_seconds)
+        if len(replicas) == 1:
+            done: Future = Future()
+            try:
+                done.set_result(replicas[0].update_from_disk(*args))
+            except MeshrlError as exc:
+                done.set_exception(exc)
+            return _failed({replicas[0].address: done}, f"load weight version {version}")
+        with ThreadPoolExecutor(max(1, len(replicas))) as pool:
+            futures = {r.address: _submit(pool, r.update_from_disk, *args) for r in replicas}
+            return _failed(futures, f"load weight version {version}")
+
     def _refit_all(self, replicas: list[RolloutClient]) -> list[str]:
         """Refits replicas that refused a delta with a complete version; returns those that still failed."""
         stale = []
@@ -314,17 +316,15 @@ class WeightPublisher:
 
     def verify(self, replicas: list[RolloutClient], version: int) -> None:
         """Every replica serves `version` with the trainer's checksums (those its publish reply carried; asked
-        for only when that reply had none), or DataLoss names who differs."""
+        for only when that reply had none), or DataLoss names who differs. One call per replica: its checksums
+        reply carries the version it serves, taken with the checksums."""
         expected = self.published_checksums
         if expected is None or expected.version != version:
             expected = self.trainer.checksums("actor")
         for replica in replicas:
-            status = replica.status()
-            if status.weight_version != version:
-                raise DataLoss(
-                    f"replica {replica.address} serves weight version {status.weight_version}, expected {version}"
-                )
             got = replica.checksums(list(expected.sha256))
+            if got.version != version:
+                raise DataLoss(f"replica {replica.address} serves weight version {got.version}, expected {version}")
             diff = sorted(k for k in expected.sha256 if got.sha256.get(k) != expected.sha256[k])
             if diff:
                 raise DataLoss(f"replica {replica.address} has different weights than the trainer for {diff[:5]}")

@@ -47,6 +47,7 @@ class StepContext:
     step: int
     results: dict[str, NodeResult] = field(default_factory=dict)
     nodes: dict[str, Any] = field(default_factory=dict)
+    version: int | None = None  # the weight version the step trains from (None: not told)
 
     def input_keys(self, node_id: str) -> list[keys_pb2.BatchKey]:
         """Keys of every upstream node's output, nearest first, not past a row-rewriting node."""
@@ -102,16 +103,28 @@ class StepExecutor:
             self.events.node(ctx.step, node.node_id, spb.NODE_STATE_COMPLETED, seconds=seconds)
             return result
 
+    def _run_inline(self, node: Any, ctx: StepContext) -> Future:
+        """Runs `node` in the calling thread (the only node that can run now); its outcome as a done future."""
+        done: Future = Future()
+        try:
+            done.set_result(contextvars.copy_context().run(self._run_node, node, ctx))
+        except Exception as exc:  # noqa: BLE001 - reported as the node's failure, as a pool thread's would be
+            done.set_exception(exc)
+        return done
+
     def run_step(self, job_id: str, step: int) -> dict[str, float]:
         """Runs every node of the DAG once; raises NodeFailed (after the running nodes end) on failure."""
         return self.run_nodes(job_id, step)[0]
 
     def run_nodes(
-        self, job_id: str, step: int, only: set[str] | None = None, given: dict[str, NodeResult] | None = None
-    ) -> tuple[dict[str, float], StepContext]:
+        self, job_id: str, step: int, only: set[str] | None = None, given: dict[str, NodeResult] | None = None,
+        version: int | None = None,
+    ) -> tuple[dict[str, float], StepContext]:  # fmt: skip
         """Runs the nodes in `only` (default: all), with `given` standing in for the results of nodes
-        that ran elsewhere (the producer side of an asynchronous step); returns (metrics, context)."""
-        ctx = StepContext(job_id, step, results=dict(given or {}), nodes=self.nodes)
+        that ran elsewhere (the producer side of an asynchronous step); `version`: the weight version the
+        step trains from (the actor's log-prob pass reports the rollout gap per version lag against it).
+        Returns (metrics, context)."""
+        ctx = StepContext(job_id, step, results=dict(given or {}), nodes=self.nodes, version=version)
         pending = {i: n for i, n in self.nodes.items() if (only is None or i in only) and i not in ctx.results}
         for node_id in pending:
             self.events.node(step, node_id, spb.NODE_STATE_PENDING)
@@ -121,9 +134,12 @@ class StepExecutor:
         with ThreadPoolExecutor(self.workers, thread_name_prefix="node") as pool:
             while pending or running:
                 if failure is None:
-                    for node_id, node in list(pending.items()):
-                        if all(d in ctx.results for d in node.dependencies):
-                            del pending[node_id]
+                    ready = [i for i, n in pending.items() if all(d in ctx.results for d in n.dependencies)]
+                    for node_id in ready:
+                        node = pending.pop(node_id)
+                        if len(ready) == 1 and not running:  # alone: in this thread, no hand-off to a pool thread
+                            running[self._run_inline(node, ctx)] = node_id
+                        else:
                             running[pool.submit(contextvars.copy_context().run, self._run_node, node, ctx)] = node_id
                 if not running:
                     break

@@ -26,6 +26,7 @@ from meshrl.scheduler.step.data import PromptEncoder, PromptSampler
 from meshrl.scheduler.step.dispatch import check_dispatch_table, handler_name
 from meshrl.scheduler.step.episodes import trajectory_columns
 from meshrl.scheduler.step.executor import NodeResult, StepContext
+from meshrl.scheduler.step.logprob_gap import gap_metric, gap_reads
 from meshrl.scheduler.step.reward_model import score_node
 from meshrl.scheduler.step.rewards import RewardFn, score
 from meshrl.scheduler.step.user_code import UserCode
@@ -266,15 +267,19 @@ class NodeHandlers:
     def inference(self, node: Any, ctx: StepContext) -> NodeResult:
         role = enum_name(node.node_role).lower()
         key = self._key(ctx, node)
-        reads = self._reads(node, ctx)
         if role == "critic":
+            reads = self._reads(node, ctx)
             reply = self.trainer.compute_values(reads.keys, key, columns=reads.columns)
-        else:
-            name = node.config.get("output_name", S.OLD_LOGPROBS if role == "actor" else S.REF_LOGPROBS)
-            reply = self.trainer.compute_logprobs(
-                role, reads.keys, key, name, entropy=role == "actor", columns=reads.columns
-            )
-        return NodeResult([key], {f"{node.node_id}/{k}": v for k, v in reply.metrics.items()})
+            return NodeResult([key], {f"{node.node_id}/{k}": v for k, v in reply.metrics.items()})
+        name = node.config.get("output_name", S.OLD_LOGPROBS if role == "actor" else S.REF_LOGPROBS)
+        gap = role == "actor" and name == S.OLD_LOGPROBS and ctx.version is not None
+        reads = self._reads(node, ctx, also=gap_reads(node, ctx) if gap else ())
+        reply = self.trainer.compute_logprobs(
+            role, reads.keys, key, name, entropy=role == "actor", columns=reads.columns,
+            weight_version=ctx.version if gap else None,
+        )  # fmt: skip
+        named = {k: (gap and gap_metric(k)) or f"{node.node_id}/{k}" for k in reply.metrics}
+        return NodeResult([key], {named[k]: v for k, v in reply.metrics.items()})
 
     def train(self, node: Any, ctx: StepContext) -> NodeResult:
         role = enum_name(node.node_role).lower()

@@ -12,7 +12,7 @@ import contextlib
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 
 import numpy as np
 from opentelemetry import context as otel_context
@@ -22,18 +22,13 @@ from meshrl.common import batch_schema as S
 from meshrl.common import telemetry
 from meshrl.common.codec import concat_batches
 from meshrl.common.databuffer_client import DataBufferClient
-from meshrl.common.errors import Cancelled, FailedPrecondition, InvalidArgument, NotFound
+from meshrl.common.errors import Cancelled, FailedPrecondition, InvalidArgument
 from meshrl.common.telemetry import attributes as A
 from meshrl.scheduler.config import JobConfig
-from meshrl.scheduler.step.columns import column_reads
-from meshrl.scheduler.step.executor import NodeResult, StepContext, StepExecutor
+from meshrl.scheduler.step.executor import NodeResult, StepExecutor
 from meshrl.scheduler.step.modes import AsyncPlan, node_kinds, plan_async
-from meshrl.scheduler.step.nodes import enum_name
 from meshrl.scheduler.step.producer import STREAM, Producer, prompt_of, rows_key
-from meshrl.scheduler.step.staleness import AdmissionGate, logprob_gap_by_lag, staleness_histogram
-from meshrl.scheduler.workflow.columns import node_outputs
-
-GAP_COLUMNS = (S.OLD_LOGPROBS, S.ROLLOUT_LOGPROBS, S.RESPONSE_VERSIONS)  # what logprob_gap_by_lag reads
+from meshrl.scheduler.step.staleness import AdmissionGate, staleness_histogram
 
 LEARNER_GROUP = "learner"
 READ_BLOCK_SECONDS = 1.0
@@ -95,25 +90,6 @@ class IdleMeter:
         }
 
 
-def _gap(
-    buffer: DataBufferClient, ctx: StepContext, train_ids: tuple[str, ...], version: int,
-    writes: Mapping[str, frozenset[str]] | None = None,
-) -> dict[str, float]:  # fmt: skip
-    """The log-prob gap of the rows the actor trained on: only the three columns it needs, from the batches
-    whose nodes write them (`writes`: {node_id: columns}; None, or a batch of no workflow node, as the async
-    rows are: every input batch is asked for them)."""
-    actor = [i for i in train_ids if enum_name(ctx.nodes[i].node_role) == "ACTOR"]
-    if not actor:
-        return {}
-    keys = ctx.input_keys(actor[0])
-    reads = column_reads(keys, writes, GAP_COLUMNS) if writes is not None else None
-    try:
-        batch = buffer.get_many(reads.keys if reads else keys, columns=GAP_COLUMNS)
-    except NotFound:  # the workflow does not write them all: no gap to report
-        return {}
-    return logprob_gap_by_lag(batch, version)
-
-
 class SyncSteps:
     """`training.mode: sync`: each step runs the whole DAG (generate, score, log-probs, train) in order."""
 
@@ -122,8 +98,6 @@ class SyncSteps:
         self.buffer = buffer
         self.job_id = job_id
         self.rollout_ids, self.trainer_ids = node_kinds(nodes)
-        self.train_ids = tuple(n.node_id for n in nodes if enum_name(n.node_type) == "MODEL_TRAIN")
-        self.writes = node_outputs(nodes)  # which batch holds the gap metric's columns
         self.spans = StepSpans(job_id)
         self.idle = IdleMeter()
         self.rollout_total = 0.0
@@ -135,9 +109,8 @@ class SyncSteps:
         return self.spans.use(step, end=True)
 
     def run_step(self, step: int, version: int) -> dict[str, float]:
-        metrics, ctx = self.executor.run_nodes(self.job_id, step)
+        metrics, _ = self.executor.run_nodes(self.job_id, step, version=version)  # gap per lag: in old_logprob's
         self.rollout_total += sum(metrics.get(f"time/{i}", 0.0) for i in self.rollout_ids)
-        metrics.update(_gap(self.buffer, ctx, self.train_ids, version, self.writes))
         return metrics
 
     def finish_step(self, metrics: dict[str, float]) -> None:
@@ -260,11 +233,11 @@ class AsyncSteps(SyncSteps):
         key = rows_key(self.job_id, step)
         self.buffer.put(key, batch)
         given = {i: NodeResult([key], rewrites_rows=True) for i in self.split.producer}
-        metrics, ctx = self.executor.run_nodes(self.job_id, step, only=set(self.split.consumer), given=given)
+        metrics, _ = self.executor.run_nodes(self.job_id, step, only=set(self.split.consumer), given=given,
+                                             version=version)  # fmt: skip
         self.buffer.ack(self.job_id, STREAM, LEARNER_GROUP, entries)
         lags = [version - g.weight_version for g in groups]
         out = {**producer_metrics, **metrics, **staleness_histogram(lags), **self._ledger(groups, batch, stale)}
-        out.update(_gap(self.buffer, ctx, self.train_ids, version))
         out["async/stream_length"] = float(sum(s.length for s in self.buffer.stats(self.job_id).streams
                                                    if s.stream == STREAM))  # fmt: skip
         out.update({"async/rounds": float(rounds),

@@ -1,7 +1,7 @@
 """The staleness bound of asynchronous training: `AdmissionGate` lets the producer start round r only once
 the trainer's weights are at most eta versions behind what round r will be trained with, and only while the
 sample stream holds room for it (back-pressure); plus the per-step figures of staleness: the histogram of
-consumed groups' version lag and the rollout-vs-trainer log-prob gap per token version lag.
+consumed groups' version lag (the log-prob gap per token version lag comes from the trainer: step/logprob_gap.py).
 Used by `meshrl.scheduler.step.producer` (waits) and `meshrl.scheduler.step.pipeline` (announces, consumes).
 """
 
@@ -11,10 +11,6 @@ import threading
 import time
 from collections.abc import Iterable
 
-import numpy as np
-
-from meshrl.common import batch_schema as S
-from meshrl.common.codec import Batch
 from meshrl.common.errors import Cancelled
 
 
@@ -133,16 +129,3 @@ def staleness_histogram(lags: Iterable[int]) -> dict[str, float]:
         out[f"async/staleness_{lag}"] = out.get(f"async/staleness_{lag}", 0.0) + 1.0
     out["async/staleness_max"] = float(max(lags, default=0))
     return out
-
-
-def logprob_gap_by_lag(batch: Batch, trainer_version: int) -> dict[str, float]:
-    """Mean |trainer old log-prob - rollout log-prob| per token, by the token's version lag
-    (trainer_version - the version that generated it); empty without those columns."""
-    cols = batch.columns
-    if not {S.OLD_LOGPROBS, S.ROLLOUT_LOGPROBS, S.RESPONSE_VERSIONS} <= set(cols):
-        return {}
-    gap = np.abs(np.asarray(cols[S.OLD_LOGPROBS].values) - np.asarray(cols[S.ROLLOUT_LOGPROBS].values))
-    lag = trainer_version - np.asarray(cols[S.RESPONSE_VERSIONS].values)
-    if gap.shape != lag.shape:
-        return {}
-    return {f"async/logprob_gap_lag{int(v)}": float(gap[lag == v].mean()) for v in np.unique(lag)}

@@ -140,7 +140,7 @@ class LoadModelResponse(_message.Message):
     def __init__(self, role: _Optional[_Union[Role, str]] = ..., num_parameters: _Optional[int] = ..., architecture: _Optional[str] = ..., vocab_size: _Optional[int] = ...) -> None: ...
 
 class ComputeLogProbsRequest(_message.Message):
-    __slots__ = ("role", "inputs", "output", "with_entropy", "temperature", "micro_batch_tokens", "output_name", "columns")
+    __slots__ = ("role", "inputs", "output", "with_entropy", "temperature", "micro_batch_tokens", "output_name", "columns", "weight_version")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
@@ -149,6 +149,7 @@ class ComputeLogProbsRequest(_message.Message):
     MICRO_BATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_NAME_FIELD_NUMBER: _ClassVar[int]
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     role: Role
     inputs: _containers.RepeatedCompositeFieldContainer[_keys_pb2.BatchKey]
     output: _keys_pb2.BatchKey
@@ -157,7 +158,8 @@ class ComputeLogProbsRequest(_message.Message):
     micro_batch_tokens: int
     output_name: str
     columns: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, role: _Optional[_Union[Role, str]] = ..., inputs: _Optional[_Iterable[_Union[_keys_pb2.BatchKey, _Mapping]]] = ..., output: _Optional[_Union[_keys_pb2.BatchKey, _Mapping]] = ..., with_entropy: _Optional[bool] = ..., temperature: _Optional[float] = ..., micro_batch_tokens: _Optional[int] = ..., output_name: _Optional[str] = ..., columns: _Optional[_Iterable[str]] = ...) -> None: ...
+    weight_version: int
+    def __init__(self, role: _Optional[_Union[Role, str]] = ..., inputs: _Optional[_Iterable[_Union[_keys_pb2.BatchKey, _Mapping]]] = ..., output: _Optional[_Union[_keys_pb2.BatchKey, _Mapping]] = ..., with_entropy: _Optional[bool] = ..., temperature: _Optional[float] = ..., micro_batch_tokens: _Optional[int] = ..., output_name: _Optional[str] = ..., columns: _Optional[_Iterable[str]] = ..., weight_version: _Optional[int] = ...) -> None: ...
 
 class ComputeValuesRequest(_message.Message):
     __slots__ = ("inputs", "output", "micro_batch_tokens", "columns")
