@@ -24,7 +24,7 @@ from meshrl.common.errors import Internal, Unavailable
 from meshrl.rollout.kv_batch import KVBatch, SeqKV
 from meshrl.rollout.model_runner import HFModelRunner
 from meshrl.rollout.prefix_cache import PrefixCache
-from meshrl.rollout.sampler import make_generator, sample
+from meshrl.rollout.sampler import sample, sample_key
 from meshrl.rollout.types import FinishReason, GenerationRequest, GenerationResult, PauseMode, TokenChunk
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ class _Seq:
     request: GenerationRequest
     future: Future
     on_chunk: Callable[[TokenChunk], None] | None
-    generator: torch.Generator | None
+    key: int  # the sampling noise's key (meshrl.rollout.sampler.sample_key)
     stop_ids: frozenset[int]
     admitted_version: int
     tokens: list[int] = field(default_factory=list)
@@ -89,7 +89,7 @@ class ContinuousBatcher:
         stop = set(request.sampling.stop_token_ids)
         if not request.sampling.ignore_eos:
             stop |= self.runner.eos_token_ids
-        seq = _Seq(request, future, on_chunk, make_generator(request.sampling, self.runner.device), frozenset(stop), 0)
+        seq = _Seq(request, future, on_chunk, sample_key(request.sampling), frozenset(stop), 0)
         with self._wake:
             if self._stopping:
                 raise Unavailable("the engine is shutting down; send the request to another replica")
@@ -228,8 +228,9 @@ class ContinuousBatcher:
                 fresh.append((seq, kv, logits))
         if fresh:
             stacked = torch.stack([lg for _, _, lg in fresh])
+            seqs = [s for s, _, _ in fresh]
             tokens, logprobs = sample(
-                stacked, [s.request.sampling for s, _, _ in fresh], [s.generator for s, _, _ in fresh]
+                stacked, [s.request.sampling for s in seqs], [s.key for s in seqs], [len(s.tokens) for s in seqs]
             )
             self._count(len(fresh))
             for (seq, kv, _), tok, lp in zip(fresh, tokens, logprobs):
@@ -242,7 +243,10 @@ class ContinuousBatcher:
     def _decode_step(self) -> None:
         pending = torch.tensor([seq.tokens[-1] for seq in self._rows], dtype=torch.long)
         logits = self.runner.decode(self._batch, pending)
-        tokens, logprobs = sample(logits, [s.request.sampling for s in self._rows], [s.generator for s in self._rows])
+        rows = self._rows
+        tokens, logprobs = sample(
+            logits, [s.request.sampling for s in rows], [s.key for s in rows], [len(s.tokens) for s in rows]
+        )
         self._count(len(tokens))
         keep = []
         for i, (seq, tok, lp) in enumerate(zip(self._rows, tokens, logprobs)):

@@ -43,31 +43,39 @@ class KVBatch:
         return list(self.cache.layers)
 
     def append_rows(self, seqs: Sequence[SeqKV], lengths: Sequence[int]) -> None:
-        """Adds sequences (each [1, H, len, D] per layer, no padding) as new rows at the bottom."""
+        """Adds sequences (each [1, H, len, D] per layer, no padding) as new rows at the bottom.
+
+        Rows that share one cache (the samples of one prompt, from the prefix cache) are padded once and
+        repeated by index, so a step's 1,024 samples of 128 prompts cost 128 pads, not 1,024."""
         if not seqs:
             return
         target = max([self.length, *lengths])
-        num_layers = len(seqs[0])
+        slot: dict[int, int] = {}
+        distinct: list[SeqKV] = []
+        for seq in seqs:
+            if id(seq) not in slot:
+                slot[id(seq)] = len(distinct)
+                distinct.append(seq)
+        index = torch.tensor([slot[id(seq)] for seq in seqs], dtype=torch.long, device=self.mask.device)
+        repeat = len(distinct) < len(seqs)
         old_layers = self._layers() if self.rows else []
-        new_keys, new_values = [], []
-        for layer in range(num_layers):
-            parts_k, parts_v = [], []
-            if old_layers:
-                parts_k.append(_left_pad(old_layers[layer].keys, target))
-                parts_v.append(_left_pad(old_layers[layer].values, target))
-            for seq in seqs:
-                k, v = seq[layer]
-                parts_k.append(_left_pad(k, target))
-                parts_v.append(_left_pad(v, target))
-            new_keys.append(torch.cat(parts_k, dim=0))
-            new_values.append(torch.cat(parts_v, dim=0))
+        new_layers = []
+        for layer in range(len(seqs[0])):
+            pair = []
+            for part in (0, 1):
+                block = torch.cat([_left_pad(seq[layer][part], target) for seq in distinct], dim=0)
+                block = block.index_select(0, index) if repeat else block
+                if old_layers:
+                    old = old_layers[layer].keys if part == 0 else old_layers[layer].values
+                    block = torch.cat([_left_pad(old, target), block], dim=0)
+                pair.append(block)
+            new_layers.append(tuple(pair))
         masks = [_left_pad_mask(self.mask, target)] if self.rows else []
-        for n in lengths:
-            row = torch.zeros(1, target, dtype=torch.long, device=self.mask.device)
-            row[0, target - n :] = 1
-            masks.append(row)
+        width = torch.arange(target, device=self.mask.device)[None, :]
+        starts = target - torch.tensor(list(lengths), dtype=torch.long, device=self.mask.device)[:, None]
+        masks.append((width >= starts).to(torch.long))
         self.mask = torch.cat(masks, dim=0)
-        self.cache = DynamicCache(ddp_cache_data=list(zip(new_keys, new_values)))
+        self.cache = DynamicCache(ddp_cache_data=new_layers)
 
     def select_rows(self, keep: Sequence[int]) -> None:
         """Keeps only the rows `keep` (in that order) and trims columns that are padding in every row."""

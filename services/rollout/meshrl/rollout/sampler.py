@@ -1,26 +1,31 @@
-"""Picks the next token of every row from its logits, with per-row sampling parameters.
+"""Picks the next token of every row from its logits, with per-row sampling parameters, in one vectorized pass.
 
-Called by the continuous batcher after each forward pass. The returned log-prob of a token is
-log_softmax(logits / temperature)[token] over the full vocabulary (raw logits when greedy), i.e.
-before top-k / top-p truncation: what a trainer's teacher-forced pass at the same temperature gives.
+Called by the continuous batcher after each forward pass. Every row carries a 64-bit key (its request's seed,
+or a random one when the request has none) and the position of the token being drawn; the draw inverts the
+row's cumulative distribution at a counter-based uniform (meshrl.rollout.counter_rng), so a seeded request gives the same
+tokens whatever batch it decodes in. The returned log-prob of a token is log_softmax(logits / temperature)
+[token] over the full vocabulary (raw logits when greedy), i.e. before top-k / top-p truncation: what a
+trainer's teacher-forced pass at the same temperature gives.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 
 import torch
 
+from meshrl.rollout.counter_rng import row_uniforms
 from meshrl.rollout.types import SamplingParams
 
+KEY_MASK = 0x7FFF_FFFF_FFFF_FFFF
 
-def make_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
-    """A per-request generator when a seed is given (reproducible samples), else None (global RNG)."""
-    if params.greedy or params.seed is None:
-        return None
-    gen = torch.Generator(device=device)
-    gen.manual_seed(int(params.seed) & 0x7FFF_FFFF_FFFF_FFFF)
-    return gen
+
+def sample_key(params: SamplingParams) -> int:
+    """A request's noise key: its seed (reproducible samples), else a fresh random one."""
+    if params.seed is not None:
+        return int(params.seed) & KEY_MASK
+    return secrets.randbits(63)
 
 
 def _truncated(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -36,21 +41,10 @@ def _truncated(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -
     return scaled.masked_fill(torch.zeros_like(drop).scatter(1, order, drop), float("-inf"))
 
 
-def _seeded_picks(probs: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:
-    """One token per row of probs [B, V], row b drawn with generators[b]: exactly what
-    `torch.multinomial(probs[b], 1, generator=generators[b])` picks (its one-sample path is argmax(p / q),
-    q ~ Exp(1) drawn from the generator), with one noise draw per row and the rest batched, instead of a
-    whole multinomial call (with its checks) and a tensor write per row and token."""
-    noise = torch.empty_like(probs)
-    for row, gen in zip(noise, generators):
-        row.exponential_(generator=gen)
-    return torch.argmax(probs / noise, dim=-1)
-
-
 def sample(
-    logits: torch.Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None]
+    logits: torch.Tensor, params: Sequence[SamplingParams], keys: Sequence[int], positions: Sequence[int]
 ) -> tuple[list[int], list[float]]:
-    """logits [B, V] fp32 → (token per row, its log-prob per row)."""
+    """logits [B, V] fp32, each row's key and the response position it draws → (token per row, its log-prob)."""
     device = logits.device
     temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=device)
     scaled = logits / temps[:, None]
@@ -64,13 +58,13 @@ def sample(
         rows = scaled[idx]
         if bool((top_k > 0).any()) or bool((top_p < 1).any()):
             rows = _truncated(rows, top_k, top_p)
-        probs = torch.softmax(rows, dim=-1)
-        free = [j for j, i in enumerate(sampled) if generators[i] is None]
-        if free:
-            picks = torch.multinomial(probs[free], 1)[:, 0]
-            chosen[idx[free]] = picks
-        seeded = [j for j, i in enumerate(sampled) if generators[i] is not None]
-        if seeded:  # each from its own generator: reproducible whatever the batch
-            chosen[idx[seeded]] = _seeded_picks(probs[seeded], [generators[sampled[j]] for j in seeded])
+        row_keys = torch.tensor([keys[i] for i in sampled], dtype=torch.int64, device=device)
+        row_pos = torch.tensor([positions[i] for i in sampled], dtype=torch.int64, device=device)
+        # Inverse CDF: the first token whose cumulative probability passes the row's uniform (a removed
+        # token adds no mass, so it is never picked).
+        cdf = torch.cumsum(torch.softmax(rows.to(torch.float64), dim=-1), dim=-1)
+        target = row_uniforms(row_keys, row_pos)[:, None] * cdf[:, -1:]
+        picks = torch.searchsorted(cdf, target, right=True)[:, 0]
+        chosen[idx] = picks.clamp(max=rows.shape[-1] - 1)
     picked = logprobs.gather(1, chosen[:, None])[:, 0]
     return chosen.tolist(), picked.tolist()

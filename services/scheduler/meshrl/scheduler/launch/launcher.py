@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from meshrl.common.errors import FailedPrecondition
+from meshrl.scheduler.launch.local_ray import init_local_ray
 from meshrl.scheduler.launch.placement import (
     BundleLocation,
     bundle_shares,
@@ -154,7 +155,8 @@ class RayLauncher:
                 ray.init(address=address, log_to_driver=False)
             else:
                 self.temp_dir = tempfile.mkdtemp(prefix="meshrl-ray-")
-                ray.init(
+                init_local_ray(
+                    ray,
                     num_cpus=32,
                     include_dashboard=False,
                     log_to_driver=False,
