@@ -5,9 +5,10 @@ slot of one batch (its manifest and chunks share a hash tag), so they work on a 
 
 # KEYS: manifest, new chunks (ARGV[12] of them), old chunks.
 # ARGV: overwrite, expected_gen, gen, n, cb, bytes, header, created_ms, ttl_ms, chunk_ttl_ms, grace_ms, n_new, old_n,
-#       channel, tag, check_sizes. With a grace period the old generation stays readable a while, named in
+#       channel, tag, check_sizes, rows. With a grace period the old generation stays readable a while, named in
 #       'pg'/'pn' (delete removes it). Publishes the tag on the commit channel (waiting gets wake up). check_sizes
-#       '1' (chunks a client staged itself): each chunk must hold cb bytes, the last one the rest.
+#       '1' (chunks a client staged itself): each chunk must hold cb bytes, the last one the rest. rows: the batch's
+#       (counted by the zero-RPC get, meshrl.databuffer.zero_rpc_scripts).
 COMMIT = """
 local cur = redis.call('HGET', KEYS[1], 'gen')
 if not cur then cur = '' end
@@ -25,7 +26,8 @@ for i = 2, 1 + n_new do
   end
 end
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'gen', ARGV[3], 'n', ARGV[4], 'cb', ARGV[5], 'bytes', ARGV[6], 'h', ARGV[7], 't', ARGV[8])
+redis.call('HSET', KEYS[1], 'gen', ARGV[3], 'n', ARGV[4], 'cb', ARGV[5], 'bytes', ARGV[6], 'h', ARGV[7], 't', ARGV[8],
+  'r', ARGV[17])
 if cur ~= '' and tonumber(ARGV[11]) > 0 then redis.call('HSET', KEYS[1], 'pg', cur, 'pn', ARGV[13]) end
 redis.call('PEXPIRE', KEYS[1], ARGV[9])
 for i = 2, 1 + n_new do redis.call('PEXPIRE', KEYS[i], ARGV[10]) end

@@ -1,6 +1,8 @@
 """The direct data path's control side: the client moves a batch's payload bytes to and from Redis itself,
 and the service only says where (DescribeDirectPath, LocateBatch) and checks and commits what a client
 staged (CommitDirectPut), so the payload crosses the network once instead of twice (client -> service -> Redis).
+A one-value put and a whole-batch get need no RPC at all: the client runs this service's own scripts
+(meshrl.databuffer.zero_rpc_scripts), whose SHA1s and keys `layout` describes.
 
 A direct put stages its chunks under a generation the client chose (16 hex digits, random), with the
 staging TTL; the commit reserves the budget, checks every chunk's size in the commit script and swaps the
@@ -15,8 +17,12 @@ import math
 import re
 from dataclasses import dataclass
 
+from redis.cluster import RedisCluster
+
 from meshrl.api.common.v1 import tensor_pb2
 from meshrl.common.errors import AlreadyExists, InvalidArgument
+from meshrl.common.put_checks import row_count
+from meshrl.databuffer import zero_rpc_scripts
 from meshrl.databuffer.batches import TTL_MARGIN_MS, BatchStore, PutResult
 from meshrl.databuffer.keys import BatchRef
 from meshrl.databuffer.ledger import now_ms
@@ -26,13 +32,39 @@ GENERATION_RE = re.compile(r"^[0-9a-f]{16}$")
 
 
 @dataclass(frozen=True)
+class ZeroRpcLayout:
+    """What a client needs to put and get a batch with no RPC (the fields of ZeroRpcPath in the proto)."""
+
+    put_sha: str
+    count_read_sha: str
+    manifest_key_template: str
+    staging_key_template: str
+    job_batches_key_template: str
+    jobs_key: str
+    ledger_keys: list[str]
+    commit_channel: str
+    read_stats_key: str
+    batch_tag_template: str
+    embed_max_bytes: int
+    max_header_bytes: int
+    max_ttl_seconds: int
+    default_ttl_seconds: int
+    overwrite_grace_ms: int
+    ttl_margin_ms: int
+    budget_max_bytes: int
+    budget_max_entries: int
+
+
+@dataclass(frozen=True)
 class DirectLayout:
-    """What a client needs to stage chunks: the key template, chunk size and staging TTL."""
+    """What a client needs to stage chunks: the key template, chunk size and staging TTL; and the zero-RPC
+    path's scripts and keys (None on a Redis Cluster, where their keys do not share a slot)."""
 
     chunk_key_template: str
     chunk_bytes: int
     staging_ttl_ms: int
     max_batch_bytes: int
+    zero_rpc: ZeroRpcLayout | None = None
 
 
 class DirectPath:
@@ -40,13 +72,27 @@ class DirectPath:
         self.store = store
 
     def layout(self) -> DirectLayout:
+        """The layout; loads the zero-RPC scripts into Redis (a client that got NOSCRIPT asks again)."""
         limits, cfg = self.store.limits, self.store.cfg
         return DirectLayout(
             self.store.keys.chunk_template(),
             limits.chunk_bytes,
             cfg.staging_ttl_seconds * 1000,
             limits.max_batch_bytes,
+            None if isinstance(self.store.client, RedisCluster) else self._zero_rpc(),
         )
+
+    def _zero_rpc(self) -> ZeroRpcLayout:
+        store, keys = self.store, self.store.keys
+        client, limits, ledger, templates = store.client, store.limits, store.ledger, keys.templates()
+        return ZeroRpcLayout(
+            client.script_load(zero_rpc_scripts.PUT), client.script_load(zero_rpc_scripts.COUNT_READ),
+            templates["manifest"], templates["staging"], templates["job_batches"], keys.jobs(), keys.ledger(),
+            keys.commit_channel(), keys.read_stats(), templates["batch_tag"],
+            min(limits.chunk_bytes, limits.max_frame_bytes), limits.max_header_bytes, limits.max_ttl_seconds,
+            store.cfg.default_ttl_seconds, int(store.cfg.overwrite_grace_seconds * 1000), TTL_MARGIN_MS,
+            ledger.max_bytes, ledger.max_entries,
+        )  # fmt: skip
 
     def commit(
         self, ref: BatchRef, header: tensor_pb2.BatchHeader, gen: str, chunks: int, *, ttl_seconds: int = 0,
@@ -74,7 +120,9 @@ class DirectPath:
             staging_ms = store.cfg.staging_ttl_seconds * 1000
             expiry = now_ms() + ttl * 1000 + TTL_MARGIN_MS  # the batch's own: committing needs no settle then
             store.ledger.reserve({member: total + len(blob)}, expiry, f"batch {ref}")
-            store._commit_manifest(ref, gen, want, total, blob, ttl, overwrite, None, staging_ms, direct=True)
+            store._commit_manifest(
+                ref, gen, want, total, blob, ttl, overwrite, None, staging_ms, direct=True, rows=row_count(header)
+            )
             committed = True
         finally:
             if not committed:  # what the client staged goes, and the budget it may have reserved
