@@ -80,18 +80,17 @@ def test_a_whole_batch_put_and_get_make_no_rpc_and_the_relayed_path_reads_it(buf
         assert np.array_equal(got["x"], cols["x"])
         got["x"][0, 0] = 1.0  # writable, as the other paths' arrays
     manifest = raw.hgetall("{" + prefix + ":b:zj:1:rollout:-}:m")
-    assert (
-        len(manifest[b"p"]) == cols["x"].nbytes
-        and manifest[b"n"] == b"1"
-        and manifest[b"r"] == str(len(cols["x"])).encode()
-    )
-    assert not list(raw.scan_iter(match="{" + prefix + ":b:zj:1:rollout:-}:s:*"))  # the staging hash was renamed
-    assert np.array_equal(relayed.get(key)["x"], cols["x"])  # GetBatch of a payload kept in the manifest
+    assert manifest[b"v"] == b"1" and manifest[b"n"] == b"1" and manifest[b"r"] == str(len(cols["x"])).encode()
+    tag = "{" + prefix + ":b:zj:1:rollout:-}"
+    assert raw.strlen(tag + ":v") == cols["x"].nbytes and 0 < raw.pttl(tag + ":m") < raw.pttl(tag + ":v")
+    assert not list(raw.scan_iter(match=tag + ":s:*"))  # the staged value was renamed
+    assert np.array_equal(relayed.get(key)["x"], cols["x"])  # GetBatch of a payload under the value key
     assert np.array_equal(relayed.get(key, rows=(5, 9), columns=["x"])["x"], cols["x"][5:9])
     located = call(relayed._stub.LocateBatch, pb.GetBatchRequest(key=key, inline_below=0), timeout=30)
     assert located.inline and len(located.payload) == cols["x"].nbytes  # no chunk to point at: inline
     assert relayed.list("zj") == [key]
     assert relayed.delete(key) and raw.hget("{" + prefix + ":ledger}:tot", "bytes") is None  # budget released
+    assert not raw.exists(tag + ":v")
 
 
 def test_a_whole_batch_get_of_a_chunked_batch_reads_its_chunks_with_no_rpc(buffer):
@@ -131,7 +130,12 @@ def test_overwrite_false_is_refused_and_keeps_the_batch_while_an_overwrite_keeps
         direct.put(key, {"r": np.zeros(3, np.int32)}, overwrite=False)
     assert snapshot(raw, prefix) == before and direct.get(key)["r"].tolist() == list(range(10))
     relayed.delete(key)
-    assert not raw.exists(old_chunk)
+    assert not raw.exists(old_chunk) and not raw.exists("{" + prefix + ":b:zj:4:reward:-}:v")
+    other = batch_key("zj", 4, "other")
+    direct.put(other, {"r": np.arange(5, dtype=np.int32)})
+    relayed.put(other, {"r": np.arange(3, dtype=np.int32)})  # a relayed put over it drops its value key
+    assert not raw.exists("{" + prefix + ":b:zj:4:other:-}:v") and direct.get(other)["r"].tolist() == [0, 1, 2]
+    relayed.delete(other)
 
 
 def test_a_bad_header_or_ttl_is_refused_before_anything_is_written_as_the_relayed_path_refuses_it(buffer):
@@ -156,7 +160,7 @@ def test_a_redis_that_lost_the_scripts_is_recovered_by_describing_the_path_again
                 client.direct_path()
                 raw.script_flush()
                 client.put(key, {"r": np.arange(7, dtype=np.float32)})
-                assert raw.hget(fill(client.direct_path().zero.layout.manifest_key_template, key), "p")  # zero-RPC
+                assert raw.hget(fill(client.direct_path().zero.layout.manifest_key_template, key), "v")  # zero-RPC
                 raw.script_flush()
                 before = client.stats().get_calls
                 assert client.get(key)["r"].tolist() == list(range(7))

@@ -1,8 +1,10 @@
 """The zero-RPC half of the direct data path (meshrl.common.direct_path): a whole-batch put of at most
-`embed_max_bytes` is one Redis round trip (the payload staged as a hash, then the service's PUT script by
-EVALSHA, which checks and commits it as a relayed put would), and a whole-batch get is one round trip (the
-manifest, whose field 'p' holds such a payload, with the service's COUNT_READ script that counts the get for
-GetStats); no service RPC on either. The service owns the scripts and the key layout (DescribeDirectPath's
+`embed_max_bytes` is one Redis round trip (the payload staged by SET, then the service's PUT script by
+EVALSHA, which checks and commits it as a relayed put would, renaming it to the batch's value key), and a
+whole-batch get is one round trip (one MULTI: the manifest, that value, and the service's COUNT_READ script
+that counts the get for GetStats; the value is read off the socket into the caller's numpy buffer:
+meshrl.common.resp_read); no service RPC on either. Redis copies such a payload neither on the way
+in nor out (a hash field or a Lua string would cost about a millisecond per MiB here). The service owns the scripts and the key layout (DescribeDirectPath's
 `zero_rpc`, meshrl.databuffer.zero_rpc_scripts); this client checks the header with the service's own checks
 (meshrl.common.put_checks) and, when Redis lost the scripts (NOSCRIPT), describes the path again, which makes
 the service load them.
@@ -16,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import redis
 from redis.exceptions import NoScriptError
 
@@ -24,9 +27,10 @@ from meshrl.api.databuffer.v1 import databuffer_pb2 as pb
 from meshrl.common.batch_key import BatchRef
 from meshrl.common.errors import Aborted, AlreadyExists, DataLoss, InvalidArgument
 from meshrl.common.put_checks import budget_exceeded, check_put_header, row_count
+from meshrl.common.resp_read import execute_raw
 
 _FIELD = re.compile(r"\$(job|step|node|shard|gen|index)")
-_MANIFEST_FIELDS = ("gen", "n", "cb", "bytes", "h", "p")
+_MANIFEST_FIELDS = ("gen", "n", "cb", "bytes", "h", "v")
 
 
 def fill(template: str, key: keys_pb2.BatchKey, gen: str = "", index: int = 0) -> str:
@@ -70,14 +74,11 @@ class ZeroRpc:
         staging = fill(z.staging_key_template, key, gen)
         payload = views[0] if len(views) == 1 else b"".join(views)  # one tensor: sent without a copy
         pipe = self.client.pipeline(transaction=False)
-        pipe.hset(staging, "p", payload)
-        pipe.pexpire(staging, self.staging_ms)
+        pipe.set(staging, payload, px=self.staging_ms)
         pipe.evalsha(z.put_sha, *self._put_call(key, ref, gen, total, blob, ttl, overwrite, row_count(header)))
-        replies = pipe.execute(raise_on_error=False)
-        for reply in replies[:2]:
-            if isinstance(reply, Exception):
-                raise reply
-        reply = replies[2]
+        staged, reply = pipe.execute(raise_on_error=False)
+        if isinstance(staged, Exception):
+            raise staged
         if isinstance(reply, NoScriptError):  # Redis restarted or flushed its scripts: the service loads them
             self._reload()
             reply = self.client.evalsha(
@@ -95,7 +96,7 @@ class ZeroRpc:
         """numkeys, KEYS and ARGV of the PUT script (meshrl.databuffer.zero_rpc_scripts)."""
         z = self.layout
         keys = [*z.ledger_keys, fill(z.manifest_key_template, key), fill(z.staging_key_template, key, gen)]
-        keys += [fill(z.job_batches_key_template, key), z.jobs_key]
+        keys += [fill(z.job_batches_key_template, key), z.jobs_key, fill(z.value_key_template, key)]
         ttl_ms = ttl * 1000
         args = [_now_ms(), z.budget_max_bytes, z.budget_max_entries, fill(z.batch_tag_template, key), gen, total, blob]
         args += [ttl_ms, z.overwrite_grace_ms, z.ttl_margin_ms, int(overwrite), self.chunk_bytes, rows]
@@ -116,31 +117,38 @@ class ZeroRpc:
             raise InvalidArgument(f"batch {ref}: generation {a} is already counted; use a fresh random generation")
         raise Aborted(f"batch {ref}: the staged payload was {status} ({a} {b}) at commit (evicted?); retry the put")
 
-    def get(self, key: keys_pb2.BatchKey) -> tuple[tensor_pb2.BatchHeader, bytearray] | pb.LocateBatchResponse | None:
+    def get(
+        self, key: keys_pb2.BatchKey
+    ) -> tuple[tensor_pb2.BatchHeader, bytearray | np.ndarray] | pb.LocateBatchResponse | None:
         """(header, payload) of the batch in one round trip; where its payload lies when it is in chunks (read
         them with DirectPath.read); None when it is not there (ask the service: it waits, or says NOT_FOUND).
         Counted in GetStats."""
         z = self.layout
         manifest = fill(z.manifest_key_template, key)
-        pipe = self.client.pipeline(transaction=False)
-        pipe.hmget(manifest, *_MANIFEST_FIELDS)
-        pipe.evalsha(z.count_read_sha, 2, manifest, z.read_stats_key)
-        fields, counted = pipe.execute(raise_on_error=False)
-        if isinstance(fields, Exception):
-            raise fields
+        commands = [("MULTI",), ("HMGET", manifest, *_MANIFEST_FIELDS), ("GET", fill(z.value_key_template, key))]
+        commands += [("EVALSHA", z.count_read_sha, 2, manifest, z.read_stats_key), ("EXEC",)]
+        replies = execute_raw(self.client, commands)  # the value lands in a numpy buffer, uncopied
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply  # MULTI or a command refused at queueing: nothing ran
+        fields, value, counted = replies[-1]
+        if isinstance(fields, Exception) or isinstance(value, Exception):
+            raise fields if isinstance(fields, Exception) else value
         if isinstance(counted, NoScriptError):
             self._reload()
             self.client.evalsha(self.layout.count_read_sha, 2, manifest, self.layout.read_stats_key)
         elif isinstance(counted, Exception):
             raise counted
-        gen, n, cb, total, blob, payload = fields
+        gen, n, cb, total, blob, kept = fields
         if gen is None:
             return None
-        header = tensor_pb2.BatchHeader.FromString(blob)
-        if payload is not None:
-            if len(payload) != int(total):
-                raise DataLoss(f"{manifest} holds {len(payload)} payload bytes, its header announced {total}")
-            return header, bytearray(payload)  # writable arrays, as the other paths give
+        header = tensor_pb2.BatchHeader.FromString(bytes(blob))
+        gen = bytes(gen)
+        if kept == b"1":  # a zero-RPC put's: the payload is `value`
+            if value is None or len(value) != int(total):
+                got = "no" if value is None else len(value)
+                raise DataLoss(f"{manifest} announces {total} bytes, its value key holds {got}; was it evicted?")
+            return header, value if isinstance(value, np.ndarray) else bytearray(value)  # writable, as elsewhere
         n, cb, total = int(n), int(cb), int(total)
         sizes = [cb] * (n - 1) + [total - cb * (n - 1)] if n else []
         located = pb.LocateBatchResponse(header=header, manifest_key=manifest, generation=gen.decode())

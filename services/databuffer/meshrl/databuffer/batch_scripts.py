@@ -25,7 +25,7 @@ for i = 2, 1 + n_new do
     if got ~= want then return {'size', KEYS[i], tostring(got) .. ' ' .. tostring(want)} end
   end
 end
-redis.call('DEL', KEYS[1])
+redis.call('DEL', KEYS[1], string.sub(KEYS[1], 1, -2) .. 'v')
 redis.call('HSET', KEYS[1], 'gen', ARGV[3], 'n', ARGV[4], 'cb', ARGV[5], 'bytes', ARGV[6], 'h', ARGV[7], 't', ARGV[8],
   'r', ARGV[17])
 if cur ~= '' and tonumber(ARGV[11]) > 0 then redis.call('HSET', KEYS[1], 'pg', cur, 'pn', ARGV[13]) end
@@ -38,11 +38,13 @@ redis.call('PUBLISH', ARGV[14], ARGV[15])
 return {'ok', cur, ''}
 """
 
-# KEYS: manifest, chunks. ARGV: expected gen. Returns 1 deleted, 0 absent, -1 changed meanwhile.
+# KEYS: manifest, chunks. ARGV: expected gen. Returns 1 deleted, 0 absent, -1 changed meanwhile. Both scripts
+# also delete the batch's value key ('{tag}:v', where a zero-RPC put keeps a one-value payload).
 DELETE = """
 local cur = redis.call('HGET', KEYS[1], 'gen')
 if not cur then return 0 end
 if cur ~= ARGV[1] then return -1 end
 for i = 1, #KEYS do redis.call('DEL', KEYS[i]) end
+redis.call('DEL', string.sub(KEYS[1], 1, -2) .. 'v')
 return 1
 """

@@ -53,6 +53,7 @@ class ZeroRpcLayout:
     ttl_margin_ms: int
     budget_max_bytes: int
     budget_max_entries: int
+    value_key_template: str
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ class DirectPath:
             keys.commit_channel(), keys.read_stats(), templates["batch_tag"],
             min(limits.chunk_bytes, limits.max_frame_bytes), limits.max_header_bytes, limits.max_ttl_seconds,
             store.cfg.default_ttl_seconds, int(store.cfg.overwrite_grace_seconds * 1000), TTL_MARGIN_MS,
-            ledger.max_bytes, ledger.max_entries,
+            ledger.max_bytes, ledger.max_entries, templates["value"],
         )  # fmt: skip
 
     def commit(

@@ -38,11 +38,11 @@ class KeySpace:
         return "{" + f"{self.prefix}:b:$job:$step:$node:$shard" + "}:c:$gen:$index"
 
     def templates(self) -> dict[str, str]:
-        """The batch tag, manifest, staging hash and job index keys with $job, $step, $node, $shard and $gen left
+        """The batch tag, manifest, staged value, value and job index keys with $job, $step, $node, $shard and $gen left
         to fill, as `chunk_template` (the zero-RPC path's clients fill them)."""
         tag = f"{self.prefix}:b:$job:$step:$node:$shard"
         return {
-            "batch_tag": tag, "manifest": "{" + tag + "}:m", "staging": "{" + tag + "}:s:$gen",
+            "batch_tag": tag, "manifest": "{" + tag + "}:m", "staging": "{" + tag + "}:s:$gen", "value": "{" + tag + "}:v",
             "job_batches": "{" + f"{self.prefix}:j:$job" + "}:batches",
         }  # fmt: skip
 

@@ -42,13 +42,13 @@ class Located:
 
 
 # KEYS: manifest. ARGV (optional): largest payload to return. The manifest's fields, and for a one-chunk batch
-# (of at most ARGV[1] bytes) its chunk (same hash tag: same slot). A payload a zero-RPC put kept in the manifest
-# itself (field 'p') comes whatever its size, followed by 'e'.
+# (of at most ARGV[1] bytes) its chunk (same hash tag: same slot). A payload a zero-RPC put kept under the
+# batch's value key (manifest field 'v' = '1') comes whatever its size, followed by 'e'.
 _OPEN = """
 local f = redis.call('HMGET', KEYS[1], 'gen', 'n', 'cb', 'bytes', 'h')
 if not f[1] then return false end
-if f[2] == '1' and redis.call('HEXISTS', KEYS[1], 'p') == 1 then
-  f[6] = redis.call('HGET', KEYS[1], 'p')
+if f[2] == '1' and redis.call('HGET', KEYS[1], 'v') == '1' then
+  f[6] = redis.call('GET', string.sub(KEYS[1], 1, -2) .. 'v')
   f[7] = 'e'
 elseif f[2] == '1' and (ARGV[1] == nil or tonumber(f[4]) <= tonumber(ARGV[1])) then
   f[6] = redis.call('GET', string.sub(KEYS[1], 1, -2) .. 'c:' .. f[1] .. ':0')
@@ -145,7 +145,7 @@ class BatchReader:
         """Which Redis values (whole, or byte ranges) hold the batch or its selected columns and rows, for a
         client that reads them itself (the direct data path); one round trip once the batch is there. A
         one-chunk batch whose selection has fewer than `inline_below` bytes (or whose payload a zero-RPC put
-        kept in its manifest) comes back inline instead."""
+        kept under its value key) comes back inline instead."""
         if inline_below < 0:
             raise InvalidArgument(f"inline_below = {inline_below} must be >= 0", field="inline_below")
         up_to = max(0, min(inline_below, self.limits.chunk_bytes))

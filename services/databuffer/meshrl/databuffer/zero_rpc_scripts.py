@@ -1,17 +1,18 @@
 """The Lua scripts of the zero-RPC direct path (meshrl.databuffer.direct describes them, a client runs them by
-EVALSHA: meshrl.common.zero_rpc). PUT commits a one-value batch that a client staged as a hash in the same
-round trip, enforcing what a relayed put does: overwrite rule, payload size, budget reservation in the ledger,
+EVALSHA: meshrl.common.zero_rpc). PUT commits a one-value batch that a client staged (SET, staging TTL) in the
+same round trip, renaming it to the batch's generation-free value key `{tag}:v` (O(1): the payload is not
+copied; a get reads it with the manifest in one MULTI), enforcing what a relayed put does: overwrite rule, payload size, budget reservation in the ledger,
 TTLs, the replaced generation's grace period, index membership and the commit notification. COUNT_READ
 counts a zero-RPC get where GetStats sees it. Neither runs on a Redis Cluster (their keys span slots).
 """
 
 from meshrl.databuffer.ledger import PRUNE
 
-# KEYS: ledger exp, size, tot (as meshrl.databuffer.ledger), manifest, staging hash (field 'p': the payload),
-#       job's batch index, jobs index.
+# KEYS: ledger exp, size, tot (as meshrl.databuffer.ledger), manifest, staged value, job's batch index, jobs index,
+#       value key.
 # ARGV: now_ms, budget max_bytes, max_entries, batch tag, gen, total bytes, header, ttl_ms, grace_ms, margin_ms,
 #       overwrite ('0' | '1'), chunk_bytes, rows, commit channel, index member, step, job id.
-# Returns {'ok', replaced gen or ''}, or a refusal (the staging hash is deleted, nothing else changed):
+# Returns {'ok', replaced gen or ''}, or a refusal (the staged value is deleted, nothing else changed):
 # {'missing'}, {'size', got, want}, {'exists', gen}, {'samegen', gen}, {'reused', member},
 # {'budget', used bytes, entries}.
 PUT = (
@@ -36,8 +37,8 @@ local function index(key, kind, member, score, ttl)
   if left == -1 or (left >= 0 and left < ttl) then redis.call('PEXPIRE', key, ttl) end
 end
 if redis.call('EXISTS', KEYS[5]) == 0 then return {'missing', '', ''} end
-local got = redis.call('HSTRLEN', KEYS[5], 'p')
-if got ~= total or redis.call('HLEN', KEYS[5]) ~= 1 then return refuse('size', tostring(got), ARGV[6]) end
+local got = redis.call('STRLEN', KEYS[5])
+if got ~= total then return refuse('size', tostring(got), ARGV[6]) end
 local cur = redis.call('HGET', KEYS[4], 'gen')
 if cur and ARGV[11] == '0' then return refuse('exists', cur) end
 if cur == ARGV[5] then return refuse('samegen', cur) end
@@ -64,9 +65,11 @@ if cur then
   end
   if grace > 0 then redis.call('ZADD', KEYS[1], 'XX', now + grace, old) else release(old) end
 end
-redis.call('RENAME', KEYS[5], KEYS[4])
+redis.call('RENAME', KEYS[5], KEYS[8])
+redis.call('PEXPIRE', KEYS[8], keep)
+redis.call('DEL', KEYS[4])
 redis.call('HSET', KEYS[4], 'gen', ARGV[5], 'n', '1', 'cb', ARGV[12], 'bytes', ARGV[6], 'h', ARGV[7], 't', ARGV[1],
-  'r', ARGV[13])
+  'r', ARGV[13], 'v', '1')
 if cur and grace > 0 then redis.call('HSET', KEYS[4], 'pg', cur, 'pn', old_n) end
 redis.call('PEXPIRE', KEYS[4], ttl)
 index(KEYS[6], 'z', ARGV[15], ARGV[16], keep)

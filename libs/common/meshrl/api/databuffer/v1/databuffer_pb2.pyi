@@ -310,7 +310,7 @@ class DescribeDirectPathResponse(_message.Message):
     def __init__(self, chunk_key_template: _Optional[str] = ..., chunk_bytes: _Optional[int] = ..., staging_ttl_ms: _Optional[int] = ..., max_batch_bytes: _Optional[int] = ..., redis_hint: _Optional[str] = ..., zero_rpc: _Optional[_Union[ZeroRpcPath, _Mapping]] = ...) -> None: ...
 
 class ZeroRpcPath(_message.Message):
-    __slots__ = ("put_sha", "count_read_sha", "manifest_key_template", "staging_key_template", "job_batches_key_template", "jobs_key", "ledger_keys", "commit_channel", "read_stats_key", "batch_tag_template", "embed_max_bytes", "max_header_bytes", "max_ttl_seconds", "default_ttl_seconds", "overwrite_grace_ms", "ttl_margin_ms", "budget_max_bytes", "budget_max_entries")
+    __slots__ = ("put_sha", "count_read_sha", "manifest_key_template", "staging_key_template", "job_batches_key_template", "jobs_key", "ledger_keys", "commit_channel", "read_stats_key", "batch_tag_template", "embed_max_bytes", "max_header_bytes", "max_ttl_seconds", "default_ttl_seconds", "overwrite_grace_ms", "ttl_margin_ms", "budget_max_bytes", "budget_max_entries", "value_key_template")
     PUT_SHA_FIELD_NUMBER: _ClassVar[int]
     COUNT_READ_SHA_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_KEY_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
@@ -329,6 +329,7 @@ class ZeroRpcPath(_message.Message):
     TTL_MARGIN_MS_FIELD_NUMBER: _ClassVar[int]
     BUDGET_MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     BUDGET_MAX_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    VALUE_KEY_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     put_sha: str
     count_read_sha: str
     manifest_key_template: str
@@ -347,7 +348,8 @@ class ZeroRpcPath(_message.Message):
     ttl_margin_ms: int
     budget_max_bytes: int
     budget_max_entries: int
-    def __init__(self, put_sha: _Optional[str] = ..., count_read_sha: _Optional[str] = ..., manifest_key_template: _Optional[str] = ..., staging_key_template: _Optional[str] = ..., job_batches_key_template: _Optional[str] = ..., jobs_key: _Optional[str] = ..., ledger_keys: _Optional[_Iterable[str]] = ..., commit_channel: _Optional[str] = ..., read_stats_key: _Optional[str] = ..., batch_tag_template: _Optional[str] = ..., embed_max_bytes: _Optional[int] = ..., max_header_bytes: _Optional[int] = ..., max_ttl_seconds: _Optional[int] = ..., default_ttl_seconds: _Optional[int] = ..., overwrite_grace_ms: _Optional[int] = ..., ttl_margin_ms: _Optional[int] = ..., budget_max_bytes: _Optional[int] = ..., budget_max_entries: _Optional[int] = ...) -> None: ...
+    value_key_template: str
+    def __init__(self, put_sha: _Optional[str] = ..., count_read_sha: _Optional[str] = ..., manifest_key_template: _Optional[str] = ..., staging_key_template: _Optional[str] = ..., job_batches_key_template: _Optional[str] = ..., jobs_key: _Optional[str] = ..., ledger_keys: _Optional[_Iterable[str]] = ..., commit_channel: _Optional[str] = ..., read_stats_key: _Optional[str] = ..., batch_tag_template: _Optional[str] = ..., embed_max_bytes: _Optional[int] = ..., max_header_bytes: _Optional[int] = ..., max_ttl_seconds: _Optional[int] = ..., default_ttl_seconds: _Optional[int] = ..., overwrite_grace_ms: _Optional[int] = ..., ttl_margin_ms: _Optional[int] = ..., budget_max_bytes: _Optional[int] = ..., budget_max_entries: _Optional[int] = ..., value_key_template: _Optional[str] = ...) -> None: ...
 
 class CommitDirectPutRequest(_message.Message):
     __slots__ = ("start", "generation", "chunks")
