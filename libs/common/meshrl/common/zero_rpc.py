@@ -73,20 +73,18 @@ class ZeroRpc:
         gen, total = secrets.token_hex(8), header.total_bytes
         staging = fill(z.staging_key_template, key, gen)
         payload = views[0] if len(views) == 1 else b"".join(views)  # one tensor: sent without a copy
-        pipe = self.client.pipeline(transaction=False)
-        pipe.set(staging, payload, px=self.staging_ms)
-        pipe.evalsha(z.put_sha, *self._put_call(key, ref, gen, total, blob, ttl, overwrite, row_count(header)))
-        staged, reply = pipe.execute(raise_on_error=False)
+        call = self._put_call(key, ref, gen, total, blob, ttl, overwrite, row_count(header))
+        staged, reply = execute_raw(
+            self.client, [("SET", staging, payload, "PX", self.staging_ms), ("EVALSHA", z.put_sha, *call)]
+        )
         if isinstance(staged, Exception):
             raise staged
         if isinstance(reply, NoScriptError):  # Redis restarted or flushed its scripts: the service loads them
             self._reload()
-            reply = self.client.evalsha(
-                self.layout.put_sha, *self._put_call(key, ref, gen, total, blob, ttl, overwrite, row_count(header))
-            )
+            reply = self.client.evalsha(self.layout.put_sha, *call)
         elif isinstance(reply, Exception):
             raise reply
-        self._check(ref, [x.decode() for x in reply], total + len(blob))
+        self._check(ref, [bytes(x).decode() for x in reply], total + len(blob))
         return total
 
     def _put_call(
