@@ -118,6 +118,8 @@ def main() -> None:
     relayed.wait_until_ready(30)
     direct = DataBufferClient(address, direct=DirectPathConfig(redis_url=args.redis_url, fallback=False))
     clients = {"relayed": relayed, "direct": direct}
+    zero = direct.direct_path().zero
+    embed = zero.embed_max_bytes if zero is not None else -1  # batches up to this size: no RPC on the direct path
     print(
         f"redis {args.redis_url} (server {raw.info('server')['redis_version']}), service {address}, pid {os.getpid()}"
     )
@@ -153,7 +155,8 @@ def main() -> None:
             )
             raw_s, rpc_s = statistics.median(p + g for p, g in times["raw"]), statistics.median(rpc)
             print(f"{'':>8}   one control RPC {rpc_s * 1e3:.2f} ms, raw put+get {raw_s * 1e3:.2f} ms: a design with "
-                  f"one service call per put and per get reaches at most {raw_s / (raw_s + 2 * rpc_s):.2f}")  # fmt: skip
+                  f"one service call per put and per get reaches at most {raw_s / (raw_s + 2 * rpc_s):.2f}"
+                  f"{' (the direct path makes none at this size)' if size_mib * MiB <= embed else ''}")  # fmt: skip
             del data, view
     finally:
         for client in clients.values():
