@@ -2,7 +2,8 @@
 buffer this process owns (`recv_into`: no bytes object, no second copy, the arrays stay writable): the zero-RPC
 get's payload (meshrl.common.zero_rpc). Speaks RESP2 and RESP3 (what redis-py negotiated). Any surprise (a reply
 type it does not know, a short read, a timeout) disconnects the connection, so the pool never hands out a
-socket in the middle of a reply.
+socket in the middle of a reply. It relies on redis-py's Connection keeping its socket in `_sock` (redis-py 5
+to 8); the pool connects it and checks that it holds no stale reply before handing it out.
 """
 
 from __future__ import annotations
@@ -88,14 +89,17 @@ class _Reader:
 def execute_raw(client: redis.Redis, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
     """Sends `commands` in one write and returns their replies (errors as instances), read by `_Reader`."""
     pool = client.connection_pool
-    conn = pool.get_connection()
     try:
-        parser = getattr(conn, "_parser", None)
-        reader = getattr(parser, "_reader", None)
-        if conn._sock is None or (reader is not None and reader.has_data()):
-            raise redis.ConnectionError("the connection holds an unread reply")
+        conn = pool.get_connection()
+    except TypeError:  # redis-py < 5.3 wants a command name
+        conn = pool.get_connection(str(commands[0][0]))
+    try:
+        reader = getattr(getattr(conn, "_parser", None), "_reader", None)
+        sock = getattr(conn, "_sock", None)  # connected by the pool, which also checked it holds no stale reply
+        if sock is None or (reader is not None and reader.has_data()):
+            raise redis.ConnectionError("the connection is not connected, or holds an unread reply")
         conn.send_packed_command(conn.pack_commands(commands))
-        raw = _Reader(conn._sock)
+        raw = _Reader(sock)
         return [raw.read() for _ in commands]
     except BaseException as exc:
         conn.disconnect()
