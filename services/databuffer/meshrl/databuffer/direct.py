@@ -87,13 +87,26 @@ class DirectPath:
         store, keys = self.store, self.store.keys
         client, limits, ledger, templates = store.client, store.limits, store.ledger, keys.templates()
         return ZeroRpcLayout(
-            client.script_load(zero_rpc_scripts.PUT), client.script_load(zero_rpc_scripts.COUNT_READ),
-            templates["manifest"], templates["staging"], templates["job_batches"], keys.jobs(), keys.ledger(),
-            keys.commit_channel(), keys.read_stats(), templates["batch_tag"],
-            min(limits.chunk_bytes, limits.max_frame_bytes), limits.max_header_bytes, limits.max_ttl_seconds,
-            store.cfg.default_ttl_seconds, int(store.cfg.overwrite_grace_seconds * 1000), TTL_MARGIN_MS,
-            ledger.max_bytes, ledger.max_entries, templates["value"],
-        )  # fmt: skip
+            put_sha=client.script_load(zero_rpc_scripts.PUT),
+            count_read_sha=client.script_load(zero_rpc_scripts.COUNT_READ),
+            manifest_key_template=templates["manifest"],
+            staging_key_template=templates["staging"],
+            job_batches_key_template=templates["job_batches"],
+            jobs_key=keys.jobs(),
+            ledger_keys=keys.ledger(),
+            commit_channel=keys.commit_channel(),
+            read_stats_key=keys.read_stats(),
+            batch_tag_template=templates["batch_tag"],
+            embed_max_bytes=min(limits.chunk_bytes, limits.max_frame_bytes),
+            max_header_bytes=limits.max_header_bytes,
+            max_ttl_seconds=limits.max_ttl_seconds,
+            default_ttl_seconds=store.cfg.default_ttl_seconds,
+            overwrite_grace_ms=int(store.cfg.overwrite_grace_seconds * 1000),
+            ttl_margin_ms=TTL_MARGIN_MS,
+            budget_max_bytes=ledger.max_bytes,
+            budget_max_entries=ledger.max_entries,
+            value_key_template=templates["value"],
+        )
 
     def commit(
         self, ref: BatchRef, header: tensor_pb2.BatchHeader, gen: str, chunks: int, *, ttl_seconds: int = 0,
