@@ -12,8 +12,10 @@ import pytest
 import redis
 from redis.cluster import key_slot
 
+from meshrl.api.databuffer.v1 import databuffer_pb2 as pb
 from meshrl.common.batch_key import batch_key
 from meshrl.common.databuffer_client import DataBufferClient, Group
+from meshrl.common.grpc_channel import call
 from meshrl.databuffer.testing import LocalCluster, config, run_producers_and_consumers, serving, unique_prefix
 
 MiB = 1 << 20
@@ -101,3 +103,9 @@ def test_eight_producers_and_eight_consumers_over_two_instances(services):
     assert not errors, errors
     assert set(acks) == expected and set(acks.values()) == {1} and set(deliveries.values()) == {1}
     assert [(s.length, s.pending) for s in a.stats("many").streams] == [(0, 0)]
+
+
+def test_on_a_cluster_the_direct_path_offers_no_zero_rpc_scripts(services):
+    _, (client, _) = services
+    layout = call(client._stub.DescribeDirectPath, pb.DescribeDirectPathRequest(), timeout=30)
+    assert layout.chunk_key_template and not layout.HasField("zero_rpc")  # their keys would span slots

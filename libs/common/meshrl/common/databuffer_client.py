@@ -3,7 +3,7 @@ batches (keyed by job, step, node[, shard]) or sample streams.
 
 Batches travel as a header message plus raw payload frames. Frames are written straight in
 protobuf's wire format (`payload` = field 2, length-delimited, the same bytes the generated
-code would produce) so that neither side copies the bytes through message objects; the
+code would produce: meshrl.common.databuffer_wire) so that neither side copies the bytes through message objects; the
 service (meshrl.databuffer.server) uses the same helpers. Failed calls raise the typed
 errors of meshrl.common.errors (InvalidArgument, NotFound, ResourceExhausted, ...).
 """
@@ -23,13 +23,7 @@ import numpy as np
 from meshrl.api.common.v1 import keys_pb2, tensor_pb2
 from meshrl.api.databuffer.v1 import databuffer_pb2 as pb
 from meshrl.api.databuffer.v1 import databuffer_pb2_grpc as pb_grpc
-from meshrl.common.buffer_frames import (
-    encode_head_and_payload,
-    encode_payload_frame,
-    payload_of,
-    split_frames,
-    split_head_and_payload,
-)
+from meshrl.common.buffer_frames import split_frames
 from meshrl.common.codec import (
     Batch,
     batch_from_proto,
@@ -47,6 +41,12 @@ from meshrl.common.databuffer_types import (  # noqa: F401  (re-exported: caller
     StepDeletion,
     StreamStats,
 )
+from meshrl.common.databuffer_wire import (  # noqa: F401  (re-exported: tests import them from here)
+    deserialize_get_response,
+    deserialize_small_get,
+    encode_small_put,
+    serialize_put_request,
+)
 from meshrl.common.direct_path import TRANSIENT, DirectPath, DirectPathConfig, connect
 from meshrl.common.errors import DataLoss, Internal, InvalidArgument, NotFound, Unavailable, from_rpc_error
 from meshrl.common.grpc_channel import ChannelConfig, call, open_channel, wait_until_serving
@@ -57,30 +57,6 @@ SERVICE = "meshrl.databuffer.v1.DataBuffer"
 MiB = 1 << 20
 DEFAULT_FRAME_BYTES = 4 * MiB
 APPEND_REQUEST_BYTES = 8 * MiB  # append_groups splits larger lists into several requests
-
-
-def serialize_put_request(message: pb.PutBatchRequest | bytes | bytearray | memoryview) -> bytes:
-    if isinstance(message, bytes | bytearray | memoryview):
-        return encode_payload_frame(message)
-    return message.SerializeToString()
-
-
-def encode_small_put(start: pb.PutBatchStart, views: Sequence[memoryview]) -> bytes:
-    """A serialized PutSmallBatchRequest (`start`, then `payload` = the views joined) with one copy of the payload."""
-    return encode_head_and_payload(start.SerializeToString(), views)
-
-
-def deserialize_small_get(raw: bytes) -> tuple[tensor_pb2.BatchHeader, memoryview] | pb.GetSmallBatchResponse:
-    """(header, payload view) of a GetSmallBatchResponse as the service writes it, else the parsed message."""
-    parts = split_head_and_payload(raw)
-    if parts is not None:
-        return tensor_pb2.BatchHeader.FromString(parts[0]), parts[1]
-    return pb.GetSmallBatchResponse.FromString(raw)
-
-
-def deserialize_get_response(raw: bytes) -> pb.GetBatchResponse | memoryview:
-    frame = payload_of(raw)
-    return frame if frame is not None else pb.GetBatchResponse.FromString(raw)
 
 
 class DataBufferClient:
@@ -130,8 +106,8 @@ class DataBufferClient:
         with self._direct_lock:
             if self._direct is None and self.direct_config is not None:
                 try:
-                    layout = call(self._stub.DescribeDirectPath, pb.DescribeDirectPathRequest(), timeout=30.0)
-                    self._direct = DirectPath(connect(cfg), layout)
+                    describe = lambda: call(self._stub.DescribeDirectPath, pb.DescribeDirectPathRequest(), timeout=30)  # noqa: E731
+                    self._direct = DirectPath(connect(cfg), describe(), describe)
                 except (Unavailable, Internal) as exc:  # Internal: a service without the path (UNIMPLEMENTED)
                     if not cfg.fallback:
                         raise
@@ -176,6 +152,8 @@ class DataBufferClient:
         direct = self.direct_path() if header.total_bytes >= self._direct_min_bytes() else None
         if direct is not None:
             try:
+                if (written := direct.put_whole(key, header, views, ttl_seconds=ttl_seconds, overwrite=overwrite)) >= 0:
+                    return written
                 gen, count = direct.stage(key, views)
             except TRANSIENT as exc:
                 self._relay_instead(exc)
@@ -213,11 +191,13 @@ class DataBufferClient:
             request.rows.begin, request.rows.end = rows
         direct = self.direct_path()
         if direct is not None:
-            request.inline_below = self._direct_min_bytes()
-            located = call(self._stub.LocateBatch, request, timeout=wait_seconds + timeout)
-            if located.inline:  # small: it came with the answer
-                return decode_batch(located.header, bytearray(located.payload))
-            try:
+            try:  # a whole batch with no RPC; a selection, or one not there yet (waiting), located by the service
+                if not columns and rows is None and (whole := direct.get_whole(key)) is not None:
+                    return decode_batch(*whole)
+                request.inline_below = self._direct_min_bytes()
+                located = call(self._stub.LocateBatch, request, timeout=wait_seconds + timeout)
+                if located.inline:  # small: it came with the answer
+                    return decode_batch(located.header, bytearray(located.payload))
                 return decode_batch(located.header, direct.read(located))
             except TRANSIENT as exc:
                 self._relay_instead(exc)

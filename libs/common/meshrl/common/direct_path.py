@@ -4,7 +4,9 @@ stays with the service (meshrl.databuffer.direct): where chunks go, header check
 bytes a selection reads. The payload crosses the network once, not twice through the service.
 
 `DataBufferClient(..., direct=DirectPathConfig(redis_url=...))` uses it for every put and get of at least
-`min_bytes` (a smaller get comes back inline from the same LocateBatch call); with `fallback` on, an
+`min_bytes` (a smaller get comes back inline from the same LocateBatch call); a whole-batch put of at most the
+service's `embed_max_bytes` and a whole-batch get make no RPC at all (meshrl.common.zero_rpc, where the service
+offers it: not on a Redis Cluster); with `fallback` on, an
 unreachable Redis (or a service without the path) sends the batch through the service instead, which is
 logged once.
 """
@@ -13,9 +15,8 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import secrets
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -23,18 +24,18 @@ import numpy as np
 import pydantic
 import redis
 
-from meshrl.api.common.v1 import keys_pb2
+from meshrl.api.common.v1 import keys_pb2, tensor_pb2
 from meshrl.api.databuffer.v1 import databuffer_pb2 as pb
 from meshrl.common.buffer_frames import split_frames
 from meshrl.common.config import StrictModel
 from meshrl.common.errors import ConfigError, DataLoss, NotFound, Unavailable
 from meshrl.common.redis_connections import CONNECTION_CLASSES
+from meshrl.common.zero_rpc import ZeroRpc, fill
 
 log = logging.getLogger(__name__)
 TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 PIPELINE_BYTES = 64 << 20  # chunks staged per pipelined round trip, at most
 READ_GROUP_BYTES = 8 << 20  # bytes read per pipelined round trip (the next group is fetched meanwhile)
-_FIELD = re.compile(r"\$(job|step|node|shard|gen|index)")
 
 
 class DirectPathConfig(StrictModel):
@@ -101,23 +102,37 @@ def _safe(url: str) -> str:
 class DirectPath:
     """Stages and reads payload chunks in Redis on the layout a service described (DescribeDirectPath)."""
 
-    def __init__(self, client: redis.Redis, layout: pb.DescribeDirectPathResponse) -> None:
+    def __init__(
+        self, client: redis.Redis, layout: pb.DescribeDirectPathResponse, describe: Callable[[], Any] | None = None
+    ) -> None:
+        """`describe`: asks the service for the layout again (the zero-RPC path needs it after NOSCRIPT); without
+        it, or when the service offers no zero-RPC path (a Redis Cluster), every put and get makes its RPC."""
         self.client = client
         self.template = layout.chunk_key_template
         self.chunk_bytes = int(layout.chunk_bytes)
         self.staging_ms = int(layout.staging_ttl_ms)
+        self.zero = ZeroRpc(client, layout, describe) if describe and layout.HasField("zero_rpc") else None
         self._ahead = ThreadPoolExecutor(max_workers=4, thread_name_prefix="direct-read")
+
+    def put_whole(self, key: keys_pb2.BatchKey, header: tensor_pb2.BatchHeader, views: list, **options: Any) -> int:
+        """The zero-RPC put (options: ttl_seconds, overwrite) when it applies, else -1 (stage and commit)."""
+        if self.zero is None or header.total_bytes > self.zero.embed_max_bytes:
+            return -1
+        return self.zero.put(key, header, views, **options)
+
+    def get_whole(self, key: keys_pb2.BatchKey) -> tuple[tensor_pb2.BatchHeader, bytearray | np.ndarray] | None:
+        """The whole batch with no RPC; None when that path is off or the batch is not there (yet)."""
+        found = self.zero.get(key) if self.zero is not None else None
+        if isinstance(found, pb.LocateBatchResponse):
+            return found.header, self.read(found)
+        return found
 
     def close(self) -> None:
         self._ahead.shutdown(wait=False)
         self.client.close()
 
     def chunk_key(self, key: keys_pb2.BatchKey, gen: str, index: int) -> str:
-        values = {
-            "job": key.job_id, "step": str(key.step), "node": key.node_id,
-            "shard": str(key.shard) if key.has_shard else "-", "gen": gen, "index": str(index),
-        }  # fmt: skip
-        return _FIELD.sub(lambda m: values[m.group(1)], self.template)
+        return fill(self.template, key, gen, index)
 
     def stage(self, key: keys_pb2.BatchKey, views: Iterable[memoryview]) -> tuple[str, int]:
         """Writes the payload as chunks (staging TTL) under a fresh generation; returns it and the chunk count.

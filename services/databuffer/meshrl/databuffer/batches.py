@@ -24,8 +24,8 @@ from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 from meshrl.api.common.v1 import tensor_pb2
-from meshrl.common.codec import validate_header
 from meshrl.common.errors import Aborted, AlreadyExists, InvalidArgument
+from meshrl.common.put_checks import check_put_header, row_count
 from meshrl.databuffer.batch_scripts import COMMIT, DELETE
 from meshrl.databuffer.indexes import Indexes
 from meshrl.databuffer.keys import BatchRef, check_name
@@ -82,30 +82,11 @@ class BatchStore:
     # --- put ---------------------------------------------------------------------------
     def check_put(self, ref: BatchRef, header: tensor_pb2.BatchHeader, ttl_seconds: int) -> tuple[bytes, int]:
         """Validates what a put announces; returns the serialized header and the TTL in seconds."""
-        size = header.ByteSize()
-        if size > self.limits.max_header_bytes:
-            raise InvalidArgument(
-                f"start.header is {size} bytes, over limits.max_header_bytes = {self.limits.max_header_bytes}; "
-                "move per-sample data out of samples/attrs into tensors",
-                field="start.header",
-            )
-        try:
-            validate_header(header)
-        except InvalidArgument as exc:
-            raise InvalidArgument(f"start.header.{exc.message}", field="start.header") from None
-        if header.total_bytes > self.limits.max_batch_bytes:
-            raise InvalidArgument(
-                f"start.header.total_bytes = {header.total_bytes} exceeds limits.max_batch_bytes = "
-                f"{self.limits.max_batch_bytes}; split the batch into shards",
-                field="start.header.total_bytes",
-            )
-        if ttl_seconds < 0 or ttl_seconds > self.limits.max_ttl_seconds:
-            raise InvalidArgument(
-                f"start.ttl_seconds = {ttl_seconds} must be in [0, {self.limits.max_ttl_seconds}] (0: the default "
-                f"{self.cfg.default_ttl_seconds}s)",
-                field="start.ttl_seconds",
-            )
-        return header.SerializeToString(), ttl_seconds or self.cfg.default_ttl_seconds
+        limits = self.limits
+        return check_put_header(
+            header, ttl_seconds, max_header_bytes=limits.max_header_bytes, max_batch_bytes=limits.max_batch_bytes,
+            max_ttl_seconds=limits.max_ttl_seconds, default_ttl_seconds=self.cfg.default_ttl_seconds,
+        )  # fmt: skip
 
     def put(
         self,
@@ -131,7 +112,9 @@ class BatchStore:
         committed = False
         try:
             count, last = self._stage(ref, gen, frames, total, staging_ms)
-            self._commit_manifest(ref, gen, count, total, blob, ttl, overwrite, last, staging_ms)
+            self._commit_manifest(
+                ref, gen, count, total, blob, ttl, overwrite, last, staging_ms, rows=row_count(header)
+            )
             committed = True
         finally:
             if not committed:
@@ -211,7 +194,7 @@ class BatchStore:
 
     def _commit_manifest(
         self, ref: BatchRef, gen: str, count: int, total: int, blob: bytes, ttl: int, overwrite: bool,
-        last: bytearray | memoryview | None, staging_ms: int, direct: bool = False,
+        last: bytearray | memoryview | None, staging_ms: int, direct: bool = False, rows: int = 0,
     ) -> None:  # fmt: skip
         """Swaps the manifest to the staged generation. The first try assumes a new key and goes in one
         pipeline with the last chunk's write and the index update: one round trip. `direct`: a client staged
@@ -235,6 +218,7 @@ class BatchStore:
                 self.keys.commit_channel(),
                 self.keys.batch_tag(ref),
                 int(direct),
+                rows,
             ]
             keys = [manifest, *new_keys, *old_keys]
             reply = self._first_commit(ref, keys, args, last_key, last, staging_ms) if first_try else None

@@ -37,6 +37,19 @@ class KeySpace:
         path's clients fill it; names hold no '$')."""
         return "{" + f"{self.prefix}:b:$job:$step:$node:$shard" + "}:c:$gen:$index"
 
+    def templates(self) -> dict[str, str]:
+        """The batch tag, manifest, staged value, value and job index keys with $job, $step, $node, $shard and $gen left
+        to fill, as `chunk_template` (the zero-RPC path's clients fill them)."""
+        tag = f"{self.prefix}:b:$job:$step:$node:$shard"
+        return {
+            "batch_tag": tag, "manifest": "{" + tag + "}:m", "staging": "{" + tag + "}:s:$gen", "value": "{" + tag + "}:v",
+            "job_batches": "{" + f"{self.prefix}:j:$job" + "}:batches",
+        }  # fmt: skip
+
+    def read_stats(self) -> str:
+        """The hash counting zero-RPC gets (calls, bytes, rows): GetStats adds it to its own counts."""
+        return "{" + f"{self.prefix}:stats" + "}:reads"
+
     def chunks(self, ref: BatchRef, gen: str, count: int) -> list[str]:
         return [self.chunk(ref, gen, i) for i in range(count)]
 

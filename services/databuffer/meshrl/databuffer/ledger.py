@@ -14,10 +14,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from meshrl.common.errors import InvalidArgument, ResourceExhausted
+from meshrl.common.errors import InvalidArgument
+from meshrl.common.put_checks import budget_exceeded
 
 # KEYS: exp (zset member -> expiry ms), size (hash member -> bytes), tot (hash: bytes)
-_PRUNE = """
+PRUNE = """
 local function prune(now)
   local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, 5000)
   for _, m in ipairs(expired) do
@@ -34,7 +35,7 @@ end
 # ARGV: now_ms, max_bytes, max_entries, expiry_ms, member1, bytes1, member2, bytes2, ...
 # Returns {1, used, entries}, {0, used, entries} (over the budget) or {-1, member, 0} (member already held).
 _RESERVE = (
-    _PRUNE
+    PRUNE
     + """
 prune(tonumber(ARGV[1]))
 for i = 5, #ARGV, 2 do
@@ -100,7 +101,7 @@ return 1
 
 # ARGV: now_ms
 _USAGE = (
-    _PRUNE
+    PRUNE
     + """
 prune(tonumber(ARGV[1]))
 return {tostring(redis.call('HGET', KEYS[3], 'bytes') or '0'), redis.call('ZCARD', KEYS[1])}
@@ -141,12 +142,7 @@ class Ledger:
             raise InvalidArgument(f"{what}: {used.decode()} is already counted; use a fresh random generation")
         if not ok:
             need = sum(sizes.values())
-            raise ResourceExhausted(
-                f"data buffer budget exceeded: {what} needs {need} bytes in {len(sizes)} entries, while "
-                f"{int(used)} of budget.max_bytes = {self.max_bytes} bytes and {entries} of budget.max_entries = "
-                f"{self.max_entries} entries are held; consume and ack stream groups, delete finished batches "
-                "(delete_job), or raise the budget"
-            )
+            raise budget_exceeded(what, need, len(sizes), int(used), entries, self.max_bytes, self.max_entries)
 
     def release(self, members: Sequence[str]) -> int:
         if not members:

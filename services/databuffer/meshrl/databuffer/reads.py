@@ -42,11 +42,15 @@ class Located:
 
 
 # KEYS: manifest. ARGV (optional): largest payload to return. The manifest's fields, and for a one-chunk batch
-# (of at most ARGV[1] bytes) its chunk (same hash tag: same slot).
+# (of at most ARGV[1] bytes) its chunk (same hash tag: same slot). A payload a zero-RPC put kept under the
+# batch's value key (manifest field 'v' = '1') comes whatever its size, followed by 'e'.
 _OPEN = """
 local f = redis.call('HMGET', KEYS[1], 'gen', 'n', 'cb', 'bytes', 'h')
 if not f[1] then return false end
-if f[2] == '1' and (ARGV[1] == nil or tonumber(f[4]) <= tonumber(ARGV[1])) then
+if f[2] == '1' and redis.call('HGET', KEYS[1], 'v') == '1' then
+  f[6] = redis.call('GET', string.sub(KEYS[1], 1, -2) .. 'v')
+  f[7] = 'e'
+elseif f[2] == '1' and (ARGV[1] == nil or tonumber(f[4]) <= tonumber(ARGV[1])) then
   f[6] = redis.call('GET', string.sub(KEYS[1], 1, -2) .. 'c:' .. f[1] .. ':0')
 end
 return f
@@ -140,7 +144,8 @@ class BatchReader:
     ) -> Located:
         """Which Redis values (whole, or byte ranges) hold the batch or its selected columns and rows, for a
         client that reads them itself (the direct data path); one round trip once the batch is there. A
-        one-chunk batch whose selection has fewer than `inline_below` bytes comes back inline instead."""
+        one-chunk batch whose selection has fewer than `inline_below` bytes (or whose payload a zero-RPC put
+        kept under its value key) comes back inline instead."""
         if inline_below < 0:
             raise InvalidArgument(f"inline_below = {inline_below} must be >= 0", field="inline_below")
         up_to = max(0, min(inline_below, self.limits.chunk_bytes))
@@ -152,7 +157,8 @@ class BatchReader:
                         what=f"batch {ref}")  # fmt: skip
         self.counter.count(chosen.header.total_bytes, chosen.rows)
         manifest = self.keys.manifest(ref)
-        if only is not None and chosen.header.total_bytes < inline_below:
+        embedded = len(fields) > 6  # no chunk to point at: the selection comes inline whatever its size
+        if only is not None and (embedded or chosen.header.total_bytes < inline_below):
             if len(only) != total:
                 self._lost(ref, gen, 0)
             payload = bytes(only) if chosen.whole else b"".join(memoryview(only)[o : o + k] for o, k in chosen.spans)

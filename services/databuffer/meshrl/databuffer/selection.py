@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from meshrl.api.common.v1 import tensor_pb2
 from meshrl.common.codec import NUMPY_BY_DTYPE
 from meshrl.common.errors import InvalidArgument, NotFound
+from meshrl.common.put_checks import row_count
 
 
 @dataclass(frozen=True)
@@ -24,14 +25,6 @@ class Selection:
     spans: list[tuple[int, int]]  # (offset, length) into the stored payload, in send order
     rows: int  # rows sent
     whole: bool  # the selection is the whole stored batch (read it chunk by chunk)
-
-
-def row_count(header: tensor_pb2.BatchHeader) -> int:
-    """Rows of a stored batch: its first tensor's (every tensor has the same), else its samples."""
-    if not header.tensors:
-        return len(header.samples)
-    spec = header.tensors[0]
-    return len(spec.offsets) - 1 if spec.ragged else (spec.shape[0] if spec.shape else 1)
 
 
 def select(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from dataclasses import asdict
 from typing import Any
 
 import grpc
@@ -138,6 +139,7 @@ class DataBufferServicer:
             chunk_key_template=layout.chunk_key_template, chunk_bytes=layout.chunk_bytes,
             staging_ttl_ms=layout.staging_ttl_ms, max_batch_bytes=layout.max_batch_bytes,
             redis_hint=self.buffer.redis_hint(),
+            zero_rpc=pb.ZeroRpcPath(**asdict(layout.zero_rpc)) if layout.zero_rpc else None,
         )  # fmt: skip
 
     def CommitDirectPut(self, request: pb.CommitDirectPutRequest, context: grpc.ServicerContext) -> Any:

@@ -42,7 +42,8 @@ class Stats:
     budget_entries: int = 0
     used_bytes: int = 0  # everything the budget counts (all jobs, staged puts included)
     used_entries: int = 0
-    get_calls: int = 0  # GetBatch calls served by this process since it started, and what they sent
+    get_calls: int = 0  # GetBatch calls served by this process since it started, and what they sent, plus the
+    # zero-RPC gets of every client (counted in Redis under the key prefix: meshrl.databuffer.zero_rpc_scripts)
     get_bytes: int = 0
     get_rows: int = 0
 
@@ -117,7 +118,8 @@ class DataBuffer:
 
     # --- the direct data path (meshrl.databuffer.direct): clients move the payload themselves ---------------
     def direct_layout(self) -> DirectLayout:
-        return self.direct.layout()
+        with redis_errors("describe of the direct path"):
+            return self.direct.layout()
 
     def redis_hint(self) -> str:
         """host:port (or socket path) of the Redis this service uses, without credentials."""
@@ -201,7 +203,12 @@ class DataBuffer:
                 for reason, n in drops.items():
                     out.drops_by_reason[reason] = out.drops_by_reason.get(reason, 0) + n
             reads = self.batches.reads
-            out.get_calls, out.get_bytes, out.get_rows = reads.calls, reads.bytes, reads.rows
+            zero = [int(n or 0) for n in self.handle.client.hmget(self.keys.read_stats(), "calls", "bytes", "rows")]
+            out.get_calls, out.get_bytes, out.get_rows = (
+                reads.calls + zero[0],
+                reads.bytes + zero[1],
+                reads.rows + zero[2],
+            )
             usage = self.ledger.usage()
             out.used_bytes, out.used_entries = usage.bytes, usage.entries
         return out

@@ -294,18 +294,62 @@ class DescribeDirectPathRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DescribeDirectPathResponse(_message.Message):
-    __slots__ = ("chunk_key_template", "chunk_bytes", "staging_ttl_ms", "max_batch_bytes", "redis_hint")
+    __slots__ = ("chunk_key_template", "chunk_bytes", "staging_ttl_ms", "max_batch_bytes", "redis_hint", "zero_rpc")
     CHUNK_KEY_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
     STAGING_TTL_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_BYTES_FIELD_NUMBER: _ClassVar[int]
     REDIS_HINT_FIELD_NUMBER: _ClassVar[int]
+    ZERO_RPC_FIELD_NUMBER: _ClassVar[int]
     chunk_key_template: str
     chunk_bytes: int
     staging_ttl_ms: int
     max_batch_bytes: int
     redis_hint: str
-    def __init__(self, chunk_key_template: _Optional[str] = ..., chunk_bytes: _Optional[int] = ..., staging_ttl_ms: _Optional[int] = ..., max_batch_bytes: _Optional[int] = ..., redis_hint: _Optional[str] = ...) -> None: ...
+    zero_rpc: ZeroRpcPath
+    def __init__(self, chunk_key_template: _Optional[str] = ..., chunk_bytes: _Optional[int] = ..., staging_ttl_ms: _Optional[int] = ..., max_batch_bytes: _Optional[int] = ..., redis_hint: _Optional[str] = ..., zero_rpc: _Optional[_Union[ZeroRpcPath, _Mapping]] = ...) -> None: ...
+
+class ZeroRpcPath(_message.Message):
+    __slots__ = ("put_sha", "count_read_sha", "manifest_key_template", "staging_key_template", "job_batches_key_template", "jobs_key", "ledger_keys", "commit_channel", "read_stats_key", "batch_tag_template", "embed_max_bytes", "max_header_bytes", "max_ttl_seconds", "default_ttl_seconds", "overwrite_grace_ms", "ttl_margin_ms", "budget_max_bytes", "budget_max_entries", "value_key_template")
+    PUT_SHA_FIELD_NUMBER: _ClassVar[int]
+    COUNT_READ_SHA_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_KEY_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    STAGING_KEY_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    JOB_BATCHES_KEY_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    JOBS_KEY_FIELD_NUMBER: _ClassVar[int]
+    LEDGER_KEYS_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_CHANNEL_FIELD_NUMBER: _ClassVar[int]
+    READ_STATS_KEY_FIELD_NUMBER: _ClassVar[int]
+    BATCH_TAG_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    EMBED_MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_HEADER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    OVERWRITE_GRACE_MS_FIELD_NUMBER: _ClassVar[int]
+    TTL_MARGIN_MS_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_MAX_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    VALUE_KEY_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    put_sha: str
+    count_read_sha: str
+    manifest_key_template: str
+    staging_key_template: str
+    job_batches_key_template: str
+    jobs_key: str
+    ledger_keys: _containers.RepeatedScalarFieldContainer[str]
+    commit_channel: str
+    read_stats_key: str
+    batch_tag_template: str
+    embed_max_bytes: int
+    max_header_bytes: int
+    max_ttl_seconds: int
+    default_ttl_seconds: int
+    overwrite_grace_ms: int
+    ttl_margin_ms: int
+    budget_max_bytes: int
+    budget_max_entries: int
+    value_key_template: str
+    def __init__(self, put_sha: _Optional[str] = ..., count_read_sha: _Optional[str] = ..., manifest_key_template: _Optional[str] = ..., staging_key_template: _Optional[str] = ..., job_batches_key_template: _Optional[str] = ..., jobs_key: _Optional[str] = ..., ledger_keys: _Optional[_Iterable[str]] = ..., commit_channel: _Optional[str] = ..., read_stats_key: _Optional[str] = ..., batch_tag_template: _Optional[str] = ..., embed_max_bytes: _Optional[int] = ..., max_header_bytes: _Optional[int] = ..., max_ttl_seconds: _Optional[int] = ..., default_ttl_seconds: _Optional[int] = ..., overwrite_grace_ms: _Optional[int] = ..., ttl_margin_ms: _Optional[int] = ..., budget_max_bytes: _Optional[int] = ..., budget_max_entries: _Optional[int] = ..., value_key_template: _Optional[str] = ...) -> None: ...
 
 class CommitDirectPutRequest(_message.Message):
     __slots__ = ("start", "generation", "chunks")
