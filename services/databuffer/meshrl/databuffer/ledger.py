@@ -18,17 +18,19 @@ from meshrl.common.errors import InvalidArgument
 from meshrl.common.put_checks import budget_exceeded
 
 # KEYS: exp (zset member -> expiry ms), size (hash member -> bytes), tot (hash: bytes)
+# release(m) drops one member and its bytes; prune(now) releases every member expired by `now` (at most 5000).
 PRUNE = """
+local function release(m)
+  local s = redis.call('HGET', KEYS[2], m)
+  if s then
+    if redis.call('HINCRBY', KEYS[3], 'bytes', '-' .. s) == 0 then redis.call('HDEL', KEYS[3], 'bytes') end
+    redis.call('HDEL', KEYS[2], m)
+  end
+  redis.call('ZREM', KEYS[1], m)
+end
 local function prune(now)
   local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, 5000)
-  for _, m in ipairs(expired) do
-    local s = redis.call('HGET', KEYS[2], m)
-    if s then
-      if redis.call('HINCRBY', KEYS[3], 'bytes', '-' .. s) == 0 then redis.call('HDEL', KEYS[3], 'bytes') end
-      redis.call('HDEL', KEYS[2], m)
-    end
-    redis.call('ZREM', KEYS[1], m)
-  end
+  for _, m in ipairs(expired) do release(m) end
 end
 """
 

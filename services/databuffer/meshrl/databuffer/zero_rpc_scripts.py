@@ -6,7 +6,7 @@ TTLs, the replaced generation's grace period, index membership and the commit no
 counts a zero-RPC get where GetStats sees it. Neither runs on a Redis Cluster (their keys span slots).
 """
 
-from meshrl.databuffer.ledger import PRUNE
+from meshrl.databuffer.ledger import PRUNE  # defines release(m) and prune(now)
 
 # KEYS: ledger exp, size, tot (as meshrl.databuffer.ledger), manifest, staged value, job's batch index, jobs index,
 #       value key.
@@ -22,14 +22,6 @@ local now, total = tonumber(ARGV[1]), tonumber(ARGV[6])
 local function refuse(status, a, b)
   redis.call('DEL', KEYS[5])
   return {status, a or '', b or ''}
-end
-local function release(m)
-  local s = redis.call('HGET', KEYS[2], m)
-  if s then
-    if redis.call('HINCRBY', KEYS[3], 'bytes', '-' .. s) == 0 then redis.call('HDEL', KEYS[3], 'bytes') end
-    redis.call('HDEL', KEYS[2], m)
-  end
-  redis.call('ZREM', KEYS[1], m)
 end
 local function index(key, kind, member, score, ttl)
   if kind == 'z' then redis.call('ZADD', key, score, member) else redis.call('SADD', key, member) end
