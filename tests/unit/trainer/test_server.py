@@ -3,10 +3,12 @@ checkpoints and weight publication (disk and a gloo broadcast to a receiver)."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 import grpc
 import numpy as np
+import pydantic
 import pytest
 import torch
 from _worker import make_batch
@@ -259,3 +261,23 @@ def test_a_log_prob_pass_reads_its_rows_while_another_pass_holds_the_model(serve
         assert not call.done()  # ... but its forward pass waits for the model
     assert call.result().tokens == batch["response_ids"].offsets[-1]
     assert ("job", 0, "old", None) in buffer.batches
+
+
+def test_the_trainers_publication_settings_choose_the_digest_and_fsync(qwen2_dir, tmp_path, monkeypatch):
+    """`publication.digest` / `publication.fsync` (TrainerConfig, e.g. `--set publication.digest=sha256`) reach
+    every complete version the trainer writes; an unknown digest is refused when the config is read."""
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
+    for digest, fsync in (("sha256", True), ("xxh3_128", False)):
+        cfg = TrainerConfig(server=ServerConfig(port=0), publication={"digest": digest, "fsync": fsync})
+        trainer = TrainerService(cfg, TrainerCore(), MemoryBuffer())
+        trainer.core.load_model("actor", str(qwen2_dir))
+        synced.clear()
+        disk = trainer.publish("actor", "disk", 1, disk_root=str(tmp_path / digest)).disk
+        manifest, _ = read_manifest(disk.path, disk.manifest_sha256)
+        assert manifest.digest == digest
+        assert bool(synced) == fsync
+        assert dict(read_version(disk.path, disk.manifest_sha256))  # the replica side verifies that digest
+    with pytest.raises(pydantic.ValidationError, match="digest 'md5' is unknown"):
+        TrainerConfig(publication={"digest": "md5"})

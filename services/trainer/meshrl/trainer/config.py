@@ -14,6 +14,7 @@ from meshrl.common.grpc_channel import ChannelConfig, peer_channel
 from meshrl.common.grpc_server import ServerConfig
 from meshrl.common.path_roots import PathRoots
 from meshrl.common.telemetry import TelemetryConfig
+from meshrl.common.weights.hashing import DEFAULT_DIGEST, DIGESTS
 from meshrl.trainer.launched import Launcher
 from meshrl.trainer.losses import LossConfig
 from meshrl.trainer.optim import OptimizerConfig
@@ -65,6 +66,28 @@ class DefaultsConfig(StrictModel):
     optimizer: OptimizerConfig = pydantic.Field(default_factory=OptimizerConfig, description="of trainable roles")
 
 
+class PublicationConfig(StrictModel):
+    """How complete weight versions are written to disk (meshrl.common.weights.write_version)."""
+
+    digest: str = pydantic.Field(
+        DEFAULT_DIGEST,
+        description=f"per-tensor digest in the manifest, one of {sorted(DIGESTS)}: xxh3_128 (fast; catches "
+        "corruption, not deliberate alteration) or sha256 (where tampering with the shared folder is a threat)",
+    )
+    fsync: bool = pydantic.Field(
+        False,
+        description="fsync every file before the version is renamed into place (durable across a host crash; "
+        "off: a torn version fails its replicas' digest check and the trainer re-publishes after a restart)",
+    )
+
+    @pydantic.field_validator("digest")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        if value not in DIGESTS:
+            raise ValueError(f"digest {value!r} is unknown: use one of {sorted(DIGESTS)}")
+        return value
+
+
 class TrainerConfig(StrictModel):
     server: ServerConfig = pydantic.Field(default_factory=lambda: ServerConfig(port=DEFAULT_PORT))
     databuffer: ChannelConfig = pydantic.Field(
@@ -80,6 +103,7 @@ class TrainerConfig(StrictModel):
     data_parallel: DataParallelConfig = pydantic.Field(default_factory=DataParallelConfig)
     parallel: ParallelConfig = pydantic.Field(default_factory=ParallelConfig)
     defaults: DefaultsConfig = pydantic.Field(default_factory=DefaultsConfig)
+    publication: PublicationConfig = pydantic.Field(default_factory=PublicationConfig)
     atomic_steps: bool = pydantic.Field(
         True, description="snapshot model+optimizer before multi-step train calls so a NaN rolls them all back"
     )

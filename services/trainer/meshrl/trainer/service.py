@@ -350,8 +350,9 @@ class TrainerService:
             base = self._bases[role] = DeltaBase()
             export = base.record(version, export)
         model_files = _model_files(self.core.role(role).model_path)
+        pub = self.cfg.publication
         return write_version(root, version, export, keep_last, bucket_bytes=bucket_bytes, extra_files=model_files,
-                             overwrite=True)  # fmt: skip
+                             overwrite=True, digest=pub.digest, fsync=pub.fsync)  # fmt: skip
 
     def status(self) -> dict[str, Any]:
         return {**self.core.status(), "metrics": dict(self.last_metrics)}
