@@ -19,7 +19,7 @@ from meshrl.common.direct_path import DirectPathConfig
 from meshrl.common.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from meshrl.common.grpc_channel import call
 from meshrl.common.net import free_port
-from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix
+from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, direct_and_relayed, unique_prefix
 
 KiB = 1 << 10
 CHUNK = 64 * KiB
@@ -32,14 +32,8 @@ def buffer():
     raw = redis.Redis.from_url(SYSTEM_REDIS)
     prefix = unique_prefix("direct")
     cfg = config(SYSTEM_REDIS, prefix, limits={"chunk_bytes": CHUNK}, budget={"max_bytes": 4 << 20})
-    with serving(cfg) as (_, running):
-        path = DirectPathConfig(redis_url=SYSTEM_REDIS, fallback=False, min_bytes=0)  # every batch direct
-        direct = DataBufferClient(running.address, direct=path)
-        relayed = DataBufferClient(running.address)
-        relayed.wait_until_ready(10)
+    with direct_and_relayed(cfg, SYSTEM_REDIS) as (_, direct, relayed):  # every batch direct
         yield direct, relayed, raw, prefix
-        direct.close()
-        relayed.close()
     delete_prefix(raw, prefix)
     raw.close()
 

@@ -22,7 +22,7 @@ from meshrl.common.errors import AlreadyExists, InvalidArgument, ResourceExhaust
 from meshrl.common.grpc_channel import call
 from meshrl.common.zero_rpc import fill
 from meshrl.databuffer.embedded import EmbeddedRedis
-from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix
+from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, direct_and_relayed, serving, unique_prefix
 
 KiB, MiB = 1 << 10, 1 << 20
 BUDGET = 3 * MiB // 2
@@ -31,20 +31,14 @@ BUDGET = 3 * MiB // 2
 @pytest.fixture(scope="module")
 def buffer():
     """(zero-RPC client, relayed client, raw redis, prefix, DataBuffer): 1 MiB chunks, a 1.5 MiB budget, and
-    waiting gets that poll only every 30 s (so a prompt wake-up is the commit notification)."""
+    waiting gets that poll only every 5 s (so a prompt wake-up is the commit notification)."""
     raw = redis.Redis.from_url(SYSTEM_REDIS)
     prefix = unique_prefix("zero")
     cfg = config(SYSTEM_REDIS, prefix, limits={"chunk_bytes": MiB}, budget={"max_bytes": BUDGET},
                  batches={"poll_seconds": 5.0})  # fmt: skip
-    with serving(cfg) as (core, running):
-        path = DirectPathConfig(redis_url=SYSTEM_REDIS, fallback=False, min_bytes=0)  # every whole put zero-RPC
-        direct = DataBufferClient(running.address, direct=path)
-        relayed = DataBufferClient(running.address)
-        relayed.wait_until_ready(10)
+    with direct_and_relayed(cfg, SYSTEM_REDIS) as (core, direct, relayed):  # every whole put zero-RPC
         assert direct.direct_path().zero is not None
         yield direct, relayed, raw, prefix, core
-        direct.close()
-        relayed.close()
     delete_prefix(raw, prefix)
     raw.close()
 

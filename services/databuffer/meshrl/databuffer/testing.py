@@ -23,6 +23,7 @@ import numpy as np
 import redis
 
 from meshrl.common.databuffer_client import DataBufferClient, Group
+from meshrl.common.direct_path import DirectPathConfig
 from meshrl.common.grpc_server import RunningServer, start_server
 from meshrl.common.net import free_port
 from meshrl.databuffer.config import DataBufferConfig
@@ -63,6 +64,24 @@ def serving(cfg: DataBufferConfig) -> Iterator[tuple[DataBuffer, RunningServer]]
     finally:
         running.stop(0)
         buffer.close()
+
+
+@contextlib.contextmanager
+def direct_and_relayed(
+    cfg: DataBufferConfig, redis_url: str
+) -> Iterator[tuple[DataBuffer, DataBufferClient, DataBufferClient]]:
+    """`serving(cfg)` with two clients: one that takes the direct path for every batch (min_bytes 0, no
+    fallback, Redis at `redis_url`) and one that relays everything through the service."""
+    with serving(cfg) as (buffer, running):
+        path = DirectPathConfig(redis_url=redis_url, fallback=False, min_bytes=0)
+        direct = DataBufferClient(running.address, direct=path)
+        relayed = DataBufferClient(running.address)
+        try:
+            relayed.wait_until_ready(10)
+            yield buffer, direct, relayed
+        finally:
+            direct.close()
+            relayed.close()
 
 
 def config(url: str | None, prefix: str, cluster: bool = False, **sections: Any) -> DataBufferConfig:

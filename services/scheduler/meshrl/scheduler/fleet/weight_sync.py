@@ -12,7 +12,7 @@ import contextvars
 import logging
 import socket
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from meshrl.api.common.v1 import weights_pb2 as wpb
@@ -25,6 +25,7 @@ from meshrl.common.telemetry import attributes as A
 from meshrl.common.weight_group_codes import BACKENDS, PROTOCOLS
 from meshrl.scheduler.clients import RolloutClient, TrainerClient
 from meshrl.scheduler.config import WeightsSection
+from meshrl.scheduler.inline import run_inline
 
 log = logging.getLogger(__name__)
 PAUSE = {"abort": wpb.PAUSE_MODE_ABORT, "in_place": wpb.PAUSE_MODE_IN_PLACE}
@@ -292,11 +293,7 @@ class WeightPublisher:
         replica loads from this thread (a pool thread would cost a start and two hand-offs per step)."""
         args = (disk, PAUSE[self.cfg.pause_mode], self.cfg.flush_cache != "never", self.cfg.timeout_seconds)
         if len(replicas) == 1:
-            done: Future = Future()
-            try:
-                done.set_result(replicas[0].update_from_disk(*args))
-            except MeshrlError as exc:
-                done.set_exception(exc)
+            done = run_inline(replicas[0].update_from_disk, *args)
             return _failed({replicas[0].address: done}, f"load weight version {version}")
         with ThreadPoolExecutor(max(1, len(replicas))) as pool:
             futures = {r.address: _submit(pool, r.update_from_disk, *args) for r in replicas}

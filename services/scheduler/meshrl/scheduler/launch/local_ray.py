@@ -10,6 +10,7 @@ not retry (a restart would only load the machine more). Used by meshrl.scheduler
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -46,9 +47,10 @@ def init_local_ray(ray: Any, attempts: int = 2, pause_seconds: float = 2.0, **kw
             time.sleep(pause_seconds)
 
 
-def kill_leftovers(temp_dir: str | None, proc: Path = Path("/proc")) -> int:
+def kill_leftovers(temp_dir: str | None) -> int:
     """SIGKILLs this process's children whose command line names `temp_dir`; returns how many. Nothing
     without a temp dir (a shared default could name another instance) or without /proc."""
+    proc = Path("/proc")
     if not temp_dir or not proc.is_dir():
         return 0
     me, killed = os.getpid(), 0
@@ -61,9 +63,7 @@ def kill_leftovers(temp_dir: str | None, proc: Path = Path("/proc")) -> int:
         except (OSError, IndexError, ValueError):
             continue  # gone meanwhile, or not ours to read
         if ppid == me and temp_dir in cmdline:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(int(entry.name), signal.SIGKILL)
                 killed += 1
-            except ProcessLookupError:
-                pass
     return killed

@@ -24,6 +24,7 @@ from meshrl.api.scheduler.v1 import scheduler_pb2 as spb
 from meshrl.common import telemetry
 from meshrl.common.telemetry import attributes as A
 from meshrl.scheduler.events import EventLog
+from meshrl.scheduler.inline import run_inline
 
 log = logging.getLogger(__name__)
 
@@ -103,15 +104,6 @@ class StepExecutor:
             self.events.node(ctx.step, node.node_id, spb.NODE_STATE_COMPLETED, seconds=seconds)
             return result
 
-    def _run_inline(self, node: Any, ctx: StepContext) -> Future:
-        """Runs `node` in the calling thread (the only node that can run now); its outcome as a done future."""
-        done: Future = Future()
-        try:
-            done.set_result(contextvars.copy_context().run(self._run_node, node, ctx))
-        except Exception as exc:  # noqa: BLE001 - reported as the node's failure, as a pool thread's would be
-            done.set_exception(exc)
-        return done
-
     def run_step(self, job_id: str, step: int) -> dict[str, float]:
         """Runs every node of the DAG once; raises NodeFailed (after the running nodes end) on failure."""
         return self.run_nodes(job_id, step)[0]
@@ -138,7 +130,7 @@ class StepExecutor:
                     for node_id in ready:
                         node = pending.pop(node_id)
                         if len(ready) == 1 and not running:  # alone: in this thread, no hand-off to a pool thread
-                            running[self._run_inline(node, ctx)] = node_id
+                            running[run_inline(self._run_node, node, ctx)] = node_id
                         else:
                             running[pool.submit(contextvars.copy_context().run, self._run_node, node, ctx)] = node_id
                 if not running:
