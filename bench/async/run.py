@@ -15,7 +15,7 @@ a step's time goes: median seconds per step in the rollout, the trainer (log-pro
 publication, and the consumer's wait for samples.
 
 Run: `.venv/bin/python bench/async/run.py [--steps 60] [--eval-every 5] [--prompts 128] [--seeds 0] [--tis-cap C]
-[--mis-cap M] [--trainer-threads N] [--use-ray]`
+[--mis-cap M] [--trainer-threads N] [--use-ray] [--workflow W] [--set KEY=VALUE ...]`
 (from the repository root; the example's model and data are built under runs/ on first use). Each mode
 costs about what `make run` costs (minutes on 2 cores); --steps and --prompts shrink it.
 """
@@ -80,6 +80,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="training.split_threads false for every mode (the trainer uses every core in the async modes too)",
     )
     p.add_argument("--use-ray", action="store_true", help="services as Ray actors (default: plain processes)")
+    p.add_argument("--workflow", default=str(EXAMPLE / "workflow.yaml"), help="the step's DAG (default: the example's)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a job-config override, every mode")
     p.add_argument("--out", default="", help="write the figures as JSON here too")
     return p.parse_args(argv)
 
@@ -111,8 +113,8 @@ def job_yaml(a: argparse.Namespace, mode: str, run_root: Path, seed: int = 0) ->
 
 def run_mode(a: argparse.Namespace, mode: str, run_root: Path, seed: int = 0) -> dict:
     jobs = JobManager()
-    workflow = (EXAMPLE / "workflow.yaml").read_text()
-    record = jobs.create(workflow, job_yaml(a, mode, run_root, seed), [])
+    workflow = Path(a.workflow).read_text()
+    record = jobs.create(workflow, job_yaml(a, mode, run_root, seed), list(a.set))
     jobs.run(record)
     if record.state != spb.JOB_STATE_SUCCEEDED:
         raise SystemExit(f"{mode}: the job ended {spb.JobState.Name(record.state)}: {record.error}")

@@ -24,7 +24,7 @@ from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import Batch, Ragged
 from meshrl.common.config import load_config
 from meshrl.common.databuffer_client import DataBufferClient
-from meshrl.common.errors import Cancelled, InvalidArgument
+from meshrl.common.errors import Cancelled, ConfigError, InvalidArgument
 from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix
 from meshrl.scheduler.clients import loss_proto
 from meshrl.scheduler.config import ASYNC_MIS_CAP, ASYNC_TIS_CAP, JobConfig, TrainingSection
@@ -294,6 +294,11 @@ def test_asynchronous_modes_correct_off_policy_unless_the_loss_says_otherwise():
             loss_of(*mode, "algorithm.loss.mis_cap=8").tis_cap,
             loss_of(*mode, "algorithm.loss.mis_cap=8").mis_cap,
         ) == (None, 8)
+        # pi_old from the rollout is the behaviour policy: nothing to correct, and a cap is refused
+        rollout = loss_of(*mode, "algorithm.loss.old_logprobs=rollout")
+        assert (rollout.tis_cap, rollout.mis_cap) == (None, None)
+        with pytest.raises(ConfigError, match="old_logprobs = 'rollout' makes them the same policy"):
+            loss_of(*mode, "algorithm.loss.old_logprobs=rollout", "algorithm.loss.tis_cap=2")
 
 
 def test_the_producers_spans_are_inside_the_consuming_step(buffer):

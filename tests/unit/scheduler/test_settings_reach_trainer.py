@@ -33,6 +33,7 @@ LOSS_VALUES = {
     "tis_cap": 2.0,
     "value_clip": 0.0,
     "mis_cap": 5.0,
+    "old_logprobs": "rollout",
 }
 OPTIM_VALUES = {
     "lr": 3e-4,

@@ -72,6 +72,23 @@ def test_ppo_step_lowers_the_loss(core):
     assert core.role("actor").train_steps == 4
 
 
+def test_pi_old_from_the_rollout_reads_rollout_logprobs(core, qwen2_dir):
+    """old_logprobs = 'rollout': the ratio is taken against the rollout_logprobs column, exactly as a recompute
+    step with those values as old_logprobs, and no old_logprobs column is needed."""
+    batch = make_batch(core.role("actor").spec.vocab_size)
+    behaviour = batch.pop("old_logprobs")
+    recompute = TrainerCore(micro_batch_tokens=4096)
+    recompute.load_model("actor", str(qwen2_dir), optimizer=OptimizerConfig(lr=1e-3, warmup_steps=2))
+    loss = dict(clip_low=0.2, clip_high=0.28, kl_coef=0.0)
+    with pytest.raises(InvalidArgument, match="no column 'rollout_logprobs'"):
+        core.train_step("actor", batch, LossConfig(old_logprobs="rollout", **loss))
+    got = core.train_step("actor", dict(batch, rollout_logprobs=behaviour), LossConfig(old_logprobs="rollout", **loss))
+    want = recompute.train_step("actor", dict(batch, old_logprobs=behaviour), LossConfig(**loss))
+    assert got.metrics["clip_fraction"] > 0  # the behaviour log-probs are far from the model's: the ratio clips
+    for key in ("loss", "pg_loss", "clip_fraction", "ratio", "grad_norm"):
+        assert got.metrics[key] == pytest.approx(want.metrics[key], rel=1e-6, abs=1e-7), key
+
+
 def test_sft_and_metrics_from_a_full_rl_loss(core):
     batch = make_batch(core.role("actor").spec.vocab_size)
     metrics = run_steps(core, batch, steps=1)[0]

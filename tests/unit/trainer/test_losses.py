@@ -168,6 +168,12 @@ def test_loss_config_validation():
         LossConfig(dual_clip=0.5)
     with pytest.raises(ConfigError, match="loss.policy_loss"):
         LossConfig(policy_loss="dpo")
+    # pi_old from the rollout is the behaviour policy: an importance weight against it would always be 1
+    with pytest.raises(ConfigError, match="old_logprobs = 'rollout' makes them the same policy"):
+        LossConfig(old_logprobs="rollout", tis_cap=2.0)
+    with pytest.raises(ConfigError, match="set tis_cap and mis_cap to 0"):
+        LossConfig(old_logprobs="rollout", mis_cap=5.0)
+    assert LossConfig(old_logprobs="rollout").old_logprobs == "rollout"
 
 
 def test_value_clip_metric_counts_only_tokens_the_clip_moved():

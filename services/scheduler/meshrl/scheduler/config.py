@@ -102,6 +102,10 @@ class LossSection(StrictModel):
     tis_cap: float | None = Field(None, ge=0, description="truncated importance sampling cap; 0 = off")
     mis_cap: float | None = Field(None, ge=0, description="masked importance sampling: tokens above it leave the loss")
     value_clip: float | None = Field(None, ge=0, description="critic value clip; 0 = off")
+    old_logprobs: Literal["recompute", "rollout"] | None = Field(
+        None, description="pi_old: 'recompute' (an actor MODEL_INFERENCE node's old_logprobs) or 'rollout' (the "
+        "engine's rollout_logprobs, no forward pass; the workflow then has no old_logprob node); " + TRAINER_DEFAULT,
+    )  # fmt: skip
 
 
 class AlgorithmSection(StrictModel):
@@ -344,9 +348,16 @@ class JobConfig(StrictModel):
     @pydantic.model_validator(mode="after")
     def _async_corrects_off_policy(self) -> JobConfig:
         """one_step_off and async train on samples of older weights: unless the loss says otherwise (either cap
-        set; 0 turns it off), their off-policy correction is on (bench/async: without it they fall behind sync)."""
+        set; 0 turns it off), their off-policy correction is on (bench/async: without it they fall behind sync).
+        With old_logprobs 'rollout' pi_old is the behaviour policy, so there is nothing to correct."""
         loss = self.algorithm.loss
-        if self.training.mode != "sync" and loss.tis_cap is None and loss.mis_cap is None:
+        recomputed = loss.old_logprobs != "rollout"
+        if not recomputed and (loss.tis_cap or loss.mis_cap):
+            raise ValueError(
+                "algorithm.loss.tis_cap / mis_cap weigh pi_old against pi_rollout, and old_logprobs = 'rollout' "
+                "makes them the same policy: set both to 0 (or unset), or old_logprobs: recompute"
+            )
+        if self.training.mode != "sync" and recomputed and loss.tis_cap is None and loss.mis_cap is None:
             loss.tis_cap, loss.mis_cap = ASYNC_TIS_CAP, ASYNC_MIS_CAP
         return self
 

@@ -53,6 +53,12 @@ class LossConfig(Settings):
         "0 = off (with tis_cap too: weights truncated at tis_cap, tokens above mis_cap masked)",
     )
     value_clip: float = Field(0.2, ge=0, description="critic: clip of value updates around the old values; 0 = off")
+    old_logprobs: Literal["recompute", "rollout"] = Field(
+        "recompute",
+        description="pi_old of the ratio: 'recompute' reads old_logprobs (a trainer forward pass before the "
+        "update); 'rollout' reads the engine's own rollout_logprobs and needs no such pass (exact when the "
+        "engine's numerics are the trainer's; on stale samples the clip then bounds pi / pi_behaviour)",
+    )
 
     @pydantic.model_validator(mode="before")
     @classmethod
@@ -68,6 +74,15 @@ class LossConfig(Settings):
         if value and value <= 1.0:
             raise ValueError("dual_clip must exceed 1 (use e.g. 3.0, or 0 to disable)")
         return value
+
+    @pydantic.model_validator(mode="after")
+    def _corrections_need_two_policies(self) -> LossConfig:
+        if self.old_logprobs == "rollout" and (self.tis_cap or self.mis_cap):
+            raise ValueError(
+                "tis_cap / mis_cap weigh pi_old against pi_rollout, and old_logprobs = 'rollout' makes them the "
+                "same policy (every weight 1): set tis_cap and mis_cap to 0, or old_logprobs: recompute"
+            )
+        return self
 
     def over(self, fields: Mapping[str, Any]) -> LossConfig:
         """Like `Settings.over`; a new clip_low without a clip_high keeps the clip symmetric."""

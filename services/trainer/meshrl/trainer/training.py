@@ -46,7 +46,7 @@ def needed_columns(cfg: LossConfig) -> list[str]:
     needed = [] if cfg.policy_loss == "sft" else [S.ADVANTAGES]
     if cfg.kl_coef:
         needed.append(S.REF_LOGPROBS)
-    if (cfg.tis_cap or cfg.mis_cap) and cfg.policy_loss != "sft":
+    if (cfg.tis_cap or cfg.mis_cap or cfg.old_logprobs == "rollout") and cfg.policy_loss != "sft":
         needed.append(S.ROLLOUT_LOGPROBS)
     return needed
 
@@ -112,7 +112,7 @@ def _microbatch_loss(state, output, mb, cfg: LossConfig, denominator: float, tem
         mask,
         denominator,
         logprobs=logp,
-        old_logprobs=col(S.OLD_LOGPROBS),
+        old_logprobs=col(S.ROLLOUT_LOGPROBS if cfg.old_logprobs == "rollout" else S.OLD_LOGPROBS),
         advantages=col(S.ADVANTAGES),
         ref_logprobs=col(S.REF_LOGPROBS),
         rollout_logprobs=col(S.ROLLOUT_LOGPROBS),

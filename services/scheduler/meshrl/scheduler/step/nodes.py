@@ -27,6 +27,7 @@ from meshrl.scheduler.step.dispatch import check_dispatch_table, handler_name
 from meshrl.scheduler.step.episodes import trajectory_columns
 from meshrl.scheduler.step.executor import NodeResult, StepContext
 from meshrl.scheduler.step.logprob_gap import gap_metric, gap_reads
+from meshrl.scheduler.step.old_logprobs import ratio_reads
 from meshrl.scheduler.step.reward_model import score_node
 from meshrl.scheduler.step.rewards import RewardFn, score
 from meshrl.scheduler.step.user_code import UserCode
@@ -288,7 +289,7 @@ class NodeHandlers:
             loss["policy_loss"] = None  # the trainer's critic objective (value)
         t = self.cfg.trainer
         # besides its declared inputs: what the loss corrects against, and the loss mask of multi-turn episodes
-        also = [S.ROLLOUT_LOGPROBS] if loss.get("tis_cap") or loss.get("mis_cap") else []
+        also = ratio_reads(loss)
         if any(S.LOSS_MASK in cols for cols in node_outputs(ctx.nodes.values()).values()):
             also.append(S.LOSS_MASK)
         reads = self._reads(node, ctx, also)

@@ -25,6 +25,12 @@ class DecayStyle(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DECAY_STYLE_LINEAR: _ClassVar[DecayStyle]
     DECAY_STYLE_COSINE: _ClassVar[DecayStyle]
 
+class OldLogProbs(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OLD_LOG_PROBS_UNSPECIFIED: _ClassVar[OldLogProbs]
+    OLD_LOG_PROBS_RECOMPUTE: _ClassVar[OldLogProbs]
+    OLD_LOG_PROBS_ROLLOUT: _ClassVar[OldLogProbs]
+
 class PolicyLoss(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     POLICY_LOSS_UNSPECIFIED: _ClassVar[PolicyLoss]
@@ -55,6 +61,9 @@ DECAY_STYLE_UNSPECIFIED: DecayStyle
 DECAY_STYLE_CONSTANT: DecayStyle
 DECAY_STYLE_LINEAR: DecayStyle
 DECAY_STYLE_COSINE: DecayStyle
+OLD_LOG_PROBS_UNSPECIFIED: OldLogProbs
+OLD_LOG_PROBS_RECOMPUTE: OldLogProbs
+OLD_LOG_PROBS_ROLLOUT: OldLogProbs
 POLICY_LOSS_UNSPECIFIED: PolicyLoss
 POLICY_LOSS_PPO: PolicyLoss
 POLICY_LOSS_GSPO: PolicyLoss
@@ -207,7 +216,7 @@ class ComputeResponse(_message.Message):
     def __init__(self, tokens: _Optional[int] = ..., micro_batches: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class LossConfig(_message.Message):
-    __slots__ = ("policy_loss", "clip_low", "clip_high", "dual_clip", "aggregation", "kl_coef", "kl_estimator", "entropy_coef", "tis_cap", "value_clip", "mis_cap")
+    __slots__ = ("policy_loss", "clip_low", "clip_high", "dual_clip", "aggregation", "kl_coef", "kl_estimator", "entropy_coef", "tis_cap", "value_clip", "mis_cap", "old_logprobs")
     POLICY_LOSS_FIELD_NUMBER: _ClassVar[int]
     CLIP_LOW_FIELD_NUMBER: _ClassVar[int]
     CLIP_HIGH_FIELD_NUMBER: _ClassVar[int]
@@ -219,6 +228,7 @@ class LossConfig(_message.Message):
     TIS_CAP_FIELD_NUMBER: _ClassVar[int]
     VALUE_CLIP_FIELD_NUMBER: _ClassVar[int]
     MIS_CAP_FIELD_NUMBER: _ClassVar[int]
+    OLD_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     policy_loss: PolicyLoss
     clip_low: float
     clip_high: float
@@ -230,7 +240,8 @@ class LossConfig(_message.Message):
     tis_cap: float
     value_clip: float
     mis_cap: float
-    def __init__(self, policy_loss: _Optional[_Union[PolicyLoss, str]] = ..., clip_low: _Optional[float] = ..., clip_high: _Optional[float] = ..., dual_clip: _Optional[float] = ..., aggregation: _Optional[_Union[LossAggregation, str]] = ..., kl_coef: _Optional[float] = ..., kl_estimator: _Optional[_Union[KlEstimator, str]] = ..., entropy_coef: _Optional[float] = ..., tis_cap: _Optional[float] = ..., value_clip: _Optional[float] = ..., mis_cap: _Optional[float] = ...) -> None: ...
+    old_logprobs: OldLogProbs
+    def __init__(self, policy_loss: _Optional[_Union[PolicyLoss, str]] = ..., clip_low: _Optional[float] = ..., clip_high: _Optional[float] = ..., dual_clip: _Optional[float] = ..., aggregation: _Optional[_Union[LossAggregation, str]] = ..., kl_coef: _Optional[float] = ..., kl_estimator: _Optional[_Union[KlEstimator, str]] = ..., entropy_coef: _Optional[float] = ..., tis_cap: _Optional[float] = ..., value_clip: _Optional[float] = ..., mis_cap: _Optional[float] = ..., old_logprobs: _Optional[_Union[OldLogProbs, str]] = ...) -> None: ...
 
 class TrainStepRequest(_message.Message):
     __slots__ = ("role", "inputs", "loss", "micro_batch_tokens", "mini_batches", "global_step", "lr_override", "columns")
