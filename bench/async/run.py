@@ -4,8 +4,9 @@ Runs examples/countdown (its config and workflow: model, data, warm-up, recipe) 
 other in this process through the real services: `sync`, `one_step_off`, `async` with max_staleness 1 and 2
 (same seeds). For each it prints wall-clock from the start of RL (the step-0 evaluation's end) to the first
 held-out evaluation at or above the accuracy `sync` ends at, the ratio of that time to sync's, the mean
-trainer- and rollout-idle fractions per step, the consumed samples' staleness, and the final held-out
-accuracy. Target (issue 16): the best asynchronous mode reaches sync's final accuracy in <= 0.7x sync's time
+trainer- and rollout-idle fractions per step, the consumed samples' staleness, the final held-out
+accuracy, and how busy the host's CPUs were over the RL phase ("host busy", host_cpu.py): overlap can only fill
+cores a sync step leaves idle, so sync's figure bounds what any asynchronous mode can gain on this host. Target (issue 16): the best asynchronous mode reaches sync's final accuracy in <= 0.7x sync's time
 and ends no lower than sync - 0.05.
 
 With `--seeds 0,1,2` every mode runs once per seed (job.seed and data.shuffle_seed; the model and data stay
@@ -34,6 +35,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # the example's modules (data generator, reward)
+
+from host_cpu import HostCpu  # noqa: E402
 
 from meshrl.api.scheduler.v1 import scheduler_pb2 as spb  # noqa: E402
 from meshrl.scheduler.jobs import JobManager  # noqa: E402
@@ -115,7 +118,8 @@ def run_mode(a: argparse.Namespace, mode: str, run_root: Path, seed: int = 0) ->
     jobs = JobManager()
     workflow = Path(a.workflow).read_text()
     record = jobs.create(workflow, job_yaml(a, mode, run_root, seed), list(a.set))
-    jobs.run(record)
+    with HostCpu() as cpu:
+        jobs.run(record)
     if record.state != spb.JOB_STATE_SUCCEEDED:
         raise SystemExit(f"{mode}: the job ended {spb.JobState.Name(record.state)}: {record.error}")
     evals = []  # (step, accuracy, wall time of the evaluation's end)
@@ -130,6 +134,7 @@ def run_mode(a: argparse.Namespace, mode: str, run_root: Path, seed: int = 0) ->
         "evals": evals,
         "final": evals[-1][1],
         "rl_seconds": evals[-1][2] - evals[0][2],
+        "host_busy": cpu.busy(evals[0][2], evals[-1][2]),
         "trainer_idle": statistics.mean(m["async/trainer_idle_fraction"] for m in steps),
         "rollout_idle": statistics.mean(m["async/rollout_idle_fraction"] for m in steps),
         "step_seconds": statistics.median(m["time/step"] for m in steps),
@@ -185,14 +190,15 @@ def print_table(a: argparse.Namespace, results: dict[str, dict], seed: int) -> d
     base = seconds_to(results["sync"], target)
     print(f"\nseed {seed}: {a.steps} RL steps per mode, evaluation every {a.eval_every}; "
           f"target: sync's final accuracy {target:.3f}")  # fmt: skip
-    head = f"{'mode':<14}{'to target s':>12}{'x sync':>8}{'RL s':>8}{'step s':>8}{'trainer idle':>14}"
+    head = f"{'mode':<14}{'to target s':>12}{'x sync':>8}{'RL s':>8}{'step s':>8}{'host busy':>11}{'trainer idle':>14}"
     print(head + f"{'rollout idle':>14}{'final acc':>11}  staleness (groups by lag), dropped, stream max / bound")
     summary = {}
     for mode, r in results.items():
         t = seconds_to(r, target)
         ratio = t / base if t is not None and base else None
         print(f"{mode:<14}{(f'{t:.1f}' if t is not None else 'never'):>12}{(f'{ratio:.2f}' if ratio else '-'):>8}"
-              f"{r['rl_seconds']:>8.1f}{r['step_seconds']:>8.2f}{r['trainer_idle']:>14.2f}{r['rollout_idle']:>14.2f}"
+              f"{r['rl_seconds']:>8.1f}{r['step_seconds']:>8.2f}{busy_text(r['host_busy']):>11}"
+              f"{r['trainer_idle']:>14.2f}{r['rollout_idle']:>14.2f}"
               f"{r['final']:>11.3f}  {r['staleness'] or '-'}, {r['dropped']:.0f}, {r['stream_max']:.0f} / "
               f"{r['stream_bound']:.0f}")  # fmt: skip
         summary[mode] = {"ratio": ratio, "final": r["final"], "delta": r["final"] - target,
@@ -202,6 +208,10 @@ def print_table(a: argparse.Namespace, results: dict[str, dict], seed: int) -> d
     for mode, r in results.items():
         print(f"{mode:<34}" + "".join(f"{r['phases'][n]:>9.2f}" for n in names))
     return summary
+
+
+def busy_text(busy: float | None) -> str:
+    return "-" if busy is None else f"{busy:.2f}"
 
 
 def spread(values: list[float | None], fmt: str = "{:.2f}") -> str:
