@@ -32,7 +32,7 @@ def job_config(task: Task, b: Budget, model: Path, data: Path, run_root: Path, n
         "warmup": {"steps": b.sft_steps if warmup else 0, "batch_size": b.sft_batch, "lr": b.sft_lr},
         "rollout": {"n": b.n, "max_tokens": b.max_tokens, "temperature": b.temperature,
                     "max_batch_size": max(64, b.rl_samples_per_step)},
-        "algorithm": {"reward": task.reward, "loss": {"kl_coef": 0.0}},
+        "algorithm": {"reward": task.reward, "loss": {"kl_coef": 0.0, "old_logprobs": "rollout"}},
         "trainer": {"optimizer": {"lr": b.rl_lr}},
         "eval": {"every": b.rl_eval_every, "max_prompts": b.n_eval},
         "checkpoint": {"every": 0},
