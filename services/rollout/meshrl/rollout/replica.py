@@ -258,7 +258,7 @@ class RolloutReplica:
         out: dict[str, object] = dict(batch.take(local).columns)  # prompt_ids, answer, ... per sample
         out[S.RESPONSE_IDS] = Ragged.from_rows([r.token_ids for r in results], dtype=np.int32)
         out[S.ROLLOUT_LOGPROBS] = Ragged.from_rows([r.logprobs for r in results], dtype=np.float32)
-        out[S.RESPONSE_VERSIONS] = Ragged.from_rows([r.weight_versions for r in results], dtype=np.int64)
+        out[S.RESPONSE_VERSIONS] = Ragged.from_rows([r.weight_versions for r in results], dtype=np.int32)
         out[S.GROUP_INDEX] = np.asarray(source_rows, dtype=np.int64)
         samples = []
         for i, (row, result) in enumerate(zip(source_rows, results)):
