@@ -11,6 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from meshrl.common.errors import InvalidArgument
 from meshrl.rollout.types import FinishReason, GenerationRequest, PauseMode, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=20)
@@ -224,3 +225,13 @@ def test_a_batch_generated_together_is_prefilled_in_one_pass(engine, monkeypatch
     finally:
         sys.setswitchinterval(interval)
     assert calls == [8] * 5
+
+
+def test_a_bad_request_in_a_batch_queues_none_of_it(engine):
+    """submit_many checks every request first: one bad request is refused with the reason, and the good ones
+    before it are not left running (nothing is generated for a call that failed)."""
+    good = GenerationRequest([1, 2, 3], SamplingParams(max_tokens=50))
+    bad = GenerationRequest([1, 10**6], SamplingParams(max_tokens=50))
+    with pytest.raises(InvalidArgument, match="outside the model's vocabulary"):
+        engine.submit_many([good, good, bad])
+    assert engine.batcher.queue_depth == 0 and engine.batcher.running == 0
