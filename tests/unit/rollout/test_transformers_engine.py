@@ -3,6 +3,7 @@ continuous batching, stop conditions, seeds, prefix reuse, pause / cancel / flus
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from meshrl.common.errors import InvalidArgument
 from meshrl.rollout.types import FinishReason, GenerationRequest, PauseMode, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=20)
@@ -199,3 +201,37 @@ def test_status_counts_tokens(engine):
     status = engine.status()
     assert status.generated_tokens == before + 5
     assert status.engine == "transformers" and status.healthy and status.tokens_per_second > 0
+
+
+def test_a_batch_generated_together_is_prefilled_in_one_pass(engine, monkeypatch):
+    """All requests of one `generate` are queued at once, so they join the same step: one prefill of every
+    prompt, not a first request prefilled (and decoded) alone while the others are still being queued.
+    A tiny GIL switch interval gives the batcher thread every chance to start between two submissions."""
+    calls: list[int] = []
+    original = engine.runner.prefill_many
+
+    def spy(group):
+        calls.append(len(group))
+        return original(group)
+
+    monkeypatch.setattr(engine.runner, "prefill_many", spy)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for seed in range(5):
+            engine.flush_cache()  # no prompt of an earlier round is reused
+            batch = [[5, seed, *p] for p in prompts(8, seed=20 + seed)]
+            engine.generate([GenerationRequest(p, SamplingParams(temperature=1.0, max_tokens=2)) for p in batch])
+    finally:
+        sys.setswitchinterval(interval)
+    assert calls == [8] * 5
+
+
+def test_a_bad_request_in_a_batch_queues_none_of_it(engine):
+    """submit_many checks every request first: one bad request is refused with the reason, and the good ones
+    before it are not left running (nothing is generated for a call that failed)."""
+    good = GenerationRequest([1, 2, 3], SamplingParams(max_tokens=50))
+    bad = GenerationRequest([1, 10**6], SamplingParams(max_tokens=50))
+    with pytest.raises(InvalidArgument, match="outside the model's vocabulary"):
+        engine.submit_many([good, good, bad])
+    assert engine.batcher.queue_depth == 0 and engine.batcher.running == 0

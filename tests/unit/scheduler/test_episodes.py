@@ -145,6 +145,7 @@ def test_run_episodes_writes_the_rollout_batch(router, pool, turns):
     assert cols[S.GROUP_INDEX].tolist() == [0, 0, 1, 1]
     assert [bytes(r) for r in cols[S.ANSWER].rows()] == [b"1", b"1", b"2", b"2"]
     assert np.array_equal(cols[S.LOSS_MASK].lengths(), cols[S.RESPONSE_IDS].lengths())
+    assert cols[S.RESPONSE_VERSIONS].values.dtype == np.int32
     assert cols[S.REWARDS].tolist() == [1.0] * 4 and cols[S.EPISODE_TURNS].tolist() == [3] * 4
     assert [bytes(r).decode() for r in cols[S.EPISODE_END].rows()] == ["done"] * 4
     assert [s.sample_id for s in samples] == ["job/2/0/0", "job/2/0/1", "job/2/1/0", "job/2/1/1"]

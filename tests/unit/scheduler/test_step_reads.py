@@ -1,10 +1,13 @@
 """What the scheduler itself reads from the data buffer: nothing for the log-prob gap metric (the actor's old
 log-prob pass asks the trainer for it, with the two rollout columns it needs), the held-out evaluation tells the
-router its row count (so nobody reads the prompts to count them) and reads only the responses."""
+router its row count (so nobody reads the prompts to count them) and reads only the responses, and the
+advantage node reads nothing after the reward node of its step (step/held.py)."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
+
+import numpy as np
 
 from meshrl.common import batch_schema as S
 from meshrl.common.batch_key import batch_key
@@ -157,3 +160,46 @@ def test_evaluation_gives_the_router_its_row_count_and_reads_only_the_responses(
     assert buffer.reads == [(["eval"], (S.RESPONSE_IDS,))]
     assert metrics["eval/accuracy"] == 1 / 3 and metrics["eval/prompts"] == 3
     assert buffer.deleted == ["eval_prompts", "eval"]
+
+
+class StoringBuffer(RecordingBuffer):
+    """A RecordingBuffer whose puts are read back (the reward node's batch, for a reference advantage)."""
+
+    def put(self, key, columns, **_):
+        self.puts.append(key.node_id)
+        self.batches[key.node_id] = Batch(dict(columns))
+        return 0
+
+
+def _rollout_batch() -> Batch:
+    answers = [b"4", b"4", b"2", b"2"]
+    return Batch({
+        S.PROMPT_IDS: Ragged.from_rows([[1], [1], [2], [2]], dtype=np.int32),
+        S.RESPONSE_IDS: Ragged.from_rows([[4], [5, 6], [7], [4, 4, 4]], dtype=np.int32),
+        S.ANSWER: Ragged.from_rows([np.frombuffer(a, np.uint8) for a in answers], dtype=np.uint8),
+        S.GROUP_INDEX: np.array([0, 0, 1, 1], dtype=np.int64),
+        S.ROLLOUT_LOGPROBS: Ragged.from_rows([[-1.0], [-1.0, -2.0], [-1.0], [-1.0] * 3], dtype=np.float32),
+    })  # fmt: skip
+
+
+def _compute_handlers(buffer) -> NodeHandlers:
+    algorithm = SimpleNamespace(advantage="grpo", loss=SimpleNamespace(kl_coef=0.0), gamma=1.0, lam=1.0)
+    cfg = SimpleNamespace(algorithm=algorithm, job=SimpleNamespace(allowed_modules=[]))
+    return NodeHandlers(cfg, buffer, None, None, Encoder(), None, _exact)
+
+
+def test_the_advantage_node_reads_nothing_after_the_reward_node_of_its_step():
+    buffer = StoringBuffer({"rollout": _rollout_batch()})
+    handlers, ctx = _compute_handlers(buffer), _grpo_context()
+    handlers.reward(ctx.nodes["reward"], ctx)
+    # one read: the reward's inputs and, in the same call, what the advantage needs from the rollout
+    assert buffer.reads == [(["rollout"], (S.PROMPT_IDS, S.RESPONSE_IDS, S.ANSWER, S.GROUP_INDEX))]
+    held = handlers.advantage(ctx.nodes["advantage"], ctx)
+    assert len(buffer.reads) == 1  # was: a second call for rewards, group_index and response_ids
+    advantages = buffer.batches["advantage"][S.ADVANTAGES]
+    # the same advantages as a step that holds nothing and reads every input from the buffer
+    fresh = _grpo_context()
+    handlers.advantage(fresh.nodes["advantage"], fresh)
+    assert buffer.reads[-1] == (["reward", "rollout"], (S.REWARDS, S.GROUP_INDEX, S.RESPONSE_IDS))
+    assert np.array_equal(buffer.batches["advantage"][S.ADVANTAGES].values, advantages.values)
+    assert held.metrics and buffer.batches["reward"][S.REWARDS].tolist() == [1.0, 0.0, 0.0, 0.0]

@@ -18,7 +18,7 @@ PROMPT_INDEX = "prompt_index"  # int64 [P]: position of the prompt in the datase
 # (group_id, index_in_group, weight_version, finish_reason).
 RESPONSE_IDS = "response_ids"  # ragged int32: generated token ids
 ROLLOUT_LOGPROBS = "rollout_logprobs"  # ragged float32: log-probs by the rollout engine
-RESPONSE_VERSIONS = "response_versions"  # ragged int64: weight version that produced each token
+RESPONSE_VERSIONS = "response_versions"  # ragged int32: weight version that produced each token (int64 still reads)
 GROUP_INDEX = "group_index"  # int64 [N]: index of the sample's prompt in the batch
 # Multi-turn episodes (a ROLLOUT node with an environment): response_ids is the whole trajectory after the
 # first prompt, model turns and environment turns interleaved, exactly the token ids the engine saw and produced.

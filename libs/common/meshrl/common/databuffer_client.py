@@ -258,11 +258,13 @@ class DataBufferClient:
                 if not one.too_large:
                     batches[i] = decode_batch(one.header, bytearray(one.payload))
         rest = [i for i, b in enumerate(batches) if b is None]
-        # Each read runs in a copy of the caller's context, so its span joins the caller's trace.
-        contexts = [contextvars.copy_context() for _ in rest]
-        with ThreadPoolExecutor(max_workers=max(1, min(len(rest), 8))) as pool:
-            for i, batch in zip(rest, pool.map(lambda c, i: c.run(self.get, keys[i], **opts), contexts, rest)):
-                batches[i] = batch
+        if len(rest) == 1:  # one read: in this thread, no hand-off to a pool thread and back
+            batches[rest[0]] = self.get(keys[rest[0]], **opts)
+        elif rest:  # each read runs in a copy of the caller's context, so its span joins the caller's trace
+            contexts = [contextvars.copy_context() for _ in rest]
+            with ThreadPoolExecutor(max_workers=min(len(rest), 8)) as pool:
+                for i, batch in zip(rest, pool.map(lambda c, i: c.run(self.get, keys[i], **opts), contexts, rest)):
+                    batches[i] = batch
         by_node: dict[tuple[str, int, str], list[tuple[int, Batch]]] = {}
         for key, batch in zip(keys, batches):
             by_node.setdefault((key.job_id, key.step, key.node_id), []).append(

@@ -13,7 +13,7 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -85,17 +85,25 @@ class ContinuousBatcher:
         self._thread.start()
 
     def submit(self, request: GenerationRequest, on_chunk: Callable[[TokenChunk], None] | None) -> Future:
-        future: Future = Future()
-        stop = set(request.sampling.stop_token_ids)
-        if not request.sampling.ignore_eos:
-            stop |= self.runner.eos_token_ids
-        seq = _Seq(request, future, on_chunk, sample_key(request.sampling), frozenset(stop), 0)
+        return self.submit_many([request], on_chunk)[0]
+
+    def submit_many(
+        self, requests: Sequence[GenerationRequest], on_chunk: Callable[[TokenChunk], None] | None = None
+    ) -> list[Future]:
+        """Queues every request at once (one wake-up of the batcher thread), so they join the same step
+        rather than trickling in while the first ones prefill and decode."""
+        seqs = []
+        for request in requests:
+            stop = set(request.sampling.stop_token_ids)
+            if not request.sampling.ignore_eos:
+                stop |= self.runner.eos_token_ids
+            seqs.append(_Seq(request, Future(), on_chunk, sample_key(request.sampling), frozenset(stop), 0))
         with self._wake:
             if self._stopping:
                 raise Unavailable("the engine is shutting down; send the request to another replica")
-            self._waiting.append(seq)
+            self._waiting.extend(seqs)
             self._wake.notify()
-        return future
+        return [seq.future for seq in seqs]
 
     def run_exclusive(self, fn: Callable[[], T], timeout: float | None = None) -> T:
         """Runs `fn` on the batcher thread between two steps and returns its result (or raises its error)."""

@@ -62,13 +62,20 @@ class Engine(abc.ABC):
         when the engine cannot finish it (e.g. Unavailable when the backend died).
         """
 
+    def submit_many(self, requests: Sequence[GenerationRequest]) -> list[Future[GenerationResult]]:
+        """Queues several requests together (validated first: a bad one queues none); engines that batch
+        override it so the requests join one step."""
+        for request in requests:
+            self.validate(request)
+        return [self.submit(r) for r in requests]
+
     @abc.abstractmethod
     def cancel(self, request_id: str) -> bool:
         """Ends a running or queued request with FinishReason.ABORT; False if it is unknown or finished."""
 
     def generate(self, requests: Sequence[GenerationRequest], timeout: float | None = None) -> list[GenerationResult]:
         """Submits all requests at once (they are batched together) and waits for every result, in order."""
-        futures = [self.submit(r) for r in requests]
+        futures = self.submit_many(requests)
         return [f.result(timeout=timeout) for f in futures]
 
     def stream(self, request: GenerationRequest) -> Iterator[TokenChunk]:

@@ -14,7 +14,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,7 +26,7 @@ from meshrl.common.errors import FailedPrecondition, InvalidArgument, MeshrlErro
 from meshrl.common.registry import DRAINING, PAUSED, SERVING, STALE, STARTING, ReplicaInfo
 from meshrl.common.telemetry import attributes as A
 from meshrl.common.weights import BaseMismatch, GroupSpec
-from meshrl.rollout.call_deadline import await_result, cancel_all
+from meshrl.rollout.call_deadline import await_all, cancel_all
 from meshrl.rollout.engine import Engine
 from meshrl.rollout.limits import RequestLimits
 from meshrl.rollout.types import (
@@ -173,18 +172,18 @@ class RolloutReplica:
     def _run(self, requests: Sequence[GenerationRequest], alive=None) -> list[GenerationResult]:
         """Generates every request; a request aborted by a pause is regenerated once generation resumes.
         Stops (Cancelled, every request cancelled) as soon as `alive()` is False."""
-        futures: list[Future[GenerationResult]] = [self.engine.submit(r) for r in requests]
-        results: list[GenerationResult] = []
         cancel = cancel_all(self.engine, requests)
-        for request, future in zip(requests, futures):
-            result = await_result(future, alive, cancel)
-            retries = 0
-            while result.finish_reason == FinishReason.ABORT:
-                retries += 1
-                if retries > MAX_ABORT_RETRIES or not self.engine.health():
-                    raise Unavailable(f"request {request.request_id} was aborted {retries} times; retry elsewhere")
-                result = await_result(self.engine.submit(request), alive, cancel)
-            results.append(result)
+        results = await_all(self.engine.submit_many(requests), alive, cancel)  # all queued at once: one step
+        retries = 0
+        while aborted := [i for i, r in enumerate(results) if r.finish_reason == FinishReason.ABORT]:
+            retries += 1
+            if retries > MAX_ABORT_RETRIES or not self.engine.health():
+                raise Unavailable(
+                    f"request {requests[aborted[0]].request_id} was aborted {retries} times; retry elsewhere"
+                )
+            again = await_all(self.engine.submit_many([requests[i] for i in aborted]), alive, cancel)
+            for i, result in zip(aborted, again):
+                results[i] = result
         return results
 
     def generate_batch(self, job: BatchJob) -> BatchStats:
@@ -258,7 +257,7 @@ class RolloutReplica:
         out: dict[str, object] = dict(batch.take(local).columns)  # prompt_ids, answer, ... per sample
         out[S.RESPONSE_IDS] = Ragged.from_rows([r.token_ids for r in results], dtype=np.int32)
         out[S.ROLLOUT_LOGPROBS] = Ragged.from_rows([r.logprobs for r in results], dtype=np.float32)
-        out[S.RESPONSE_VERSIONS] = Ragged.from_rows([r.weight_versions for r in results], dtype=np.int64)
+        out[S.RESPONSE_VERSIONS] = Ragged.from_rows([r.weight_versions for r in results], dtype=np.int32)
         out[S.GROUP_INDEX] = np.asarray(source_rows, dtype=np.int64)
         samples = []
         for i, (row, result) in enumerate(zip(source_rows, results)):

@@ -82,11 +82,19 @@ class TransformersEngine(Engine):
 
     # --- generation -------------------------------------------------------------------------------
     def submit(self, request: GenerationRequest, on_chunk: ChunkCallback | None = None) -> Future[GenerationResult]:
+        self._check(request)
+        return self.batcher.submit(request, on_chunk)
+
+    def submit_many(self, requests: Sequence[GenerationRequest]) -> list[Future[GenerationResult]]:
+        for request in requests:  # all checked before any is queued
+            self._check(request)
+        return self.batcher.submit_many(requests)
+
+    def _check(self, request: GenerationRequest) -> None:
         self.validate(request)
         bad = [t for t in request.sampling.stop_token_ids if t >= self.vocab_size]
         if bad:
             raise InvalidArgument(f"sampling.stop_token_ids {bad} are outside the vocabulary [0, {self.vocab_size})")
-        return self.batcher.submit(request, on_chunk)
 
     def cancel(self, request_id: str) -> bool:
         return self.batcher.cancel(request_id)

@@ -28,7 +28,7 @@ def rollout_gap_metrics(
     if weight_version is not None and versions is not None and versions.values.size == gap.size:
         # every token, in the columns' own dtype (float32), as the scheduler computed it from the batches
         token_gap = np.abs(np.asarray(logprobs) - np.asarray(rollout.values))
-        lag = weight_version - np.asarray(versions.values)
+        lag = weight_version - np.asarray(versions.values, np.int64)  # int32 (int64 in older batches)
         metrics.update({f"logprob_gap_lag{int(v)}": float(token_gap[lag == v].mean()) for v in np.unique(lag)})
     loss_mask = columns.get(S.LOSS_MASK)
     if loss_mask is not None and loss_mask.values.size == gap.size:  # model tokens only (multi-turn)

@@ -164,7 +164,7 @@ def trajectory_columns(trajs: list[Trajectory], answers: Ragged, n: int, job_id:
         S.ANSWER: Ragged.from_rows([answers.row(r) for r in rows], dtype=np.uint8),
         S.RESPONSE_IDS: Ragged.from_rows([t.response_ids for t in trajs], dtype=np.int32),
         S.ROLLOUT_LOGPROBS: Ragged.from_rows([t.logprobs for t in trajs], dtype=np.float32),
-        S.RESPONSE_VERSIONS: Ragged.from_rows([t.versions for t in trajs], dtype=np.int64),
+        S.RESPONSE_VERSIONS: Ragged.from_rows([t.versions for t in trajs], dtype=np.int32),
         S.LOSS_MASK: Ragged.from_rows([t.loss_mask for t in trajs], dtype=np.float32),
         S.GROUP_INDEX: np.asarray(rows, dtype=np.int64),
         S.REWARDS: rewards,

@@ -49,6 +49,7 @@ class StepContext:
     results: dict[str, NodeResult] = field(default_factory=dict)
     nodes: dict[str, Any] = field(default_factory=dict)
     version: int | None = None  # the weight version the step trains from (None: not told)
+    held: dict[str, dict[str, Any]] = field(default_factory=dict)  # columns the built-in COMPUTE nodes hold (held.py)
 
     def input_keys(self, node_id: str) -> list[keys_pb2.BatchKey]:
         """Keys of every upstream node's output, nearest first, not past a row-rewriting node."""

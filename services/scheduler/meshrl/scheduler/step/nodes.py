@@ -26,6 +26,7 @@ from meshrl.scheduler.step.data import PromptEncoder, PromptSampler
 from meshrl.scheduler.step.dispatch import check_dispatch_table, handler_name
 from meshrl.scheduler.step.episodes import trajectory_columns
 from meshrl.scheduler.step.executor import NodeResult, StepContext
+from meshrl.scheduler.step.held import hold, read_held, successor_reads
 from meshrl.scheduler.step.logprob_gap import gap_metric, gap_reads
 from meshrl.scheduler.step.old_logprobs import ratio_reads
 from meshrl.scheduler.step.reward_model import score_node
@@ -161,11 +162,23 @@ class NodeHandlers:
         reads = self._reads(node, ctx, also)
         return self.buffer.get_many(reads.keys, columns=reads.columns)
 
+    def _read_held(self, node: Any, ctx: StepContext, also: Sequence[str] = ()) -> Batch:
+        """A built-in COMPUTE node's read: held columns of this step first (step/held.py), and in the same call
+        what its built-in successor needs from the same batches."""
+        writes = node_outputs(ctx.nodes.values())
+        reads = self._reads(node, ctx, also)
+        local = [i for i, n in ctx.nodes.items() if handler_name(n) in ("reward", "advantage")]
+        sources = list(dict.fromkeys(k.node_id for k in reads.keys))
+        ahead = successor_reads(node, ctx.nodes.values(), sources, writes, local) if reads.columns else []
+        if ahead:
+            reads = self._reads(node, ctx, [*also, *ahead])
+        return read_held(self.buffer, ctx.held, reads, writes)
+
     def rule_rewards(self, node: Any, ctx: StepContext, also: Sequence[str] = ()) -> tuple[Batch, np.ndarray, int]:
         """(the rows read, their rule rewards float32 [N], failed groups): the node's executable_ref or
         algorithm.reward, in worker processes per group when algorithm.reward_workers is set."""
         apart = self.user_code is not None and self.user_code.rewards is not None
-        batch = self._read(node, ctx, also=[*also, *([S.GROUP_INDEX] if apart else [])])  # workers score by group
+        batch = self._read_held(node, ctx, also=[*also, *([S.GROUP_INDEX] if apart else [])])  # workers: by group
         fn = self._executable(node) if node.executable_ref and not apart else None
         rows = batch.num_rows()
         prompts = [self.encoder.decode(batch[S.PROMPT_IDS].row(i)) for i in range(rows)]
@@ -183,6 +196,7 @@ class NodeHandlers:
         correct = (rewards >= 1.0).astype(np.float32)
         key = self._key(ctx, node)
         self.buffer.put(key, {S.REWARDS: rewards, S.ACCURACY: correct})
+        hold(ctx.held, node.node_id, {S.REWARDS: rewards, S.ACCURACY: correct})  # the advantage node's input
         lengths = batch[S.RESPONSE_IDS].lengths()
         return NodeResult(
             [key],
@@ -197,7 +211,7 @@ class NodeHandlers:
         )
 
     def advantage(self, node: Any, ctx: StepContext) -> NodeResult:
-        batch = self._read(node, ctx)
+        batch = self._read_held(node, ctx)
         estimator = node.config.get("estimator", self.cfg.algorithm.advantage)
         rewards = np.asarray(batch[S.REWARDS], dtype=np.float32)
         offsets = batch[S.RESPONSE_IDS].offsets
