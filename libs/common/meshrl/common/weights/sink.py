@@ -63,6 +63,8 @@ class InPlaceSink(WeightSink):
         per-tensor layout (no staging copy).
     After a successful update `version` is the new version; `touched` says whether a failed
     update changed any parameter (the replica must then be refitted before it serves).
+    A bucket's check and its targets are kept for the next update when the group hands over the
+    same meta object again (it does for an unchanged bucket, plans.py).
     """
 
     def __init__(self, named_params: Mapping[str, torch.Tensor], current_version: int, direct: bool = True) -> None:
@@ -72,6 +74,7 @@ class InPlaceSink(WeightSink):
         self.touched = False
         self._seen: set[str] = set()
         self._checked: int | None = None
+        self._kept: dict[int, tuple[weights_pb2.WeightBucketMeta, frozenset[str], list[torch.Tensor] | None]] = {}
 
     def begin(self, version: int) -> None:
         check_version(self.version, version)
@@ -83,22 +86,31 @@ class InPlaceSink(WeightSink):
     def _check(self, meta: weights_pb2.WeightBucketMeta) -> None:
         if self._checked == meta.bucket_index:
             return
-        specs = [(s.name, dtypes.from_proto(s.dtype, f"tensor {s.name!r}"), tuple(s.shape)) for s in meta.tensors]
-        problems, seen = find_problems(self.named_params, specs, self._seen)
-        if problems:
-            raise refuse(meta.version, problems, self.touched)
-        self._seen = seen
+        kept = self._kept.get(meta.bucket_index)
+        if kept is not None and kept[0] is meta and self._seen.isdisjoint(kept[1]):
+            self._seen |= kept[1]  # checked in an earlier update, and parameters are never re-allocated
+        else:
+            specs = [(s.name, dtypes.from_proto(s.dtype, f"tensor {s.name!r}"), tuple(s.shape)) for s in meta.tensors]
+            problems, seen = find_problems(self.named_params, specs, self._seen)
+            if problems:
+                raise refuse(meta.version, problems, self.touched)
+            self._kept[meta.bucket_index] = (meta, frozenset(seen - self._seen), None)
+            self._seen = seen
         self._checked = meta.bucket_index
 
     def targets(self, meta: weights_pb2.WeightBucketMeta) -> list[torch.Tensor] | None:
         if not self.direct:
             return None
         self._check(meta)
-        params = [self.named_params[s.name] for s in meta.tensors]
-        if not all(p.is_contiguous() for p in params):
+        kept_meta, names, params = self._kept[meta.bucket_index]
+        if params is None:
+            params = [self.named_params[s.name] for s in meta.tensors]
+            params = [p.detach() for p in params] if all(p.is_contiguous() for p in params) else []
+            self._kept[meta.bucket_index] = (kept_meta, names, params)
+        if not params:
             return None
         self.touched = True
-        return [p.detach() for p in params]
+        return params
 
     def apply(self, meta: weights_pb2.WeightBucketMeta, tensors: list[tuple[str, torch.Tensor]]) -> None:
         self._check(meta)

@@ -1,11 +1,15 @@
 """What one bucket looks like on the collective: its header, and which bytes travel how.
 
 Used by `collective.py` on both sides. Every bucket is announced through the group's store
-(rendezvous.py), not the collective: a header [kind, payload bytes, coalesce threshold] and its
-WeightBucketMeta bytes, so the backend carries nothing but tensor bytes and the sender never waits
-for a receiver to take a small message. Then the tensors smaller than the threshold travel packed
-in one flat buffer (offsets from `buckets.layout`, in meta order), and each larger tensor travels on its own, straight from the
-sender's tensor into the receiver's parameter when the receiver's sink offers it (no copies).
+(rendezvous.py), not the collective: a header [kind, payload bytes, coalesce threshold, version]
+and its WeightBucketMeta bytes without the version (so an unchanged bucket's meta bytes are the
+same in every update, and both sides keep what they built from them: plans.py), so the backend carries nothing but tensor bytes and the sender never waits
+for a receiver to take a small message. The first bucket's header is the update's announcement,
+and the last bucket's says so (kind LAST), so an update of one bucket costs one store value.
+Then each tensor of at least the threshold travels on its own, straight from the sender's tensor
+into the receiver's parameter when the receiver's sink offers it (no copies), and the smaller ones
+follow packed in one flat buffer (offsets from `buckets.layout`, in meta order): the sender packs
+them while the large ones are already on the wire.
 The "flat" layout is the same with an infinite threshold: one packed buffer per bucket.
 The threshold rides in the header, so receivers always follow the sender's choice.
 """
@@ -23,8 +27,8 @@ from meshrl.api.common.v1 import tensor_pb2, weights_pb2
 from . import dtypes
 from .buckets import Bucket, align_up, layout, pack, unpack
 
-BUCKET, END, ABORT, FAILED = 1, 3, 4, 5  # FAILED: the sender's collective broke mid-update
-_HEADER = struct.Struct("<bqq")
+BUCKET, LAST, END, ABORT, FAILED = 1, 2, 3, 4, 5  # LAST: no end marker follows; FAILED: the sender's collective broke
+_HEADER = struct.Struct("<bqqq")
 FLAT_THRESHOLD = 1 << 62  # everything coalesced: one broadcast per bucket
 # Measured side by side (bench/weights/run.py --coalesce-kb 0,64,256,1024, gloo, 2 processes, bf16):
 # 256 KiB beat 1 MiB in 5 of 5 runs at 10M parameters (median ratio to a raw broadcast 1.46 vs 2.19)
@@ -58,26 +62,32 @@ class BucketLayout:
         payload = packed_total + sum(specs[i].nbytes for i in direct)
         return BucketLayout(specs, packed, direct, packed_total, tuple(offsets), end, payload)
 
-    def sender_wire(
-        self, bucket: Bucket, buffer: Callable[[int], torch.Tensor], as_wire: Callable[[torch.Tensor], torch.Tensor]
-    ) -> list[torch.Tensor]:
-        """The uint8 tensors the sender broadcasts, in order (packing the small tensors first)."""
+    def direct_wire(self, bucket: Bucket, device: torch.device) -> list[torch.Tensor]:
+        """The uint8 tensors the sender broadcasts first, one per large tensor, in order: each
+        tensor's own memory when it is contiguous on `device`, else a copy there."""
         wire = []
-        if self.packed_total:
-            packed = [bucket[i] for i in self.packed]
-            wire.append(pack(packed, [self.specs[i] for i in self.packed], buffer(self.packed_total)))
-        wire.extend(as_wire(bucket[i][1]) for i in self.direct)
+        for i in self.direct:
+            t = bucket[i][1].detach()
+            if t.device != device or not t.is_contiguous():
+                t = t.to(device).contiguous()
+            wire.append(t.reshape(-1).view(torch.uint8))
         return wire
+
+    def packed_wire(self, bucket: Bucket, buffer: Callable[[int], torch.Tensor]) -> list[torch.Tensor]:
+        """The packed small tensors the sender broadcasts last (none when there are none)."""
+        if not self.packed_total:
+            return []
+        packed = [bucket[i] for i in self.packed]
+        return [pack(packed, [self.specs[i] for i in self.packed], buffer(self.packed_total))]
 
     def receiver_wire(
         self, staging: torch.Tensor, targets: Sequence[torch.Tensor] | None
     ) -> tuple[list[torch.Tensor], list[tuple[str, torch.Tensor]]]:
-        """The uint8 tensors to receive into (mirroring sender_wire) and the named tensors they fill."""
+        """The uint8 tensors to receive into (mirroring direct_wire then packed_wire) and the named
+        tensors they fill."""
         named: list[tuple[str, torch.Tensor] | None] = [None] * len(self.specs)
         wire = []
         region = staging[: self.packed_total]
-        if self.packed_total:
-            wire.append(region)
         for i, item in zip(self.packed, unpack(region, [self.specs[i] for i in self.packed]), strict=True):
             named[i] = item
         for i, offset in zip(self.direct, self.direct_offsets, strict=True):
@@ -89,6 +99,8 @@ class BucketLayout:
                 tensor = staging[offset : offset + spec.nbytes].view(dtype).view(tuple(spec.shape))
             wire.append(tensor.reshape(-1).view(torch.uint8))
             named[i] = (spec.name, tensor)
+        if self.packed_total:
+            wire.append(region)
         return wire, named  # type: ignore[return-value]
 
     def staging_bytes(self, direct_targets: bool) -> int:
@@ -111,14 +123,25 @@ def fit_targets(
 
 
 def encode_header(kind: int, meta: weights_pb2.WeightBucketMeta, payload: int, threshold: int) -> bytes:
-    """A bucket's header as the store carries it: [kind, payload bytes, threshold] then the meta bytes."""
-    return _HEADER.pack(kind, payload, threshold) + meta.SerializeToString()
+    """A bucket's header as the store carries it (see header_bytes)."""
+    version, meta_bytes = meta.version, b""
+    if version:
+        meta = weights_pb2.WeightBucketMeta(bucket_index=meta.bucket_index, tensors=meta.tensors,
+                                            num_buckets=meta.num_buckets)  # fmt: skip
+    meta_bytes = meta.SerializeToString()
+    return header_bytes(kind, version, meta_bytes, payload, threshold)
 
 
-def decode_header(raw: bytes) -> tuple[int, bytes, int, int]:
-    """(kind, WeightBucketMeta bytes, payload bytes, coalesce threshold) of a stored header; kind 0 when
-    the value is too short to be one (the caller reports the stream as inconsistent)."""
+def header_bytes(kind: int, version: int, meta_bytes: bytes, payload: int, threshold: int) -> bytes:
+    """[kind, payload bytes, threshold, version] then the bytes of a WeightBucketMeta without its version."""
+    return _HEADER.pack(kind, payload, threshold, version) + meta_bytes
+
+
+def decode_header(raw: bytes) -> tuple[int, int, bytes, int, int]:
+    """(kind, version, WeightBucketMeta bytes without the version, payload bytes, coalesce threshold)
+    of a stored header; kind 0 when the value is too short to be one (the caller reports the stream
+    as inconsistent)."""
     if len(raw) < _HEADER.size:
-        return 0, b"", 0, 0
-    kind, payload, threshold = _HEADER.unpack_from(raw)
-    return kind, raw[_HEADER.size :], payload, threshold
+        return 0, 0, b"", 0, 0
+    kind, payload, threshold, version = _HEADER.unpack_from(raw)
+    return kind, version, raw[_HEADER.size :], payload, threshold
