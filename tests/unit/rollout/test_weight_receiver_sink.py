@@ -1,10 +1,13 @@
 """The replica's collective receive keeps its sink between updates (so an unchanged bucket's checks
-are not redone) only while the engine's parameters are the very same tensors."""
+are not redone) only while the engine's parameters are the very same tensors; a verify-only disk read
+checks the mapped files and keeps nothing."""
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
+import pytest
 import torch
 
 from meshrl.common import weights as W
@@ -43,3 +46,19 @@ def test_the_sink_is_kept_for_the_same_parameters_and_rebuilt_for_new_ones():
         finally:
             receiver.close()
             trainer.destroy()
+
+
+def test_read_disk_without_loading_verifies_the_mapped_files_and_keeps_nothing(tmp_path, monkeypatch):
+    from meshrl.common.errors import DataLoss
+    from meshrl.rollout.weight_receiver import read_disk
+
+    folder = W.write_version(str(tmp_path), 1, list(tensors(1).items()), keep_last=0).path
+    monkeypatch.setattr(W.VersionReader, "__iter__", lambda self: (_ for _ in ()).throw(AssertionError("read")))
+    staged = read_disk(folder, 1, load=False)
+    assert staged.version == 1 and staged.tensors == []
+    data = next(p for p in Path(folder).iterdir() if p.suffix == ".safetensors")
+    raw = bytearray(data.read_bytes())
+    raw[-1] ^= 0xFF  # one flipped bit in the last tensor's bytes
+    data.write_bytes(bytes(raw))
+    with pytest.raises(DataLoss):
+        read_disk(folder, 1, load=False)

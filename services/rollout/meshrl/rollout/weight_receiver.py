@@ -57,10 +57,11 @@ def read_disk(
     reader = W.read_version(path, manifest_sha256 or None)
     if reader.version != version:
         raise InvalidArgument(f"{path} holds weight version {reader.version}, but version {version} was announced")
-    tensors = []
-    for name, tensor in reader:  # checksums are verified while reading
-        if load:
-            tensors.append((name, tensor))
+    if load:
+        tensors = list(reader)  # checksums are verified while reading
+    else:
+        reader.verify_all()  # checked on the files' mappings: nothing is read into memory
+        tensors = []
     return Staged(version, tensors, time.perf_counter() - start, str(path))
 
 
