@@ -68,22 +68,22 @@ def test_an_unchanged_bucket_reuses_the_receivers_plan_and_a_changed_one_is_chec
     seen = []
     apply = sink.apply
     sink.apply = lambda meta, tensors: (seen.append(meta), apply(meta, tensors))
-    for version in (1, 2):
+    for version, layout in ((1, "per_tensor"), (2, "flat"), (3, "per_tensor"), (4, "flat")):
         future = pool.submit(receiver.receive, sink)
-        sender.send(make_tensors(version), version)
+        sender.send(make_tensors(version), version, layout_name=layout)  # receivers follow each layout
         assert future.result(30) == version and equal(params, make_tensors(version))
-    assert seen[0] is seen[1] and seen[1].version == 2  # the same checked meta, with this update's version
-    wrong = [(n, t[:8] if n == "model.embed_tokens.weight" else t) for n, t in make_tensors(3)]
+    assert all(m is seen[0] for m in seen) and seen[0].version == 4  # one checked meta, this update's version
+    wrong = [(n, t[:8] if n == "model.embed_tokens.weight" else t) for n, t in make_tensors(5)]
     future = pool.submit(receiver.receive, sink)
     with pytest.raises(UpdateRefused) as err:
-        sender.send(wrong, 3)
+        sender.send(wrong, 5)
     assert "'model.embed_tokens.weight' has shape [8, 16]" in err.value.outcome.refused[1]
     with pytest.raises(InvalidArgument, match="nothing was changed"):
         future.result(30)
-    assert equal(params, make_tensors(2)) and sink.version == 2
+    assert equal(params, make_tensors(4)) and sink.version == 4
     future = pool.submit(receiver.receive, sink)
     with pytest.raises(UpdateRefused):  # a new dtype: checked again, not reused
-        sender.send([(n, t.double()) for n, t in make_tensors(4)], 4)
+        sender.send([(n, t.double()) for n, t in make_tensors(6)], 6)
     with pytest.raises(InvalidArgument, match="has dtype torch.float64"):
         future.result(30)
     sender.destroy()

@@ -354,7 +354,7 @@ class WeightGroup:
             self._fail()
             raise DataLoss(f"update {version}: the last header says {meta.num_buckets} buckets, got {expected}")
         if kind != END and lay is None:
-            lay = self._received.layout(index, raw, threshold, meta)
+            lay = self._received.layout(index, threshold, meta)
         if kind != END and payload != lay.payload:
             self._fail()
             raise DataLoss(f"{what} carries {payload} bytes, its specs need {lay.payload}")
@@ -378,7 +378,7 @@ class WeightGroup:
                 refusal = e
         staging = self._buffer(1, lay.staging_bytes(targets is not None))
         if self.options.keep_buffers:  # the same views as last time when nothing changed
-            wire, tensors = self._received.views(meta.bucket_index, staging, targets)
+            wire, tensors = self._received.views(meta.bucket_index, lay, staging, targets)
         else:
             wire, tensors = lay.receiver_wire(staging, targets)
         self._backend.broadcast(wire, deadline)
