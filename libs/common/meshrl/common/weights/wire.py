@@ -2,10 +2,11 @@
 
 Used by `collective.py` on both sides. Every bucket is announced through the group's store
 (rendezvous.py), not the collective: a header [kind, payload bytes, coalesce threshold, version]
-and its WeightBucketMeta bytes without the version (so an unchanged bucket's meta bytes are the
-same in every update, and both sides keep what they built from them: plans.py), so the backend carries nothing but tensor bytes and the sender never waits
-for a receiver to take a small message. The first bucket's header is the update's announcement,
-and the last bucket's says so (kind LAST), so an update of one bucket costs one store value.
+and its WeightBucketMeta bytes, so the backend carries nothing but tensor bytes and the sender
+never waits for a receiver to take a small message. The meta bytes leave the version out, so an
+unchanged bucket's are the same in every update and both sides keep what they built from them
+(plans.py). The first bucket's header is the update's announcement, and the last bucket's says
+so (kind LAST), so an update of one bucket costs one store value.
 Then each tensor of at least the threshold travels on its own, straight from the sender's tensor
 into the receiver's parameter when the receiver's sink offers it (no copies), and the smaller ones
 follow packed in one flat buffer (offsets from `buckets.layout`, in meta order): the sender packs
@@ -30,10 +31,12 @@ from .buckets import Bucket, align_up, layout, pack, unpack
 BUCKET, LAST, END, ABORT, FAILED = 1, 2, 3, 4, 5  # LAST: no end marker follows; FAILED: the sender's collective broke
 _HEADER = struct.Struct("<bqqq")
 FLAT_THRESHOLD = 1 << 62  # everything coalesced: one broadcast per bucket
-# Measured side by side (bench/weights/run.py --coalesce-kb 0,64,256,1024, gloo, 2 processes, bf16):
-# 256 KiB beat 1 MiB in 5 of 5 runs at 10M parameters (median ratio to a raw broadcast 1.46 vs 2.19)
-# and in 2 of 2 at 100M (0.67-0.76 vs 0.71-0.84): packing a layer's matrices costs a copy on each side.
-DEFAULT_COALESCE_BYTES = 256 << 10
+# Measured side by side (bench/weights/run.py --coalesce-kb, gloo, 2 processes, bf16, 2 loaded cores):
+# with the packed buffer sent last (packed while the large tensors travel), 512 KiB beat 256 KiB at
+# 10M parameters in 5 of 5 runs (median ratio to a raw broadcast 0.90-1.65 vs 1.13-1.83: 3 broadcasts
+# instead of 24); at 100M and up every matrix is above both, so they are the same there. Earlier, with
+# the packed buffer first, 256 KiB had beaten 1 MiB (copies on each side cost more than broadcasts).
+DEFAULT_COALESCE_BYTES = 512 << 10
 
 
 @dataclass(frozen=True)
