@@ -7,6 +7,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import torch
 from _weights_workers import equal, make_tensors, zeros_like
 
 from meshrl.common.errors import InvalidArgument
@@ -102,5 +103,33 @@ def test_a_kept_bucket_whose_names_came_earlier_in_the_update_is_refused_as_sent
         sender.send([first + second, second], 2)
     with pytest.raises(InvalidArgument, match="sent twice"):
         future.result(30)
+    sender.destroy()
+    receiver.destroy()
+
+
+def test_small_tensors_travel_in_chunks_and_empty_ones_still_arrive(pool):
+    from meshrl.common.weights.buckets import bucket_specs
+    from meshrl.common.weights.wire import PACK_CHUNK_BYTES, BucketLayout
+
+    small = [(f"s{i}", torch.full((100_000,), float(i))) for i in range(30)]  # 400 KB each, 12 MB in all
+    empty = [("e0", torch.zeros(0)), ("e1", torch.zeros(0, 4))]
+    lay = BucketLayout.of(bucket_specs(small + empty), 512 << 10)
+    sizes = [stop - start for _, _, start, stop in lay.chunks]
+    assert len(sizes) > 2 and sum(sizes) == lay.packed_total and max(sizes) < PACK_CHUNK_BYTES + (512 << 10)
+    assert [i for first, end, _, _ in lay.chunks for i in lay.packed[first:end]] == list(lay.packed)
+    sender, receiver = pair(pool)
+    # every chunk is applied as it arrives; a bucket of empty tensors only has no chunk, one apply
+    for export, applies in ((small + empty, len(sizes)), (empty, 1)):
+        params = zeros_like(export)
+        calls: list[int] = []
+        sink = InPlaceSink(params, 0)
+        sink.apply = lambda meta, tensors, calls=calls, apply=sink.apply: (
+            calls.append(len(tensors)),
+            apply(meta, tensors),
+        )
+        future = pool.submit(receiver.receive, sink)
+        sender.send(export, 1)
+        assert future.result(30) == 1 and equal(params, export)
+        assert sum(calls) == len(export) and len(calls) == applies
     sender.destroy()
     receiver.destroy()

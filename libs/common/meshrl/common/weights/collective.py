@@ -33,7 +33,7 @@ from .group_options import WeightGroupOptions
 from .group_plan import GroupSpec
 from .plans import ReceivePlans, SendPlans
 from .rendezvous import Rendezvous
-from .sink import CallbackSink, WeightSink
+from .sink import CallbackSink, WeightSink, apply_unless_refused
 from .transport import Backend, CollectiveFailed, Deadline, device_for
 from .wire import (
     ABORT,
@@ -233,9 +233,10 @@ class WeightGroup:
 
     def _broadcast(self, bucket: Bucket, lay: BucketLayout, deadline: Deadline) -> None:
         """The large tensors go on the wire first, straight from their memory; the small ones are
-        packed meanwhile and follow in one buffer."""
+        packed meanwhile and follow in chunks."""
         works = self._backend.start(lay.direct_wire(bucket, self.device), deadline)
-        works += self._backend.start(lay.packed_wire(bucket, lambda n: self._buffer(0, n)), deadline)
+        for chunk in lay.packed_wire(bucket, lambda n: self._buffer(0, n)):  # packed while the others travel
+            works += self._backend.start([chunk], deadline)
         self._backend.finish(works, deadline)
 
     def _await_acks(self, seq: int, version: int) -> UpdateOutcome:
@@ -381,12 +382,15 @@ class WeightGroup:
             wire, tensors = self._received.views(meta.bucket_index, lay, staging, targets)
         else:
             wire, tensors = lay.receiver_wire(staging, targets)
-        self._backend.broadcast(wire, deadline)
-        if refusal is None:
-            try:
-                sink.apply(meta, list(tensors))
-            except Exception as e:
-                refusal = e
+        works = self._backend.start(wire, deadline)
+        direct = len(lay.direct)
+        for k, (first, end, _, _) in enumerate(lay.chunks):  # copied out while the next chunks arrive
+            self._backend.finish(works[direct + k : direct + k + 1], deadline)
+            refusal = apply_unless_refused(sink, meta, [tensors[i] for i in lay.packed[first:end]], refusal)
+        self._backend.finish(works[:direct], deadline)
+        rest = lay.direct if lay.chunks else lay.packed + lay.direct  # packed without bytes: no chunk
+        if rest:
+            refusal = apply_unless_refused(sink, meta, [tensors[i] for i in rest], refusal)
         return refusal
 
 

@@ -1,8 +1,9 @@
 """Receiver-side consumers of a collective weight update (`WeightGroup.receive` drives them).
 
-A sink sees one update as begin(version) -> per bucket [targets(meta)] apply(meta, tensors)
--> end(version). Any method may raise to refuse; the group then drains the rest of the update
-(so the collective stays in step), reports the refusal to the sender and re-raises it.
+A sink sees one update as begin(version) -> per bucket [targets(meta)] apply(meta, tensors)...
+-> end(version), apply once per part of a bucket as it arrives. Any method may raise to refuse;
+the group then drains the rest of the update (so the collective stays in step), reports the
+refusal to the sender and re-raises it.
 `InPlaceSink` copies into a live model's parameters; `CallbackSink` wraps a plain function.
 """
 
@@ -36,7 +37,9 @@ class WeightSink(ABC):
 
     @abstractmethod
     def apply(self, meta: weights_pb2.WeightBucketMeta, tensors: list[tuple[str, torch.Tensor]]) -> None:
-        """Consumes one received bucket. Staged tensors are views of a reused buffer: copy them."""
+        """Consumes received tensors of one bucket: called several times per bucket, once per packed
+        chunk as it arrives and once for the tensors sent on their own, each tensor exactly once.
+        Staged tensors are views of a reused buffer: copy them."""
 
     def end(self, version: int) -> None:
         """Called after the last bucket; raise if the update was incomplete."""
@@ -131,3 +134,15 @@ class InPlaceSink(WeightSink):
             )
         self.version = version
         self.touched = False
+
+
+def apply_unless_refused(
+    sink: WeightSink, meta: weights_pb2.WeightBucketMeta, tensors: list, refusal: Exception | None
+) -> Exception | None:
+    """Hands received tensors of a bucket to the sink unless it refused already; returns the refusal."""
+    if refusal is None:
+        try:
+            sink.apply(meta, tensors)
+        except Exception as e:
+            return e
+    return refusal

@@ -9,8 +9,9 @@ unchanged bucket's are the same in every update and both sides keep what they bu
 so (kind LAST), so an update of one bucket costs one store value.
 Then each tensor of at least the threshold travels on its own, straight from the sender's tensor
 into the receiver's parameter when the receiver's sink offers it (no copies), and the smaller ones
-follow packed in one flat buffer (offsets from `buckets.layout`, in meta order): the sender packs
-them while the large ones are already on the wire.
+follow packed in one flat buffer (offsets from `buckets.layout`, in meta order) sent in chunks of
+about PACK_CHUNK_BYTES: the sender packs a chunk while the tensors before it travel, the receiver
+copies a chunk out while the next arrives.
 The "flat" layout is the same with an infinite threshold: one packed buffer per bucket.
 The threshold rides in the header, so receivers always follow the sender's choice.
 """
@@ -18,7 +19,7 @@ The threshold rides in the header, so receivers always follow the sender's choic
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -37,13 +38,17 @@ FLAT_THRESHOLD = 1 << 62  # everything coalesced: one broadcast per bucket
 # instead of 24); at 100M and up every matrix is above both, so they are the same there. Earlier, with
 # the packed buffer first, 256 KiB had beaten 1 MiB (copies on each side cost more than broadcasts).
 DEFAULT_COALESCE_BYTES = 512 << 10
+# Chunks of the packed buffer (bench/weights at 10M, 3 alternations each, 2 loaded cores): one buffer
+# 1.49/1.49/1.36 x raw vs 4 MiB chunks 1.29/1.41/1.31; 2 and 8 MiB were not told apart from 4 MiB.
+PACK_CHUNK_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)
 class BucketLayout:
     """specs: the bucket's tensors in meta order. packed: indices of tensors coalesced into one
     buffer of packed_total bytes; direct: indices sent one by one, staged (when the receiver has
-    no direct target) at direct_offsets after the packed part; payload: bytes on the wire."""
+    no direct target) at direct_offsets after the packed part; payload: bytes on the wire;
+    chunks: (first, end) positions in `packed` and (start, end) bytes of each packed chunk."""
 
     specs: Sequence[tensor_pb2.TensorSpec]
     packed: tuple[int, ...]
@@ -52,18 +57,29 @@ class BucketLayout:
     direct_offsets: tuple[int, ...]
     staging_total: int
     payload: int
+    chunks: tuple[tuple[int, int, int, int], ...] = ()
 
     @staticmethod
     def of(specs: Sequence[tensor_pb2.TensorSpec], threshold: int) -> BucketLayout:
         packed = tuple(i for i, s in enumerate(specs) if s.nbytes < threshold or s.nbytes == 0)
         direct = tuple(i for i, s in enumerate(specs) if not (s.nbytes < threshold or s.nbytes == 0))
-        _, packed_total = layout([specs[i] for i in packed])
+        starts, packed_total = layout([specs[i] for i in packed])
+        chunks: list[tuple[int, int, int, int]] = []
+        first = 0
+        for p in range(1, len(packed) + 1):  # cut once a chunk holds PACK_CHUNK_BYTES
+            if p == len(packed) or starts[p] - starts[first] >= PACK_CHUNK_BYTES:
+                end = starts[p] if p < len(packed) else packed_total
+                if end > starts[first]:
+                    chunks.append((first, p, starts[first], end))
+                elif chunks:  # empty tensors at the end ride with the chunk before (no empty broadcast)
+                    chunks[-1] = (chunks[-1][0], p, chunks[-1][2], chunks[-1][3])
+                first = p
         offsets, end = [], align_up(packed_total)
         for i in direct:
             offsets.append(end)
             end = align_up(end + specs[i].nbytes)
         payload = packed_total + sum(specs[i].nbytes for i in direct)
-        return BucketLayout(specs, packed, direct, packed_total, tuple(offsets), end, payload)
+        return BucketLayout(specs, packed, direct, packed_total, tuple(offsets), end, payload, tuple(chunks))
 
     def direct_wire(self, bucket: Bucket, device: torch.device) -> list[torch.Tensor]:
         """The uint8 tensors the sender broadcasts first, one per large tensor, in order: each
@@ -76,12 +92,16 @@ class BucketLayout:
             wire.append(t.reshape(-1).view(torch.uint8))
         return wire
 
-    def packed_wire(self, bucket: Bucket, buffer: Callable[[int], torch.Tensor]) -> list[torch.Tensor]:
-        """The packed small tensors the sender broadcasts last (none when there are none)."""
+    def packed_wire(self, bucket: Bucket, buffer: Callable[[int], torch.Tensor]) -> Iterator[torch.Tensor]:
+        """The packed small tensors the sender broadcasts last, one chunk at a time (each packed
+        when it is asked for, so the caller can start sending it before packing the next)."""
         if not self.packed_total:
-            return []
-        packed = [bucket[i] for i in self.packed]
-        return [pack(packed, [self.specs[i] for i in self.packed], buffer(self.packed_total))]
+            return
+        flat = buffer(self.packed_total)
+        for first, end, start, stop in self.chunks:
+            idx = self.packed[first:end]
+            pack([bucket[i] for i in idx], [self.specs[i] for i in idx], flat[start:stop])
+            yield flat[start:stop]
 
     def receiver_wire(
         self, staging: torch.Tensor, targets: Sequence[torch.Tensor] | None
@@ -102,8 +122,7 @@ class BucketLayout:
                 tensor = staging[offset : offset + spec.nbytes].view(dtype).view(tuple(spec.shape))
             wire.append(tensor.reshape(-1).view(torch.uint8))
             named[i] = (spec.name, tensor)
-        if self.packed_total:
-            wire.append(region)
+        wire.extend(region[start:stop] for _, _, start, stop in self.chunks)
         return wire, named  # type: ignore[return-value]
 
     def staging_bytes(self, direct_targets: bool) -> int:
