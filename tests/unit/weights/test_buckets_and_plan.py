@@ -78,8 +78,8 @@ def test_bad_options_are_refused():
         WeightGroupOptions(op_timeout_s=-1)
 
 
-def test_by_default_only_tensors_under_256_kib_travel_packed():
-    bucket = [(f"t{kib}", torch.zeros(kib * 512, dtype=torch.bfloat16)) for kib in (4, 128, 255, 256, 512, 4096)]
+def test_by_default_only_tensors_under_512_kib_travel_packed():
+    bucket = [(f"t{kib}", torch.zeros(kib * 512, dtype=torch.bfloat16)) for kib in (4, 128, 349, 511, 512, 4096)]
     lay = BucketLayout.of(bucket_specs(bucket), WeightGroupOptions().coalesce_bytes)
-    assert [bucket[i][0] for i in lay.packed] == ["t4", "t128", "t255"]  # norms and small matrices: one buffer
-    assert [bucket[i][0] for i in lay.direct] == ["t256", "t512", "t4096"]  # straight into the parameters
+    assert [bucket[i][0] for i in lay.packed] == ["t4", "t128", "t349", "t511"]  # norms, small matrices: one buffer
+    assert [bucket[i][0] for i in lay.direct] == ["t512", "t4096"]  # straight into the parameters

@@ -198,25 +198,28 @@ def test_a_trainer_that_goes_away_mid_update_fails_the_receiver(pool):
 def test_the_backend_carries_tensor_bytes_only_and_finished_updates_leave_no_keys(pool):
     sender, receiver = pair(pool)
     calls: list[list[int]] = []
-    broadcast = sender._backend.broadcast
+    start = sender._backend.start
 
     def counted(tensors, deadline):
-        calls.append([t.numel() for t in tensors])
-        return broadcast(tensors, deadline)
+        if tensors:
+            calls.append([t.numel() for t in tensors])
+        return start(tensors, deadline)
 
-    sender._backend.broadcast = counted
+    sender._backend.start = counted
     params = zeros_like(make_tensors(1))
     for version in (1, 2):
         future = pool.submit(receiver.receive, InPlaceSink(params, version - 1))
         sender.send(make_tensors(version), version, layout_name="flat")
         assert future.result(30) == version and equal(params, make_tensors(version))
     nbytes = sum(t.numel() * t.element_size() for _, t in make_tensors(1))
-    # one broadcast per update, of the packed bucket alone: headers and end markers go through the store
+    # one broadcast per update, of the packed bucket alone: headers go through the store, and the
+    # one bucket's header is both the announcement and the last header (no end marker)
     assert len(calls) == 2 and all(len(c) == 1 and c[0] >= nbytes for c in calls)
     store = sender._rdv.store
     sender._rdv._janitor.shutdown(wait=True)  # update 1's keys are deleted in the background
-    assert not store.check(["update/1"]) and not store.check(["bucket/1/0"]) and not store.check(["ack/1/1"])
-    assert store.check(["update/2"]) and store.check(["bucket/2/1"])
+    assert not store.check(["update/1"]) and not store.check(["ack/1/1"])
+    assert store.check(["update/2"]) and store.check(["ack/2/1"])
+    assert not any(store.check([f"bucket/{u}/{i}"]) for u in (1, 2) for i in (0, 1))
     sender.destroy()
     receiver.destroy()
 
@@ -250,10 +253,22 @@ def test_a_failure_marker_fails_the_waiting_receiver_at_once(pool):
     sink = InPlaceSink(zeros_like(make_tensors(1)), 0)
     future = pool.submit(receiver.receive, sink)
     start = time.monotonic()
-    sender._rdv.announce(1, 7)
-    sender._rdv.post_bucket(1, 0, encode_header(FAILED, weights_pb2.WeightBucketMeta(version=7), 0, 0))
+    sender._rdv.announce(1, encode_header(FAILED, weights_pb2.WeightBucketMeta(version=7), 0, 0))
     with pytest.raises(Unavailable, match="trainer's side of the broadcast failed.*mark it stale"):
         future.result(30)
     assert time.monotonic() - start < 30 and receiver.broken and sink.version == 0  # far within 60 s
     sender.destroy()
     receiver.destroy()
+
+
+def test_a_sender_that_leaves_first_stops_the_heartbeats_without_a_broken_pipe(pool, capfd):
+    sender, receiver = pair(pool)
+    future = pool.submit(receiver.receive, lambda v, b: None)
+    sender.send(make_tensors(1), 1)
+    assert future.result(30) == 1
+    start = time.monotonic()
+    sender.destroy()  # tells the heartbeats to stop and waits until they did
+    assert time.monotonic() - start < 2.0
+    time.sleep(0.6)  # two beats: a heartbeat still running would write to the closed store now
+    receiver.destroy()
+    assert "Broken pipe" not in capfd.readouterr().err

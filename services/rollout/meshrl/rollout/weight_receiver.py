@@ -57,10 +57,11 @@ def read_disk(
     reader = W.read_version(path, manifest_sha256 or None)
     if reader.version != version:
         raise InvalidArgument(f"{path} holds weight version {reader.version}, but version {version} was announced")
-    tensors = []
-    for name, tensor in reader:  # checksums are verified while reading
-        if load:
-            tensors.append((name, tensor))
+    if load:
+        tensors = list(reader)  # checksums are verified while reading
+    else:
+        reader.verify_all()  # checked on the files' mappings: nothing is read into memory
+        tensors = []
     return Staged(version, tensors, time.perf_counter() - start, str(path))
 
 
@@ -77,6 +78,11 @@ class _ExpectedVersion(W.InPlaceSink):
         super().begin(version)
 
 
+def _same_tensors(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> bool:
+    """Whether two name -> tensor maps hold the very same tensor objects under the same names."""
+    return a.keys() == b.keys() and all(a[name] is t for name, t in b.items())
+
+
 class WeightReceiver:
     """Weight-plane membership of one engine. `named_params()`: HF name -> live tensor (no tied duplicates)."""
 
@@ -84,11 +90,13 @@ class WeightReceiver:
         self.named_params = named_params
         self.device = torch.device(device)
         self._groups: dict[str, W.WeightGroup] = {}
+        self._sinks: dict[str, _ExpectedVersion] = {}  # kept: a sink remembers its checks of unchanged buckets
 
     # --- collective -----------------------------------------------------------------------------
     def join_group(self, spec: W.GroupSpec) -> int:
         """Joins (blocking until every member joined); a group of the same name is replaced."""
         old = self._groups.pop(spec.group_name, None)
+        self._sinks.pop(spec.group_name, None)
         if old is not None:
             old.destroy()
         device = self.device if spec.backend == "nccl" and self.device.type == "cuda" else None
@@ -109,7 +117,13 @@ class WeightReceiver:
 
         On a failure after the first bucket, part of the model may be new: the caller marks itself stale."""
         params = self.named_params()
-        self.group(group_name).receive(_ExpectedVersion(params, current, version), timeout=timeout_s)
+        group = self.group(group_name)
+        sink = self._sinks.get(group_name)
+        if sink is None or not _same_tensors(sink.named_params, params):
+            sink = self._sinks[group_name] = _ExpectedVersion(params, current, version)
+        else:
+            sink.version, sink.expected = current, version
+        group.receive(sink, timeout=timeout_s)
         return sum(t.numel() * t.element_size() for t in params.values())
 
     def receive_tensors(self, group_name: str, version: int, timeout_s: float) -> Staged:
@@ -127,6 +141,7 @@ class WeightReceiver:
 
     def leave_group(self, group_name: str) -> None:
         group = self._groups.pop(group_name, None)
+        self._sinks.pop(group_name, None)
         if group is not None:
             group.destroy()
 

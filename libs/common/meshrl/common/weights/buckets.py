@@ -38,6 +38,12 @@ def iter_buckets(
 
     Raises InvalidArgument for a duplicate name or a non-positive bucket size.
     """
+    return (bucket for bucket, _ in _marked(named_tensors, bucket_bytes))
+
+
+def _marked(named_tensors: Iterable[NamedTensor], bucket_bytes: int) -> Iterator[tuple[list[NamedTensor], bool]]:
+    """iter_buckets' buckets, each with whether it is the last: known without reading ahead, since
+    a bucket is only closed by the next tensor or by the end of the export."""
     if bucket_bytes <= 0:
         raise InvalidArgument(f"bucket_bytes must be positive, got {bucket_bytes}; 512 MiB is the default")
     seen: set[str] = set()
@@ -49,16 +55,25 @@ def iter_buckets(
         seen.add(name)
         nbytes = align_up(tensor.numel() * tensor.element_size())
         if bucket and size + nbytes > bucket_bytes:
-            yield bucket
+            yield bucket, False
             bucket, size = [], 0
         bucket.append((name, tensor))
         size += nbytes
     if bucket:
-        yield bucket
+        yield bucket, True
 
 
 def as_buckets(tensors: Export, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Iterator[Sequence[NamedTensor]]:
     """Accepts (name, tensor) pairs (bucketed here) or ready-made buckets; refuses an empty export now."""
+    return (bucket for bucket, _ in marked_buckets(tensors, bucket_bytes))
+
+
+def marked_buckets(tensors: Export, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Iterator[tuple[Bucket, bool]]:
+    """as_buckets' buckets, each with whether it is known to be the last: always for (name, tensor)
+    pairs and for a list of buckets; never for a lazy iterable of buckets (reading one ahead would
+    hold two buckets in memory), whose end the caller learns only when it is exhausted.
+    Refuses an empty export now."""
+    known = len(tensors) if isinstance(tensors, Sequence) else None
     it = iter(tensors)
     first = next(it, None)
     if first is None:
@@ -70,8 +85,8 @@ def as_buckets(tensors: Export, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Ite
         and isinstance(first[0], str)
         and isinstance(first[1], torch.Tensor)
     ):
-        return iter_buckets(rest, bucket_bytes)
-    return rest
+        return _marked(rest, bucket_bytes)
+    return ((bucket, known is not None and i == known - 1) for i, bucket in enumerate(rest))
 
 
 def bucket_specs(bucket: Bucket) -> list[tensor_pb2.TensorSpec]:

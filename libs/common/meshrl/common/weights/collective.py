@@ -6,9 +6,10 @@ scheduler (a CollectiveGroup per member, see group_plan.py). The trainer's rank 
 TCPStore at master_address:master_port; the group's backend (gloo or NCCL) is built from it
 without touching torch.distributed's default group.
 
-One update: the sender announces it in the store; for each bucket it posts the bucket's header
-and WeightBucketMeta in the store and broadcasts the bucket's tensors (wire.py); then it posts an
-end marker (or an abort marker when its export failed, a failure marker when its broadcast broke).
+One update: for each bucket the sender posts the bucket's header and WeightBucketMeta in the store
+(the first one is the update's announcement, the last one says it is the last) and broadcasts the
+bucket's tensors (wire.py); an export whose end it learns only after its last bucket gets an end
+marker; an abort marker says its export failed, a failure marker that its broadcast broke.
 The collective carries tensor bytes only: a receiver waits for each header in the store (pushed to
 it, no polling), so no small broadcast holds the sender up. Each receiver records its progress and
 finally confirms or refuses (rendezvous.py).
@@ -26,23 +27,25 @@ import torch.distributed as dist
 from meshrl.api.common.v1 import weights_pb2
 from meshrl.common.errors import Aborted, DataLoss, DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
 
-from .buckets import Export, as_buckets, bucket_specs
+from .buckets import Bucket, Export, marked_buckets
 from .errors import MembersUnresponsive, UpdateOutcome, UpdateRefused
-from .group_options import LAYOUTS, WeightGroupOptions
+from .group_options import WeightGroupOptions
 from .group_plan import GroupSpec
+from .plans import ReceivePlans, SendPlans
 from .rendezvous import Rendezvous
-from .sink import CallbackSink, WeightSink
+from .sink import CallbackSink, WeightSink, apply_unless_refused
 from .transport import Backend, CollectiveFailed, Deadline, device_for
 from .wire import (
     ABORT,
     BUCKET,
     END,
     FAILED,
-    FLAT_THRESHOLD,
+    LAST,
     BucketLayout,
     decode_header,
     encode_header,
     fit_targets,
+    header_bytes,
 )
 
 
@@ -60,6 +63,8 @@ class WeightGroup:
         self._rdv: Rendezvous | None = None
         self._backend: Backend | None = None
         self._buffers: dict[int, torch.Tensor] = {}
+        self._sent = SendPlans()
+        self._received = ReceivePlans()
         self._posted = 0  # headers posted in the current update (the sender's store keys to forget)
 
     # ---------------------------------------------------------------- joining and leaving
@@ -123,6 +128,7 @@ class WeightGroup:
             self._backend = None
         self._rdv = None
         self._buffers.clear()
+        self._received.clear()
         self.broken = True
 
     def __enter__(self) -> WeightGroup:
@@ -149,8 +155,7 @@ class WeightGroup:
             try:
                 failed = weights_pb2.WeightBucketMeta(version=version, bucket_index=index)
                 for i in (index, index + 1):  # whichever header the receivers wait for
-                    self._rdv.post_bucket(seq, i, encode_header(FAILED, failed, 0, 0))
-                self._posted = max(self._posted, index + 2)
+                    self._post(seq, i, encode_header(FAILED, failed, 0, 0))
             except Exception:  # the store is gone too: receivers fail on it themselves
                 pass
 
@@ -182,28 +187,26 @@ class WeightGroup:
         receivers to drop the update (the group stays usable).
         """
         self._require(sender=True)
-        threshold = self._threshold(layout_name or self.options.layout)
-        buckets = as_buckets(tensors, bucket_bytes or self.options.bucket_bytes)
+        threshold = self.options.threshold(layout_name or self.options.layout)
+        buckets = marked_buckets(tensors, bucket_bytes or self.options.bucket_bytes)
         receivers = range(1, self.world_size)
         if self._seq:
             self._rdv.forget(self._seq, receivers, self._posted)
         self._seq += 1
         self._posted = 0
         seq, op = self._seq, self.options.op_timeout_s or self.spec.timeout_s
-        self._rdv.announce(seq, version)
-        sent, at_boundary = 0, True  # buckets broadcast so far: the index of the next header
+        sent, at_boundary, last = 0, True, False  # buckets broadcast so far: the index of the next header
         try:
-            for index, bucket in enumerate(buckets):
-                specs = bucket_specs(bucket)
-                meta = weights_pb2.WeightBucketMeta(version=version, bucket_index=index, tensors=specs)
-                lay = BucketLayout.of(specs, threshold)
-                payload = lay.sender_wire(bucket, lambda n: self._buffer(0, n), self._as_wire)
+            for index, (bucket, last) in enumerate(buckets):
+                plan = self._sent.get(index, bucket, last, threshold)
                 at_boundary = False
-                self._post(seq, index, encode_header(BUCKET, meta, lay.payload, threshold))
-                self._backend.broadcast(payload, Deadline(op, f"update {version}: bucket {index} data"))
+                kind = LAST if last else BUCKET
+                self._post(seq, index, header_bytes(kind, version, plan.meta_bytes, plan.lay.payload, threshold))
+                self._broadcast(bucket, plan.lay, Deadline(op, f"update {version}: bucket {index} data"))
                 sent, at_boundary = index + 1, True
-            end = weights_pb2.WeightBucketMeta(version=version, bucket_index=sent, num_buckets=sent)
-            self._post(seq, sent, encode_header(END, end, 0, 0))
+            if not last:
+                end = weights_pb2.WeightBucketMeta(version=version, bucket_index=sent, num_buckets=sent)
+                self._post(seq, sent, encode_header(END, end, 0, 0))
         except CollectiveFailed as e:
             self._fail(seq, version, sent)
             raise self._unresponsive(seq, version, str(e)) from e
@@ -221,20 +224,20 @@ class WeightGroup:
         return self._await_acks(seq, version)
 
     def _post(self, seq: int, index: int, header: bytes) -> None:
-        self._rdv.post_bucket(seq, index, header)
-        self._posted = index + 1
+        """Header <index> of update <seq>: the first one announces the update."""
+        if index == 0:
+            self._rdv.announce(seq, header)
+        else:
+            self._rdv.post_bucket(seq, index, header)
+        self._posted = max(self._posted, index + 1)
 
-    def _threshold(self, layout_name: str) -> int:
-        if layout_name not in LAYOUTS:
-            raise InvalidArgument(f"weight group layout {layout_name!r} is not one of {sorted(LAYOUTS)}")
-        return FLAT_THRESHOLD if layout_name == "flat" else self.options.coalesce_bytes
-
-    def _as_wire(self, tensor: torch.Tensor) -> torch.Tensor:
-        """A uint8 view of a tensor sent on its own: the tensor's own memory when it can be."""
-        t = tensor.detach()
-        if t.device != self.device or not t.is_contiguous():
-            t = t.to(self.device).contiguous()
-        return t.reshape(-1).view(torch.uint8)
+    def _broadcast(self, bucket: Bucket, lay: BucketLayout, deadline: Deadline) -> None:
+        """The large tensors go on the wire first, straight from their memory; the small ones are
+        packed meanwhile and follow in chunks."""
+        works = self._backend.start(lay.direct_wire(bucket, self.device), deadline)
+        for chunk in lay.packed_wire(bucket, lambda n: self._buffer(0, n)):  # packed while the others travel
+            works += self._backend.start([chunk], deadline)
+        self._backend.finish(works, deadline)
 
     def _await_acks(self, seq: int, version: int) -> UpdateOutcome:
         deadline = Deadline(self.options.ack_timeout_s or self.spec.timeout_s, f"update {version}: confirmations")
@@ -278,17 +281,18 @@ class WeightGroup:
         sink = apply_fn if isinstance(apply_fn, WeightSink) else CallbackSink(apply_fn)
         seq = self._seq + 1
         start = Deadline(timeout or self.spec.timeout_s, f"rank {self.rank}: waiting for update {seq} to start")
-        version = self._rdv.await_announcement(seq, start)
-        if version is None:
+        first = self._rdv.await_announcement(seq, start)
+        if first is None:
             raise DeadlineExceeded(f"{start.what}: the trainer sent nothing within {start.seconds:.1f}s")
         self._seq = seq
+        version = decode_header(first)[1]
         refusal: Exception | None = None
         try:
             sink.begin(version)
         except Exception as e:
             refusal = e
         try:
-            self._receive_buckets(seq, version, sink, refusal)
+            self._receive_buckets(seq, version, sink, refusal, first)
         except _Refused as r:
             refusal = r.error
         except CollectiveFailed as e:
@@ -309,56 +313,85 @@ class WeightGroup:
             raise refusal
         return version
 
-    def _receive_buckets(self, seq: int, version: int, sink: WeightSink, refusal: Exception | None) -> None:
+    def _receive_buckets(
+        self, seq: int, version: int, sink: WeightSink, refusal: Exception | None, first: bytes
+    ) -> None:
         op = self.options.op_timeout_s or self.spec.timeout_s
         index = 0
         while True:
             what = f"update {version}: bucket {index}"
-            kind, raw, payload, threshold = decode_header(
-                self._rdv.await_bucket(seq, index, Deadline(op, f"{what} header"))
-            )
-            meta = self._parse(raw, what)
-            if kind == ABORT:
-                raise Aborted(f"the trainer aborted update {version} after {index} buckets (its export failed)")
-            if kind == FAILED:
-                raise CollectiveFailed(f"{what}: the trainer's side of the broadcast failed", False)
-            if meta.version != version or meta.bucket_index != index or kind not in (BUCKET, END):
-                self._fail()
-                raise DataLoss(f"{what}: inconsistent stream (kind {kind}, meta {meta}); re-create the group")
-            if kind == END:
-                if meta.num_buckets != index:
-                    self._fail()
-                    raise DataLoss(f"update {version}: end marker says {meta.num_buckets} buckets, got {index}")
+            header = first if index == 0 else self._rdv.await_bucket(seq, index, Deadline(op, f"{what} header"))
+            kind, meta, lay = self._header(header, version, index, what)
+            if kind != END:
+                refusal = self._receive_bucket(meta, lay, sink, refusal, Deadline(op, f"{what} data"))
+                self._rdv.progress(seq, index)
+            if kind in (END, LAST):
                 if refusal is not None:
                     raise _Refused(refusal)
                 return
-            lay = BucketLayout.of(list(meta.tensors), threshold)
-            if payload != lay.payload:
-                self._fail()
-                raise DataLoss(f"{what} carries {payload} bytes, its specs need {lay.payload}")
-            targets = None
-            if refusal is None and lay.direct:
-                try:
-                    targets = fit_targets(sink.targets(meta), lay, self.device)
-                except Exception as e:
-                    refusal = e
-            staging = self._buffer(1, lay.staging_bytes(targets is not None))
-            wire, tensors = lay.receiver_wire(staging, targets)
-            self._backend.broadcast(wire, Deadline(op, f"{what} data"))
-            if refusal is None:
-                try:
-                    sink.apply(meta, tensors)
-                except Exception as e:
-                    refusal = e
-            self._rdv.progress(seq, index)
             index += 1
 
-    def _parse(self, raw: bytes, what: str) -> weights_pb2.WeightBucketMeta:
+    def _header(
+        self, header: bytes, version: int, index: int, what: str
+    ) -> tuple[int, weights_pb2.WeightBucketMeta, BucketLayout | None]:
+        """(kind, meta, layout: None for an end marker) of bucket <index>'s header, checked against the stream."""
+        kind, got, raw, payload, threshold = decode_header(header)
         try:
-            return weights_pb2.WeightBucketMeta.FromString(raw)
+            meta, lay = self._received.meta(index, raw, threshold, got)
         except Exception as e:
             self._fail()
             raise DataLoss(f"{what}: unreadable bucket metadata ({e}); re-create the group") from e
+        if kind == ABORT:
+            raise Aborted(f"the trainer aborted update {version} after {index} buckets (its export failed)")
+        if kind == FAILED:
+            raise CollectiveFailed(f"{what}: the trainer's side of the broadcast failed", False)
+        if got != version or meta.bucket_index != index or kind not in (BUCKET, LAST, END):
+            self._fail()
+            raise DataLoss(
+                f"{what}: inconsistent stream (kind {kind}, version {got}, meta {meta}); re-create the group"
+            )
+        expected = {END: index, LAST: index + 1}.get(kind)
+        if expected is not None and meta.num_buckets != expected:
+            self._fail()
+            raise DataLoss(f"update {version}: the last header says {meta.num_buckets} buckets, got {expected}")
+        if kind != END and lay is None:
+            lay = self._received.layout(index, threshold, meta)
+        if kind != END and payload != lay.payload:
+            self._fail()
+            raise DataLoss(f"{what} carries {payload} bytes, its specs need {lay.payload}")
+        return kind, meta, lay
+
+    def _receive_bucket(
+        self,
+        meta: weights_pb2.WeightBucketMeta,
+        lay: BucketLayout,
+        sink: WeightSink,
+        refusal: Exception | None,
+        deadline: Deadline,
+    ) -> Exception | None:
+        """Receives one bucket into the sink (or, once refused, into staging only, to stay in step
+        with the others); returns the refusal, if any."""
+        targets = None
+        if refusal is None and lay.direct:
+            try:
+                targets = fit_targets(sink.targets(meta), lay, self.device)
+            except Exception as e:
+                refusal = e
+        staging = self._buffer(1, lay.staging_bytes(targets is not None))
+        if self.options.keep_buffers:  # the same views as last time when nothing changed
+            wire, tensors = self._received.views(meta.bucket_index, lay, staging, targets)
+        else:
+            wire, tensors = lay.receiver_wire(staging, targets)
+        works = self._backend.start(wire, deadline)
+        direct = len(lay.direct)
+        for k, (first, end, _, _) in enumerate(lay.chunks):  # copied out while the next chunks arrive
+            self._backend.finish(works[direct + k : direct + k + 1], deadline)
+            refusal = apply_unless_refused(sink, meta, [tensors[i] for i in lay.packed[first:end]], refusal)
+        self._backend.finish(works[:direct], deadline)
+        rest = lay.direct if lay.chunks else lay.packed + lay.direct  # packed without bytes: no chunk
+        if rest:
+            refusal = apply_unless_refused(sink, meta, [tensors[i] for i in rest], refusal)
+        return refusal
 
 
 class _Refused(Exception):

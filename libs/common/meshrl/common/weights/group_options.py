@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from meshrl.common.errors import InvalidArgument
 
 from .buckets import DEFAULT_BUCKET_BYTES
-from .wire import DEFAULT_COALESCE_BYTES
+from .wire import DEFAULT_COALESCE_BYTES, FLAT_THRESHOLD
 
 LAYOUTS = ("flat", "per_tensor")
 
@@ -53,3 +53,9 @@ class WeightGroupOptions:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise InvalidArgument(f"{name} must be > 0 seconds (or None for the group's timeout), got {value}")
+
+    def threshold(self, layout_name: str) -> int:
+        """The coalescing threshold a layout sends with: "flat" packs everything."""
+        if layout_name not in LAYOUTS:
+            raise InvalidArgument(f"weight group layout {layout_name!r} is not one of {sorted(LAYOUTS)}")
+        return FLAT_THRESHOLD if layout_name == "flat" else self.coalesce_bytes

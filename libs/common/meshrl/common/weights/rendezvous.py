@@ -3,14 +3,18 @@
 Used by `collective.py`. Everything a member must tell the others outside the broadcasts goes
 through here, under `meshrl/weights/<group>/`:
   joined/<rank>              the member is in (everyone waits for all before the backend starts)
-  update/<seq> = version     the sender starts update number <seq>
-  bucket/<seq>/<i>           header and WeightBucketMeta of the update's bucket i, or its end, abort
-                             or failure marker (wire.py); set before that bucket's broadcast starts
+  update/<seq>               the sender starts update number <seq>: the header of its bucket 0 (or
+                             its abort or failure marker), which carries the version
+  bucket/<seq>/<i>           header and WeightBucketMeta of the update's bucket i > 0, or its end,
+                             abort or failure marker (wire.py); set before that bucket's broadcast
   progress/<seq>/<rank>      the last bucket this receiver got
   failed/<seq>/<rank>        this receiver is alive but lost the update (timed out, sender gone)
   ack/<seq>/<rank>           "ok" or "refused: <error>" once its sink finished
   alive/<rank>               a counter the receiver's heartbeat thread advances a few times a second
-so after a failed step the sender can name the members that stopped instead of guessing.
+  closed                     the sender is leaving: heartbeats stop before its store goes away
+  left/<rank>                this receiver's heartbeat stopped (the sender waits briefly for these)
+so after a failed step the sender can name the members that stopped instead of guessing, and no
+receiver writes to a store that is gone (torch prints a "Broken pipe" trace for that).
 A finished update's keys are deleted in the background, on a connection of their own.
 """
 
@@ -28,10 +32,11 @@ from meshrl.common.errors import DeadlineExceeded, Unavailable
 
 from .errors import MembersUnresponsive, UpdateOutcome
 from .group_plan import GroupSpec
-from .transport import CollectiveFailed, Deadline, await_keys
+from .transport import CollectiveFailed, Deadline, await_keys, await_values
 
 STORE_PREFIX = "meshrl/weights/"
 HEARTBEAT_S = 0.25
+LEAVE_CHECK_S = 0.05  # how often a heartbeat looks for the sender's "closed"
 
 
 class Rendezvous:
@@ -78,18 +83,24 @@ class Rendezvous:
         self._beater.start()
 
     def _heartbeat(self) -> None:
-        """Advances alive/<rank> until close(), on a connection of its own."""
+        """Advances alive/<rank> until close() or until the sender says it is leaving, on a
+        connection of its own; then leaves left/<rank>."""
         try:
             store = self._connect(False, 10.0)
-            beat = 0
-            while not self._stop.is_set():
-                beat += 1
-                store.set(f"alive/{self.rank}", str(beat))
-                self._stop.wait(HEARTBEAT_S)
+            beat, due = 0, 0.0
+            while not self._stop.is_set() and not store.check(["closed"]):
+                if time.monotonic() >= due:
+                    beat += 1
+                    store.set(f"alive/{self.rank}", str(beat))
+                    due = time.monotonic() + HEARTBEAT_S
+                self._stop.wait(LEAVE_CHECK_S)
+            store.set(f"left/{self.rank}", "1")
         except Exception:  # the trainer's store went away: the group is gone, nothing left to beat for
             self._stop.set()
 
     def close(self) -> None:
+        if self.rank == 0:
+            self._say_goodbye()
         self._stop.set()
         if self._beater is not None:
             self._beater.join(timeout=2 * HEARTBEAT_S)
@@ -98,15 +109,27 @@ class Rendezvous:
             self._janitor.shutdown(wait=False, cancel_futures=True)
             self._janitor = None
 
-    # ------------------------------------------------------------------------ one update
-    def announce(self, seq: int, version: int) -> None:
-        self.store.set(f"update/{seq}", str(version))
+    def _say_goodbye(self) -> None:
+        """Sender: tells the receivers' heartbeats to stop and waits (at most two beats) until they
+        did, so none writes to the store after it closes."""
+        try:
+            self.store.set("closed", "1")
+            keys = [f"left/{r}" for r in range(1, self.spec.world_size)]
+            end = time.monotonic() + 2 * HEARTBEAT_S
+            while keys and not self.store.check(keys) and time.monotonic() < end:
+                time.sleep(0.005)
+        except Exception:  # the store itself failed: nothing to wait for
+            return
 
-    def await_announcement(self, seq: int, deadline: Deadline) -> int | None:
-        """The version of update <seq> once the sender starts it; None if it did not start in time."""
-        if await_keys(self.store, [f"update/{seq}"], deadline):
-            return None
-        return int(self.store.get(f"update/{seq}").decode())
+    # ------------------------------------------------------------------------ one update
+    def announce(self, seq: int, first: bytes) -> None:
+        """Sender: starts update <seq> with the header of its bucket 0 (wire.encode_header)."""
+        self.store.set(f"update/{seq}", first)
+
+    def await_announcement(self, seq: int, deadline: Deadline) -> bytes | None:
+        """Receiver: the header of update <seq>'s bucket 0 once the sender starts it; None if it did
+        not start in time."""
+        return await_values(self.store, [f"update/{seq}"], deadline)[0]
 
     def post_bucket(self, seq: int, index: int, header: bytes) -> None:
         """Sender: what comes next in update <seq> (wire.encode_header); receivers wait for it."""
@@ -115,15 +138,13 @@ class Rendezvous:
     def await_bucket(self, seq: int, index: int, deadline: Deadline) -> bytes:
         """Receiver: the header the sender posted for bucket <index>. Raises CollectiveFailed (timed
         out, or the store is gone with the trainer), which fails the update like a broken broadcast."""
-        key = f"bucket/{seq}/{index}"
         try:
-            if await_keys(self.store, [key], deadline):
-                raise CollectiveFailed(f"{deadline.what}: not posted within {deadline.seconds:.1f}s", True)
-            return self.store.get(key)
-        except CollectiveFailed:
-            raise
-        except Exception as e:  # Unavailable from await_keys, or the get's connection error
+            header = await_values(self.store, [f"bucket/{seq}/{index}"], deadline)[0]
+        except Exception as e:  # Unavailable: the store is gone with the trainer
             raise CollectiveFailed(f"{deadline.what}: the trainer's store is unreachable ({e})", False) from e
+        if header is None:
+            raise CollectiveFailed(f"{deadline.what}: not posted within {deadline.seconds:.1f}s", True)
+        return header
 
     def progress(self, seq: int, index: int) -> None:
         self.store.set(f"progress/{seq}/{self.rank}", str(index))
@@ -143,17 +164,10 @@ class Rendezvous:
         self, seq: int, receivers: Sequence[int], deadline: Deadline
     ) -> tuple[list[int], dict[int, str], tuple[int, ...]]:
         """(ranks that confirmed, ranks that refused -> why, ranks that did not answer in time)."""
-        keys = [f"ack/{seq}/{r}" for r in receivers]
-        missing = set(await_keys(self.store, keys, deadline))
-        acked, refused = [], {}
-        for r, key in zip(receivers, keys, strict=True):
-            if key not in missing:
-                answer = self.store.get(key).decode()
-                if answer == "ok":
-                    acked.append(r)
-                else:
-                    refused[r] = answer
-        return acked, refused, tuple(r for r, key in zip(receivers, keys, strict=True) if key in missing)
+        answers = await_values(self.store, [f"ack/{seq}/{r}" for r in receivers], deadline)
+        acked = [r for r, a in zip(receivers, answers, strict=True) if a == b"ok"]
+        refused = {r: a.decode() for r, a in zip(receivers, answers, strict=True) if a is not None and a != b"ok"}
+        return acked, refused, tuple(r for r, a in zip(receivers, answers, strict=True) if a is None)
 
     def diagnose(self, seq: int, receivers: Sequence[int], grace_s: float) -> tuple[tuple[int, ...], str]:
         """The receivers that stopped answering during update <seq>, and the evidence.
@@ -175,7 +189,7 @@ class Rendezvous:
         return tuple(sorted(stopped)) or tuple(receivers), evidence
 
     def forget(self, seq: int, receivers: Sequence[int], buckets: int) -> None:
-        """Deletes the keys of a finished update (its `buckets` headers plus the end marker), so a long
+        """Deletes the keys of a finished update (its `buckets` headers plus any end marker), so a long
         job does not grow the store; in the background, so the next update does not wait for it."""
         keys = [f"update/{seq}", *(f"bucket/{seq}/{i}" for i in range(buckets + 1))]
         keys += [f"{k}/{seq}/{r}" for k in ("progress", "ack", "failed") for r in receivers]

@@ -1,8 +1,9 @@
 """Receiver-side consumers of a collective weight update (`WeightGroup.receive` drives them).
 
-A sink sees one update as begin(version) -> per bucket [targets(meta)] apply(meta, tensors)
--> end(version). Any method may raise to refuse; the group then drains the rest of the update
-(so the collective stays in step), reports the refusal to the sender and re-raises it.
+A sink sees one update as begin(version) -> per bucket [targets(meta)] apply(meta, tensors)...
+-> end(version), apply once per part of a bucket as it arrives. Any method may raise to refuse;
+the group then drains the rest of the update (so the collective stays in step), reports the
+refusal to the sender and re-raises it.
 `InPlaceSink` copies into a live model's parameters; `CallbackSink` wraps a plain function.
 """
 
@@ -36,7 +37,9 @@ class WeightSink(ABC):
 
     @abstractmethod
     def apply(self, meta: weights_pb2.WeightBucketMeta, tensors: list[tuple[str, torch.Tensor]]) -> None:
-        """Consumes one received bucket. Staged tensors are views of a reused buffer: copy them."""
+        """Consumes received tensors of one bucket: called several times per bucket, once per packed
+        chunk as it arrives and once for the tensors sent on their own, each tensor exactly once.
+        Staged tensors are views of a reused buffer: copy them."""
 
     def end(self, version: int) -> None:
         """Called after the last bucket; raise if the update was incomplete."""
@@ -63,6 +66,8 @@ class InPlaceSink(WeightSink):
         per-tensor layout (no staging copy).
     After a successful update `version` is the new version; `touched` says whether a failed
     update changed any parameter (the replica must then be refitted before it serves).
+    A bucket's check and its targets are kept for the next update when the group hands over the
+    same meta object again (it does for an unchanged bucket, plans.py).
     """
 
     def __init__(self, named_params: Mapping[str, torch.Tensor], current_version: int, direct: bool = True) -> None:
@@ -72,6 +77,7 @@ class InPlaceSink(WeightSink):
         self.touched = False
         self._seen: set[str] = set()
         self._checked: int | None = None
+        self._kept: dict[int, tuple[weights_pb2.WeightBucketMeta, frozenset[str], list[torch.Tensor] | None]] = {}
 
     def begin(self, version: int) -> None:
         check_version(self.version, version)
@@ -83,22 +89,31 @@ class InPlaceSink(WeightSink):
     def _check(self, meta: weights_pb2.WeightBucketMeta) -> None:
         if self._checked == meta.bucket_index:
             return
-        specs = [(s.name, dtypes.from_proto(s.dtype, f"tensor {s.name!r}"), tuple(s.shape)) for s in meta.tensors]
-        problems, seen = find_problems(self.named_params, specs, self._seen)
-        if problems:
-            raise refuse(meta.version, problems, self.touched)
-        self._seen = seen
+        kept = self._kept.get(meta.bucket_index)
+        if kept is not None and kept[0] is meta and self._seen.isdisjoint(kept[1]):
+            self._seen |= kept[1]  # checked in an earlier update, and parameters are never re-allocated
+        else:
+            specs = [(s.name, dtypes.from_proto(s.dtype, f"tensor {s.name!r}"), tuple(s.shape)) for s in meta.tensors]
+            problems, seen = find_problems(self.named_params, specs, self._seen)
+            if problems:
+                raise refuse(meta.version, problems, self.touched)
+            self._kept[meta.bucket_index] = (meta, frozenset(seen - self._seen), None)
+            self._seen = seen
         self._checked = meta.bucket_index
 
     def targets(self, meta: weights_pb2.WeightBucketMeta) -> list[torch.Tensor] | None:
         if not self.direct:
             return None
         self._check(meta)
-        params = [self.named_params[s.name] for s in meta.tensors]
-        if not all(p.is_contiguous() for p in params):
+        kept_meta, names, params = self._kept[meta.bucket_index]
+        if params is None:
+            params = [self.named_params[s.name] for s in meta.tensors]
+            params = [p.detach() for p in params] if all(p.is_contiguous() for p in params) else []
+            self._kept[meta.bucket_index] = (kept_meta, names, params)
+        if not params:
             return None
         self.touched = True
-        return [p.detach() for p in params]
+        return params
 
     def apply(self, meta: weights_pb2.WeightBucketMeta, tensors: list[tuple[str, torch.Tensor]]) -> None:
         self._check(meta)
@@ -119,3 +134,15 @@ class InPlaceSink(WeightSink):
             )
         self.version = version
         self.touched = False
+
+
+def apply_unless_refused(
+    sink: WeightSink, meta: weights_pb2.WeightBucketMeta, tensors: list, refusal: Exception | None
+) -> Exception | None:
+    """Hands received tensors of a bucket to the sink unless it refused already; returns the refusal."""
+    if refusal is None:
+        try:
+            sink.apply(meta, tensors)
+        except Exception as e:
+            return e
+    return refusal

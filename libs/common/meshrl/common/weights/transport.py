@@ -90,13 +90,24 @@ class Backend:
 
     def broadcast(self, tensors: list[torch.Tensor], deadline: Deadline) -> None:
         """Broadcasts each tensor from rank 0 (root sends, others receive in place), all within `deadline`."""
+        self.finish(self.start(tensors, deadline), deadline)
+
+    def start(self, tensors: list[torch.Tensor], deadline: Deadline) -> list:
+        """Starts one broadcast per tensor and returns their works (for `finish`), so the caller can
+        prepare the next tensors while these travel."""
         if self.pg is None:
             raise CollectiveFailed(f"{deadline.what}: the group's backend was aborted after an earlier failure", False)
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
         opts.rootTensor = 0
         try:
-            works = [self.pg.broadcast([t], opts) for t in tensors]
+            return [self.pg.broadcast([t], opts) for t in tensors]
+        except Exception as e:
+            raise _failed(e, deadline) from e
+
+    def finish(self, works: list, deadline: Deadline) -> None:
+        """Waits for started broadcasts, all within `deadline`; raises CollectiveFailed."""
+        try:
             for work in works:
                 left = deadline.remaining()
                 if left <= 0 and not work.is_completed():
@@ -104,12 +115,8 @@ class Backend:
                 work.wait(timedelta(seconds=max(left, 0.001)))
         except CollectiveFailed:
             raise
-        except Exception as e:  # torch raises RuntimeError / DistBackendError with gloo's or NCCL's message
-            text = str(e)
-            timed_out = deadline.expired() or "timed out" in text.lower() or "timeout" in text.lower()
-            raise CollectiveFailed(
-                f"{deadline.what}: {text.splitlines()[0] if text else type(e).__name__}", timed_out
-            ) from e
+        except Exception as e:
+            raise _failed(e, deadline) from e
 
     def close(self) -> None:
         """Releases an idle backend now (its worker threads exit at once)."""
@@ -133,6 +140,13 @@ class Backend:
         holder = [pg]
         del pg
         threading.Thread(target=holder.clear, name="weights-backend-release", daemon=True).start()
+
+
+def _failed(e: Exception, deadline: Deadline) -> CollectiveFailed:
+    """torch's RuntimeError / DistBackendError with gloo's or NCCL's message, as a CollectiveFailed."""
+    text = str(e)
+    timed_out = deadline.expired() or "timed out" in text.lower() or "timeout" in text.lower()
+    return CollectiveFailed(f"{deadline.what}: {text.splitlines()[0] if text else type(e).__name__}", timed_out)
 
 
 def device_for(backend: str, device: str | torch.device | None) -> torch.device:
@@ -164,3 +178,22 @@ def await_keys(store: dist.Store, keys: list[str], deadline: Deadline) -> list[s
             return [k for k in keys if not store.check([k])]
         except Exception as e:
             raise Unavailable(f"{deadline.what}: the weight group's store is unreachable ({e})") from waited
+
+
+def await_values(store: dist.Store, keys: list[str], deadline: Deadline) -> list[bytes | None]:
+    """The value of each key once all exist, in one round trip (the store waits for them and answers
+    as soon as the last is set); the keys still missing at the deadline come back as None.
+    Raises Unavailable when the store is gone."""
+    before = store.timeout
+    try:
+        store.set_timeout(timedelta(seconds=max(deadline.remaining(), 0.001)))
+        return list(store.multi_get(keys))
+    except Exception as waited:  # DistStoreError on timeout; a network error when the trainer is gone
+        try:
+            present = [k for k in keys if store.check([k])]
+            got = dict(zip(present, store.multi_get(present), strict=True)) if present else {}
+        except Exception as e:
+            raise Unavailable(f"{deadline.what}: the weight group's store is unreachable ({e})") from waited
+        return [got.get(k) for k in keys]
+    finally:
+        store.set_timeout(before)
