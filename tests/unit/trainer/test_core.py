@@ -89,6 +89,27 @@ def test_pi_old_from_the_rollout_reads_rollout_logprobs(core, qwen2_dir):
         assert got.metrics[key] == pytest.approx(want.metrics[key], rel=1e-6, abs=1e-7), key
 
 
+def test_pi_old_in_train_is_the_recomputed_pass(core, qwen2_dir):
+    """old_logprobs = 'in-train': the train call computes pi_old with the weights it starts from, before its first
+    mini-batch update; the same metrics as a recompute call given that pass's log-probs as old_logprobs, with
+    TIS weighed against the rollout's log-probs and a second mini-batch whose ratio is no longer 1."""
+    batch = make_batch(core.role("actor").spec.vocab_size)
+    behaviour = batch.pop("old_logprobs")
+    recompute = TrainerCore(micro_batch_tokens=4096)
+    recompute.load_model("actor", str(qwen2_dir), optimizer=OptimizerConfig(lr=1e-3, warmup_steps=2))
+    loss = dict(clip_low=0.2, clip_high=0.28, kl_coef=0.0, tis_cap=2.0)
+    rows = dict(batch, rollout_logprobs=behaviour)
+    pi_old = recompute.compute_logprobs("actor", rows).values
+    want = recompute.train_step("actor", dict(rows, old_logprobs=pi_old), LossConfig(**loss), mini_batches=2)
+    got = core.train_step("actor", rows, LossConfig(old_logprobs="in-train", **loss), mini_batches=2)
+    np.testing.assert_array_equal(got.old_logprobs.values, pi_old.values)
+    assert got.metrics["perf/old_logprob_seconds"] > 0 and got.metrics["tis_weight"] != pytest.approx(1.0)
+    for key in ("loss", "pg_loss", "clip_fraction", "ratio", "tis_weight", "grad_norm"):
+        assert got.metrics[key] == pytest.approx(want.metrics[key], rel=1e-6, abs=1e-7), key
+    for name, param in core.role("actor").model.named_parameters():
+        torch.testing.assert_close(param, dict(recompute.role("actor").model.named_parameters())[name])
+
+
 def test_sft_and_metrics_from_a_full_rl_loss(core):
     batch = make_batch(core.role("actor").spec.vocab_size)
     metrics = run_steps(core, batch, steps=1)[0]

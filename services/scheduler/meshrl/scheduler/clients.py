@@ -88,9 +88,11 @@ class TrainerClient:
         step: int,
         lr: float | None = None,
         columns: Sequence[str] = (),
+        weight_version: int | None = None,
     ) -> tpb.TrainStepResponse:
         """`loss` (LossConfig field -> value) goes to the trainer; None values and fields left out take the
-        trainer's defaults. `lr` overrides the learning-rate schedule for this call."""
+        trainer's defaults. `lr` overrides the learning-rate schedule for this call. `weight_version` (the
+        version the call starts from) makes an in-train pi_old pass report the rollout gap per version lag."""
         req = tpb.TrainStepRequest(
             role=role_proto(role),
             inputs=inputs,
@@ -100,6 +102,7 @@ class TrainerClient:
             global_step=step,
             lr_override=lr,
             columns=columns,
+            weight_version=weight_version,
         )
         return call(self.stub.TrainStep, req, timeout=self.timeout)
 

@@ -102,9 +102,11 @@ class LossSection(StrictModel):
     tis_cap: float | None = Field(None, ge=0, description="truncated importance sampling cap; 0 = off")
     mis_cap: float | None = Field(None, ge=0, description="masked importance sampling: tokens above it leave the loss")
     value_clip: float | None = Field(None, ge=0, description="critic value clip; 0 = off")
-    old_logprobs: Literal["recompute", "rollout"] | None = Field(
-        None, description="pi_old: 'recompute' (an actor MODEL_INFERENCE node's old_logprobs) or 'rollout' (the "
-        "engine's rollout_logprobs, no forward pass; the workflow then has no old_logprob node); " + TRAINER_DEFAULT,
+    old_logprobs: Literal["recompute", "in-train", "rollout"] | None = Field(
+        None, description="pi_old: 'recompute' (an actor MODEL_INFERENCE node's old_logprobs), 'in-train' (the same "
+        "pass inside the train call) or 'rollout' (the engine's rollout_logprobs, no pass); the workflow has an "
+        "old_logprob node only with 'recompute'. Unset: 'recompute' when the workflow has that node, else 'rollout' "
+        "in sync mode without tis_cap / mis_cap, else 'in-train' (meshrl.scheduler.step.old_logprobs)",
     )  # fmt: skip
 
 

@@ -25,7 +25,7 @@ from meshrl.scheduler.rundir import RunDir
 from meshrl.scheduler.step.agents import check_agent_job
 from meshrl.scheduler.step.dispatch import check_runnable
 from meshrl.scheduler.step.modes import plan_async
-from meshrl.scheduler.step.old_logprobs import check_old_logprobs
+from meshrl.scheduler.step.old_logprobs import resolve_old_logprobs
 from meshrl.scheduler.step.runner import JobRunner
 from meshrl.scheduler.workflow import Workflow, load_workflow_text
 
@@ -109,7 +109,7 @@ class JobManager:
         workflow: Workflow = load_workflow_text(workflow_text, raw, allowed_modules=cfg.job.allowed_modules)
         check_runnable(workflow)
         check_agent_job(cfg, workflow.nodes, resume=bool(resume_dir))  # multi-agent jobs: what they support
-        check_old_logprobs(cfg, workflow.nodes)
+        resolve_old_logprobs(cfg, workflow.nodes)  # before anything reads it
         if cfg.training.mode != "sync":
             plan_async(cfg.training, cfg.data.prompts_per_step, workflow.nodes)  # refused now, not at step 1
         if resume_dir:

@@ -10,12 +10,14 @@ Has no gRPC imports: `meshrl.trainer.server` converts protos and calls it; tests
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterator, Mapping
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from meshrl.common import batch_schema as S
 from meshrl.common.codec import Ragged
 from meshrl.common.errors import MODEL_NOT_LOADED, FailedPrecondition, InvalidArgument, NotFound
 from meshrl.common.roles import ROLES
@@ -173,9 +175,16 @@ class TrainerCore:
         temp = self.temperature if temperature is None else temperature
         if temp <= 0:
             raise InvalidArgument(f"temperature must be positive, got {temp}")
+        return self._logprobs(state, batch, temp, with_entropy, micro_batch_tokens)
+
+    @torch.no_grad()
+    def _logprobs(
+        self, state: RoleState, batch: SequenceBatch, temp: float, with_entropy: bool, budget: int | None
+    ) -> ComputeResult:
+        """One forward-only pass of `state`'s model over every row of `batch`; every rank gets every row."""
         logps: dict[int, np.ndarray] = {}
         ents: dict[int, np.ndarray] = {}
-        plans = self._plans(batch, range(len(batch)), micro_batch_tokens)
+        plans = self._plans(batch, range(len(batch)), budget)
 
         def head(logits, mb):
             logp, ent = logprobs_from_logits(
@@ -243,17 +252,27 @@ class TrainerCore:
         check_train_inputs(batch, lr_override)
         if not 1 <= mini_batches <= len(batch):
             raise InvalidArgument(f"mini_batches = {mini_batches} must be in [1, rows = {len(batch)}]")
-        return train_role(
+        temp = self.temperature if temperature is None else temperature
+        pass_seconds = 0.0
+        if cfg.old_logprobs == "in-train" and cfg.policy_loss not in ("sft", "value"):
+            start = time.perf_counter()  # pi_old: the weights as this call finds them, before its first update
+            batch.token_columns[S.OLD_LOGPROBS] = self._logprobs(state, batch, temp, False, micro_batch_tokens).values
+            pass_seconds = time.perf_counter() - start
+        result = train_role(
             state,
             batch,
             cfg,
             lambda b, rows: self._plans(b, rows, micro_batch_tokens),
             self.device,
             mini_batches=mini_batches,
-            temperature=self.temperature if temperature is None else temperature,
+            temperature=temp,
             lr_override=lr_override,
             atomic=self.atomic_steps,
         )
+        if pass_seconds:
+            result.metrics["perf/old_logprob_seconds"] = pass_seconds
+            result.old_logprobs = batch.token_columns[S.OLD_LOGPROBS]
+        return result
 
     # --- checkpoints, export ----------------------------------------------------------------------
 

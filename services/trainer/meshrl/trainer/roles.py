@@ -77,3 +77,4 @@ class TrainResult:
     tokens: int
     optimizer_steps: int
     micro_batches: int = 0  # forward/backward passes on this rank, over all optimizer steps
+    old_logprobs: Ragged | None = None  # pi_old of an 'in-train' pass (LossConfig.old_logprobs), else None

@@ -124,6 +124,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
             mini_batches=optional_field(request, "mini_batches"),
             lr_override=optional_field(request, "lr_override"),
             columns=list(request.columns),
+            weight_version=optional_field(request, "weight_version"),
         )
         tag_span({A.TOKENS: out["tokens"], A.MICRO_BATCHES: out.pop("micro_batches")})
         return pb.TrainStepResponse(**out)

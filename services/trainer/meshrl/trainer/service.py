@@ -224,7 +224,7 @@ class TrainerService:
         return self._call("train_step", role=role, inputs=list(inputs), loss=loss, **kwargs)
 
     def _train_step(self, role, inputs, loss, micro_batch_tokens=None, mini_batches=None, lr_override=None,
-                    columns=()) -> dict[str, Any]:  # fmt: skip
+                    columns=(), weight_version=None) -> dict[str, Any]:  # fmt: skip
         cfg = LossConfig(**loss)
         if mini_batches is not None and mini_batches < 1:
             raise InvalidArgument(f"mini_batches = {mini_batches} must be at least 1 (or unset)")
@@ -242,6 +242,8 @@ class TrainerService:
         )
         result.metrics["perf/read_seconds"] = read
         result.metrics["perf/step_seconds"] = time.perf_counter() - start - read
+        if result.old_logprobs is not None and role == "actor":  # an in-train pi_old pass: the same gap metrics
+            result.metrics.update(rollout_gap_metrics(columns, result.old_logprobs.values, weight_version))
         self.last_metrics = {f"{role}/{k}": v for k, v in result.metrics.items()}
         return {"metrics": result.metrics, "tokens": result.tokens, "optimizer_steps": result.optimizer_steps,
                 "micro_batches": result.micro_batches}  # fmt: skip

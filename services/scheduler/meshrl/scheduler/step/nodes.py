@@ -306,9 +306,13 @@ class NodeHandlers:
         also = ratio_reads(loss)
         if any(S.LOSS_MASK in cols for cols in node_outputs(ctx.nodes.values()).values()):
             also.append(S.LOSS_MASK)
+        gap = role == "actor" and loss.get("old_logprobs") == "in-train" and ctx.version is not None
+        if gap:  # the train call's own pi_old pass reports the rollout gap, as the old log-prob node would
+            also.extend(c for c in gap_reads(node, ctx) if c not in also)
         reads = self._reads(node, ctx, also)
         reply = self.trainer.train_step(
-            role, reads.keys, loss, t.micro_batch_tokens, t.mini_batches, ctx.step, columns=reads.columns
-        )
+            role, reads.keys, loss, t.micro_batch_tokens, t.mini_batches, ctx.step, columns=reads.columns,
+            weight_version=ctx.version if gap else None,
+        )  # fmt: skip
         prefix = "critic" if role == "critic" else "actor"
-        return NodeResult([], {f"{prefix}/{k}": v for k, v in reply.metrics.items()})
+        return NodeResult([], {(gap and gap_metric(k)) or f"{prefix}/{k}": v for k, v in reply.metrics.items()})

@@ -30,6 +30,7 @@ class OldLogProbs(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OLD_LOG_PROBS_UNSPECIFIED: _ClassVar[OldLogProbs]
     OLD_LOG_PROBS_RECOMPUTE: _ClassVar[OldLogProbs]
     OLD_LOG_PROBS_ROLLOUT: _ClassVar[OldLogProbs]
+    OLD_LOG_PROBS_IN_TRAIN: _ClassVar[OldLogProbs]
 
 class PolicyLoss(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -64,6 +65,7 @@ DECAY_STYLE_COSINE: DecayStyle
 OLD_LOG_PROBS_UNSPECIFIED: OldLogProbs
 OLD_LOG_PROBS_RECOMPUTE: OldLogProbs
 OLD_LOG_PROBS_ROLLOUT: OldLogProbs
+OLD_LOG_PROBS_IN_TRAIN: OldLogProbs
 POLICY_LOSS_UNSPECIFIED: PolicyLoss
 POLICY_LOSS_PPO: PolicyLoss
 POLICY_LOSS_GSPO: PolicyLoss
@@ -244,7 +246,7 @@ class LossConfig(_message.Message):
     def __init__(self, policy_loss: _Optional[_Union[PolicyLoss, str]] = ..., clip_low: _Optional[float] = ..., clip_high: _Optional[float] = ..., dual_clip: _Optional[float] = ..., aggregation: _Optional[_Union[LossAggregation, str]] = ..., kl_coef: _Optional[float] = ..., kl_estimator: _Optional[_Union[KlEstimator, str]] = ..., entropy_coef: _Optional[float] = ..., tis_cap: _Optional[float] = ..., value_clip: _Optional[float] = ..., mis_cap: _Optional[float] = ..., old_logprobs: _Optional[_Union[OldLogProbs, str]] = ...) -> None: ...
 
 class TrainStepRequest(_message.Message):
-    __slots__ = ("role", "inputs", "loss", "micro_batch_tokens", "mini_batches", "global_step", "lr_override", "columns")
+    __slots__ = ("role", "inputs", "loss", "micro_batch_tokens", "mini_batches", "global_step", "lr_override", "columns", "weight_version")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
@@ -253,6 +255,7 @@ class TrainStepRequest(_message.Message):
     GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
     LR_OVERRIDE_FIELD_NUMBER: _ClassVar[int]
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     role: Role
     inputs: _containers.RepeatedCompositeFieldContainer[_keys_pb2.BatchKey]
     loss: LossConfig
@@ -261,7 +264,8 @@ class TrainStepRequest(_message.Message):
     global_step: int
     lr_override: float
     columns: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, role: _Optional[_Union[Role, str]] = ..., inputs: _Optional[_Iterable[_Union[_keys_pb2.BatchKey, _Mapping]]] = ..., loss: _Optional[_Union[LossConfig, _Mapping]] = ..., micro_batch_tokens: _Optional[int] = ..., mini_batches: _Optional[int] = ..., global_step: _Optional[int] = ..., lr_override: _Optional[float] = ..., columns: _Optional[_Iterable[str]] = ...) -> None: ...
+    weight_version: int
+    def __init__(self, role: _Optional[_Union[Role, str]] = ..., inputs: _Optional[_Iterable[_Union[_keys_pb2.BatchKey, _Mapping]]] = ..., loss: _Optional[_Union[LossConfig, _Mapping]] = ..., micro_batch_tokens: _Optional[int] = ..., mini_batches: _Optional[int] = ..., global_step: _Optional[int] = ..., lr_override: _Optional[float] = ..., columns: _Optional[_Iterable[str]] = ..., weight_version: _Optional[int] = ...) -> None: ...
 
 class TrainStepResponse(_message.Message):
     __slots__ = ("metrics", "tokens", "optimizer_steps")
