@@ -22,6 +22,7 @@ from .buckets import DEFAULT_BUCKET_BYTES, iter_buckets
 from .checksums import compare_checksums, sample_names, tensor_checksum, tensor_checksums, to_proto
 from .collective import WeightGroup, WeightGroupOptions
 from .delta import DeltaBase, DeltaStats, StagedDelta, apply_delta, stage_delta, write_delta
+from .delta_wire import WIRE_NAMES as DELTA_WIRE_NAMES
 from .delta_wire import DeltaOrFullSink, delta_update
 from .disk import VersionReader, gc_versions, list_versions, read_manifest, read_version, write_version
 from .errors import BaseMismatch, MembersUnresponsive, UpdateOutcome, UpdateRefused
@@ -33,6 +34,7 @@ __all__ = [
     "BaseMismatch",
     "DeltaBase",
     "DeltaOrFullSink",
+    "DELTA_WIRE_NAMES",
     "DeltaStats",
     "StagedDelta",
     "apply_delta",
