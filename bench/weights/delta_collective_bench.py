@@ -18,7 +18,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
-from delta_bench import _export, _model, _step
+from delta_bench import _export, _model, _step, print_table
 
 
 def _pair(pool):
@@ -88,6 +88,7 @@ def bench_delta_collective(size: str, lrs: list[float], tokens: int = 256) -> li
                     "full_bytes": full_bytes, "delta_bytes": sum(t.numel() for _, t in wire),
                     "full": {"publish": full_s, "pause": full_s},
                     "delta": {"publish": t3 - t0, "encode": t1 - t0, "transfer": t2 - t1, "pause": t3 - t2},
+                    "exact": True,  # checked above
                 })  # fmt: skip
                 del v2, wire, sink, base, replica
                 gc.collect()
@@ -98,16 +99,6 @@ def bench_delta_collective(size: str, lrs: list[float], tokens: int = 256) -> li
 
 
 def print_delta_collective(size: str, rows: list[dict]) -> None:
-    print(f"\nDCOLL   {size} Llama ({rows[0]['params']:,} params) in bf16, one AdamW step, gloo weight group; seconds")
-    print("     lr | changed  delta MiB  full MiB  delta/full | publish: delta  full  ratio | "
-          "pause: delta  full | delta encode  transfer+decode | exact")  # fmt: skip
-    for r in rows:
-        d, f = r["delta"], r["full"]
-        print(f" {r['lr']:>6g} | {r['changed']:>6.1%} {r['delta_bytes'] / 2**20:>10.1f} {r['full_bytes'] / 2**20:>9.0f}"
-              f"  {r['delta_bytes'] / r['full_bytes']:>9.2%} | {d['publish']:>14.3f} {f['publish']:>5.3f} "
-              f"{d['publish'] / f['publish']:>6.2f} | {d['pause']:>12.4f} {f['pause']:>5.3f} | {d['encode']:>12.3f} "
-              f"{d['transfer']:>16.3f} | True")  # fmt: skip
-    print(
-        "delta bytes include its manifest; the complete version's pause is its whole transfer (the engine pauses "
-        "before the first tensor lands)."
-    )
+    print_table(f"DCOLL   {size} Llama over a gloo weight group", rows, ("encode", "transfer"),
+                "delta bytes include its manifest; transfer includes the replica's decode (while generating); the "
+                "complete version's pause is its whole transfer (the engine pauses before the first tensor lands).")  # fmt: skip

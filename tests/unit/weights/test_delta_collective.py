@@ -68,12 +68,18 @@ def full_send(pool, sender, receiver, base, params, tensors, version):
     return sink
 
 
-def test_delta_over_the_group_is_bit_exact_and_pauses_only_for_the_apply(group):
-    pool, sender, receiver = group
+def serving_v1(pool, sender, receiver):
+    """Version 1 sent complete and kept as the trainer's base: (v1, the replica's parameters, the base)."""
     v1 = model()
     params = {n: torch.zeros_like(t) for n, t in v1.items()}
     base = DeltaBase()
     full_send(pool, sender, receiver, base, params, v1, 1)
+    return v1, params, base
+
+
+def test_delta_over_the_group_is_bit_exact_and_pauses_only_for_the_apply(group):
+    pool, sender, receiver = group
+    v1, params, base = serving_v1(pool, sender, receiver)
     v2 = step(v1, 1e-2)
     wire, stats = delta_update(base, 2, v2.items(), 0.5)
     assert wire is not None and 0 < stats.delta_bytes < stats.full_bytes * 0.5 and base.version == 2
@@ -107,10 +113,7 @@ def test_a_replica_without_the_base_is_refused_and_refitted_in_full(group):
 
 def test_weights_that_are_not_the_base_are_refused(group):
     pool, sender, receiver = group
-    v1 = model()
-    params = {n: torch.zeros_like(t) for n, t in v1.items()}
-    base = DeltaBase()
-    full_send(pool, sender, receiver, base, params, v1, 1)
+    v1, params, base = serving_v1(pool, sender, receiver)
     params["layer.0.weight"][0, 0] += 1  # claims version 1, holds other bits
     wire, _ = delta_update(base, 2, step(v1, 1e-2).items(), 0.5)
     future, _, _ = receive(pool, receiver, params, 1)
@@ -122,10 +125,7 @@ def test_weights_that_are_not_the_base_are_refused(group):
 
 def test_a_delta_above_max_fraction_goes_as_a_complete_version(group):
     pool, sender, receiver = group
-    v1 = model()
-    params = {n: torch.zeros_like(t) for n, t in v1.items()}
-    base = DeltaBase()
-    full_send(pool, sender, receiver, base, params, v1, 1)
+    v1, params, base = serving_v1(pool, sender, receiver)
     v2 = step(v1, 0.5)  # most bits change
     wire, stats = delta_update(base, 2, v2.items(), 0.05)
     assert wire is None and stats.delta_bytes > 0.05 * stats.full_bytes and base.holds(2)

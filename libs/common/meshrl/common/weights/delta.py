@@ -124,6 +124,20 @@ def encode_delta(base: DeltaBase, version: int, tensors: Iterable) -> tuple[list
     return entries, blobs, DeltaStats(changed, elements, offset, full)
 
 
+def encode_within(
+    base: DeltaBase, version: int, tensors: Iterable, max_fraction: float
+) -> tuple[DeltaManifest | None, list[bytes], DeltaStats]:
+    """`encode_delta`, with the manifest of the delta; (None, [], stats) when the delta exceeds `max_fraction`
+    of a complete version. Either way the base then holds `version`. Used for deltas on disk and over a group."""
+    if not 0 < max_fraction <= 1:
+        raise InvalidArgument(f"max_fraction must be in (0, 1], got {max_fraction}")
+    base_version = base.version
+    entries, blobs, stats = encode_delta(base, version, tensors)
+    if stats.delta_bytes > max_fraction * stats.full_bytes:
+        return None, [], stats
+    return DeltaManifest(version, base_version, stats.delta_bytes, tuple(entries)), blobs, stats
+
+
 def write_delta(
     root: str,
     version: int,
@@ -137,14 +151,10 @@ def write_delta(
     """Publishes `version` as a delta against `base` (`<root>/d{version:06d}/`), or writes nothing and
     returns (None, stats) when it would exceed `max_fraction` of a complete version; either way the base
     then holds `version`. Raises FailedPrecondition when no usable base is held."""
-    if not 0 < max_fraction <= 1:
-        raise InvalidArgument(f"max_fraction must be in (0, 1], got {max_fraction}")
-    base_version = base.version
-    entries, blobs, stats = encode_delta(base, version, tensors)
-    if stats.delta_bytes > max_fraction * stats.full_bytes:
+    manifest, blobs, stats = encode_within(base, version, tensors, max_fraction)
+    if manifest is None:
         return None, stats
     os.makedirs(root, exist_ok=True)
-    manifest = DeltaManifest(version, base_version, stats.delta_bytes, tuple(entries))
 
     def fill(tmp: str) -> bytes:
         with open(os.path.join(tmp, DATA_NAME), "wb") as f:
@@ -159,7 +169,7 @@ def write_delta(
     gc_versions(root, keep_last)
     path = os.path.join(root, delta_dir_name(version))
     return weights_pb2.DiskWeights(
-        path=path, version=version, manifest_sha256=sha256_hex(raw), delta=True, base_version=base_version,
+        path=path, version=version, manifest_sha256=sha256_hex(raw), delta=True, base_version=manifest.base_version,
         delta_bytes=stats.delta_bytes,
     ), stats  # fmt: skip
 

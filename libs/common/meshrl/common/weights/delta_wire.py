@@ -22,7 +22,7 @@ from meshrl.api.common.v1 import weights_pb2
 from meshrl.common.errors import DataLoss, InvalidArgument
 
 from .buckets import NamedTensor
-from .delta import DeltaBase, DeltaStats, StagedDelta, check_delta, decode_delta, encode_delta
+from .delta import DeltaBase, DeltaStats, StagedDelta, check_delta, decode_delta, encode_within
 from .delta_manifest import DeltaManifest
 from .sink import InPlaceSink, WeightSink
 
@@ -42,13 +42,9 @@ def delta_update(
     """The two tensors that carry `version` as a delta against `base` (which then holds `version`), or
     (None, stats) when the delta exceeds `max_fraction` of a complete version. FailedPrecondition (base
     dropped) when no usable base is held or the export's tensors differ from the base's."""
-    if not 0 < max_fraction <= 1:
-        raise InvalidArgument(f"max_fraction must be in (0, 1], got {max_fraction}")
-    base_version = base.version
-    entries, blobs, stats = encode_delta(base, version, tensors)
-    if stats.delta_bytes > max_fraction * stats.full_bytes:
+    manifest, blobs, stats = encode_within(base, version, tensors, max_fraction)
+    if manifest is None:
         return None, stats
-    manifest = DeltaManifest(version, base_version, stats.delta_bytes, tuple(entries))
     return [(MANIFEST_TENSOR, _bytes_tensor(manifest.to_json())), (DATA_TENSOR, _bytes_tensor(b"".join(blobs)))], stats
 
 
