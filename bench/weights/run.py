@@ -15,6 +15,8 @@ distributed: WeightGroup.send -> receive into live parameters (metadata, buckets
              same bytes on the default group, between 2 processes over gloo on this host.
 delta:       after one AdamW step of a real model (bf16 export), a delta version vs a complete one:
              bytes, publication time, and the pause (apply) apart from the transfer (delta_bench.py).
+dcoll:       the same over a gloo weight group: delta ÷ complete publication time and bytes, the pause
+             (apply) apart from encode and transfer+decode (delta_collective_bench.py).
 Raw and meshrl alternate within each repetition; the table shows medians and, in brackets, the
 ratio of the best runs (the machine is shared, so both are noisy). The distributed runs first
 warm up once. Ratios > 1 mean slower than raw; targets: disk <= 1.5, distributed <= 1.25.
@@ -37,6 +39,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from delta_bench import MODELS, bench_delta, print_delta
+from delta_collective_bench import bench_delta_collective, print_delta_collective
 
 from meshrl.common.net import free_port
 from meshrl.common.weights.wire import DEFAULT_COALESCE_BYTES
@@ -189,7 +192,7 @@ def main() -> None:
                         help="per-tensor layout: tensors below this many KiB travel packed in one buffer; "
                         "several, comma-separated, are measured side by side")  # fmt: skip
     parser.add_argument("--workdir", default=None, help="folder for the disk runs (default: a temp folder)")
-    parser.add_argument("--skip", choices=["disk", "distributed", "delta"], action="append", default=[],
+    parser.add_argument("--skip", choices=["disk", "distributed", "delta", "dcoll"], action="append", default=[],
                         help="leave a section out (repeatable)")  # fmt: skip
     parser.add_argument("--delta-model", default="100M", choices=sorted(MODELS), help="model of the delta section")
     parser.add_argument("--delta-lrs", default="1e-6,1e-5,1e-3", help="learning rates of the delta section")
@@ -216,12 +219,17 @@ def main() -> None:
         if "delta" not in args.skip:
             lrs = [float(x) for x in args.delta_lrs.split(",") if x.strip()]
             delta_rows = bench_delta(args.delta_model, lrs, workdir)
+        if "dcoll" not in args.skip:
+            lrs = [float(x) for x in args.delta_lrs.split(",") if x.strip()]
+            dcoll_rows = bench_delta_collective(args.delta_model, lrs)
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
     _print(rows, args)
     if "delta" not in args.skip:
         print_delta(args.delta_model, delta_rows)
+    if "dcoll" not in args.skip:
+        print_delta_collective(args.delta_model, dcoll_rows)
 
 
 def _param_count(size: str) -> int:

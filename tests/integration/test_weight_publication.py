@@ -4,8 +4,10 @@ distributed update is left out within the deadline while the other one gets the 
 SIGCONT it is refitted before it serves again."""
 
 import os
+import shutil
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -35,7 +37,7 @@ def services(tmp_path_factory):
         trainer = TrainerClient(addresses["trainer"])
         trainer.load_model("actor", model, "float32", None, 0)
         replicas = [RolloutClient(addresses[f"rollout-{i}"]) for i in range(2)]
-        yield {"launcher": launcher, "trainer": trainer, "replicas": replicas, "root": root}
+        yield {"launcher": launcher, "trainer": trainer, "replicas": replicas, "root": root, "model": Path(model)}
     finally:
         launcher.stop_all(grace=5)
 
@@ -117,3 +119,48 @@ def test_delta_publication_and_refit_of_a_replica_that_missed_the_base(services)
     assert result.stale == [] and behind < result.version == lagging.status().weight_version
     assert not publisher.last_disk.delta  # the refit published the version complete
     publisher.verify(both, result.version)
+
+
+def _tensors(model: Path) -> list:
+    from safetensors.torch import load_file
+
+    return [t for f in model.glob("*.safetensors") for t in load_file(f).values()]
+
+
+def _variant(model: Path, out: Path, change) -> str:
+    """A copy of the model folder with `change(name, tensor)` applied to every tensor."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(model, out)
+    for f in out.glob("*.safetensors"):
+        save_file({n: change(n, t) for n, t in load_file(f).items()}, f, metadata={"format": "pt"})
+    return str(out)
+
+
+def test_delta_over_the_collective_refits_a_replica_that_missed_the_base(services):
+    """Over the weight group: a complete version first, then a delta of a few changed tensors (a fraction of
+    the bytes; every replica's checksums equal the trainer's); a replica that missed a version refuses the
+    next delta and the same publish sends it complete; above max_delta_fraction a version goes complete."""
+    cfg = WeightsSection(transport="distributed", delta=True, timeout_seconds=30)
+    publisher = WeightPublisher(services["trainer"], cfg, str(services["root"] / "w-dcoll"))
+    trainer, both, model = services["trainer"], services["replicas"], services["model"]
+    publisher.version = max(r.status().weight_version for r in both)
+    full_bytes = sum(t.numel() * t.element_size() for t in _tensors(model))
+    assert publisher.publish(both).stale == []  # complete, or a delta against a base an earlier test left
+    norms = _variant(model, services["root"] / "m-norms", lambda n, t: t * 1.5 if "norm" in n else t)
+    trainer.load_model("actor", norms, "float32", None, 0)
+    delta = publisher.publish(both)  # verifies every replica's checksums against the trainer's
+    assert delta.stale == [] and 0 < delta.bytes < full_bytes / 10
+    publisher.publish([both[0]])  # the second replica misses this version
+    behind = both[1].status().weight_version
+    refit = publisher.publish(both)  # refused by the second (BaseMismatch), then complete to both
+    assert refit.stale == [] and behind < refit.version == both[1].status().weight_version
+    assert refit.bytes >= full_bytes
+    scaled = _variant(model, services["root"] / "m-scaled", lambda n, t: t * 1.5)
+    trainer.load_model("actor", scaled, "float32", None, 0)
+    above = publisher.publish(both)  # every element changed: the delta exceeds max_delta_fraction
+    assert above.stale == [] and above.bytes == full_bytes
+    expected = trainer.checksums("actor").sha256
+    for replica in both:
+        assert dict(replica.checksums(list(expected)).sha256) == dict(expected)
+    trainer.load_model("actor", str(model), "float32", None, 0)

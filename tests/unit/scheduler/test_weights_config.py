@@ -8,9 +8,9 @@ from meshrl.common.errors import ConfigError
 from meshrl.scheduler.config import WeightsSection
 
 
-def test_delta_needs_the_disk_transport_and_a_fraction_in_range():
+def test_delta_goes_on_either_transport_with_a_fraction_in_range():
     assert WeightsSection(delta=True).max_delta_fraction == 0.5
-    with pytest.raises(ConfigError, match=r"weights.delta = true needs weights.transport = disk"):
-        load_config(WeightsSection, env={}, overrides=["delta=true", "transport=distributed"])
+    cfg = load_config(WeightsSection, env={}, overrides=["delta=true", "transport=distributed"])
+    assert cfg.delta and cfg.transport == "distributed"
     with pytest.raises(ConfigError, match="max_delta_fraction"):
         load_config(WeightsSection, env={}, overrides=["delta=true", "max_delta_fraction=1.5"])

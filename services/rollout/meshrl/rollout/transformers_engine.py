@@ -154,29 +154,44 @@ class TransformersEngine(Engine):
         return self.receiver.join_group(group)
 
     def update_weights_from_distributed(self, update: GroupUpdate) -> WeightUpdateResult:
-        """Pauses, receives every bucket straight into the parameters, flushes (by policy), continues."""
+        """A complete version: pauses before its first tensor lands, receives every bucket straight into the
+        parameters, flushes (by policy), continues. A delta: received and decoded while generating (refused,
+        untouched, when the parameters are not its base's), then paused only to copy the changed tensors in."""
         version = update.version
         with self._update_lock:
             self.receiver.group(update.group_name)  # NotFound before pausing anything
             self._require_weights_memory()
             start = time.perf_counter()
-            self.batcher.pause(update.pause_mode, reason="weights")
+            paused: list[float] = []
+
+            def pause() -> None:
+                self.batcher.pause(update.pause_mode, reason="weights")
+                paused.append(time.perf_counter())
+
             try:
-                # Paused: the batcher runs no forward pass, so the parameters may change under it.
-                nbytes = self.receiver.receive_into_model(
-                    update.group_name, self.batcher.version, version, update.timeout_seconds
+                # Paused once a complete version arrives: the batcher runs no forward pass, so the parameters
+                # may change under it.
+                nbytes, staged = self.receiver.receive_into_model(
+                    update.group_name, self.batcher.version, version, update.timeout_seconds, pause
                 )
+                if staged is None:
 
-                def bump() -> None:
-                    self.batcher.version = version
-                    if update.flush_cache:
-                        self.batcher.drop_cache()
+                    def bump() -> None:
+                        self.batcher.version = version
+                        if update.flush_cache:
+                            self.batcher.drop_cache()
 
-                self.batcher.run_exclusive(bump)
+                    self.batcher.run_exclusive(bump)
             finally:
-                self.batcher.resume(reason="weights")
+                if paused:
+                    self.batcher.resume(reason="weights")
+            if staged is not None:
+                copy = lambda: apply_delta(self.runner.named_parameters(), staged)  # noqa: E731
+                result = self._install(version, start, copy, update.pause_mode, update.flush_cache)
+                return WeightUpdateResult(version, result.seconds, nbytes, pause_seconds=result.pause_seconds)
             self._weights_refilled()
-            return WeightUpdateResult(version, time.perf_counter() - start, nbytes)
+            end = time.perf_counter()
+            return WeightUpdateResult(version, end - start, nbytes, pause_seconds=end - paused[0] if paused else 0.0)
 
     def destroy_weight_update_group(self, group_name: str) -> None:
         self.receiver.leave_group(group_name)

@@ -112,10 +112,16 @@ class WeightReceiver:
             )
         return group
 
-    def receive_into_model(self, group_name: str, current: int, version: int, timeout_s: float) -> int:
-        """Receives one version straight into the parameters (the caller paused generation); returns bytes.
+    def receive_into_model(
+        self, group_name: str, current: int, version: int, timeout_s: float, on_full: Callable[[], None]
+    ) -> tuple[int, W.StagedDelta | None]:
+        """Receives one version: a complete one straight into the parameters, after `on_full()` (the caller
+        pauses generation there); a delta into host memory, checked against the live parameters and decoded
+        (BaseMismatch when they are not its base's, reported to the trainer). Returns (bytes, None) for a
+        complete version, (delta bytes, the staged delta for `apply_delta`) for a delta.
 
-        On a failure after the first bucket, part of the model may be new: the caller marks itself stale."""
+        On a failure after the first bucket of a complete version, part of the model may be new: the caller
+        marks itself stale."""
         params = self.named_params()
         group = self.group(group_name)
         sink = self._sinks.get(group_name)
@@ -123,8 +129,11 @@ class WeightReceiver:
             sink = self._sinks[group_name] = _ExpectedVersion(params, current, version)
         else:
             sink.version, sink.expected = current, version
-        group.receive(sink, timeout=timeout_s)
-        return sum(t.numel() * t.element_size() for t in params.values())
+        either = W.DeltaOrFullSink(sink, on_full)
+        group.receive(either, timeout=timeout_s)
+        if either.staged is not None:
+            return either.staged.delta_bytes, either.staged
+        return sum(t.numel() * t.element_size() for t in params.values()), None
 
     def receive_tensors(self, group_name: str, version: int, timeout_s: float) -> Staged:
         """Receives one version as copies (for engines that load a folder)."""
@@ -134,6 +143,8 @@ class WeightReceiver:
         def keep(got: int, tensors: list[tuple[str, torch.Tensor]]) -> None:
             if got != version:
                 raise InvalidArgument(f"the trainer sends weight version {got}, but {version} was announced")
+            if any(name in W.DELTA_WIRE_NAMES for name, _ in tensors):
+                raise W.BaseMismatch(f"weight version {version} came as a delta; this engine takes complete versions")
             received.extend((name, t.detach().to("cpu", copy=True)) for name, t in tensors)
 
         self.group(group_name).receive(keep, timeout=timeout_s)

@@ -190,23 +190,15 @@ class WeightsSection(StrictModel):
     )
     delta: bool = Field(
         False,
-        description="disk: after a complete version, publish only the bits that changed (the trainer keeps one "
-        "more copy of the weights); a replica that missed the base is refitted with a complete version. Off by "
-        "default: bench/weights measured 2-8% of the bytes at lr 1e-6..1e-5 but 1.4-3x the publication time on "
-        "a local disk (encoding is CPU-bound); turn it on when bytes cross a slow link (shared storage)",
+        description="after a complete version, publish only the bits that changed, on disk or over the weight "
+        "group (protocol meshrl; the engines' own wire takes complete versions); the trainer keeps one more copy "
+        "of the weights, and a replica that missed the base is refitted with a complete version. Off by "
+        "default: bench/weights measured 2-8% of the bytes at lr 1e-6..1e-5 but more publication time where "
+        "bytes are cheap (encoding is CPU-bound); turn it on when bytes cross a slow link",
     )
     max_delta_fraction: float = Field(
-        0.5, gt=0, le=1, description="disk, delta: above this share of a complete version, publish it complete"
+        0.5, gt=0, le=1, description="delta: above this share of a complete version, publish it complete"
     )
-
-    @pydantic.model_validator(mode="after")
-    def _delta_on_disk(self) -> WeightsSection:
-        if self.delta and self.transport != "disk":
-            raise ValueError(
-                f"weights.delta = true needs weights.transport = disk (got {self.transport!r}): the collective "
-                "publishes complete versions; set weights.delta: false or weights.transport: disk"
-            )
-        return self
 
 
 class WarmupSection(StrictModel):

@@ -20,7 +20,7 @@ from meshrl.api.common.v1 import weights_pb2
 from meshrl.common import batch_schema as S
 from meshrl.common.batch_key import BatchRef
 from meshrl.common.errors import FailedPrecondition, InvalidArgument, NotFound
-from meshrl.common.weights import DeltaBase, WeightGroup, write_delta, write_version
+from meshrl.common.weights import DeltaBase, WeightGroup, delta_update, write_delta, write_version
 from meshrl.common.weights.delta import DEFAULT_MAX_FRACTION
 from meshrl.common.weights.engine_group import EngineGroupSender, join_sender
 from meshrl.trainer.config import TrainerConfig
@@ -305,9 +305,10 @@ class TrainerService:
                 max_delta_fraction: float = 0.0) -> Published:  # fmt: skip
         """Publishes the role's weights as `version`: a versioned folder under `disk_root`, or a broadcast
         over the joined group `group_name` (every receiver confirms, else MembersUnresponsive / UpdateRefused).
-        `delta` (disk): a delta folder against the version published last when this trainer holds it and the
-        delta is at most `max_delta_fraction` (0: 0.5) of a complete version, else a complete version; either
-        way a copy of the published version is kept as the next base."""
+        `delta`: a delta (a folder, or over the group) against the version published last when this trainer
+        holds it and the delta is at most `max_delta_fraction` (0: 0.5) of a complete version, else a complete
+        version; either way a copy of the published version is kept as the next base. `bytes` in the result:
+        those the delta carried, else the complete version's."""
         bucket_bytes = bucket_bytes or self.cfg.defaults.bucket_bytes
         with self._lock:
             state = self.core.role(role)
@@ -322,20 +323,44 @@ class TrainerService:
             sums = self.core.checksums(role)
             buckets = self.core.iter_hf_buckets(role, bucket_bytes)
             counter = _Counter(buckets)
-            disk, backend = None, ""
+            disk, backend, sent = None, "", None
             try:
                 if transport == "disk":
                     disk = self._write_disk(role, version, counter, disk_root, keep_last, bucket_bytes, delta,
                                             max_delta_fraction or DEFAULT_MAX_FRACTION)  # fmt: skip
                 else:
-                    self._bases.pop(role, None)  # the collective publishes complete versions only
-                    self.groups[group_name].send(counter, version, bucket_bytes=bucket_bytes)
-                    backend = self.groups[group_name].spec.backend
+                    group = self.groups[group_name]
+                    sent = self._send_group(role, version, counter, group, bucket_bytes, delta,
+                                            max_delta_fraction or DEFAULT_MAX_FRACTION)  # fmt: skip
+                    backend = group.spec.backend
             finally:
                 for _ in buckets:  # on failure: finish the gather, so the other ranks are not left waiting
                     pass
             state.weight_version = version
-            return Published(version, counter.bytes, counter.buckets, time.perf_counter() - start, sums, disk, backend)
+            nbytes = counter.bytes if transport == "disk" or sent is None else sent
+            return Published(version, nbytes, counter.buckets, time.perf_counter() - start, sums, disk, backend)
+
+    def _send_group(self, role: str, version: int, export: Iterable, group, bucket_bytes: int, delta: bool,
+                    max_fraction: float) -> int | None:  # fmt: skip
+        """Broadcasts `version` over `group`: as a delta against the base both sides hold when `delta` is asked
+        for, the group is meshrl's own and the delta is at most `max_fraction` of a complete version (returns
+        the delta's bytes), else complete (returns None), keeping a copy as the next base when deltas are
+        asked for. A delta refused by replicas that miss the base raises UpdateRefused; sending the same
+        version again then goes complete (the base holds it), so the scheduler refits them over the group."""
+        base = self._bases.get(role)
+        if not delta or not isinstance(group, WeightGroup):  # the engines' own wire carries complete versions
+            self._bases.pop(role, None)
+        elif base is not None and base.tensors and base.version < version:
+            wire, stats = delta_update(base, version, export, max_fraction)
+            if wire is not None:
+                group.send(wire, version, bucket_bytes=bucket_bytes)
+                return stats.delta_bytes
+            export = base.tensors.items()  # the delta would be too large: the base holds this version now
+        elif base is None or not base.holds(version):
+            base = self._bases[role] = DeltaBase()
+            export = base.record(version, export)
+        group.send(export, version, bucket_bytes=bucket_bytes)
+        return None
 
     def _write_disk(self, role: str, version: int, export: Iterable, root: str, keep_last: int, bucket_bytes: int,
                     delta: bool, max_fraction: float) -> weights_pb2.DiskWeights:  # fmt: skip

@@ -12,7 +12,8 @@ collective:  WeightGroup.join(...).send(...) / .receive(...), WeightGroupOptions
              (collective.py; bucket wire format in wire.py, store keys in rendezvous.py,
              backends and deadlines in transport.py)
 delta:       DeltaBase + write_delta (trainer), stage_delta + apply_delta (replica), BaseMismatch
-             (delta.py; file format in delta_manifest.py, encoding in delta_codec.py)
+             (delta.py; file format in delta_manifest.py, encoding in delta_codec.py);
+             over a weight group: delta_update (trainer), DeltaOrFullSink (replica) (delta_wire.py)
 checksums:   tensor_checksums, sample_names, compare_checksums, to_proto
 """
 
@@ -21,6 +22,8 @@ from .buckets import DEFAULT_BUCKET_BYTES, iter_buckets
 from .checksums import compare_checksums, sample_names, tensor_checksum, tensor_checksums, to_proto
 from .collective import WeightGroup, WeightGroupOptions
 from .delta import DeltaBase, DeltaStats, StagedDelta, apply_delta, stage_delta, write_delta
+from .delta_wire import WIRE_NAMES as DELTA_WIRE_NAMES
+from .delta_wire import DeltaOrFullSink, delta_update
 from .disk import VersionReader, gc_versions, list_versions, read_manifest, read_version, write_version
 from .errors import BaseMismatch, MembersUnresponsive, UpdateOutcome, UpdateRefused
 from .group_plan import GroupPlan, GroupSpec
@@ -30,9 +33,12 @@ from .sink import CallbackSink, InPlaceSink, WeightSink
 __all__ = [
     "BaseMismatch",
     "DeltaBase",
+    "DeltaOrFullSink",
+    "DELTA_WIRE_NAMES",
     "DeltaStats",
     "StagedDelta",
     "apply_delta",
+    "delta_update",
     "stage_delta",
     "write_delta",
     "DEFAULT_BUCKET_BYTES",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -124,6 +124,20 @@ def encode_delta(base: DeltaBase, version: int, tensors: Iterable) -> tuple[list
     return entries, blobs, DeltaStats(changed, elements, offset, full)
 
 
+def encode_within(
+    base: DeltaBase, version: int, tensors: Iterable, max_fraction: float
+) -> tuple[DeltaManifest | None, list[bytes], DeltaStats]:
+    """`encode_delta`, with the manifest of the delta; (None, [], stats) when the delta exceeds `max_fraction`
+    of a complete version. Either way the base then holds `version`. Used for deltas on disk and over a group."""
+    if not 0 < max_fraction <= 1:
+        raise InvalidArgument(f"max_fraction must be in (0, 1], got {max_fraction}")
+    base_version = base.version
+    entries, blobs, stats = encode_delta(base, version, tensors)
+    if stats.delta_bytes > max_fraction * stats.full_bytes:
+        return None, [], stats
+    return DeltaManifest(version, base_version, stats.delta_bytes, tuple(entries)), blobs, stats
+
+
 def write_delta(
     root: str,
     version: int,
@@ -137,14 +151,10 @@ def write_delta(
     """Publishes `version` as a delta against `base` (`<root>/d{version:06d}/`), or writes nothing and
     returns (None, stats) when it would exceed `max_fraction` of a complete version; either way the base
     then holds `version`. Raises FailedPrecondition when no usable base is held."""
-    if not 0 < max_fraction <= 1:
-        raise InvalidArgument(f"max_fraction must be in (0, 1], got {max_fraction}")
-    base_version = base.version
-    entries, blobs, stats = encode_delta(base, version, tensors)
-    if stats.delta_bytes > max_fraction * stats.full_bytes:
+    manifest, blobs, stats = encode_within(base, version, tensors, max_fraction)
+    if manifest is None:
         return None, stats
     os.makedirs(root, exist_ok=True)
-    manifest = DeltaManifest(version, base_version, stats.delta_bytes, tuple(entries))
 
     def fill(tmp: str) -> bytes:
         with open(os.path.join(tmp, DATA_NAME), "wb") as f:
@@ -159,7 +169,7 @@ def write_delta(
     gc_versions(root, keep_last)
     path = os.path.join(root, delta_dir_name(version))
     return weights_pb2.DiskWeights(
-        path=path, version=version, manifest_sha256=sha256_hex(raw), delta=True, base_version=base_version,
+        path=path, version=version, manifest_sha256=sha256_hex(raw), delta=True, base_version=manifest.base_version,
         delta_bytes=stats.delta_bytes,
     ), stats  # fmt: skip
 
@@ -205,6 +215,24 @@ def stage_delta(
     where = weights.path
     if weights.version and manifest.version != weights.version:
         raise InvalidArgument(f"{where} holds version {manifest.version}, but {weights.version} was announced")
+    check_delta(named_params, manifest, current_version)
+    data_path = os.path.join(where, DATA_NAME)
+    try:
+        size = os.path.getsize(data_path)
+        fd = os.open(data_path, os.O_RDONLY)
+    except OSError as e:
+        raise DataLoss(f"{data_path}: delta data file is missing ({e})") from e
+    try:
+        if size != manifest.data_bytes:
+            raise DataLoss(f"{data_path} has {size} bytes, the manifest says {manifest.data_bytes}: truncated")
+        return decode_delta(named_params, manifest, lambda e: os.pread(fd, e.end - e.begin, e.begin), where, verify)
+    finally:
+        os.close(fd)
+
+
+def check_delta(named_params: Mapping[str, torch.Tensor], manifest: DeltaManifest, current_version: int) -> None:
+    """BaseMismatch when this replica does not serve the delta's base version; InvalidArgument when the
+    manifest's tensors are not the model's. Touches nothing."""
     if current_version != manifest.base_version:
         raise BaseMismatch(
             f"weight version {manifest.version} is a delta against version {manifest.base_version}, but this "
@@ -216,37 +244,39 @@ def stage_delta(
         problems.append(f"{len(missing)} parameter(s) missing from the delta, e.g. {missing[:MAX_LISTED]}")
     if problems:
         raise refuse(manifest.version, problems)
-    data_path = os.path.join(where, DATA_NAME)
-    try:
-        size = os.path.getsize(data_path)
-        fd = os.open(data_path, os.O_RDONLY)
-    except OSError as e:
-        raise DataLoss(f"{data_path}: delta data file is missing ({e})") from e
-    try:
-        if size != manifest.data_bytes:
-            raise DataLoss(f"{data_path} has {size} bytes, the manifest says {manifest.data_bytes}: truncated")
 
-        def job(e: DeltaEntry) -> NamedTensor | None:
-            param = named_params[e.name]
-            if not e.changed:
-                if verify and _sha(param) != e.sha256:
-                    raise BaseMismatch(f"{where}: this replica's {e.name!r} is not version {manifest.base_version}'s")
-                return None
-            blob = os.pread(fd, e.end - e.begin, e.begin)
-            if sha256_hex(blob) != e.blob_sha256:
-                raise DataLoss(f"{data_path}: the blob of {e.name!r} does not match its sha256; the delta is corrupt")
-            new = apply(blob, param, e.changed, f"{data_path}: {e.name!r}")
-            if _sha(new) != e.sha256:
-                raise BaseMismatch(
-                    f"{where}: applying the delta to this replica's {e.name!r} does not give version "
-                    f"{manifest.version}'s tensor: its weights are not version {manifest.base_version}'s; refit it"
-                )
-            return e.name, new
 
-        with ThreadPoolExecutor(WORKERS, thread_name_prefix="weights-delta") as pool:
-            staged = [t for t in pool.map(job, manifest.tensors) if t is not None]
-    finally:
-        os.close(fd)
+def decode_delta(
+    named_params: Mapping[str, torch.Tensor],
+    manifest: DeltaManifest,
+    blob_of: Callable[[DeltaEntry], bytes | memoryview],
+    where: str,
+    verify: bool = True,
+) -> StagedDelta:
+    """Decodes a checked delta (`check_delta`) against the live parameters without touching them:
+    `blob_of(entry)` gives each changed tensor's blob. DataLoss for a blob that differs from its sha256;
+    BaseMismatch when a resulting tensor differs from the manifest's sha256 (the weights are not the
+    base's); `verify` also hashes the unchanged tensors. Used for deltas on disk and over a weight group."""
+
+    def job(e: DeltaEntry) -> NamedTensor | None:
+        param = named_params[e.name]
+        if not e.changed:
+            if verify and _sha(param) != e.sha256:
+                raise BaseMismatch(f"{where}: this replica's {e.name!r} is not version {manifest.base_version}'s")
+            return None
+        blob = blob_of(e)
+        if sha256_hex(blob) != e.blob_sha256:
+            raise DataLoss(f"{where}: the blob of {e.name!r} does not match its sha256; the delta is corrupt")
+        new = apply(blob, param, e.changed, f"{where}: {e.name!r}")
+        if _sha(new) != e.sha256:
+            raise BaseMismatch(
+                f"{where}: applying the delta to this replica's {e.name!r} does not give version "
+                f"{manifest.version}'s tensor: its weights are not version {manifest.base_version}'s; refit it"
+            )
+        return e.name, new
+
+    with ThreadPoolExecutor(WORKERS, thread_name_prefix="weights-delta") as pool:
+        staged = [t for t in pool.map(job, manifest.tensors) if t is not None]
     return StagedDelta(manifest.version, manifest.base_version, staged, manifest.data_bytes)
 
 

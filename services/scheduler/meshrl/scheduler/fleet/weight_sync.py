@@ -20,7 +20,7 @@ from meshrl.api.rollout.v1 import rollout_pb2 as rpb
 from meshrl.api.trainer.v1 import trainer_pb2 as tpb
 from meshrl.common import telemetry
 from meshrl.common.comm_backend import resolve_backend
-from meshrl.common.errors import ConfigError, DataLoss, MeshrlError
+from meshrl.common.errors import ConfigError, DataLoss, FailedPrecondition, MeshrlError
 from meshrl.common.telemetry import attributes as A
 from meshrl.common.weight_group_codes import BACKENDS, PROTOCOLS
 from meshrl.scheduler.clients import RolloutClient, TrainerClient
@@ -212,10 +212,27 @@ class WeightPublisher:
                 log.warning("destroying weight group %s on %s: %s", name, client.address, exc)
 
     def _send_once(self, version: int, replicas: list[RolloutClient]) -> tuple[int, dict[str, MeshrlError]]:
-        """One broadcast of `version` to the group of `replicas`: (bytes sent, replicas that missed it)."""
+        """One broadcast of `version` to the group of `replicas`: (bytes sent, replicas that missed it). A delta
+        refused by replicas that do not hold its base goes again at once, complete, to the whole group (the
+        trainer holds the version as its base by then), so they are refitted within this publish."""
         name, missing = self._ensure_group(replicas)
         if missing:
             return 0, missing
+        nbytes, failed = self._broadcast(name, version, replicas)
+        if failed and self.cfg.delta and all(isinstance(e, FailedPrecondition) for e in failed.values()):
+            log.warning("weight version %d: %s refused the delta (%s); sending it complete", version,
+                        sorted(a for a in failed if a != self.trainer.address), next(iter(failed.values())))  # fmt: skip
+            refit_bytes, failed = self._broadcast(name, version, replicas)
+            nbytes += refit_bytes
+        if failed:
+            self._destroy_group(replicas)  # a broken group is never reused
+            by_replica = {a: e for a, e in failed.items() if a != self.trainer.address}
+            return 0, by_replica or {r.address: failed[self.trainer.address] for r in replicas}
+        return nbytes, {}
+
+    def _broadcast(self, name: str, version: int, replicas: list[RolloutClient]) -> tuple[int, dict[str, MeshrlError]]:
+        """The trainer sends `version` (a delta when weights.delta) while every replica receives it: (bytes sent,
+        the members whose call failed, the trainer under its own address)."""
         flush = self.cfg.flush_cache != "never"
         timeout = self.cfg.timeout_seconds
         req = tpb.PublishWeightsRequest(
@@ -225,6 +242,8 @@ class WeightPublisher:
             bucket_bytes=self.cfg.bucket_bytes,
             group_name=name,
             timeout_seconds=timeout,
+            delta=self.cfg.delta,
+            max_delta_fraction=self.cfg.max_delta_fraction,
         )
         with ThreadPoolExecutor(len(replicas) + 1) as pool:
             # Receivers join first (they block in the broadcast), then the trainer sends.
@@ -236,10 +255,9 @@ class WeightPublisher:
             }
             sent = _submit(pool, self.trainer.publish, req, timeout + 10)
             failed = _failed(receivers, f"receive weight version {version}")
-            sender = _failed({self.trainer.address: sent}, f"send weight version {version}")
-        if failed or sender:
-            self._destroy_group(replicas)  # a broken group is never reused
-            return 0, failed or {r.address: sender[self.trainer.address] for r in replicas}
+            failed |= _failed({self.trainer.address: sent}, f"send weight version {version}")
+        if failed:
+            return 0, failed
         self._remember_checksums(sent.result())
         return sent.result().bytes, {}
 
