@@ -17,7 +17,7 @@ from meshrl.common.telemetry import TelemetryConfig
 from meshrl.common.weights.hashing import DEFAULT_DIGEST, DIGESTS
 from meshrl.trainer.launched import Launcher
 from meshrl.trainer.losses import LossConfig
-from meshrl.trainer.optim import OptimizerConfig
+from meshrl.trainer.optim_config import OptimizerConfig
 
 DEFAULT_PORT = 50052
 

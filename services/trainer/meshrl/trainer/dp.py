@@ -1,4 +1,4 @@
-"""Trainer ranks (TP x PP x DP): starting them, and the command bus rank 0 uses to drive the others.
+"""Trainer ranks (TP x PP x DP): joining their world (rank 0 hosts the rendezvous store), and the command bus rank 0 uses to drive the others.
 
 Rank 0 serves gRPC; every collective operation (load, log-probs, values, train, checkpoints) is first
 broadcast to ranks 1..N-1 as a JSON command over a gloo group, then run on every rank in the same
@@ -12,8 +12,6 @@ import datetime
 import json
 import logging
 import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -24,27 +22,41 @@ import torch.distributed as dist
 
 from meshrl.common.batch_key import BatchRef
 from meshrl.common.comm_backend import resolve_backend
-from meshrl.common.errors import Unavailable
+from meshrl.common.errors import ConfigError, Unavailable
 
 log = logging.getLogger(__name__)
 STOP = "__stop__"
 
 
+def rank_zero_store(address: str, port: int, world: int, timeout_s: float) -> dist.TCPStore:
+    """Rank 0's rendezvous store, listening on address:port before any other rank is told the port: with
+    port 0 it binds a free one itself (read `.port`), so no other process can take the port between choosing
+    and binding it. Raises ConfigError when a configured port is taken."""
+    try:
+        return dist.TCPStore(address, port, world, is_master=True, timeout=datetime.timedelta(seconds=timeout_s),
+                             wait_for_workers=False)  # fmt: skip
+    except (RuntimeError, OSError) as exc:  # DistNetworkError is a RuntimeError
+        raise ConfigError("data_parallel.master_port", port, f"rank 0 cannot listen on {address}:{port}: {exc}",
+                          "use 0 (rank 0 picks a free port) or a port nothing else uses") from exc  # fmt: skip
+
+
 def init_ranks(rank: int, world: int, address: str, port: int, backend: str, timeout_s: float, *,
-               local_rank: int | None = None, from_environment: bool = False) -> None:  # fmt: skip
+               local_rank: int | None = None, from_environment: bool = False,
+               store: dist.Store | None = None) -> None:  # fmt: skip
     """Joins the trainer's torch.distributed world (one process per rank; with CUDA, device = local rank).
     `from_environment`: a launcher set MASTER_ADDR / MASTER_PORT (and may host the store itself, as torchrun's
-    agent does), so the rendezvous is `env://`; else rank 0 hosts it at tcp://address:port."""
+    agent does), so the rendezvous is `env://`. Else rank 0 passes its `rank_zero_store` and the other ranks
+    connect to it at address:port."""
     backend = resolve_backend(backend, "data_parallel.backend")
     if backend == "nccl":
         torch.cuda.set_device((rank if local_rank is None else local_rank) % torch.cuda.device_count())
-    dist.init_process_group(
-        backend,
-        init_method="env://" if from_environment else f"tcp://{address}:{port}",
-        rank=rank,
-        world_size=world,
-        timeout=datetime.timedelta(seconds=timeout_s),
-    )
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if from_environment:
+        dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world, timeout=timeout)
+        return
+    if store is None:
+        store = dist.TCPStore(address, port, world, is_master=False, timeout=timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
 
 
 def exit_with_parent(interval: float = 1.0) -> None:
@@ -59,17 +71,6 @@ def exit_with_parent(interval: float = 1.0) -> None:
                 os._exit(1)
 
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
-
-
-def spawn_workers(world: int, address: str, port: int, config_json: str) -> list[subprocess.Popen]:
-    """Starts ranks 1..world-1 as `python -m meshrl.trainer.worker` child processes."""
-    procs = []
-    for rank in range(1, world):
-        cmd = [sys.executable, "-m", "meshrl.trainer.worker", "--rank", str(rank), "--world", str(world)]
-        cmd += ["--master", f"{address}:{port}"]
-        env = {**os.environ, "MESHRL_TRAINER_CONFIG_JSON": config_json}
-        procs.append(subprocess.Popen(cmd, env=env))
-    return procs
 
 
 def _encode(value: Any) -> Any:

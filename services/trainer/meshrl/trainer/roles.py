@@ -13,7 +13,7 @@ import torch
 from meshrl.common.codec import Ragged
 from meshrl.common.errors import InvalidArgument
 from meshrl.trainer.hf_config import ModelSpec
-from meshrl.trainer.optim import OptimizerConfig
+from meshrl.trainer.optim_config import OptimizerConfig
 from meshrl.trainer.parallel import Layout
 
 VALUE_HEAD_ROLES = ("critic", "reward")  # roles whose output layer is the [1, hidden] head `score.weight`

@@ -5,14 +5,13 @@ buffer client and the TrainerService of this rank. Called by `__main__` (rank 0)
 from __future__ import annotations
 
 import logging
-import subprocess
 
-from meshrl.common.net import free_port
 from meshrl.trainer.config import TrainerConfig
 from meshrl.trainer.core import TrainerCore
-from meshrl.trainer.dp import CommandBus, init_ranks, spawn_workers
+from meshrl.trainer.dp import CommandBus, init_ranks, rank_zero_store
 from meshrl.trainer.launched import LaunchedRank
 from meshrl.trainer.service import TrainerService
+from meshrl.trainer.spawn import SpawnedRanks, spawn_ranks
 
 log = logging.getLogger(__name__)
 
@@ -37,37 +36,37 @@ def make_service(cfg: TrainerConfig, bus: CommandBus | None) -> TrainerService:
 
 
 def build_service(
-    cfg: TrainerConfig, launched: LaunchedRank | None = None
-) -> tuple[TrainerService, list[subprocess.Popen]]:
-    """Rank 0: starts ranks 1..N-1 (N = data x tensor x pipeline parallel > 1), joins the world, returns its
-    service. `launched`: a launcher (torchrun) started every rank; rank 0 only joins the world it set up."""
+    cfg: TrainerConfig, launched: LaunchedRank | None = None, spawned: SpawnedRanks | None = None
+) -> tuple[TrainerService, SpawnedRanks]:
+    """Rank 0: joins the world of N = data x tensor x pipeline parallel ranks (N > 1), returns its service and the
+    ranks it started. `spawned`: ranks 1..N-1 already started (by `__main__`, before its heavy imports), else
+    started here; they learn the port once this rank's store has bound it. `launched`: a launcher (torchrun)
+    started every rank; rank 0 only joins the world it set up."""
     dp = cfg.data_parallel
     world = cfg.world_size
-    workers: list[subprocess.Popen] = []
+    spawned = spawned or SpawnedRanks()
     bus = None
     if launched is not None and world > 1:
         init_ranks(0, world, launched.master_address, launched.master_port, dp.backend, dp.start_timeout_seconds,
                    local_rank=launched.local_rank, from_environment=True)  # fmt: skip
         bus = CommandBus()
     elif world > 1:
-        port = dp.master_port or free_port(dp.master_address)
-        workers = spawn_workers(world, dp.master_address, port, cfg.model_dump_json())
-        init_ranks(0, world, dp.master_address, port, dp.backend, dp.start_timeout_seconds)
+        if not spawned.procs:
+            spawned = spawn_ranks(world, dp.master_address, cfg.model_dump_json())
+        store = rank_zero_store(dp.master_address, dp.master_port, world, dp.start_timeout_seconds)
+        spawned.tell_port(store.port)
+        init_ranks(0, world, dp.master_address, store.port, dp.backend, dp.start_timeout_seconds, store=store)
         bus = CommandBus()
-    return make_service(cfg, bus), workers
+    return make_service(cfg, bus), spawned
 
 
-def shutdown(trainer: TrainerService, workers: list[subprocess.Popen], grace: float = 30.0) -> None:
-    """Stops the worker ranks (stop command, then SIGTERM), closes the buffer client."""
+def shutdown(trainer: TrainerService, spawned: SpawnedRanks, grace: float = 30.0) -> None:
+    """Stops the worker ranks (stop command; those still up after `grace` seconds get SIGTERM), closes the
+    buffer client."""
     try:
         trainer.stop_workers()
     except Exception as exc:  # noqa: BLE001 - shutting down regardless
         log.warning("stopping trainer ranks: %s", exc)
-    for proc in workers:
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            proc.terminate()
-            proc.wait(10)
+    spawned.reap(grace)
     if trainer.buffer is not None:
         trainer.buffer.close()

@@ -22,7 +22,7 @@ from meshrl.common.telemetry import tag_span
 from meshrl.common.weight_group_codes import backend_proto
 from meshrl.common.weights.dtypes import dtype_name, from_proto
 from meshrl.trainer.losses import LossConfig
-from meshrl.trainer.optim import OptimizerConfig
+from meshrl.trainer.optim_config import OptimizerConfig
 from meshrl.trainer.service import TrainerService
 
 SERVICE_NAME = "meshrl.trainer.v1.Trainer"

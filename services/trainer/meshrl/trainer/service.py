@@ -28,7 +28,7 @@ from meshrl.trainer.core import TrainerCore
 from meshrl.trainer.dp import CommandBus, require_ok
 from meshrl.trainer.losses import LossConfig
 from meshrl.trainer.offload import set_residency
-from meshrl.trainer.optim import OptimizerConfig
+from meshrl.trainer.optim_config import OptimizerConfig
 from meshrl.trainer.reward_model import REWARD_ROLE, SCORES, compute_scores
 from meshrl.trainer.rollout_gap import rollout_gap_metrics
 
