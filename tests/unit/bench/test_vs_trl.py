@@ -12,7 +12,7 @@ from bench.vs_trl.compare import ratios, table
 from bench.vs_trl.meshrl_side import WORKFLOW, job_config
 from bench.vs_trl.tasks import TASKS, length_score, multiply_score, positional_score, write_task_data
 from meshrl.scheduler.config import JobConfig
-from meshrl.scheduler.step.old_logprobs import check_old_logprobs
+from meshrl.scheduler.step.old_logprobs import resolve_old_logprobs
 from meshrl.scheduler.step.rewards import resolve_reward
 from meshrl.scheduler.workflow.loader import load_workflow_file
 
@@ -51,7 +51,7 @@ def test_job_config_validates_and_names_a_resolvable_reward(tmp_path):
     workflow = load_workflow_file(WORKFLOW, allowed_modules=["meshrl"])
     # one optimizer step per batch, as TRL: pi_old from the rollout, and no old log-prob pass that TRL skips
     assert cfg.algorithm.loss.old_logprobs == "rollout" and cfg.trainer.mini_batches == 1
-    check_old_logprobs(cfg, workflow.nodes)
+    resolve_old_logprobs(cfg, workflow.nodes)
     assert not any(n.node_type.value == "MODEL_INFERENCE" for n in workflow.nodes)
 
 

@@ -7,9 +7,8 @@ old log-probs that the loss would ignore. Called by `Jobs.create` (jobs.py) and 
 forward pass before the update); 'in-train' makes the same pass inside the train call, so no column travels
 through the data buffer; 'rollout' reads the engine's own `rollout_logprobs` and needs no pass at all, which
 saves a forward pass over every sample per step — exact for on-policy samples, but on stale samples (one_step_off,
-async) pi_old is then the behaviour policy and no importance weight can correct it (bench/async: async eta=1
-ended at 0.38 held-out with 'rollout' against 0.47 with a recomputed pi_old and TIS/MIS). The trainer owns the
-setting's meaning (`meshrl.trainer.losses.LossConfig`).
+async) pi_old is then the behaviour policy and no importance weight can correct it, so those modes resolve an
+unset choice to 'in-train'. The trainer owns the setting's meaning (`meshrl.trainer.losses.LossConfig`).
 """
 
 from __future__ import annotations
