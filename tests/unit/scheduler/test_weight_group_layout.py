@@ -34,3 +34,12 @@ def test_nccl_with_a_cpu_member_names_the_field():
     with pytest.raises(ConfigError, match="weights.backend.*cpu"):
         group_layout(WeightsSection(backend="nccl"), "cpu", [status("sglang", "cuda", 1)])
     assert group_layout(WeightsSection(backend="gloo"), "cuda:0", [status("vllm", "cuda")]).backend == "gloo"
+
+
+def test_deltas_only_to_a_group_whose_every_replica_applies_them():
+    on = WeightsSection(delta=True)
+    assert group_layout(on, "cpu", [status("transformers", "cpu")] * 2).deltas
+    assert not group_layout(WeightsSection(), "cpu", [status("transformers", "cpu")]).deltas  # weights.delta off
+    relayed = group_layout(on, "cuda:0", [status("sglang", "cuda", 2), status("transformers", "cuda:1")])
+    assert relayed.protocol == "meshrl" and not relayed.deltas  # the SGLang adapter refuses every delta
+    assert not group_layout(on, "cuda:0", [status("vllm", "cuda")]).deltas  # the engines' own wire: complete

@@ -46,18 +46,22 @@ class PublishResult:
 
 @dataclass(frozen=True)
 class GroupLayout:
-    """One weight group: backend, protocol, each replica's first rank, and the world size (trainer = rank 0)."""
+    """One weight group: backend, protocol, each replica's first rank, the world size (trainer = rank 0), and
+    whether its updates go as deltas (weights.delta, and every replica applies them)."""
 
     backend: str
     protocol: str
     offsets: tuple[int, ...]
     world_size: int
+    deltas: bool = False
 
 
 def group_layout(cfg: WeightsSection, trainer_device: str, replicas: list[rpb.RolloutStatus]) -> GroupLayout:
     """The weight group of the trainer and `replicas` (their status): NCCL when every member holds a CUDA
     device (weights.backend auto); the engines' own protocol when every replica is an SGLang / vLLM server,
-    each then holding one rank per tensor-parallel worker (weights.protocol auto)."""
+    each then holding one rank per tensor-parallel worker (weights.protocol auto). Deltas only when every replica
+    applies them: an SGLang / vLLM replica refuses every delta, even relayed on meshrl's protocol, and would
+    cost the group a delta and a complete version on every update."""
     devices = [trainer_device or "cpu", *(s.device or "cpu" for s in replicas)]
     backend = resolve_backend(cfg.backend, "weights.backend", devices)
     protocol = cfg.protocol
@@ -65,7 +69,8 @@ def group_layout(cfg: WeightsSection, trainer_device: str, replicas: list[rpb.Ro
         protocol = "engine" if replicas and all(s.engine in NATIVE_ENGINES for s in replicas) else "meshrl"
     ranks = [max(1, s.weight_ranks) if protocol == "engine" else 1 for s in replicas]
     offsets = tuple(1 + sum(ranks[:i]) for i in range(len(ranks)))
-    return GroupLayout(backend, protocol, offsets, 1 + sum(ranks))
+    deltas = cfg.delta and protocol == "meshrl" and not any(s.engine in NATIVE_ENGINES for s in replicas)
+    return GroupLayout(backend, protocol, offsets, 1 + sum(ranks), deltas)
 
 
 def _submit(pool: ThreadPoolExecutor, fn, *args):
@@ -129,6 +134,7 @@ class WeightPublisher:
         self.published_checksums: wpb.WeightChecksums | None = None  # of the last publish reply
         self._group: str | None = None
         self._group_members: tuple[str, ...] = ()
+        self._group_deltas = False  # the current group's layout.deltas
         self._generation = 0
 
     # -- disk ---------------------------------------------------------------------------
@@ -180,7 +186,7 @@ class WeightPublisher:
         host, port = rendezvous(self.trainer.address, self.cfg)
         timeout = self.cfg.timeout_seconds
         layout = group_layout(self.cfg, self.trainer.status().device, [r.status() for r in replicas])
-        self.backend = layout.backend
+        self.backend, self._group_deltas = layout.backend, layout.deltas
 
         def group(offset: int) -> wpb.CollectiveGroup:
             return wpb.CollectiveGroup(
@@ -219,7 +225,7 @@ class WeightPublisher:
         if missing:
             return 0, missing
         nbytes, failed = self._broadcast(name, version, replicas)
-        if failed and self.cfg.delta and all(isinstance(e, FailedPrecondition) for e in failed.values()):
+        if failed and self._group_deltas and all(isinstance(e, FailedPrecondition) for e in failed.values()):
             log.warning("weight version %d: %s refused the delta (%s); sending it complete", version,
                         sorted(a for a in failed if a != self.trainer.address), next(iter(failed.values())))  # fmt: skip
             refit_bytes, failed = self._broadcast(name, version, replicas)
@@ -242,7 +248,7 @@ class WeightPublisher:
             bucket_bytes=self.cfg.bucket_bytes,
             group_name=name,
             timeout_seconds=timeout,
-            delta=self.cfg.delta,
+            delta=self._group_deltas,
             max_delta_fraction=self.cfg.max_delta_fraction,
         )
         with ThreadPoolExecutor(len(replicas) + 1) as pool:
