@@ -190,8 +190,24 @@ def test_tensor_parallel_publishes_checkpoints_and_matches(stack, reference):
 
 def start_torchrun_hosts(stack, hosts: list[str], tp: int) -> tuple[list[subprocess.Popen], TrainerClient]:
     """One torchrun agent per simulated host (1 rank each, `--nnodes len(hosts)`), every rank started with the
-    same trainer config; rank 0 (on hosts[0]) serves gRPC there and hosts the rendezvous."""
-    master = free_port(hosts[0])
+    same trainer config; rank 0 (on hosts[0]) serves gRPC there and hosts the rendezvous. torchrun takes the
+    rendezvous port as a number, so another process can take the free port chosen for it before its agent
+    binds it (seen once in a full suite run): then the agents start again on another port."""
+    for attempt in range(3):
+        try:
+            return _start_torchrun_hosts(stack, hosts, tp, free_port(hosts[0]))
+        except _PortTaken:
+            if attempt == 2:
+                raise
+
+
+class _PortTaken(Exception):
+    """The rendezvous port chosen for torchrun was bound by another process first."""
+
+
+def _start_torchrun_hosts(
+    stack, hosts: list[str], tp: int, master: int
+) -> tuple[list[subprocess.Popen], TrainerClient]:
     port_file = stack["root"] / "torchrun-trainer.port"
     config = ["--set", f"databuffer_address={stack['buffer_address']}", "--set", f"parallel.tensor_parallel={tp}",
               "--set", "torch_threads=1", "--set", "databuffer_wait_seconds=0", "--set", "data_parallel.launcher=environment",
@@ -211,6 +227,8 @@ def start_torchrun_hosts(stack, hosts: list[str], tp: int) -> tuple[list[subproc
         if exited or time.monotonic() > deadline:
             logs = "\n".join((stack["root"] / f"torchrun-{n}.log").read_text()[-2000:] for n in range(len(hosts)))
             stop_agents(agents)
+            if f"port: {master}," in logs and "EADDRINUSE" in logs:
+                raise _PortTaken(master)
             pytest.fail(f"torchrun trainer did not start (agents exited: {exited}):\n{logs}")
         time.sleep(0.2)
     client = TrainerClient(f"{hosts[0]}:{port_file.read_text().strip()}", timeout=300)
