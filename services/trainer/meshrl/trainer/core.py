@@ -253,10 +253,12 @@ class TrainerCore:
         if not 1 <= mini_batches <= len(batch):
             raise InvalidArgument(f"mini_batches = {mini_batches} must be in [1, rows = {len(batch)}]")
         temp = self.temperature if temperature is None else temperature
-        pass_seconds = 0.0
+        pi_old = None
         if cfg.old_logprobs == "in-train" and cfg.policy_loss not in ("sft", "value"):
             start = time.perf_counter()  # pi_old: the weights as this call finds them, before its first update
-            batch.token_columns[S.OLD_LOGPROBS] = self._logprobs(state, batch, temp, False, micro_batch_tokens).values
+            pi_old = batch.token_columns[S.OLD_LOGPROBS] = self._logprobs(
+                state, batch, temp, False, micro_batch_tokens
+            ).values
             pass_seconds = time.perf_counter() - start
         result = train_role(
             state,
@@ -269,9 +271,9 @@ class TrainerCore:
             lr_override=lr_override,
             atomic=self.atomic_steps,
         )
-        if pass_seconds:
+        if pi_old is not None:
             result.metrics["perf/old_logprob_seconds"] = pass_seconds
-            result.old_logprobs = batch.token_columns[S.OLD_LOGPROBS]
+            result.old_logprobs = pi_old
         return result
 
     # --- checkpoints, export ----------------------------------------------------------------------
