@@ -228,8 +228,19 @@ class Watch:
         return time.time()
 
 
-def _first_generation(span_file: Path) -> tuple[float, int]:
-    spans = [s for s in read_span_file(span_file) if s.name.endswith("GenerateBatch") and s.kind == "SERVER"]
+def _first_generation(span_file: Path, timeout: float = 60.0) -> tuple[float, int]:
+    """The replica's first GenerateBatch as its own server span; polled for, since a running service exports
+    its spans from a background batch (every few seconds, later on a loaded machine)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        records = read_span_file(span_file)
+        spans = [s for s in records if s.name.endswith("GenerateBatch") and s.kind == "SERVER"]
+        if spans or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert spans, (
+        f"no GenerateBatch server span in {span_file.name} after {timeout:.0f}s: {sorted({s.name for s in records})}"
+    )
     first = min(spans, key=lambda s: s.start_ns)
     return first.start_ns / 1e9, int(first.attributes.get("meshrl.weight_version", -1))
 

@@ -23,6 +23,7 @@ from meshrl.common.net import free_port
 pytestmark = [pytest.mark.multihost, pytest.mark.timeout(600)]
 RAY = str(Path(sys.executable).parent / "ray")
 HEAD, WORKER = "127.0.0.2", "127.0.0.3"
+START_TRIES = 3
 
 
 def _pids_of(*marks: str) -> list[int]:
@@ -40,30 +41,54 @@ def _pids_of(*marks: str) -> list[int]:
     return pids
 
 
+def _stop(temp_dir: Path, head: str) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):  # by pid: never a machine-wide `ray stop`
+        for pid in _pids_of(str(temp_dir), head):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        time.sleep(2)
+    shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _start_cluster(env: dict[str, str]) -> tuple[Path, str]:
+    """`ray start` for the head, then the worker; a try that fails (a port one of Ray's many components
+    picked at random was taken, or a start under load timed out) is stopped and made again on a fresh port
+    and temp dir, and the last failure's own output is what the error shows."""
+    common = ["--num-cpus=4", "--disable-usage-stats"]
+    failure = ""
+    for _ in range(START_TRIES):
+        temp_dir = Path(tempfile.mkdtemp(prefix="mrlray-", dir="/tmp"))  # short: Ray's socket paths have a length limit
+        head = f"{HEAD}:{free_port(HEAD)}"
+        env["RAY_TMPDIR"] = str(temp_dir)
+        commands = (
+            [RAY, "start", "--head", f"--node-ip-address={HEAD}", f"--port={head.rsplit(':', 1)[1]}",
+             f"--temp-dir={temp_dir}", "--include-dashboard=false", *common],
+            [RAY, "start", f"--address={head}", f"--node-ip-address={WORKER}", *common],
+        )  # fmt: skip
+        try:
+            for command in commands:
+                subprocess.run(command, env=env, check=True, capture_output=True, text=True, timeout=180)
+            return temp_dir, head
+        except subprocess.CalledProcessError as exc:
+            failure = f"{' '.join(exc.cmd[:3])} exited {exc.returncode}:\n{exc.stdout[-2000:]}\n{exc.stderr[-3000:]}"
+        except subprocess.TimeoutExpired as exc:
+            failure = f"{' '.join(exc.cmd[:3])} ran past {exc.timeout}s"
+        _stop(temp_dir, head)
+    raise AssertionError(f"a two-node Ray cluster did not start in {START_TRIES} tries; the last: {failure}")
+
+
 @pytest.fixture
 def two_node_cluster(monkeypatch):
-    temp_dir = Path(tempfile.mkdtemp(prefix="mrlray-", dir="/tmp"))  # short: Ray's socket paths have a length limit
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16), "RAY_TMPDIR": str(temp_dir)}
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
+    temp_dir, head = _start_cluster(env)
     for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_TMPDIR"):
         monkeypatch.setenv(key, env[key])
-    port = free_port(HEAD)
-    common = ["--num-cpus=4", "--disable-usage-stats"]
     try:
-        subprocess.run([RAY, "start", "--head", f"--node-ip-address={HEAD}", f"--port={port}",
-                        f"--temp-dir={temp_dir}", "--include-dashboard=false", *common],
-                       env=env, check=True, capture_output=True, timeout=180)  # fmt: skip
-        subprocess.run([RAY, "start", f"--address={HEAD}:{port}", f"--node-ip-address={WORKER}", *common],
-                       env=env, check=True, capture_output=True, timeout=180)  # fmt: skip
-        yield f"{HEAD}:{port}"
+        yield head
     finally:
-        for sig in (signal.SIGTERM, signal.SIGKILL):  # by pid: never a machine-wide `ray stop`
-            for pid in _pids_of(str(temp_dir), f"{HEAD}:{port}"):
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-            time.sleep(2)
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        _stop(temp_dir, head)
 
 
 def test_a_job_on_two_ray_nodes_places_services_on_both(two_node_cluster, tmp_path):
