@@ -84,3 +84,47 @@ def test_a_node_that_runs_alone_runs_in_the_calling_thread():
     assert threads["load"] is me and threads["roll"] is me and threads["train"] is me  # was: pool threads
     assert threads["a"] is not me and threads["b"] is not me
     assert len(events.errors()) == 1
+
+
+def test_concurrent_nodes_run_on_threads_kept_across_steps_until_close():
+    threads: dict[int, set[threading.Thread]] = {}
+    both = threading.Barrier(2, timeout=10)  # a and b really run at once
+
+    def handler(node, ctx):
+        if node.node_id in ("a", "b"):
+            both.wait()
+            threads.setdefault(ctx.step, set()).add(threading.current_thread())
+        return NodeResult([batch_key("j", ctx.step, node.node_id)])
+
+    executor = StepExecutor(graph(), lambda n: handler, EventLog("j"))
+    for step in (1, 2, 3):
+        executor.run_step("j", step)
+    assert threads[1] == threads[2] == threads[3] and len(threads[1]) == 2  # no new threads per step
+    assert all(t.is_alive() for t in threads[1])
+    executor.close()
+    assert not any(t.is_alive() for t in threads[1])
+    executor.run_step("j", 4)  # a closed executor still runs steps, on fresh threads
+    assert threads[4].isdisjoint(threads[1])
+    executor.close()
+
+
+def test_each_calling_thread_gets_its_own_node_pool():
+    """The producer and consumer of an asynchronous step call run_nodes at the same time: neither queues
+    behind the other's nodes."""
+    names: dict[str, set[threading.Thread]] = {"p": set(), "c": set()}
+    start = threading.Barrier(4, timeout=10)  # every a and b of both callers runs at once
+
+    def handler(node, ctx):
+        if node.node_id in ("a", "b"):
+            start.wait()
+            names[ctx.job_id].add(threading.current_thread())
+        return NodeResult([batch_key(ctx.job_id, ctx.step, node.node_id)])
+
+    executor = StepExecutor(graph(), lambda n: handler, EventLog("j"), workers=2)
+    callers = [threading.Thread(target=executor.run_step, args=(j, 1)) for j in ("p", "c")]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join(20)
+    executor.close()
+    assert len(names["p"]) == len(names["c"]) == 2 and names["p"].isdisjoint(names["c"])

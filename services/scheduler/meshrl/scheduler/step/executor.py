@@ -4,12 +4,17 @@ running independent branches concurrently, and records each node's status and me
 Each node gets the data-buffer keys written by its upstream nodes (transitively, stopping
 at a node that rewrites whole rows, such as a dynamic-sampling filter) and returns the
 keys it wrote; only keys pass through here, never bulk data.
+
+Concurrent nodes run on a pool of worker threads kept for the executor's life, one pool per calling thread
+(the asynchronous modes' producer and consumer each walk their side of the DAG at the same time): a pool made
+per step started its threads again every step, on the step's critical path. `close` stops them.
 """
 
 from __future__ import annotations
 
 import contextvars
 import logging
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -85,6 +90,23 @@ class StepExecutor:
         self.handler_for = handler_for
         self.events = events
         self.workers = workers
+        self._pools: dict[int, ThreadPoolExecutor] = {}
+        self._pools_lock = threading.Lock()
+
+    def _pool(self) -> ThreadPoolExecutor:
+        """The calling thread's node pool (made on its first concurrent step, then reused)."""
+        with self._pools_lock:
+            pool = self._pools.get(threading.get_ident())
+            if pool is None:
+                pool = self._pools[threading.get_ident()] = ThreadPoolExecutor(self.workers, thread_name_prefix="node")
+            return pool
+
+    def close(self) -> None:
+        """Stops the node pools' threads (after the nodes they run end); a later step makes new ones."""
+        with self._pools_lock:
+            pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            pool.shutdown(wait=True)
 
     def _run_node(self, node: Any, ctx: StepContext) -> NodeResult:
         attrs = {A.NODE_ID: node.node_id, A.NODE_TYPE: str(node.node_type), A.NODE_ROLE: str(node.node_role)}
@@ -124,28 +146,28 @@ class StepExecutor:
         running: dict[Future, str] = {}
         failure: NodeFailed | None = None
         metrics: dict[str, float] = {}
-        with ThreadPoolExecutor(self.workers, thread_name_prefix="node") as pool:
-            while pending or running:
-                if failure is None:
-                    ready = [i for i, n in pending.items() if all(d in ctx.results for d in n.dependencies)]
-                    for node_id in ready:
-                        node = pending.pop(node_id)
-                        if len(ready) == 1 and not running:  # alone: in this thread, no hand-off to a pool thread
-                            running[run_inline(self._run_node, node, ctx)] = node_id
-                        else:
-                            running[pool.submit(contextvars.copy_context().run, self._run_node, node, ctx)] = node_id
-                if not running:
-                    break
-                done, _ = wait(running, return_when=FIRST_COMPLETED)
-                for future in done:
-                    node_id = running.pop(future)
-                    try:
-                        ctx.results[node_id] = result = future.result()
-                        metrics.update(result.metrics)
-                    except Exception as exc:  # noqa: BLE001 - reported as the node's failure
-                        detail = "".join(traceback.format_exception(exc))
-                        self.events.node(step, node_id, spb.NODE_STATE_FAILED, error=detail)
-                        failure = failure or NodeFailed(node_id, step, detail, exc)
+        while pending or running:
+            if failure is None:
+                ready = [i for i, n in pending.items() if all(d in ctx.results for d in n.dependencies)]
+                for node_id in ready:
+                    node = pending.pop(node_id)
+                    if len(ready) == 1 and not running:  # alone: in this thread, no hand-off to a pool thread
+                        running[run_inline(self._run_node, node, ctx)] = node_id
+                    else:
+                        future = self._pool().submit(contextvars.copy_context().run, self._run_node, node, ctx)
+                        running[future] = node_id
+            if not running:
+                break
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                node_id = running.pop(future)
+                try:
+                    ctx.results[node_id] = result = future.result()
+                    metrics.update(result.metrics)
+                except Exception as exc:  # noqa: BLE001 - reported as the node's failure
+                    detail = "".join(traceback.format_exception(exc))
+                    self.events.node(step, node_id, spb.NODE_STATE_FAILED, error=detail)
+                    failure = failure or NodeFailed(node_id, step, detail, exc)
         if failure is not None:
             raise failure
         if pending:  # an upstream node was neither run nor given: a wrong split, never a silent skip

@@ -283,6 +283,7 @@ class JobRunner:
         svc.close()
         if steps is not None:
             steps.join()
+            steps.executor.close()
         self.user_code.close()
         telemetry.force_flush()
         if self.run.metrics_file.exists():
