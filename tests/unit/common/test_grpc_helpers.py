@@ -1,5 +1,9 @@
 """gRPC helpers: typed errors cross the wire as the right status codes (unary and streaming),
-health and reflection answer, and retries cover a server that comes up late."""
+health and reflection answer, retries cover a server that comes up late, and a call cut off by its own
+client closing the channel is Unavailable (the peer is gone), not a cancel."""
+
+import threading
+import time
 
 import grpc
 import pytest
@@ -18,10 +22,13 @@ RAISES = {
     "down": errors.Unavailable("peer is down"),
     "bug": ValueError("boom"),
 }
+RELEASE_SLOW = threading.Event()  # the "slow" call's handler returns when this is set
 
 
 def _unary(request: bytes, context):
     key = request.decode()
+    if key == "slow":
+        RELEASE_SLOW.wait(30)
     if key in RAISES:
         raise RAISES[key]
     return request
@@ -114,3 +121,30 @@ def test_plaintext_health_port_shares_the_health_state():
         assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
     finally:
         running.stop(0)
+
+
+def test_a_call_cut_off_by_closing_its_channel_is_unavailable(server):
+    """What a scheduler does when a launched service dies (launch/exit_watch.py): it closes the channel, and
+    the call waiting on it fails at once with the error the job's recovery restarts after."""
+    ch = open_channel(server.address)
+    wait_until_serving(ch, timeout=10)
+    unary = ch.unary_unary(f"/{SERVICE}/Unary")
+    outcome: list[BaseException] = []
+
+    def waiting() -> None:
+        try:
+            call(unary, b"slow", timeout=30)
+        except BaseException as exc:  # noqa: BLE001 - the test looks at it
+            outcome.append(exc)
+
+    caller = threading.Thread(target=waiting)
+    caller.start()
+    time.sleep(0.3)
+    ch.close()
+    caller.join(20)
+    assert not RELEASE_SLOW.is_set()  # the handler still holds the call: the close alone ended the wait
+    RELEASE_SLOW.set()
+    (cut,) = outcome
+    assert isinstance(cut, errors.Unavailable) and "closed the channel" in str(cut), repr(cut)
+    with pytest.raises(errors.Unavailable, match="closed before the call"):
+        call(unary, b"echo", timeout=10)

@@ -155,10 +155,20 @@ _BY_CODE: dict[grpc.StatusCode, type[MeshrlError]] = {
 }
 
 
+# What grpc gives a call that was in flight when its own client closed the channel (grpc/_channel.py): no
+# server cancelled it; the peer is gone as far as the caller is concerned (see `from_rpc_error`).
+CHANNEL_CLOSED = "Channel closed!"
+
+
 def from_rpc_error(error: grpc.RpcError) -> MeshrlError:
-    """Turns a failed call's status back into the typed error the server raised."""
+    """Turns a failed call's status back into the typed error the server raised. A call cut off because its
+    client closed the channel (a launched service died and the scheduler dropped its calls, or the client is
+    shutting down) is `Unavailable`: the peer went away, which the job's recovery restarts."""
     code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
     details = error.details() if hasattr(error, "details") else str(error)
+    if code == grpc.StatusCode.CANCELLED and details == CHANNEL_CLOSED:
+        return Unavailable("the call was cut off: its client closed the channel (the peer's process exited, "
+                           "or the client is shutting down)")  # fmt: skip
     cls = _BY_CODE.get(code, Internal)
     trailers = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
     reason = next((str(v) for k, v in trailers or () if k == REASON_KEY), "")

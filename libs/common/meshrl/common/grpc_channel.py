@@ -105,11 +105,17 @@ def open_channel(address: str | None, cfg: ChannelConfig | None = None) -> grpc.
 
 
 def call(method: Callable[..., R], request: Any, *, timeout: float, **kwargs: Any) -> R:
-    """Calls a unary RPC with a deadline; a failed call raises the typed error the server raised."""
+    """Calls a unary RPC with a deadline; a failed call raises the typed error the server raised (and a call
+    on a channel its client already closed raises `Unavailable`, as one cut off by the close does)."""
     try:
         return method(request, timeout=timeout, **kwargs)
     except grpc.RpcError as exc:
         raise from_rpc_error(exc) from None
+    except ValueError as exc:
+        if "closed channel" not in str(exc):
+            raise
+        raise Unavailable(f"the channel was closed before the call ({exc}): the peer's process exited, "
+                          "or the client is shutting down") from None  # fmt: skip
 
 
 def wait_until_serving(channel: grpc.Channel, *, timeout: float, service: str = "") -> None:

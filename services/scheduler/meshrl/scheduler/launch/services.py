@@ -1,6 +1,7 @@
 """The services of one job: launched (Ray actors or processes) or named by address, with the
 clients the step loop uses. `JobServices.open` brings them up in order (data buffer first,
 then trainer and rollout replicas, which need its address) and `close` stops what it started.
+A launched trainer or data buffer that dies fails the calls waiting on it at once (exit_watch.py).
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from meshrl.common.registry import ReplicaRegistry
 from meshrl.scheduler.clients import TrainerClient
 from meshrl.scheduler.config import JobConfig
 from meshrl.scheduler.fleet.rollout_fleet import RolloutFleet
+from meshrl.scheduler.launch.exit_watch import ExitWatch, describe_exit
 from meshrl.scheduler.launch.launcher import ProcessLauncher, RayLauncher, ServiceSpec, overlapped_trainer_threads
 from meshrl.scheduler.rundir import RunDir
 
@@ -100,7 +103,10 @@ class JobServices:
     fleet: RolloutFleet | None = None
     addresses: dict[str, str] = field(default_factory=dict)
     registry: ReplicaRegistry | None = None
+    on_exit: Callable[[str], None] | None = None  # told (a sentence) when a launched service exits on its own
+    exits: dict[str, int] = field(default_factory=dict)  # name -> return code of launched services that died
     _next_replica: int = 0
+    _watch: ExitWatch | None = None
 
     def _launcher(self) -> RayLauncher | ProcessLauncher:
         """Started on first use: a job whose services are all named by address needs no Ray."""
@@ -149,7 +155,26 @@ class JobServices:
         )
         if self.registry is not None and not replicas:
             self.fleet.adopt_pending(wait_for=1, timeout=s.start_timeout_seconds)
+        if isinstance(self.launcher, ProcessLauncher):
+            self._watch = ExitWatch(self.launcher, self._exited).start()
         return self
+
+    def _exited(self, name: str, code: int) -> None:
+        """A launched service ended without being stopped. Every step needs the trainer and the data buffer:
+        the calls waiting on a dead one fail now (the trainer's too when the data buffer died: its handlers
+        wait on the buffer), and the job's recovery restarts the services. A replica's calls fail over to the
+        other replicas (the router)."""
+        self.exits[name] = code
+        message = f"{name} exited with {describe_exit(code)} (its log: {self.run.logs / (name + '.log')})"
+        cut = {"trainer": (self.trainer,), "databuffer": (self.trainer, self.buffer)}.get(name, ())
+        if cut:
+            message += "; the calls waiting on it fail now, and the job restarts its services (job.max_restarts)"
+        for client in cut:
+            if client is not None:
+                client.close()
+        log.error(message)
+        if self.on_exit is not None:
+            self.on_exit(message)
 
     def _registry(self) -> ReplicaRegistry | None:
         reg = self.cfg.rollout.registry
@@ -183,6 +208,8 @@ class JobServices:
                          for name, (pg, loc) in placed.items() if name != "databuffer")  # fmt: skip
 
     def close(self) -> None:
+        if self._watch is not None:
+            self._watch.stop()  # what is stopped from here on is stopped on purpose
         for client in (self.fleet, self.trainer, self.buffer):
             if client is not None:
                 try:
