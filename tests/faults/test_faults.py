@@ -140,10 +140,10 @@ def test_one_job_survives_a_kill_of_each_of_its_services(tiny_task, tmp_path, ca
     assert all(f.injected == 1 for f in faults), [(f.name, f.injected) for f in faults]
     assert sorted(lost) == list(range(1, STEPS + 1)) and sum(lost.values()) == 0, lost
     assert all(row[3] <= 1 for row in TABLE), "a restart lost more than checkpoint.every steps"
-    # a dead trainer / data buffer is noticed from its exit (launch/exit_watch.py), not at a call's deadline
+    # a dead service is noticed from its exit (launch/exit_watch.py), not at a call's deadline
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
     logs = [e.get("log", "") for e in events]
-    for name in ("trainer", "databuffer"):
+    for name in ("trainer", "rollout-0", "databuffer"):
         assert any(line.startswith(f"{name} exited with signal SIGKILL") for line in logs), name
     failed = [e["node"].get("error", "") for e in events if e.get("node", {}).get("state") == "NODE_STATE_FAILED"]
     assert failed and not any("DeadlineExceeded" in error for error in failed), failed

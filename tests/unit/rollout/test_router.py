@@ -1,5 +1,6 @@
 """The rollout router over in-process replicas registered in Redis: spreading by outstanding work,
-groups and sessions kept on one replica, work of a stopped replica retried elsewhere, draining."""
+groups and sessions kept on one replica, work of a stopped replica retried elsewhere, draining, and a fleet
+whose launched replicas exit: the others take the work, and with none left it fails at once."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from meshrl.common.registry import Heartbeat, ReplicaRegistry
 from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix
 from meshrl.rollout.replica import RolloutReplica
 from meshrl.rollout.server import service
+from meshrl.scheduler.fleet.rollout_fleet import RolloutFleet
 from meshrl.scheduler.fleet.router import RolloutRouter
 from meshrl.scheduler.fleet.router_types import StaleFleet
 
@@ -231,3 +233,21 @@ def test_a_batch_of_one_range_is_generated_from_the_calling_thread(fleet, buffer
     router.generate_batch(source, batch_key("several", 0, "rollout"), {"max_tokens": 4, "seed": 1}, n=4,
                           job_id="several", merge=False)  # fmt: skip
     assert len(threads) >= 2 and threading.current_thread() not in threads
+
+
+def test_a_fleet_whose_replicas_exit_fails_over_then_fails_at_once(fleet, buffer):
+    """What the job does when its exit watch sees a launched replica die (launch/services.py)."""
+    _, replicas, _ = fleet
+    addresses = [r.running.address for r in replicas[:2]]
+    rollouts = RolloutFleet(buffer, addresses, timeout=120)
+    source, _ = put_prompts(buffer, "exits", 4)
+    args = dict(job_id="exits", step=1, n=2, temperature=1.0, top_p=1.0, max_tokens=3, num_prompts=4)
+    try:
+        rollouts.exited(addresses[0])
+        _, metrics = rollouts.generate(source, node_id="rollout", **args)
+        assert metrics["rollout/samples"] == 8 and rollouts.addresses() == addresses[1:]
+        rollouts.exited(addresses[1])
+        with pytest.raises(Unavailable, match=f"the last one, {addresses[1]}, exited"):  # not after 120 s
+            rollouts.generate(source, node_id="rollout2", **args)
+    finally:
+        rollouts.close()

@@ -188,6 +188,18 @@ class RolloutFleet:
         return out
 
     # -- launched members --------------------------------------------------------------------
+    def exited(self, address: str) -> None:
+        """A replica the job launched died: it gets no more work (its rows in flight go to the others), and when
+        it was the last one, work waiting for a replica fails now (the job restarts its services)."""
+        with self._lock:
+            self._stale.discard(address)
+            client = self._clients.pop(address, None)
+            self._route()
+            if not self._clients and self._watcher is None:
+                self.router.none_left(f"the last one, {address}, exited")
+        if client is not None:
+            client.close()
+
     def client_for(self, address: str) -> RolloutClient:
         """A client of a replica that may not take traffic yet (e.g. before its first refit)."""
         return self._clients.get(address) or self._client(address)

@@ -72,6 +72,7 @@ class RolloutRouter(StreamingMixin):
         self._max_sessions = max_sessions
         self._lock = threading.Condition()
         self._watcher = None
+        self._none_left: str | None = None  # why no replica can ever take work (`none_left`), until one is added
         # samples made with weights older than this are refused (the fleet sets it after each publication)
         self.min_version = 0
         self.on_behind: Callable[[str], None] | None = None  # told the address of a replica found behind
@@ -89,6 +90,18 @@ class RolloutRouter(StreamingMixin):
         infos = [ReplicaInfo(replica_id=a, address=a, capacity=self.default_capacity, state=SERVING) for a in addresses]
         self._sync(infos, complete=True)
 
+    def none_left(self, reason: str) -> None:
+        """No replica will come back (the fleet's last one exited, and nothing registers replicas): work waiting
+        for a replica fails now with `reason` instead of at its deadline. Adding a replica undoes it."""
+        with self._lock:
+            self._none_left = reason
+            self._lock.notify_all()
+
+    def _raise_if_none_left(self) -> None:
+        """(under the lock) Unavailable when no replica is listed and none will come (`none_left`)."""
+        if self._none_left is not None and not self._replicas:
+            raise Unavailable(f"no rollout replica can take the work: {self._none_left}")
+
     def _sync(self, infos: list[ReplicaInfo], complete: bool = False) -> None:
         """Adopts a full listing: new replicas get a channel, gone ones are closed (their work retried)."""
         with self._lock:
@@ -97,6 +110,7 @@ class RolloutRouter(StreamingMixin):
                 seen.add(info.replica_id)
                 r = self._replicas.get(info.replica_id)
                 if r is None or r.address != info.address:
+                    self._none_left = None
                     if r is not None and r.channel is not None:
                         r.channel.close()
                     channel = open_channel(info.address, self.channel_config)
@@ -133,6 +147,7 @@ class RolloutRouter(StreamingMixin):
         with self._lock:
             while len(self.serving()) < count:
                 left = deadline - time.monotonic()
+                self._raise_if_none_left()
                 if left <= 0:
                     raise DeadlineExceeded(f"fewer than {count} rollout replicas serve after {timeout:.0f}s")
                 self._lock.wait(min(left, 0.5))
@@ -166,6 +181,7 @@ class RolloutRouter(StreamingMixin):
                             self._sessions.popitem(last=False)
                     return self._charge(best, work)
                 left = deadline - now
+                self._raise_if_none_left()
                 if left <= 0:
                     names = ", ".join(f"{r.replica_id}={r.state}" for r in self._replicas.values()) or "none registered"
                     raise Unavailable(f"no rollout replica can take the work ({names}); start or refit replicas")

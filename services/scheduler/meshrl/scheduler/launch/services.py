@@ -1,7 +1,7 @@
 """The services of one job: launched (Ray actors or processes) or named by address, with the
 clients the step loop uses. `JobServices.open` brings them up in order (data buffer first,
 then trainer and rollout replicas, which need its address) and `close` stops what it started.
-A launched trainer or data buffer that dies fails the calls waiting on it at once (exit_watch.py).
+A launched service that dies is noticed from its exit (exit_watch.py): the calls waiting on it fail at once.
 """
 
 from __future__ import annotations
@@ -162,8 +162,8 @@ class JobServices:
     def _exited(self, name: str, code: int) -> None:
         """A launched service ended without being stopped. Every step needs the trainer and the data buffer:
         the calls waiting on a dead one fail now (the trainer's too when the data buffer died: its handlers
-        wait on the buffer), and the job's recovery restarts the services. A replica's calls fail over to the
-        other replicas (the router)."""
+        wait on the buffer), and the job's recovery restarts the services. A dead replica gets no more work: its
+        rows go to the other replicas, and when it was the last one the step fails at once (and restarts)."""
         self.exits[name] = code
         message = f"{name} exited with {describe_exit(code)} (its log: {self.run.logs / (name + '.log')})"
         cut = {"trainer": (self.trainer,), "databuffer": (self.trainer, self.buffer)}.get(name, ())
@@ -172,6 +172,9 @@ class JobServices:
         for client in cut:
             if client is not None:
                 client.close()
+        if name.startswith("rollout-") and self.fleet is not None and name in self.addresses:
+            self.fleet.exited(self.addresses[name])
+            message += "; it gets no more work (the job restarts its services when it was the last replica)"
         log.error(message)
         if self.on_exit is not None:
             self.on_exit(message)
