@@ -2,7 +2,9 @@
 
 Runs examples/countdown (its config and workflow: model, data, warm-up, recipe) once per mode, one after the
 other in this process through the real services: `sync`, `one_step_off`, `async` with max_staleness 1 and 2
-(same seeds). For each it prints wall-clock from the start of RL (the step-0 evaluation's end) to the first
+(same seeds); `--modes` may also name `async_eta0`, the asynchronous machinery (producer thread, sample stream,
+in-train pi_old, TIS/MIS) on samples of the current weights, which tells what the machinery costs apart from
+staleness. For each it prints wall-clock from the start of RL (the step-0 evaluation's end) to the first
 held-out evaluation at or above the accuracy `sync` ends at, the ratio of that time to sync's, the mean
 trainer- and rollout-idle fractions per step, the consumed samples' staleness, the final held-out
 accuracy, and how busy the host's CPUs were over the RL phase ("host busy", host_cpu.py): overlap can only fill
@@ -54,7 +56,11 @@ MODES = {
     "one_step_off": {"mode": "one_step_off"},
     "async_eta1": {"mode": "async", "max_staleness": 1},
     "async_eta2": {"mode": "async", "max_staleness": 2},
+    # not in the default --modes: the asynchronous pipeline and loss (producer thread, stream, in-train pi_old,
+    # TIS/MIS) on samples of the current weights, i.e. sync's order: what the machinery costs without staleness
+    "async_eta0": {"mode": "async", "max_staleness": 0},
 }
+DEFAULT_MODES = ("sync", "one_step_off", "async_eta1", "async_eta2")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -63,7 +69,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--eval-every", type=int, default=5, help="held-out evaluation every K steps")
     p.add_argument("--prompts", type=int, default=0, help="prompts per step (0: the example's)")
     p.add_argument("--warmup-steps", type=int, default=-1, help="supervised warm-up steps (-1: the example's)")
-    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {list(MODES)}")
+    p.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"comma-separated, from {list(MODES)}")
     p.add_argument(
         "--tis-cap",
         type=float,

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 BENCH = Path(__file__).resolve().parents[3] / "bench" / "async"
 sys.path.insert(0, str(BENCH))  # run.py imports host_cpu beside it, as when run as a script
@@ -45,3 +46,10 @@ def test_sync_from_takes_each_seeds_sync_run_of_an_earlier_out_file(tmp_path):
     assert run.earlier_sync(str(path), [0, 1]) == {0: {"final": 0.6}, 1: {"final": 0.4}}
     with pytest.raises(SystemExit, match=r"seed\(s\) \[2\]"):
         run.earlier_sync(str(path), [0, 2])
+
+
+def test_async_eta0_runs_the_asynchronous_machinery_on_current_weights_only_when_asked(tmp_path):
+    a = run.parse_args([])
+    assert "async_eta0" not in a.modes.split(",")
+    training = yaml.safe_load(run.job_yaml(a, "async_eta0", tmp_path, seed=1))["training"]
+    assert training == {"mode": "async", "max_staleness": 0}
