@@ -2,7 +2,9 @@
 
 Runs examples/countdown (its config and workflow: model, data, warm-up, recipe) once per mode, one after the
 other in this process through the real services: `sync`, `one_step_off`, `async` with max_staleness 1 and 2
-(same seeds). For each it prints wall-clock from the start of RL (the step-0 evaluation's end) to the first
+(same seeds); `--modes` may also name `async_eta0`, the asynchronous machinery (producer thread, sample stream,
+in-train pi_old, TIS/MIS) on samples of the current weights, which tells what the machinery costs apart from
+staleness. For each it prints wall-clock from the start of RL (the step-0 evaluation's end) to the first
 held-out evaluation at or above the accuracy `sync` ends at, the ratio of that time to sync's, the mean
 trainer- and rollout-idle fractions per step, the consumed samples' staleness, the final held-out
 accuracy, and how busy the host's CPUs were over the RL phase ("host busy", host_cpu.py): overlap can only fill
@@ -13,11 +15,17 @@ With `--seeds 0,1,2` every mode runs once per seed (job.seed and data.shuffle_se
 the same) and each seed's asynchronous runs are compared with that seed's sync run; the summary gives each
 mode's mean and min..max over the seeds, and the verdict is taken on the means. Per mode it also prints where
 a step's time goes: median seconds per step in the rollout, the trainer (log-probs + train), the weight
-publication, and the consumer's wait for samples.
+publication, and the consumer's wait for samples; and what the off-policy correction faced: per step means of
+the rollout-vs-pi_old log-prob gap of tokens 0, 1 and 2 versions old (the drift per version), the importance
+weight, the masked and clipped token fractions, the ratio pi / pi_old and the grad norm (sync, whose pi_old is
+the rollout's own, reports only the last three).
 
 Run: `.venv/bin/python bench/async/run.py [--steps 60] [--eval-every 5] [--prompts 128] [--seeds 0] [--tis-cap C]
-[--mis-cap M] [--trainer-threads N] [--use-ray] [--workflow W] [--set KEY=VALUE ...]`
-(from the repository root; the example's model and data are built under runs/ on first use). Each mode
+[--mis-cap M] [--trainer-threads N] [--use-ray] [--workflow W] [--set KEY=VALUE ...] [--async-set KEY=VALUE ...]
+[--out FILE] [--sync-from FILE]`
+(from the repository root; the example's model and data are built under runs/ on first use); --set applies to
+every mode, --async-set to the asynchronous ones only (sync keeps the example's recipe), and --sync-from FILE
+takes sync's runs from an earlier --out file instead of running them again. Each mode
 costs about what `make run` costs (minutes on 2 cores); --steps and --prompts shrink it.
 """
 
@@ -48,7 +56,11 @@ MODES = {
     "one_step_off": {"mode": "one_step_off"},
     "async_eta1": {"mode": "async", "max_staleness": 1},
     "async_eta2": {"mode": "async", "max_staleness": 2},
+    # not in the default --modes: the asynchronous pipeline and loss (producer thread, stream, in-train pi_old,
+    # TIS/MIS) on samples of the current weights, i.e. sync's order: what the machinery costs without staleness
+    "async_eta0": {"mode": "async", "max_staleness": 0},
 }
+DEFAULT_MODES = ("sync", "one_step_off", "async_eta1", "async_eta2")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -57,7 +69,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--eval-every", type=int, default=5, help="held-out evaluation every K steps")
     p.add_argument("--prompts", type=int, default=0, help="prompts per step (0: the example's)")
     p.add_argument("--warmup-steps", type=int, default=-1, help="supervised warm-up steps (-1: the example's)")
-    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {list(MODES)}")
+    p.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"comma-separated, from {list(MODES)}")
     p.add_argument(
         "--tis-cap",
         type=float,
@@ -85,7 +97,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--use-ray", action="store_true", help="services as Ray actors (default: plain processes)")
     p.add_argument("--workflow", default=str(EXAMPLE / "workflow.yaml"), help="the step's DAG (default: the example's)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a job-config override, every mode")
+    p.add_argument(
+        "--async-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a job-config override for the asynchronous modes only (sync keeps the example's recipe)",
+    )
     p.add_argument("--out", default="", help="write the figures as JSON here too")
+    p.add_argument(
+        "--sync-from",
+        default="",
+        metavar="JSON",
+        help="take each seed's sync run from an earlier --out file of the same settings instead of running it again "
+        "(sync gives the same curve run after run on one host; its times are that run's)",
+    )
     return p.parse_args(argv)
 
 
@@ -114,10 +140,15 @@ def job_yaml(a: argparse.Namespace, mode: str, run_root: Path, seed: int = 0) ->
     return yaml.safe_dump(cfg)
 
 
+def overrides_for(a: argparse.Namespace, mode: str) -> list[str]:
+    """The job-config overrides of `mode`: --set for every mode, --async-set for the asynchronous ones."""
+    return list(a.set) + (list(a.async_set) if MODES[mode]["mode"] != "sync" else [])
+
+
 def run_mode(a: argparse.Namespace, mode: str, run_root: Path, seed: int = 0) -> dict:
     jobs = JobManager()
     workflow = Path(a.workflow).read_text()
-    record = jobs.create(workflow, job_yaml(a, mode, run_root, seed), list(a.set))
+    record = jobs.create(workflow, job_yaml(a, mode, run_root, seed), overrides_for(a, mode))
     with HostCpu() as cpu:
         jobs.run(record)
     if record.state != spb.JOB_STATE_SUCCEEDED:
@@ -144,7 +175,33 @@ def run_mode(a: argparse.Namespace, mode: str, run_root: Path, seed: int = 0) ->
         "stream_bound": float(cfg.training.stream_groups or (cfg.training.staleness + 1) * cfg.data.prompts_per_step),
         "regenerated": sum(m.get("async/regenerated_groups", 0.0) for m in steps),
         "phases": phase_seconds(steps, record.runner.workflow.nodes),
+        "off_policy": off_policy_figures(steps),
+        "rewards": [m.get("reward/mean") for m in steps],  # the training reward per step (producer's, async)
     }
+
+
+# per-step metrics of the off-policy correction: (printed name, metric key)
+OFF_POLICY = (
+    ("gap lag0", "async/logprob_gap_lag0"),
+    ("gap lag1", "async/logprob_gap_lag1"),
+    ("gap lag2", "async/logprob_gap_lag2"),
+    ("tis w", "actor/tis_weight"),
+    ("masked", "actor/is_masked_fraction"),
+    ("clipped", "actor/clip_fraction"),
+    ("ratio", "actor/ratio"),
+    ("grad norm", "actor/grad_norm"),
+)
+
+
+def off_policy_figures(steps: list[dict]) -> dict[str, float | None]:
+    """Mean over the steps that report it of each OFF_POLICY metric: the mean |rollout - pi_old| log-prob gap
+    of tokens one or two versions old (the drift per version the correction faces), the mean importance weight,
+    the masked and clipped token fractions, the mean ratio pi / pi_old and the grad norm (None: never reported)."""
+    out: dict[str, float | None] = {}
+    for name, key in OFF_POLICY:
+        values = [m[key] for m in steps if key in m]
+        out[name] = statistics.mean(values) if values else None
+    return out
 
 
 def phase_seconds(steps: list[dict], nodes: list) -> dict[str, float]:
@@ -207,7 +264,17 @@ def print_table(a: argparse.Namespace, results: dict[str, dict], seed: int) -> d
     print(f"{'mode':<14}{'median s per step:':>20}" + "".join(f"{n:>9}" for n in names))
     for mode, r in results.items():
         print(f"{mode:<34}" + "".join(f"{r['phases'][n]:>9.2f}" for n in names))
+    print(f"{'mode':<14}{'mean per step:':>20}" + "".join(f"{n:>10}" for n, _ in OFF_POLICY))
+    for mode, r in results.items():
+        print(f"{mode:<34}" + "".join(f"{figure(r['off_policy'][n]):>10}" for n, _ in OFF_POLICY))
+    print("held-out accuracy by step:")
+    for mode, r in results.items():
+        print(f"{mode:<14}" + " ".join(f"{step}:{accuracy:.3f}" for step, accuracy, _ in r["evals"]))
     return summary
+
+
+def figure(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
 
 
 def busy_text(busy: float | None) -> str:
@@ -249,6 +316,15 @@ def print_summary(per_seed: dict[int, dict[str, dict]]) -> None:
           f"{'met by ' + ', '.join(best) if best else 'missed'}")  # fmt: skip
 
 
+def earlier_sync(path: str, seeds: list[int]) -> dict[int, dict]:
+    """Each seed's sync result from an earlier --out file; refuses a file that lacks one of `seeds`."""
+    saved = json.loads(Path(path).read_text())
+    missing = [s for s in seeds if "sync" not in saved.get(str(s), {})]
+    if missing:
+        raise SystemExit(f"--sync-from {path}: no sync run of seed(s) {missing}; run them (drop --sync-from)")
+    return {s: saved[str(s)]["sync"] for s in seeds}
+
+
 def main(argv=None) -> int:
     a = parse_args(argv)
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
@@ -256,12 +332,17 @@ def main(argv=None) -> int:
     if unknown or "sync" not in modes:
         raise SystemExit(f"--modes: {unknown or 'sync is missing'}; choose from {list(MODES)} (sync included)")
     seeds = seeds_of(a.seeds)
+    earlier = earlier_sync(a.sync_from, seeds) if a.sync_from else {}
     results: dict[int, dict[str, dict]] = {}
     per_seed: dict[int, dict[str, dict]] = {}
     with tempfile.TemporaryDirectory(prefix="mr-async-") as tmp:
         for seed in seeds:
             results[seed] = {}
             for mode in ["sync", *[m for m in modes if m != "sync"]]:
+                if mode == "sync" and seed in earlier:
+                    print(f"sync, seed {seed}: from {a.sync_from}", flush=True)
+                    results[seed][mode] = earlier[seed]
+                    continue
                 print(f"running {mode}, seed {seed} ...", flush=True)
                 results[seed][mode] = run_mode(a, mode, Path(tmp), seed)
             per_seed[seed] = print_table(a, results[seed], seed)
