@@ -1,6 +1,7 @@
 """Ratios and curves of the side-by-side harness: meshrl ÷ TRL held-out gain at equal samples (greedy accuracy,
 and the held-out mean partial-credit reward beside it), meshrl ÷ TRL training seconds to reach TRL's final
-accuracy, a printed table and one PNG per task. Called by run.py.
+accuracy, a printed table and one PNG per task; over several seeds, the same ratios of the seeds' mean curves
+beside each seed's gain ratio, and the whole pipeline (warm-up, then RL from it) as one more phase. Called by run.py.
 """
 
 from __future__ import annotations
@@ -52,6 +53,37 @@ def ratios(meshrl: Curve, trl: Curve) -> dict[str, float | None]:
     }  # fmt: skip
 
 
+def whole(sft: Curve, rl: Curve) -> Curve:
+    """The pipeline from the initial weights: the warm-up's evaluations, then RL's after its first (which
+    evaluates the warm-up's final weights again), at samples and seconds counted from the warm-up's start."""
+    c = Curve(sft.side, "sft+rl")
+    for i, (s, sec, a) in enumerate(zip(sft.samples, sft.seconds, sft.accuracy, strict=True)):
+        c.add(s, sec, a, sft.reward[i] if len(sft.reward) == len(sft.samples) else None)
+    rewards = len(rl.reward) == len(rl.samples) and len(c.reward) == len(c.samples)
+    for i in range(1, len(rl.samples)):
+        c.add(sft.samples[-1] + rl.samples[i], sft.seconds[-1] + rl.seconds[i], rl.accuracy[i],
+              rl.reward[i] if rewards else None)  # fmt: skip
+    return c
+
+
+def mean_curve(curves: list[Curve]) -> Curve:
+    """The pointwise mean of several seeds' curves of one side and phase (the evaluations they share)."""
+    n = min(len(c.samples) for c in curves)
+    avg = lambda rows: [sum(r[i] for r in rows) / len(rows) for i in range(n)]  # noqa: E731
+    m = Curve(curves[0].side, curves[0].phase, samples=list(curves[0].samples[:n]),
+              seconds=avg([c.seconds for c in curves]), accuracy=avg([c.accuracy for c in curves]))  # fmt: skip
+    if all(len(c.reward) >= n for c in curves):
+        m.reward = avg([c.reward for c in curves])
+    return m
+
+
+def pooled(pairs: list[tuple[Curve, Curve]]) -> dict[str, float | None]:
+    """`ratios` of the seeds' mean curves, with each seed's own gain ratio (`seed_gain_ratios`) beside them."""
+    r = ratios(mean_curve([m for m, _ in pairs]), mean_curve([t for _, t in pairs]))
+    r["seed_gain_ratios"] = [ratios(m, t)["gain_ratio"] for m, t in pairs]
+    return r
+
+
 def _fmt(v: float | None, spec: str = ".2f") -> str:
     return "  n/a" if v is None else format(v, spec)
 
@@ -76,6 +108,14 @@ def table(rows: list[tuple[str, str, dict]]) -> str:
             f"{r['trl_final']:>9.3f} "
             f"{_fmt(r['meshrl_seconds'], '.1f'):>9} {_fmt(r['trl_seconds'], '.1f'):>9} {_fmt(r['time_ratio']):>8}"
         )
+    return "\n".join(lines)
+
+
+def seeds_table(rows: list[tuple[str, str, dict]]) -> str:
+    """The mean-curve ratios per task and phase, each seed's gain ratio after them."""
+    lines = [table(rows), "", "gain m/t of each seed:"]
+    for task, phase, r in rows:
+        lines.append(f"  {task:<9} {phase:<10} " + " ".join(_fmt(g) for g in r["seed_gain_ratios"]))
     return "\n".join(lines)
 
 

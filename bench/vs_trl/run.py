@@ -4,6 +4,7 @@ same model folder, data and budget, phase by phase, on the harness's own tasks (
   sft        supervised warm-up from the same initial weights (meshrl's `warmup` phase vs SFTTrainer)
   rl-own     GRPO from each side's own warm start
   rl-common  GRPO from one common warm start (TRL's SFT weights) on both sides
+  sft+rl     the whole pipeline from the initial weights: sft, then rl-own (no run of its own)
 
 Prints, per task and phase, meshrl ÷ TRL held-out gain at equal samples and meshrl ÷ TRL training seconds to
 reach TRL's final accuracy, and writes curves (accuracy vs samples and vs seconds) as PNG per task.
@@ -11,6 +12,7 @@ reach TRL's final accuracy, and writes curves (accuracy vs samples and vs second
   make setup-trl
   .venv/bin/python bench/vs_trl/run.py                      # the quick budget (minutes per task)
   .venv/bin/python bench/vs_trl/run.py --full               # the issue's budget: 2,000 RL steps of 64 samples
+  .venv/bin/python bench/vs_trl/run.py --seeds 0,1,2        # three seeds per task, ratios of the mean curves
   .venv/bin/python bench/vs_trl/run.py --tasks reverse --rl-steps 40 --meshrl-set warmup.handover=keep
 """
 
@@ -20,6 +22,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,7 +30,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.vs_trl.budget import Budget, Curve  # noqa: E402
-from bench.vs_trl.compare import plot, ratios, table  # noqa: E402
+from bench.vs_trl.compare import mean_curve, plot, pooled, ratios, seeds_table, table, whole  # noqa: E402
 from bench.vs_trl.meshrl_side import run_meshrl  # noqa: E402
 from bench.vs_trl.tasks import TASKS, write_task_data  # noqa: E402
 from meshrl.trainer.model_builder import build_small_model  # noqa: E402
@@ -39,6 +42,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--full", action="store_true", help="the issue's budget (Budget.full)")
     for name in ("sft_steps", "rl_steps", "sft_batch", "prompts_per_step", "n", "n_eval", "rl_eval_every", "seed"):
         p.add_argument(f"--{name.replace('_', '-')}", type=int)
+    p.add_argument("--seeds", default="", help="comma-separated seeds, each a full run of every task (default: --seed)")
     p.add_argument("--sft-lr", type=float)
     p.add_argument("--rl-lr", type=float)
     p.add_argument("--temperature", type=float, help="rollout sampling temperature (both sides)")
@@ -92,7 +96,7 @@ def trl_phases(name: str, b: Budget, work: Path, model: Path, data: Path, reuse:
 
 def run_task(name: str, b: Budget, out: Path, sets: list[str], reuse: bool,
              common: bool = True) -> list[tuple[str, Curve, Curve]]:  # fmt: skip
-    task, work = TASKS[name], out / name
+    task, work = TASKS[name], out / (name if b.seed == 0 else f"{name}-seed{b.seed}")
     b = b.for_task(task.sft_steps, task.rl_lr)
     print(f"[{name}] warm-up {b.sft_steps} steps x {b.sft_batch}, RL {b.rl_steps} steps x {b.rl_samples_per_step}",
           flush=True)  # fmt: skip
@@ -109,6 +113,7 @@ def run_task(name: str, b: Budget, out: Path, sets: list[str], reuse: bool,
     if m_sft.reward and trl_sft_curve.reward:  # both start from the same initial weights
         m_sft.reward.insert(0, trl_sft_curve.reward[0])
     pairs = [("sft", m_sft, trl_sft_curve), ("rl-own", m_rl_own, trl_rl)]
+    pairs.append(("sft+rl", whole(m_sft, m_rl_own), whole(trl_sft_curve, trl_rl)))
     if common:
         print(f"[{name}] meshrl GRPO from TRL's SFT weights", flush=True)
         _, m_rl_common = run_meshrl(task, b, trl_weights, data, work, "rl-common", False, sets)
@@ -116,42 +121,56 @@ def run_task(name: str, b: Budget, out: Path, sets: list[str], reuse: bool,
     return pairs
 
 
-def report(results: dict, png_dir: Path) -> list[tuple[str, str, dict]]:
-    """Ratios (recomputed) and PNGs from a results.json."""
-    rows, by_task = [], {}
+def seeds_of(args: argparse.Namespace, b: Budget) -> list[int]:
+    return [int(x) for x in args.seeds.split(",") if x.strip()] or [b.seed]
+
+
+def _key(name: str, seed: int, phase: str, several: bool) -> str:
+    return f"{name}@{seed}/{phase}" if several else f"{name}/{phase}"
+
+
+def report(results: dict, png_dir: Path) -> str:
+    """The table (ratios recomputed; over several seeds, of the mean curves) and the PNGs of a results.json."""
+    by_task: dict[str, dict[str, list[tuple[Curve, Curve]]]] = {}
     for key, value in results.items():
         if "/" in key:
-            name, phase = key.split("/")
-            m, t = Curve.from_dict(value["meshrl"]), Curve.from_dict(value["trl"])
-            by_task.setdefault(name, []).append((phase, m, t))
-            rows.append((name, phase, ratios(m, t)))
+            label, phase = key.split("/")
+            pair = (Curve.from_dict(value["meshrl"]), Curve.from_dict(value["trl"]))
+            by_task.setdefault(label.split("@")[0], {}).setdefault(phase, []).append(pair)
     png_dir.mkdir(parents=True, exist_ok=True)
-    for name, pairs in by_task.items():
-        plot(name, pairs, png_dir / f"curves_{name}.png")
-    return rows
+    several = any("@" in key for key in results)
+    rows = []
+    for name, phases in by_task.items():
+        for phase, pairs in phases.items():
+            rows.append((name, phase, pooled(pairs) if several else ratios(*pairs[0])))
+        means = [(p, mean_curve([m for m, _ in ps]), mean_curve([t for _, t in ps])) for p, ps in phases.items()]
+        plot(name, [x for x in means if x[0] != "sft+rl"], png_dir / f"curves_{name}.png")
+    return seeds_table(rows) if several else table(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.report:
-        print(table(report(json.loads(Path(args.report).read_text()), Path(args.png_dir))))
+        print(report(json.loads(Path(args.report).read_text()), Path(args.png_dir)))
         return 0
     b, out = budget_of(args), Path(args.out).resolve()
+    seeds = seeds_of(args, b)
     out.mkdir(parents=True, exist_ok=True)
     Path(args.png_dir).mkdir(parents=True, exist_ok=True)
-    print(f"budget: {b.to_dict()}\nmeshrl overrides: {args.meshrl_set or 'none'}", flush=True)
-    started, rows, results = time.monotonic(), [], {"budget": b.to_dict(), "meshrl_set": args.meshrl_set}
+    print(f"budget: {b.to_dict()}\nseeds: {seeds}\nmeshrl overrides: {args.meshrl_set or 'none'}", flush=True)
+    started = time.monotonic()
+    results = {"budget": b.to_dict(), "seeds": seeds, "meshrl_set": args.meshrl_set}
     for name in args.tasks:
-        pairs = run_task(name, b, out, args.meshrl_set, args.reuse_trl, not args.no_common)
-        plot(name, pairs, Path(args.png_dir) / f"curves_{name}.png")
-        for phase, m, t in pairs:
-            r = ratios(m, t)
-            rows.append((name, phase, r))
-            results[f"{name}/{phase}"] = {"ratios": r, "meshrl": m.to_dict(), "trl": t.to_dict()}
-        (out / "results.json").write_text(json.dumps(results, indent=1))
+        for seed in seeds:
+            pairs = run_task(name, replace(b, seed=seed), out, args.meshrl_set, args.reuse_trl, not args.no_common)
+            for phase, m, t in pairs:
+                key = _key(name, seed, phase, len(seeds) > 1)
+                results[key] = {"ratios": ratios(m, t), "meshrl": m.to_dict(), "trl": t.to_dict()}
+            (out / "results.json").write_text(json.dumps(results, indent=1))
     print("\nheld-out greedy accuracy, meshrl (m) vs TRL (t); seconds are training time, evaluation excluded")
-    print("(rl-common: both sides start from TRL's SFT weights, so TRL's curve is its rl-own run)\n")
-    print(table(rows))
+    print("(rl-common: both sides start from TRL's SFT weights, so TRL's curve is its rl-own run;")
+    print(" sft+rl: the warm-up and then rl-own, from the initial weights)\n")
+    print(report(results, Path(args.png_dir)))
     print(f"\nharness wall time {time.monotonic() - started:.0f} s; results in {out / 'results.json'}")
     return 0
 

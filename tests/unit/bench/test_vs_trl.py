@@ -8,7 +8,7 @@ import json
 import pytest
 
 from bench.vs_trl.budget import Budget, Curve
-from bench.vs_trl.compare import ratios, table
+from bench.vs_trl.compare import mean_curve, pooled, ratios, seeds_table, table, whole
 from bench.vs_trl.meshrl_side import WORKFLOW, job_config
 from bench.vs_trl.tasks import TASKS, length_score, multiply_score, positional_score, write_task_data
 from meshrl.scheduler.config import JobConfig
@@ -111,3 +111,36 @@ def test_each_task_brings_its_rl_lr_unless_one_is_asked_for(tmp_path):
     assert TASKS["reverse"].rl_lr == 3e-4 and TASKS["sort_len"].rl_lr == 1e-4
     # the default run: the two tasks on which TRL's own GRPO gains held out at this budget
     assert parse([]).tasks == ["reverse", "sort_len"] and Budget().rl_steps == 300
+
+
+def test_whole_pipeline_joins_the_warm_up_and_rl_from_its_end():
+    sft = curve("trl", [0, 32, 64], [0.0, 1.0, 2.0], [0.0, 0.2, 0.4])
+    rl = curve("trl", [0, 64, 128], [0.0, 3.0, 6.0], [0.4, 0.5, 0.6])
+    w = whole(sft, rl)
+    assert w.phase == "sft+rl" and w.samples == [0, 32, 64, 128, 192]
+    assert w.seconds == [0.0, 1.0, 2.0, 5.0, 8.0] and w.accuracy == [0.0, 0.2, 0.4, 0.5, 0.6]
+    assert w.gain == pytest.approx(0.6)
+
+
+def test_seeds_are_pooled_by_their_mean_curves_with_each_seeds_ratio_beside():
+    m = [curve("meshrl", [0, 64], [0, 2], [0.1, 0.2]), curve("meshrl", [0, 64], [0, 4], [0.1, 0.4])]
+    t = [curve("trl", [0, 64], [0, 2], [0.1, 0.3]), curve("trl", [0, 64], [0, 2], [0.1, 0.3])]
+    assert mean_curve(m).accuracy == pytest.approx([0.1, 0.3]) and mean_curve(m).seconds == [0, 3]
+    r = pooled(list(zip(m, t, strict=True)))
+    assert r["gain_ratio"] == pytest.approx(1.0)  # mean gains 0.2 / 0.2, where the seeds alone say 0.5 and 1.5
+    assert r["seed_gain_ratios"] == pytest.approx([0.5, 1.5]) and r["time_ratio"] == pytest.approx(1.5)
+    assert "0.50 1.50" in seeds_table([("reverse", "rl-common", r)])
+
+
+def test_several_seeds_get_their_own_work_folders_and_results_keys(tmp_path):
+    from bench.vs_trl.run import _key, budget_of, parse, report, seeds_of
+
+    args = parse(["--seeds", "0,2"])
+    assert seeds_of(args, budget_of(args)) == [0, 2] and seeds_of(parse(["--seed", "3"]), Budget(seed=3)) == [3]
+    assert _key("reverse", 2, "sft", True) == "reverse@2/sft" and _key("reverse", 0, "sft", False) == "reverse/sft"
+    results = {"budget": {}}
+    for seed, top in ((0, 0.2), (2, 0.4)):
+        m, t = curve("meshrl", [0, 64], [0, 1], [0.1, top]), curve("trl", [0, 64], [0, 1], [0.1, 0.3])
+        results[_key("reverse", seed, "rl-common", True)] = {"meshrl": m.to_dict(), "trl": t.to_dict()}
+    text = report(results, tmp_path)
+    assert "gain m/t of each seed" in text and (tmp_path / "curves_reverse.png").exists()
