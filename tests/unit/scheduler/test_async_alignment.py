@@ -7,7 +7,6 @@ are concatenated and renumbered for the step. Over a real data buffer (gRPC + Re
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
@@ -23,20 +22,10 @@ from meshrl.scheduler.step.executor import NodeResult, StepExecutor
 from meshrl.scheduler.step.modes import AsyncPlan, split_at_rollout
 from meshrl.scheduler.step.pipeline import AsyncSteps
 from meshrl.scheduler.workflow import NodeRole, NodeType
+from tests.unit.scheduler._step_nodes import Node
 
 PROMPTS = 4  # groups per round
 N = 3  # samples per group
-
-
-@dataclass
-class Node:
-    node_id: str
-    node_type: NodeType
-    node_role: NodeRole
-    dependencies: list[str] = field(default_factory=list)
-    config: dict = field(default_factory=dict)
-    executable_ref: str | None = None
-    only_forward_compute: bool = False
 
 
 def countdown_like() -> list[Node]:

@@ -12,7 +12,6 @@ import json
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 
 import numpy as np
 import pydantic
@@ -36,20 +35,10 @@ from meshrl.scheduler.step.pipeline import LEARNER_GROUP, STREAM, AsyncSteps, Sy
 from meshrl.scheduler.step.producer import prompt_of, split_groups
 from meshrl.scheduler.step.staleness import AdmissionGate, staleness_histogram
 from meshrl.scheduler.workflow import NodeRole, NodeType
+from tests.unit.scheduler._step_nodes import Node
 
 PROMPTS = 3  # groups per round
 N = 2  # samples per group
-
-
-@dataclass
-class Node:
-    node_id: str
-    node_type: NodeType
-    node_role: NodeRole
-    dependencies: list[str] = field(default_factory=list)
-    config: dict = field(default_factory=dict)
-    executable_ref: str | None = None  # what workflow.columns reads to know each node's columns
-    only_forward_compute: bool = False
 
 
 def grpo_like() -> list[Node]:
