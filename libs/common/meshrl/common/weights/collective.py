@@ -232,11 +232,12 @@ class WeightGroup:
         self._posted = max(self._posted, index + 1)
 
     def _broadcast(self, bucket: Bucket, lay: BucketLayout, deadline: Deadline) -> None:
-        """The large tensors go on the wire first, straight from their memory; the small ones are
-        packed meanwhile and follow in chunks."""
-        works = self._backend.start(lay.direct_wire(bucket, self.device), deadline)
-        for chunk in lay.packed_wire(bucket, lambda n: self._buffer(0, n)):  # packed while the others travel
+        """The small tensors go first, packed chunk by chunk (each while the one before travels); the
+        large ones follow straight from their memory, while the receiver copies the last chunk out."""
+        works = []
+        for chunk in lay.packed_wire(bucket, lambda n: self._buffer(0, n)):
             works += self._backend.start([chunk], deadline)
+        works += self._backend.start(lay.direct_wire(bucket, self.device), deadline)
         self._backend.finish(works, deadline)
 
     def _await_acks(self, seq: int, version: int) -> UpdateOutcome:
@@ -383,11 +384,10 @@ class WeightGroup:
         else:
             wire, tensors = lay.receiver_wire(staging, targets)
         works = self._backend.start(wire, deadline)
-        direct = len(lay.direct)
-        for k, (first, end, _, _) in enumerate(lay.chunks):  # copied out while the next chunks arrive
-            self._backend.finish(works[direct + k : direct + k + 1], deadline)
+        for k, (first, end, _, _) in enumerate(lay.chunks):  # copied out while the next ones arrive
+            self._backend.finish(works[k : k + 1], deadline)
             refusal = apply_unless_refused(sink, meta, [tensors[i] for i in lay.packed[first:end]], refusal)
-        self._backend.finish(works[:direct], deadline)
+        self._backend.finish(works[len(lay.chunks) :], deadline)
         rest = lay.direct if lay.chunks else lay.packed + lay.direct  # packed without bytes: no chunk
         if rest:
             refusal = apply_unless_refused(sink, meta, [tensors[i] for i in rest], refusal)
