@@ -17,7 +17,9 @@ timings on a busy machine than the default 2, whose OpenMP barriers stall when o
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
+import copy
 import json
 import os
 import random
@@ -73,6 +75,13 @@ class Recipe:
     kl_coef: float = 0.0
     mini_batches: int = 4
     format_reward: float = 0.0
+    # off-policy emulation (training.mode one_step_off / async): samples come from weights `staleness` versions
+    # behind the trainer's; the loss takes pi_old from the current weights (in-train) and weighs each token by
+    # pi_old / pi_behaviour, truncated at tis_cap and masked above mis_cap (the job's async defaults)
+    staleness: int = 0
+    tis_cap: float = 2.0
+    mis_cap: float = 4.0
+    is_level: str = "token"  # token: a weight per token; sequence: exp(sum of the tokens' log-ratios) per sequence
     eval_every: int = 10
     seed: int = 0
 
@@ -262,12 +271,18 @@ def sft(model, opt, task: Task, recipe: Recipe, batches: Batches) -> list[float]
     return losses
 
 
-def rollout(model, task: Task, recipe: Recipe, rows: list[dict]) -> dict:
-    """n samples per prompt, rewards, group-normalised advantages (rows of a group are consecutive)."""
+def rollout(model, task: Task, recipe: Recipe, rows: list[dict], behaviour=None) -> dict:
+    """n samples per prompt, rewards, group-normalised advantages (rows of a group are consecutive). With a
+    `behaviour` model (an older copy of the weights) the samples are its own, with its log-probs."""
     model.eval()
+    sampler = model if behaviour is None else behaviour
     prompts = [r["prompt_ids"] for r in rows for _ in range(recipe.n)]
     answers = [r["answer"] for r in rows for _ in range(recipe.n)]
-    responses = generate(model, task, prompts, temperature=recipe.temperature, max_tokens=recipe.max_tokens)
+    responses = generate(sampler, task, prompts, temperature=recipe.temperature, max_tokens=recipe.max_tokens)
+    behaviour_logp = None
+    if behaviour is not None:
+        with torch.no_grad():
+            behaviour_logp = token_logprobs(behaviour, prompts, responses, task.pad)[0]
     texts = [decode(task, x) for x in responses]
     rewards = torch.tensor([reward.score_one(t, a, recipe.format_reward) for t, a in zip(texts, answers)])
     grouped = rewards.view(-1, recipe.n)
@@ -280,7 +295,19 @@ def rollout(model, task: Task, recipe: Recipe, rows: list[dict]) -> dict:
         "mixed_groups": (grouped.std(1) > 0).float().mean().item(),
         "accuracy": sum(reward.is_correct(t, a) for t, a in zip(texts, answers)) / len(texts),
         "length": sum(len(r) for r in responses) / len(responses),
+        "behaviour_logp": behaviour_logp,
     }
+
+
+def is_weights(old_logp: torch.Tensor, behaviour_logp: torch.Tensor, recipe: Recipe) -> torch.Tensor:
+    """pi_old / pi_behaviour per token (or per sequence, broadcast over its tokens), truncated at tis_cap, 0 above
+    mis_cap (0 turns either off). Padding carries log-probs 0 on both sides, so it adds nothing to a sum."""
+    log_ratio = old_logp - behaviour_logp
+    if recipe.is_level == "sequence":
+        log_ratio = log_ratio.sum(-1, keepdim=True).expand_as(log_ratio)
+    ratio = torch.exp(log_ratio.clamp(max=20.0))
+    weights = ratio.clamp(max=recipe.tis_cap) if recipe.tis_cap else ratio
+    return torch.where(ratio > recipe.mis_cap, torch.zeros_like(ratio), weights) if recipe.mis_cap else weights
 
 
 def ppo_update(model, opt, ref, task: Task, recipe: Recipe, batch: dict) -> dict:
@@ -289,6 +316,8 @@ def ppo_update(model, opt, ref, task: Task, recipe: Recipe, batch: dict) -> dict
     with torch.no_grad():
         old_logp, rmask = token_logprobs(model, prompts, responses, task.pad)
         ref_logp = token_logprobs(ref, prompts, responses, task.pad)[0] if ref is not None else None
+    behaviour = batch.get("behaviour_logp")
+    weights = None if behaviour is None else is_weights(old_logp, behaviour, recipe)
     model.train()
     clip_frac, kls, norms = [], [], []
     for chunk in torch.arange(len(prompts)).chunk(recipe.mini_batches):
@@ -299,6 +328,8 @@ def ppo_update(model, opt, ref, task: Task, recipe: Recipe, batch: dict) -> dict
         ratio = torch.exp(logp - old_logp[lo:hi])
         a = adv[lo:hi, None]
         loss_tok = -torch.minimum(ratio * a, ratio.clamp(1 - recipe.clip, 1 + recipe.clip) * a)
+        if weights is not None:
+            loss_tok = loss_tok * weights[lo:hi]
         if ref_logp is not None:
             d = ref_logp[lo:hi] - logp
             kl = torch.exp(d) - d - 1  # k3
@@ -320,14 +351,23 @@ def grpo(model, opt, task: Task, recipe: Recipe, batches: Batches, clock: Clock,
         ref.load_state_dict(model.state_dict())
         ref.eval()
     curve, evals = [], []
+    behaviour = versions = None
+    if recipe.staleness > 0:  # the last staleness + 1 weight versions; samples come from the oldest
+        behaviour = AutoModelForCausalLM.from_config(model.config)
+        behaviour.eval()
+        versions = collections.deque([copy.deepcopy(model.state_dict())], maxlen=recipe.staleness + 1)
     with clock.phase("eval"):
         evals.append((0, evaluate(model, task, recipe)))
     log(f"  rl step 0 eval acc {evals[-1][1]:.3f}")
     for step in range(1, recipe.rl_steps + 1):
         with clock.phase("rollout"):
-            batch = rollout(model, task, recipe, batches.next(recipe.prompts_per_step))
+            if versions is not None:
+                behaviour.load_state_dict(versions[0])
+            batch = rollout(model, task, recipe, batches.next(recipe.prompts_per_step), behaviour)
         with clock.phase("train"):
             stats = ppo_update(model, opt, ref, task, recipe, batch)
+        if versions is not None:
+            versions.append(copy.deepcopy(model.state_dict()))
         curve.append(
             {
                 "step": step,

@@ -76,3 +76,23 @@ def test_batches_cover_an_epoch_before_repeating():
     assert len(set(first)) == 8
     rest = [r["i"] for r in batches.next(2)]
     assert sorted(first + rest) == list(range(10))
+
+
+def test_importance_weights_truncate_mask_and_sum_per_sequence():
+    old = torch.log(torch.tensor([[0.5, 0.5, 1.0], [0.9, 0.1, 1.0]]))
+    behaviour = torch.log(torch.tensor([[0.5, 0.1, 1.0], [0.3, 0.3, 1.0]]))  # ratios 1, 5, 1 | 3, 1/3, 1
+    token = rp.is_weights(old, behaviour, rp.Recipe(tis_cap=2.0, mis_cap=4.0))
+    assert torch.allclose(token, torch.tensor([[1.0, 0.0, 1.0], [2.0, 1 / 3, 1.0]]))
+    uncapped = rp.is_weights(old, behaviour, rp.Recipe(tis_cap=0.0, mis_cap=0.0))
+    assert torch.allclose(uncapped, torch.tensor([[1.0, 5.0, 1.0], [3.0, 1 / 3, 1.0]]))
+    sequence = rp.is_weights(old, behaviour, rp.Recipe(tis_cap=0.0, mis_cap=4.0, is_level="sequence"))
+    assert torch.allclose(sequence, torch.tensor([[0.0] * 3, [1.0] * 3]))  # products 5 (masked) and 1
+
+
+def test_stale_sampling_trains_from_older_weights():
+    recipe = rp.Recipe(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, n_train=64, n_eval=8,
+                       sft_steps=2, sft_batch=8, prompts_per_step=4, n=4, max_tokens=6, rl_steps=3,
+                       mini_batches=2, eval_every=3, staleness=1)  # fmt: skip
+    result = rp.run(recipe, log=lambda _: None)
+    assert [step for step, _ in result["evals"]] == [0, 3]
+    assert len(result["reward_curve"]) == 3 and all(math.isfinite(r) for r in result["reward_curve"])
