@@ -8,6 +8,9 @@ steps. One AdamW (betas 0.9/0.999, grad clip 1.0) serves both phases, like the t
 (before SFT, at RL step 0, after RL), the reward curve and wall / CPU seconds per phase; `--json-out` writes them
 as JSON. examples/countdown/config.yaml was tuned with it; `recipe_from_config` reads that file back so the two
 can be compared (tests/unit/example checks that the defaults here equal the config).
+`--staleness K` emulates the asynchronous modes: samples come from the weights K versions behind the
+trainer's and the loss weighs each token by pi_old / pi_behaviour (`--tis-cap`, `--mis-cap`, `--is-level`), so
+a loss of accuracy can be told apart from anything the services' pipeline does.
 
 Run: `.venv/bin/python bench/e2e/recipe_probe.py --seeds 0 1 2` (about 2 minutes per seed on 2 idle cores).
 `--threads 1` matches the services (one torch thread per replica / trainer on this machine) and gives steadier
