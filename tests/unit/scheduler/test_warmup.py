@@ -4,6 +4,8 @@ held-out loss, epochs, and the hand-over to RL (a fresh optimizer, so RL's own l
 from __future__ import annotations
 
 import json
+import time
+from types import SimpleNamespace
 
 import numpy as np
 import pydantic
@@ -150,3 +152,43 @@ def test_lr_schedule_shapes_and_errors():
     for bad in ({"peak": 0.0}, {"warmup_steps": 9}, {"min_lr": 5.0}, {"decay": "step"}):
         with pytest.raises(InvalidArgument):
             LrSchedule(**{"peak": 1.0, "total_steps": 4, **bad})
+
+
+class StepTrainer:
+    """A trainer whose train_step(i) waits (up to 5 s) for the buffer to hold batch i + 1, and can fail at a step."""
+
+    def __init__(self, buffer: MemoryBuffer, fail_at: int = -1) -> None:
+        self.buffer, self.fail_at, self.seen_ahead = buffer, fail_at, []
+
+    def train_step(self, role, keys, loss, micro_batch_tokens, mini_batches, step, lr=None):
+        assert len(self.buffer.get(keys[0])[S.PROMPT_IDS].lengths()) == 8  # batch i is there
+        if step == self.fail_at:
+            raise InvalidArgument("the trainer refused the batch")
+        ahead = ("job", step + 1, "warmup")
+        deadline = time.monotonic() + 5.0
+        while ahead not in self.buffer.batches and time.monotonic() < deadline:
+            time.sleep(0.005)
+        self.seen_ahead.append(ahead in self.buffer.batches)
+        return SimpleNamespace(metrics={"loss": 1.0})
+
+
+def run_phase(model_dir, trainer: StepTrainer, buffer: MemoryBuffer, steps: int = 4):
+    phase = SupervisedWarmup("job", WarmupSection(steps=steps, batch_size=8), trainer, buffer,
+                             PromptEncoder(str(model_dir)), log=lambda _: None, micro_batch_tokens=4096,
+                             shuffle_seed=0)  # fmt: skip
+    return phase.run(records(64), [])
+
+
+def test_the_next_batch_is_stored_while_the_trainer_runs_a_step(model_dir):
+    buffer = MemoryBuffer()
+    trainer = StepTrainer(buffer)
+    result = run_phase(model_dir, trainer, buffer)
+    assert trainer.seen_ahead[:3] == [True, True, True]  # the last step has nothing ahead of it
+    assert len(result.curve) == 4 and not buffer.batches  # every batch deleted after its step
+
+
+def test_a_failed_step_leaves_no_batch_behind(model_dir):
+    buffer = MemoryBuffer()
+    with pytest.raises(InvalidArgument, match="refused"):
+        run_phase(model_dir, StepTrainer(buffer, fail_at=1), buffer)
+    assert not buffer.batches  # batch 1 and the batch stored ahead of it (2) are gone too

@@ -7,7 +7,8 @@ loss on response tokens only (the trainer scores only response tokens, so prompt
 held-out loss (mean negative log-likelihood per response token of the eval pairs) every `eval_every` steps and
 at the end, and a hand-over to RL: `fresh` reloads the actor from its own warmed weights with a new optimizer
 (Adam moments and step count zeroed, so RL's own lr schedule starts at its first step), `keep` carries the
-optimizer state over. Called by `meshrl.scheduler.step.runner.JobRunner`; writes `warmup.jsonl` in the run folder.
+optimizer state over. The next batch is encoded and stored while the trainer runs the current step (one
+batch ahead, in the order the sampler draws them), and a used batch is deleted off the critical path. Called by `meshrl.scheduler.step.runner.JobRunner`; writes `warmup.jsonl` in the run folder.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import json
 import math
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -94,30 +97,49 @@ class SupervisedWarmup:
         schedule, sampler = schedule_for(cfg, steps), PromptSampler(records, self.shuffle_seed + 1)
         sft = {"policy_loss": "sft"}  # the warm-up's objective: NLL of the response tokens
         seconds = 0.0  # training time, held-out loss excluded
-        for i in range(steps):
-            started = time.perf_counter()
-            key = batch_key(self.job_id, i, "warmup")
-            self._put_pairs(key, sampler.next_batch(cfg.batch_size))
-            lr = schedule.at(i)
+        key_of = partial(batch_key, self.job_id, node_id="warmup")
+        with ThreadPoolExecutor(1, thread_name_prefix="warmup-batches") as ahead:  # in order: put i+1, delete i
+            stored, pending = ahead.submit(self._put_pairs, key_of(0), sampler.next_batch(cfg.batch_size)), 0
+            deletes = []
             try:
-                reply = self.trainer.train_step("actor", [key], sft, self.micro_batch_tokens, 1, i, lr=lr)
+                for i in range(steps):
+                    started = time.perf_counter()
+                    stored.result()  # batch i is in the buffer
+                    pending = None
+                    if i + 1 < steps:
+                        stored = ahead.submit(self._put_pairs, key_of(i + 1), sampler.next_batch(cfg.batch_size))
+                        pending = i + 1
+                    lr = schedule.at(i)
+                    try:
+                        reply = self.trainer.train_step("actor", [key_of(i)], sft, self.micro_batch_tokens, 1, i, lr=lr)
+                    finally:
+                        deletes.append(ahead.submit(self.buffer.delete, key_of(i)))
+                    seconds += time.perf_counter() - started
+                    self._record(result, i, steps, lr, seconds, reply, heldout, curve_file)
             finally:
-                self.buffer.delete(key)
-            seconds += time.perf_counter() - started
-            result.train_loss = float(reply.metrics.get("loss", float("nan")))
-            point = {"step": i + 1, "samples": (i + 1) * cfg.batch_size, "seconds": seconds, "lr": lr,
-                     "loss": result.train_loss}  # fmt: skip
-            last = i == steps - 1
-            if heldout and ((cfg.eval_every and (i + 1) % cfg.eval_every == 0) or last):
-                point["heldout_loss"] = result.heldout_loss = self.heldout_loss(heldout, i + 1)
-            result.curve.append(point)
-            if curve_file is not None:
-                with curve_file.open("a") as f:
-                    f.write(json.dumps(point) + "\n")
-            if i % 10 == 0 or last or "heldout_loss" in point:
-                held = f", held-out {point['heldout_loss']:.4f}" if "heldout_loss" in point else ""
-                self.log(f"warm-up {i + 1}/{steps}: lr {lr:.2e}, loss {result.train_loss:.4f}{held}")
+                if pending is not None:  # a failed step: the batch stored ahead of it leaves the buffer too
+                    ahead.submit(self.buffer.delete, key_of(pending))
+        for done in deletes:
+            done.result()  # a delete that failed fails the phase, as when it ran in line
         return result
+
+    def _record(self, result: WarmupResult, i: int, steps: int, lr: float, seconds: float, reply: Any,
+                heldout: list[Record], curve_file: Path | None) -> None:  # fmt: skip
+        """Step i's point on the curve (with the held-out loss every eval_every steps and at the end) and its log."""
+        cfg = self.cfg
+        result.train_loss = float(reply.metrics.get("loss", float("nan")))
+        point = {"step": i + 1, "samples": (i + 1) * cfg.batch_size, "seconds": seconds, "lr": lr,
+                 "loss": result.train_loss}  # fmt: skip
+        last = i == steps - 1
+        if heldout and ((cfg.eval_every and (i + 1) % cfg.eval_every == 0) or last):
+            point["heldout_loss"] = result.heldout_loss = self.heldout_loss(heldout, i + 1)
+        result.curve.append(point)
+        if curve_file is not None:
+            with curve_file.open("a") as f:
+                f.write(json.dumps(point) + "\n")
+        if i % 10 == 0 or last or "heldout_loss" in point:
+            held = f", held-out {point['heldout_loss']:.4f}" if "heldout_loss" in point else ""
+            self.log(f"warm-up {i + 1}/{steps}: lr {lr:.2e}, loss {result.train_loss:.4f}{held}")
 
     def hand_over(self, model_path: str, dtype: str, optimizer: Any, seed: int) -> None:
         """`fresh`: the actor keeps its warmed weights and gets a new optimizer (RL's schedule at step 0)."""
