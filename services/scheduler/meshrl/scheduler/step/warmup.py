@@ -8,7 +8,8 @@ held-out loss (mean negative log-likelihood per response token of the eval pairs
 at the end, and a hand-over to RL: `fresh` reloads the actor from its own warmed weights with a new optimizer
 (Adam moments and step count zeroed, so RL's own lr schedule starts at its first step), `keep` carries the
 optimizer state over. The next batch is encoded and stored while the trainer runs the current step (one
-batch ahead, in the order the sampler draws them), and a used batch is deleted off the critical path. Called by `meshrl.scheduler.step.runner.JobRunner`; writes `warmup.jsonl` in the run folder.
+batch ahead, in the order the sampler draws them), and a used batch is deleted off the critical path.
+Called by `meshrl.scheduler.step.runner.JobRunner`; writes `warmup.jsonl` in the run folder.
 """
 
 from __future__ import annotations
