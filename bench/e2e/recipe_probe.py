@@ -44,6 +44,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from examples.countdown import make_data, reward  # noqa: E402
+from meshrl.trainer.losses import LossConfig, importance_weights  # noqa: E402
 from meshrl.trainer.model_builder import build_small_model  # noqa: E402
 
 
@@ -303,14 +304,13 @@ def rollout(model, task: Task, recipe: Recipe, rows: list[dict], behaviour=None)
 
 
 def is_weights(old_logp: torch.Tensor, behaviour_logp: torch.Tensor, recipe: Recipe) -> torch.Tensor:
-    """pi_old / pi_behaviour per token (or per sequence, broadcast over its tokens), truncated at tis_cap, 0 above
-    mis_cap (0 turns either off). Padding carries log-probs 0 on both sides, so it adds nothing to a sum."""
-    log_ratio = old_logp - behaviour_logp
+    """pi_old / pi_behaviour per token (or per sequence, broadcast over its tokens) with the trainer's own
+    correction (`importance_weights`: truncated at tis_cap, 0 above mis_cap); with both caps 0, the plain ratio.
+    Padding carries log-probs 0 on both sides, so it adds nothing to a sum."""
     if recipe.is_level == "sequence":
-        log_ratio = log_ratio.sum(-1, keepdim=True).expand_as(log_ratio)
-    ratio = torch.exp(log_ratio.clamp(max=20.0))
-    weights = ratio.clamp(max=recipe.tis_cap) if recipe.tis_cap else ratio
-    return torch.where(ratio > recipe.mis_cap, torch.zeros_like(ratio), weights) if recipe.mis_cap else weights
+        old_logp, behaviour_logp = (x.sum(-1, keepdim=True).expand_as(x) for x in (old_logp, behaviour_logp))
+    weights = importance_weights(LossConfig(tis_cap=recipe.tis_cap, mis_cap=recipe.mis_cap), old_logp, behaviour_logp)
+    return torch.exp((old_logp - behaviour_logp).clamp(max=20.0)) if weights is None else weights
 
 
 def ppo_update(model, opt, ref, task: Task, recipe: Recipe, batch: dict) -> dict:

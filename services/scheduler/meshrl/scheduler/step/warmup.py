@@ -100,7 +100,8 @@ class SupervisedWarmup:
         seconds = 0.0  # training time, held-out loss excluded
         key_of = partial(batch_key, self.job_id, node_id="warmup")
         with ThreadPoolExecutor(1, thread_name_prefix="warmup-batches") as ahead:  # in order: put i+1, delete i
-            stored, pending = ahead.submit(self._put_pairs, key_of(0), sampler.next_batch(cfg.batch_size)), 0
+            stored = ahead.submit(self._put_pairs, key_of(0), sampler.next_batch(cfg.batch_size))
+            pending: int | None = 0  # the step whose batch is stored ahead and not yet trained on
             deletes = []
             try:
                 for i in range(steps):
