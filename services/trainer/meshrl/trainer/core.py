@@ -25,6 +25,7 @@ from meshrl.common.weights import iter_buckets, sample_names, tensor_checksums
 from meshrl.trainer import checkpoint as ckpt
 from meshrl.trainer import checkpoint_shards as shards
 from meshrl.trainer.batching import SequenceBatch, collate, plan_micro_batches, sequence_batch, shard_rows, to_ragged
+from meshrl.trainer.call_threads import FORWARD, FORWARD_BACKWARD, call_flop, threads_for
 from meshrl.trainer.export import DEFAULT_BUCKET_BYTES
 from meshrl.trainer.forward import logprobs_from_logits, values_from_output
 from meshrl.trainer.hf_config import read_hf_config
@@ -60,7 +61,7 @@ class TrainerCore:
     """Models per role on this process; see the module docstring."""
 
     def __init__(self, *, micro_batch_tokens: int = 4096, temperature: float = 1.0, atomic_steps: bool = True,
-                 tensor_parallel: int = 1, pipeline_parallel: int = 1):  # fmt: skip
+                 tensor_parallel: int = 1, pipeline_parallel: int = 1, single_thread_below_gflop: float = 0.0):  # fmt: skip
         self.layout = ensure_parallel_state(tensor_parallel, pipeline_parallel)
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
@@ -70,6 +71,7 @@ class TrainerCore:
         self.micro_batch_tokens = micro_batch_tokens
         self.temperature = temperature
         self.atomic_steps = atomic_steps
+        self.single_thread_below_gflop = single_thread_below_gflop  # call_threads.py; 0: every call on all threads
         self.roles: dict[str, RoleState] = {}
 
     # --- models ------------------------------------------------------------------------------
@@ -137,6 +139,11 @@ class TrainerCore:
         mine = shard_rows(list(rows), lengths, self.layout.dp_rank, self.layout.data_parallel)
         return plan_micro_batches(mine, lengths, budget or self.micro_batch_tokens)
 
+    def threads(self, state: RoleState, batch: SequenceBatch, per_token: int):
+        """The torch threads of one call over `batch` (call_threads.py): one when its work is small."""
+        flop = call_flop(state.num_parameters, int(batch.total_lengths.sum()), per_token)
+        return threads_for(flop, self.single_thread_below_gflop, self.device)
+
     def _gather_rows(self, batch: SequenceBatch, per_row: dict[int, np.ndarray]) -> Ragged:
         """Each replica's result rank computed some rows; sums zero-filled flat buffers so all ranks get every row."""
         if self.world == 1:
@@ -175,7 +182,8 @@ class TrainerCore:
         temp = self.temperature if temperature is None else temperature
         if temp <= 0:
             raise InvalidArgument(f"temperature must be positive, got {temp}")
-        return self._logprobs(state, batch, temp, with_entropy, micro_batch_tokens)
+        with self.threads(state, batch, FORWARD):
+            return self._logprobs(state, batch, temp, with_entropy, micro_batch_tokens)
 
     @torch.no_grad()
     def _logprobs(
@@ -216,9 +224,10 @@ class TrainerCore:
         def head(out, mb):
             return torch.zeros((), device=out.device), values_from_output(out, mb)
 
-        for rows, out in self._run(state, batch, plans, head):
-            for i, row in enumerate(rows):
-                values[row] = out[i, : int(batch.response_lengths[row])].cpu().numpy()
+        with self.threads(state, batch, FORWARD):
+            for rows, out in self._run(state, batch, plans, head):
+                for i, row in enumerate(rows):
+                    values[row] = out[i, : int(batch.response_lengths[row])].cpu().numpy()
         return ComputeResult(self._gather_rows(batch, values), None, int(batch.response_lengths.sum()), len(plans))
 
     # --- training ----------------------------------------------------------------------------
@@ -253,24 +262,25 @@ class TrainerCore:
         if not 1 <= mini_batches <= len(batch):
             raise InvalidArgument(f"mini_batches = {mini_batches} must be in [1, rows = {len(batch)}]")
         temp = self.temperature if temperature is None else temperature
-        pi_old = None
-        if cfg.old_logprobs == "in-train" and cfg.policy_loss not in ("sft", "value"):
-            start = time.perf_counter()  # pi_old: the weights as this call finds them, before its first update
-            pi_old = batch.token_columns[S.OLD_LOGPROBS] = self._logprobs(
-                state, batch, temp, False, micro_batch_tokens
-            ).values
-            pass_seconds = time.perf_counter() - start
-        result = train_role(
-            state,
-            batch,
-            cfg,
-            lambda b, rows: self._plans(b, rows, micro_batch_tokens),
-            self.device,
-            mini_batches=mini_batches,
-            temperature=temp,
-            lr_override=lr_override,
-            atomic=self.atomic_steps,
-        )
+        with self.threads(state, batch, FORWARD_BACKWARD):
+            pi_old = None
+            if cfg.old_logprobs == "in-train" and cfg.policy_loss not in ("sft", "value"):
+                start = time.perf_counter()  # pi_old: the weights as this call finds them, before its first update
+                pi_old = batch.token_columns[S.OLD_LOGPROBS] = self._logprobs(
+                    state, batch, temp, False, micro_batch_tokens
+                ).values
+                pass_seconds = time.perf_counter() - start
+            result = train_role(
+                state,
+                batch,
+                cfg,
+                lambda b, rows: self._plans(b, rows, micro_batch_tokens),
+                self.device,
+                mini_batches=mini_batches,
+                temperature=temp,
+                lr_override=lr_override,
+                atomic=self.atomic_steps,
+            )
         if pi_old is not None:
             result.metrics["perf/old_logprob_seconds"] = pass_seconds
             result.old_logprobs = pi_old

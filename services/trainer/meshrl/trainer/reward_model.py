@@ -22,6 +22,7 @@ from meshrl.common import batch_schema as S
 from meshrl.common.codec import Ragged
 from meshrl.common.errors import InvalidArgument, NotFound
 from meshrl.trainer.batching import SequenceBatch, sequence_batch
+from meshrl.trainer.call_threads import FORWARD
 from meshrl.trainer.hf_config import ModelSpec, spec_from_config
 from meshrl.trainer.hf_weights import VALUE_HEAD, read_hf_tensors
 from meshrl.trainer.model import build_gpt_model, parse_dtype
@@ -110,8 +111,9 @@ def compute_scores(core, columns: Mapping[str, object], *, micro_batch_tokens: i
         return torch.zeros((), device=out.device), out[torch.arange(len(mb.rows), device=out.device), at, 0].float()
 
     flat = torch.zeros(len(batch), dtype=torch.float32, device=core.device)
-    for rows, scores in core._run(state, batch, plans, head):
-        flat[torch.as_tensor(rows, device=core.device)] = scores
+    with core.threads(state, batch, FORWARD):
+        for rows, scores in core._run(state, batch, plans, head):
+            flat[torch.as_tensor(rows, device=core.device)] = scores
     if core.world > 1:  # each data-parallel replica's result rank scored some rows: sum the zero-filled parts
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
     return ComputeResult(Ragged(flat.cpu().numpy(), np.arange(len(batch) + 1, dtype=np.int64)), None,

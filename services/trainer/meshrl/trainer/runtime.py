@@ -23,6 +23,7 @@ def make_service(cfg: TrainerConfig, bus: CommandBus | None) -> TrainerService:
         atomic_steps=cfg.atomic_steps,
         tensor_parallel=cfg.parallel.tensor_parallel,
         pipeline_parallel=cfg.parallel.pipeline_parallel,
+        single_thread_below_gflop=cfg.single_thread_below_gflop,
     )
     buffer = None
     peer = cfg.databuffer_peer()

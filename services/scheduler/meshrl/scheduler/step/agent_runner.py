@@ -18,6 +18,7 @@ from meshrl.scheduler.fleet.rollout_fleet import RolloutFleet
 from meshrl.scheduler.fleet.weight_sync import WeightPublisher
 from meshrl.scheduler.launch.services import JobServices, rollout_spec, trainer_spec
 from meshrl.scheduler.step.agents import AgentHandlers, agents_of
+from meshrl.scheduler.step.deletions import StepDeletions
 from meshrl.scheduler.step.executor import StepExecutor
 from meshrl.scheduler.step.nodes import NodeHandlers
 from meshrl.scheduler.step.pipeline import StepSpans
@@ -97,14 +98,17 @@ class AgentJob:
             by_agent = {a.name: NodeHandlers(cfg, svc.buffer, a.trainer, a.fleet, job.encoder, job.sampler,
                                              job.reward_fn, r.user_code) for a in agents}  # fmt: skip
             executor = StepExecutor(r.workflow.nodes, AgentHandlers(by_agent).handler_for, r.events)
+            deletions = StepDeletions(svc.buffer, r.job_id)
             try:
                 with StepProgress(cfg.job.steps, r.step, r.show_progress) as bar:
                     while r.step < cfg.job.steps:
                         if r.cancelled.is_set():
                             raise Cancelled(f"job {r.job_id} cancelled at step {r.step}")
                         r.step += 1
-                        bar.step(r.step, self.step(executor, svc, agents))
+                        bar.step(r.step, self.step(executor, agents, deletions))
+                deletions.wait()
             finally:
+                deletions.close()
                 executor.close()
             summary.update(steps=r.step, weight_versions={a.name: a.publisher.version for a in agents})
             return summary
@@ -115,14 +119,14 @@ class AgentJob:
                 agent.trainer.close()
             r.shut_down(svc, summary)  # stops every service its launcher started, every agent's included
 
-    def step(self, executor: StepExecutor, svc: JobServices, agents: list[Agent]) -> dict[str, float]:
+    def step(self, executor: StepExecutor, agents: list[Agent], deletions: StepDeletions) -> dict[str, float]:
         r, start = self.r, time.perf_counter()
         with self.spans.use(r.step, end=True) as span:
             span.set_attribute(A.STEP, r.step)
             metrics, _ = executor.run_nodes(r.job_id, r.step)
             for agent in agents:
                 publish(agent, metrics, r.events)
-            metrics["buffer/bytes"] = float(svc.buffer.delete_step(r.job_id, r.step).job_bytes_before)
+            metrics.update(deletions.delete(r.step))
         metrics["time/step"] = time.perf_counter() - start
         r.log_step(metrics)
         return metrics

@@ -39,6 +39,7 @@ from meshrl.scheduler.step.agent_runner import AgentJob
 from meshrl.scheduler.step.agents import agents_of
 from meshrl.scheduler.step.colocate import Turns, check_colocated_workflow
 from meshrl.scheduler.step.data import DataPosition, PromptEncoder, PromptSampler, load_records
+from meshrl.scheduler.step.deletions import StepDeletions
 from meshrl.scheduler.step.evaluation import evaluate
 from meshrl.scheduler.step.executor import StepExecutor
 from meshrl.scheduler.step.fleet_changes import FleetChanges
@@ -261,20 +262,25 @@ class JobRunner:
                                          self.cancelled, lambda: job.sampler.position.to_json(),
                                          requeue=job.sampler.put_back)  # fmt: skip
         steps.start(self.step, publisher.version)
-        with StepProgress(cfg.job.steps, self.step, self.show_progress) as bar:
-            while self.step < cfg.job.steps:
-                if self.cancelled.is_set():
-                    raise Cancelled(f"job {self.job_id} cancelled at step {self.step}")
-                self.scaling.apply(svc, publisher, colocated=self.turns is not None)
-                self.scaling.follow_registry(svc, publisher)
-                self.step += 1
-                metrics = self._train_step(svc, steps, publisher)
-                if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.job.steps:
-                    metrics.update(self._eval(svc, job.encoder, job.eval_records, job.reward_fn))
-                steps.announce(publisher.version)  # generation may move on to the new weights
-                bar.step(self.step, metrics)
-                if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
-                    self.save_checkpoint(svc, publisher, job.sampler)
+        deletions = StepDeletions(svc.buffer, self.job_id)
+        try:
+            with StepProgress(cfg.job.steps, self.step, self.show_progress) as bar:
+                while self.step < cfg.job.steps:
+                    if self.cancelled.is_set():
+                        raise Cancelled(f"job {self.job_id} cancelled at step {self.step}")
+                    self.scaling.apply(svc, publisher, colocated=self.turns is not None)
+                    self.scaling.follow_registry(svc, publisher)
+                    self.step += 1
+                    metrics = self._train_step(svc, steps, publisher, deletions)
+                    if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.job.steps:
+                        metrics.update(self._eval(svc, job.encoder, job.eval_records, job.reward_fn))
+                    steps.announce(publisher.version)  # generation may move on to the new weights
+                    bar.step(self.step, metrics)
+                    if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
+                        self.save_checkpoint(svc, publisher, job.sampler)
+            deletions.wait()  # the last step's batches are gone before the job reports its end
+        finally:
+            deletions.close()
 
     def shut_down(self, svc: JobServices, summary: dict) -> None:
         """Stops the steps and the services (the producer before the user-code workers its reward nodes use),
@@ -336,7 +342,9 @@ class JobRunner:
             return publisher.publish(svc.fleet.clients())
         return self.turns.publish(lambda: publisher.publish(svc.fleet.clients()))
 
-    def _train_step(self, svc: JobServices, steps: SyncSteps, publisher: WeightPublisher) -> dict[str, float]:
+    def _train_step(
+        self, svc: JobServices, steps: SyncSteps, publisher: WeightPublisher, deletions: StepDeletions
+    ) -> dict[str, float]:
         start = time.perf_counter()
         with steps.step_span(self.step) as span:
             span.set_attribute(A.STEP, self.step)
@@ -348,7 +356,7 @@ class JobRunner:
             if self.cfg.training.staleness == 0:  # else generation may lag; a replica below the job's
                 svc.fleet.expect_version(result.version)  # first version (restarted) is still refused
             svc.fleet.after_publication(result.version, result.stale, self.events.log)
-            metrics["buffer/bytes"] = float(svc.buffer.delete_step(self.job_id, self.step).job_bytes_before)
+            metrics.update(deletions.delete(self.step))
         metrics.update({"weights/version": result.version, "weights/seconds": result.seconds,
                         "weights/bytes": result.bytes, "weights/stale_replicas": len(result.stale),
                         "weights/nccl": float(result.backend == "nccl")})  # fmt: skip

@@ -1,0 +1,53 @@
+"""A finished step's batches deleted off the critical path (step/deletions.py), against a real data buffer
+service: deletions run in step order, each reports the job's bytes with the next step, and a failed one
+fails the next step instead of being lost."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import redis
+
+from meshrl.common.batch_key import batch_key
+from meshrl.common.databuffer_client import DataBufferClient
+from meshrl.common.errors import MeshrlError
+from meshrl.common.net import free_port
+from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix
+from meshrl.scheduler.step.deletions import StepDeletions
+
+
+@pytest.fixture()
+def buffer():
+    prefix = unique_prefix("deletions")
+    with serving(config(SYSTEM_REDIS, prefix)) as (_, running):
+        client = DataBufferClient(running.address)
+        yield client
+        client.close()
+    delete_prefix(redis.Redis.from_url(SYSTEM_REDIS), prefix)
+
+
+def test_each_step_is_deleted_in_the_background_and_its_bytes_come_with_the_next(buffer):
+    for step in (1, 2):
+        buffer.put(batch_key("job", step, "rollout"), {"x": np.arange(256, dtype=np.float32)})
+    deletions = StepDeletions(buffer, "job")
+    try:
+        assert deletions.delete(1) == {}  # nothing before the first step
+        second = deletions.delete(2)  # waits for step 1's deletion, which found both steps' batches
+        assert second["buffer/bytes"] >= 2 * 256 * 4
+        assert deletions.wait() == {"buffer/bytes": pytest.approx(second["buffer/bytes"] / 2, rel=0.5)}
+        assert buffer.list("job", 1) == [] and buffer.list("job", 2) == []
+        assert deletions.wait() == {}  # nothing under way
+    finally:
+        deletions.close()
+
+
+def test_a_failed_deletion_fails_the_next_step():
+    gone = DataBufferClient(f"127.0.0.1:{free_port()}")  # nothing listens there
+    deletions = StepDeletions(gone, "job", timeout=2.0)
+    try:
+        assert deletions.delete(1) == {}
+        with pytest.raises(MeshrlError):  # Unavailable or DeadlineExceeded
+            deletions.delete(2)
+    finally:
+        deletions.close()
+        gone.close()
