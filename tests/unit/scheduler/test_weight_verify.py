@@ -1,5 +1,6 @@
-"""WeightPublisher.verify proves each replica serves the published version with the trainer's checksums in
-one call per replica: the checksums reply carries the version the replica serves (no GetStatus before it),
+"""WeightPublisher.verify proves each replica serves the published version with the trainer's checksums: those
+its update reply carried, else in one call per replica (the checksums reply carries the version the replica
+serves, no GetStatus before it),
 and a replica at another version or with other weights is a DataLoss that names it. A single replica loads a
 published version from the calling thread (no pool thread per step); several load concurrently."""
 
@@ -10,6 +11,7 @@ import threading
 import pytest
 
 from meshrl.api.common.v1 import weights_pb2
+from meshrl.api.rollout.v1 import rollout_pb2 as rpb
 from meshrl.api.trainer.v1 import trainer_pb2 as tpb
 from meshrl.common.errors import DataLoss, Unavailable
 from meshrl.scheduler.config import WeightsSection
@@ -68,11 +70,14 @@ class LoadingReplica(Replica):
         super().__init__(address, 2, SUMS)
         self.fails, self.thread = fails, None
 
-    def update_from_disk(self, disk, pause_mode, flush, timeout):
+    def update_from_disk(self, disk, pause_mode, flush, timeout, checksum_names=()):
+        """As the replica's server: the reply carries the checksums asked for, taken after the update."""
         self.thread = threading.current_thread()
         if self.fails:
             raise Unavailable("replica down")
         self.version = disk.version
+        sums = weights_pb2.WeightChecksums(version=self.version, sha256={n: self.sums[n] for n in checksum_names})
+        return rpb.UpdateWeightsResponse(version=self.version, checksums=sums if checksum_names else None)
 
 
 def test_one_replica_loads_the_version_in_the_calling_thread_and_several_concurrently():
@@ -88,3 +93,28 @@ def test_one_replica_loads_the_version_in_the_calling_thread_and_several_concurr
     assert all(r.thread is not threading.current_thread() for r in two)
     down = LoadingReplica("127.0.0.2:1", fails=True)  # a failure of the inline call: stale, as from a pool thread
     assert publisher.publish([down]).stale == ["127.0.0.2:1"]
+
+
+def test_the_update_reply_carries_the_checksums_so_verify_makes_no_call():
+    publisher = WeightPublisher(Trainer(), WeightsSection(), "/unused")
+    publisher.version = 2
+    replicas = [LoadingReplica("127.0.0.2:1"), LoadingReplica("127.0.0.3:1")]
+    assert publisher.publish(replicas).version == 3
+    assert [r.calls for r in replicas] == [[], []]  # the update replies carried version and checksums
+    other = LoadingReplica("127.0.0.3:1")
+    other.sums = dict(SUMS, **{"lm_head.weight": "cc"})  # its reply's checksums differ: named, as from the call
+    with pytest.raises(DataLoss, match=r"127.0.0.3:1 has different weights than the trainer for \['lm_head.weight'\]"):
+        publisher.publish([other])
+    assert other.calls == []
+
+
+def test_a_reply_without_checksums_is_verified_by_a_call():
+    class OlderReplica(LoadingReplica):  # a server that does not know checksum_names
+        def update_from_disk(self, disk, pause_mode, flush, timeout, checksum_names=()):
+            super().update_from_disk(disk, pause_mode, flush, timeout)
+            return rpb.UpdateWeightsResponse(version=self.version)
+
+    publisher = WeightPublisher(Trainer(), WeightsSection(), "/unused")
+    older = OlderReplica("127.0.0.2:1")
+    publisher.publish([older])
+    assert older.calls == ["GetWeightChecksums"]

@@ -113,7 +113,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             delta_base=w.base_version if w.delta else None,
         )  # fmt: skip
         r = self.replica.update_weights_from_disk(update)
-        return self._applied(r, "disk")
+        return self._applied(r, "disk", request.checksum_names)
 
     def InitWeightUpdateGroup(self, request: pb.InitWeightUpdateGroupRequest, context):
         spec = GroupSpec.from_proto(request.group)
@@ -125,10 +125,11 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             flush_cache=request.flush_cache, timeout_seconds=request.timeout_seconds or 120.0,
         )  # fmt: skip
         r = self.replica.update_weights_from_distributed(update)
-        return self._applied(r, "distributed")
+        return self._applied(r, "distributed", request.checksum_names)
 
-    def _applied(self, r: WeightUpdateResult, transport: str) -> pb.UpdateWeightsResponse:
-        """The reply to a weight update; the server span gets the version, bytes and apply time."""
+    def _applied(self, r: WeightUpdateResult, transport: str, checksum_names) -> pb.UpdateWeightsResponse:
+        """The reply to a weight update, with the checksums of `checksum_names` (and the version they were
+        taken at) when asked for; the server span gets the version, bytes and apply time."""
         tag_span({
             A.REPLICA: self.replica.replica_id,
             A.TRANSPORT: transport,
@@ -136,9 +137,13 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             A.BYTES: r.bytes,
             A.APPLY_SECONDS: r.seconds,
         })  # fmt: skip
-        return pb.UpdateWeightsResponse(
+        reply = pb.UpdateWeightsResponse(
             version=r.version, seconds=r.seconds, bytes=r.bytes, pause_seconds=r.pause_seconds
         )
+        if checksum_names:
+            version, sums = self.replica.weight_checksums(list(checksum_names))
+            reply.checksums.CopyFrom(weights_pb2.WeightChecksums(version=version, sha256=sums))
+        return reply
 
     def DestroyWeightUpdateGroup(self, request: pb.DestroyWeightUpdateGroupRequest, context):
         self.replica.destroy_weight_update_group(request.group_name or "weight_update_group")

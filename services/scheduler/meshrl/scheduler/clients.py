@@ -151,17 +151,23 @@ class RolloutClient:
     def wait_ready(self, timeout: float) -> None:
         wait_until_serving(self.channel, timeout=timeout)
 
-    def update_from_disk(self, weights: weights_pb2.DiskWeights, pause_mode: int, flush: bool, timeout: float):
-        req = rpb.UpdateWeightsFromDiskRequest(weights=weights, pause_mode=pause_mode, flush_cache=flush)
+    def update_from_disk(self, weights: weights_pb2.DiskWeights, pause_mode: int, flush: bool, timeout: float,
+                         checksum_names: Sequence[str] = ()) -> rpb.UpdateWeightsResponse:  # fmt: skip
+        """Loads a published version; the reply carries the checksums of `checksum_names` taken after it."""
+        req = rpb.UpdateWeightsFromDiskRequest(
+            weights=weights, pause_mode=pause_mode, flush_cache=flush, checksum_names=checksum_names
+        )
         return call(self.stub.UpdateWeightsFromDisk, req, timeout=timeout)
 
     def init_weight_group(self, group: weights_pb2.CollectiveGroup, timeout: float):
         return call(self.stub.InitWeightUpdateGroup, rpb.InitWeightUpdateGroupRequest(group=group), timeout=timeout)
 
-    def update_from_distributed(self, name: str, version: int, pause_mode: int, flush: bool, timeout: float):
+    def update_from_distributed(self, name: str, version: int, pause_mode: int, flush: bool, timeout: float,
+                                checksum_names: Sequence[str] = ()) -> rpb.UpdateWeightsResponse:  # fmt: skip
         req = rpb.UpdateWeightsFromDistributedRequest(
-            group_name=name, version=version, pause_mode=pause_mode, flush_cache=flush, timeout_seconds=timeout
-        )
+            group_name=name, version=version, pause_mode=pause_mode, flush_cache=flush, timeout_seconds=timeout,
+            checksum_names=checksum_names,
+        )  # fmt: skip
         return call(self.stub.UpdateWeightsFromDistributed, req, timeout=timeout + 10)
 
     def destroy_weight_group(self, name: str, timeout: float = 60.0) -> None:

@@ -132,6 +132,7 @@ class WeightPublisher:
         self.version = 0
         self.last_disk: wpb.DiskWeights | None = None
         self.published_checksums: wpb.WeightChecksums | None = None  # of the last publish reply
+        self._replied: dict[str, wpb.WeightChecksums] = {}  # address -> checksums its last update reply carried
         self._group: str | None = None
         self._group_members: tuple[str, ...] = ()
         self._group_deltas = False  # the current group's layout.deltas
@@ -168,9 +169,24 @@ class WeightPublisher:
         if last is None or not last.path or last.version != self.version or last.delta:
             self._publish_disk(self.version)
         flush = self.cfg.flush_cache != "never"
-        replica.update_from_disk(self.last_disk, PAUSE[self.cfg.pause_mode], flush, self.cfg.timeout_seconds)
+        self._update_from_disk(replica, self.last_disk, PAUSE[self.cfg.pause_mode], flush, self.cfg.timeout_seconds)
         if self.cfg.verify_checksums:
             self.verify([replica], self.version)
+
+    def _checksum_names(self) -> list[str]:
+        """The tensors an update reply should carry checksums of: those of the last publish reply (the trainer's
+        sample is the same every version), none before the first or when checksums are not verified."""
+        if not self.cfg.verify_checksums or self.published_checksums is None:
+            return []
+        return list(self.published_checksums.sha256)
+
+    def _update_from_disk(self, replica: RolloutClient, *args) -> None:
+        reply = replica.update_from_disk(*args, checksum_names=self._checksum_names())
+        self._replied[replica.address] = reply.checksums
+
+    def _update_from_distributed(self, replica: RolloutClient, *args) -> None:
+        reply = replica.update_from_distributed(*args, checksum_names=self._checksum_names())
+        self._replied[replica.address] = reply.checksums
 
     # -- distributed --------------------------------------------------------------------
     def _ensure_group(self, replicas: list[RolloutClient]) -> tuple[str, dict[str, MeshrlError]]:
@@ -255,7 +271,7 @@ class WeightPublisher:
             # Receivers join first (they block in the broadcast), then the trainer sends.
             receivers = {
                 r.address: _submit(
-                    pool, r.update_from_distributed, name, version, PAUSE[self.cfg.pause_mode], flush, timeout
+                    pool, self._update_from_distributed, r, name, version, PAUSE[self.cfg.pause_mode], flush, timeout
                 )
                 for r in replicas
             }
@@ -286,6 +302,7 @@ class WeightPublisher:
     def publish(self, replicas: list[RolloutClient]) -> PublishResult:
         version = self.version + 1
         start = time.perf_counter()
+        self._replied.clear()
         with telemetry.tracer().start_as_current_span(
             "weights.publish",
             attributes={A.TRANSPORT: self.cfg.transport, A.WEIGHT_VERSION: version},
@@ -317,10 +334,10 @@ class WeightPublisher:
         replica loads from this thread (a pool thread would cost a start and two hand-offs per step)."""
         args = (disk, PAUSE[self.cfg.pause_mode], self.cfg.flush_cache != "never", self.cfg.timeout_seconds)
         if len(replicas) == 1:
-            done = run_inline(replicas[0].update_from_disk, *args)
+            done = run_inline(self._update_from_disk, replicas[0], *args)
             return _failed({replicas[0].address: done}, f"load weight version {version}")
         with ThreadPoolExecutor(max(1, len(replicas))) as pool:
-            futures = {r.address: _submit(pool, r.update_from_disk, *args) for r in replicas}
+            futures = {r.address: _submit(pool, self._update_from_disk, r, *args) for r in replicas}
             return _failed(futures, f"load weight version {version}")
 
     def _refit_all(self, replicas: list[RolloutClient]) -> list[str]:
@@ -337,13 +354,16 @@ class WeightPublisher:
 
     def verify(self, replicas: list[RolloutClient], version: int) -> None:
         """Every replica serves `version` with the trainer's checksums (those its publish reply carried; asked
-        for only when that reply had none), or DataLoss names who differs. One call per replica: its checksums
-        reply carries the version it serves, taken with the checksums."""
+        for only when that reply had none), or DataLoss names who differs. A replica's are those its update
+        reply carried, taken after the update with the version it then served; asked for (one call, version
+        and checksums taken together) when that reply had other ones or none."""
         expected = self.published_checksums
         if expected is None or expected.version != version:
             expected = self.trainer.checksums("actor")
         for replica in replicas:
-            got = replica.checksums(list(expected.sha256))
+            got = self._replied.pop(replica.address, None)
+            if got is None or got.version != version or set(got.sha256) != set(expected.sha256):
+                got = replica.checksums(list(expected.sha256))
             if got.version != version:
                 raise DataLoss(f"replica {replica.address} serves weight version {got.version}, expected {version}")
             diff = sorted(k for k in expected.sha256 if got.sha256.get(k) != expected.sha256[k])

@@ -27,15 +27,15 @@ from meshrl.api.common.v1 import tensor_pb2 as meshrl_dot_common_dot_v1_dot_tens
 from meshrl.api.common.v1 import weights_pb2 as meshrl_dot_common_dot_v1_dot_weights__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fmeshrl/rollout/v1/rollout.proto\x12\x11meshrl.rollout.v1\x1a\x1bmeshrl/common/v1/keys.proto\x1a\x1dmeshrl/common/v1/tensor.proto\x1a\x1emeshrl/common/v1/weights.proto\"\x91\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\r\n\x05top_p\x18\x02 \x01(\x01\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12\x16\n\x0estop_token_ids\x18\x05 \x03(\x05\x12\x0c\n\x04seed\x18\x06 \x01(\x03\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\"\x80\x02\n\x14GenerateBatchRequest\x12)\n\x05input\x18\x01 \x01(\x0b\x32\x1a.meshrl.common.v1.BatchKey\x12*\n\x06output\x18\x02 \x01(\x0b\x32\x1a.meshrl.common.v1.BatchKey\x12\x33\n\x08sampling\x18\x03 \x01(\x0b\x32!.meshrl.rollout.v1.SamplingParams\x12\t\n\x01n\x18\x04 \x01(\x05\x12\x0e\n\x06job_id\x18\x05 \x01(\t\x12\x0c\n\x04step\x18\x06 \x01(\x03\x12\x11\n\trow_begin\x18\x07 \x01(\x05\x12\x0f\n\x07row_end\x18\x08 \x01(\x05\x12\x0f\n\x07\x63olumns\x18\t \x03(\t\"\xa2\x01\n\x15GenerateBatchResponse\x12\x0f\n\x07samples\x18\x01 \x01(\x05\x12\x15\n\rprompt_tokens\x18\x02 \x01(\x03\x12\x18\n\x10generated_tokens\x18\x03 \x01(\x03\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\x12\x1a\n\x12min_weight_version\x18\x05 \x01(\x03\x12\x1a\n\x12max_weight_version\x18\x06 \x01(\x03\"\x97\x01\n\x0fGenerateRequest\x12\x12\n\nprompt_ids\x18\x01 \x03(\x05\x12\x13\n\x0bprompt_text\x18\x02 \x01(\t\x12\x33\n\x08sampling\x18\x03 \x01(\x0b\x32!.meshrl.rollout.v1.SamplingParams\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"\x92\x01\n\rGenerateChunk\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x17\n\x0fweight_versions\x18\x03 \x03(\x03\x12\x35\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1e.meshrl.common.v1.FinishReason\x12\x0c\n\x04text\x18\x05 \x01(\t\"\x94\x01\n\x1cUpdateWeightsFromDiskRequest\x12.\n\x07weights\x18\x01 \x01(\x0b\x32\x1d.meshrl.common.v1.DiskWeights\x12/\n\npause_mode\x18\x02 \x01(\x0e\x32\x1b.meshrl.common.v1.PauseMode\x12\x13\n\x0b\x66lush_cache\x18\x03 \x01(\x08\"_\n\x15UpdateWeightsResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\x12\r\n\x05\x62ytes\x18\x03 \x01(\x03\x12\x15\n\rpause_seconds\x18\x04 \x01(\x01\"P\n\x1cInitWeightUpdateGroupRequest\x12\x30\n\x05group\x18\x01 \x01(\x0b\x32!.meshrl.common.v1.CollectiveGroup\"-\n\x1dInitWeightUpdateGroupResponse\x12\x0c\n\x04rank\x18\x01 \x01(\x05\"\xa9\x01\n#UpdateWeightsFromDistributedRequest\x12\x12\n\ngroup_name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12/\n\npause_mode\x18\x03 \x01(\x0e\x32\x1b.meshrl.common.v1.PauseMode\x12\x13\n\x0b\x66lush_cache\x18\x04 \x01(\x08\x12\x17\n\x0ftimeout_seconds\x18\x05 \x01(\x01\"5\n\x1f\x44\x65stroyWeightUpdateGroupRequest\x12\x12\n\ngroup_name\x18\x01 \x01(\t\"\"\n DestroyWeightUpdateGroupResponse\"9\n\x0cPauseRequest\x12)\n\x04mode\x18\x01 \x01(\x0e\x32\x1b.meshrl.common.v1.PauseMode\")\n\rPauseResponse\x12\x18\n\x10\x61\x62orted_requests\x18\x01 \x01(\x05\"\x11\n\x0f\x43ontinueRequest\"\x12\n\x10\x43ontinueResponse\"\x13\n\x11\x46lushCacheRequest\"%\n\x12\x46lushCacheResponse\x12\x0f\n\x07\x66lushed\x18\x01 \x01(\x08\"*\n\x19GetWeightChecksumsRequest\x12\r\n\x05names\x18\x01 \x03(\t\"\x12\n\x10GetStatusRequest\"\xab\x02\n\rRolloutStatus\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x02 \x01(\t\x12\x12\n\nmodel_path\x18\x03 \x01(\t\x12\x16\n\x0eweight_version\x18\x04 \x01(\x03\x12.\n\x05state\x18\x05 \x01(\x0e\x32\x1f.meshrl.rollout.v1.ReplicaState\x12\x13\n\x0bqueue_depth\x18\x06 \x01(\x05\x12\x18\n\x10running_requests\x18\x07 \x01(\x05\x12\x19\n\x11tokens_per_second\x18\x08 \x01(\x01\x12\x10\n\x08\x63\x61pacity\x18\t \x01(\x05\x12\x18\n\x10generated_tokens\x18\n \x01(\x03\x12\x14\n\x0cweight_ranks\x18\x0b \x01(\x05\x12\x0e\n\x06\x64\x65vice\x18\x0c \x01(\t\"\x1d\n\rMemoryRequest\x12\x0c\n\x04tags\x18\x01 \x03(\t\"p\n\x0eMemoryResponse\x12\x10\n\x08released\x18\x01 \x03(\t\x12\x1d\n\x15resident_bytes_before\x18\x02 \x01(\x03\x12\x1c\n\x14resident_bytes_after\x18\x03 \x01(\x03\x12\x0f\n\x07seconds\x18\x04 \x01(\x01*\xb3\x01\n\x0cReplicaState\x12\x1d\n\x19REPLICA_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16REPLICA_STATE_STARTING\x10\x01\x12\x19\n\x15REPLICA_STATE_SERVING\x10\x02\x12\x18\n\x14REPLICA_STATE_PAUSED\x10\x03\x12\x17\n\x13REPLICA_STATE_STALE\x10\x04\x12\x1a\n\x16REPLICA_STATE_DRAINING\x10\x05\x32\xa2\n\n\x07Rollout\x12\x62\n\rGenerateBatch\x12\'.meshrl.rollout.v1.GenerateBatchRequest\x1a(.meshrl.rollout.v1.GenerateBatchResponse\x12X\n\x0eGenerateStream\x12\".meshrl.rollout.v1.GenerateRequest\x1a .meshrl.rollout.v1.GenerateChunk0\x01\x12r\n\x15UpdateWeightsFromDisk\x12/.meshrl.rollout.v1.UpdateWeightsFromDiskRequest\x1a(.meshrl.rollout.v1.UpdateWeightsResponse\x12z\n\x15InitWeightUpdateGroup\x12/.meshrl.rollout.v1.InitWeightUpdateGroupRequest\x1a\x30.meshrl.rollout.v1.InitWeightUpdateGroupResponse\x12\x80\x01\n\x1cUpdateWeightsFromDistributed\x12\x36.meshrl.rollout.v1.UpdateWeightsFromDistributedRequest\x1a(.meshrl.rollout.v1.UpdateWeightsResponse\x12\x83\x01\n\x18\x44\x65stroyWeightUpdateGroup\x12\x32.meshrl.rollout.v1.DestroyWeightUpdateGroupRequest\x1a\x33.meshrl.rollout.v1.DestroyWeightUpdateGroupResponse\x12J\n\x05Pause\x12\x1f.meshrl.rollout.v1.PauseRequest\x1a .meshrl.rollout.v1.PauseResponse\x12S\n\x08\x43ontinue\x12\".meshrl.rollout.v1.ContinueRequest\x1a#.meshrl.rollout.v1.ContinueResponse\x12Y\n\nFlushCache\x12$.meshrl.rollout.v1.FlushCacheRequest\x1a%.meshrl.rollout.v1.FlushCacheResponse\x12\x65\n\x12GetWeightChecksums\x12,.meshrl.rollout.v1.GetWeightChecksumsRequest\x1a!.meshrl.common.v1.WeightChecksums\x12R\n\tGetStatus\x12#.meshrl.rollout.v1.GetStatusRequest\x1a .meshrl.rollout.v1.RolloutStatus\x12T\n\rReleaseMemory\x12 .meshrl.rollout.v1.MemoryRequest\x1a!.meshrl.rollout.v1.MemoryResponse\x12S\n\x0cResumeMemory\x12 .meshrl.rollout.v1.MemoryRequest\x1a!.meshrl.rollout.v1.MemoryResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fmeshrl/rollout/v1/rollout.proto\x12\x11meshrl.rollout.v1\x1a\x1bmeshrl/common/v1/keys.proto\x1a\x1dmeshrl/common/v1/tensor.proto\x1a\x1emeshrl/common/v1/weights.proto\"\x91\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\r\n\x05top_p\x18\x02 \x01(\x01\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12\x16\n\x0estop_token_ids\x18\x05 \x03(\x05\x12\x0c\n\x04seed\x18\x06 \x01(\x03\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\"\x80\x02\n\x14GenerateBatchRequest\x12)\n\x05input\x18\x01 \x01(\x0b\x32\x1a.meshrl.common.v1.BatchKey\x12*\n\x06output\x18\x02 \x01(\x0b\x32\x1a.meshrl.common.v1.BatchKey\x12\x33\n\x08sampling\x18\x03 \x01(\x0b\x32!.meshrl.rollout.v1.SamplingParams\x12\t\n\x01n\x18\x04 \x01(\x05\x12\x0e\n\x06job_id\x18\x05 \x01(\t\x12\x0c\n\x04step\x18\x06 \x01(\x03\x12\x11\n\trow_begin\x18\x07 \x01(\x05\x12\x0f\n\x07row_end\x18\x08 \x01(\x05\x12\x0f\n\x07\x63olumns\x18\t \x03(\t\"\xa2\x01\n\x15GenerateBatchResponse\x12\x0f\n\x07samples\x18\x01 \x01(\x05\x12\x15\n\rprompt_tokens\x18\x02 \x01(\x03\x12\x18\n\x10generated_tokens\x18\x03 \x01(\x03\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\x12\x1a\n\x12min_weight_version\x18\x05 \x01(\x03\x12\x1a\n\x12max_weight_version\x18\x06 \x01(\x03\"\x97\x01\n\x0fGenerateRequest\x12\x12\n\nprompt_ids\x18\x01 \x03(\x05\x12\x13\n\x0bprompt_text\x18\x02 \x01(\t\x12\x33\n\x08sampling\x18\x03 \x01(\x0b\x32!.meshrl.rollout.v1.SamplingParams\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"\x92\x01\n\rGenerateChunk\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x17\n\x0fweight_versions\x18\x03 \x03(\x03\x12\x35\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1e.meshrl.common.v1.FinishReason\x12\x0c\n\x04text\x18\x05 \x01(\t\"\xac\x01\n\x1cUpdateWeightsFromDiskRequest\x12.\n\x07weights\x18\x01 \x01(\x0b\x32\x1d.meshrl.common.v1.DiskWeights\x12/\n\npause_mode\x18\x02 \x01(\x0e\x32\x1b.meshrl.common.v1.PauseMode\x12\x13\n\x0b\x66lush_cache\x18\x03 \x01(\x08\x12\x16\n\x0e\x63hecksum_names\x18\x04 \x03(\t\"\x95\x01\n\x15UpdateWeightsResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\x12\r\n\x05\x62ytes\x18\x03 \x01(\x03\x12\x15\n\rpause_seconds\x18\x04 \x01(\x01\x12\x34\n\tchecksums\x18\x05 \x01(\x0b\x32!.meshrl.common.v1.WeightChecksums\"P\n\x1cInitWeightUpdateGroupRequest\x12\x30\n\x05group\x18\x01 \x01(\x0b\x32!.meshrl.common.v1.CollectiveGroup\"-\n\x1dInitWeightUpdateGroupResponse\x12\x0c\n\x04rank\x18\x01 \x01(\x05\"\xc1\x01\n#UpdateWeightsFromDistributedRequest\x12\x12\n\ngroup_name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12/\n\npause_mode\x18\x03 \x01(\x0e\x32\x1b.meshrl.common.v1.PauseMode\x12\x13\n\x0b\x66lush_cache\x18\x04 \x01(\x08\x12\x17\n\x0ftimeout_seconds\x18\x05 \x01(\x01\x12\x16\n\x0e\x63hecksum_names\x18\x06 \x03(\t\"5\n\x1f\x44\x65stroyWeightUpdateGroupRequest\x12\x12\n\ngroup_name\x18\x01 \x01(\t\"\"\n DestroyWeightUpdateGroupResponse\"9\n\x0cPauseRequest\x12)\n\x04mode\x18\x01 \x01(\x0e\x32\x1b.meshrl.common.v1.PauseMode\")\n\rPauseResponse\x12\x18\n\x10\x61\x62orted_requests\x18\x01 \x01(\x05\"\x11\n\x0f\x43ontinueRequest\"\x12\n\x10\x43ontinueResponse\"\x13\n\x11\x46lushCacheRequest\"%\n\x12\x46lushCacheResponse\x12\x0f\n\x07\x66lushed\x18\x01 \x01(\x08\"*\n\x19GetWeightChecksumsRequest\x12\r\n\x05names\x18\x01 \x03(\t\"\x12\n\x10GetStatusRequest\"\xab\x02\n\rRolloutStatus\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x02 \x01(\t\x12\x12\n\nmodel_path\x18\x03 \x01(\t\x12\x16\n\x0eweight_version\x18\x04 \x01(\x03\x12.\n\x05state\x18\x05 \x01(\x0e\x32\x1f.meshrl.rollout.v1.ReplicaState\x12\x13\n\x0bqueue_depth\x18\x06 \x01(\x05\x12\x18\n\x10running_requests\x18\x07 \x01(\x05\x12\x19\n\x11tokens_per_second\x18\x08 \x01(\x01\x12\x10\n\x08\x63\x61pacity\x18\t \x01(\x05\x12\x18\n\x10generated_tokens\x18\n \x01(\x03\x12\x14\n\x0cweight_ranks\x18\x0b \x01(\x05\x12\x0e\n\x06\x64\x65vice\x18\x0c \x01(\t\"\x1d\n\rMemoryRequest\x12\x0c\n\x04tags\x18\x01 \x03(\t\"p\n\x0eMemoryResponse\x12\x10\n\x08released\x18\x01 \x03(\t\x12\x1d\n\x15resident_bytes_before\x18\x02 \x01(\x03\x12\x1c\n\x14resident_bytes_after\x18\x03 \x01(\x03\x12\x0f\n\x07seconds\x18\x04 \x01(\x01*\xb3\x01\n\x0cReplicaState\x12\x1d\n\x19REPLICA_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16REPLICA_STATE_STARTING\x10\x01\x12\x19\n\x15REPLICA_STATE_SERVING\x10\x02\x12\x18\n\x14REPLICA_STATE_PAUSED\x10\x03\x12\x17\n\x13REPLICA_STATE_STALE\x10\x04\x12\x1a\n\x16REPLICA_STATE_DRAINING\x10\x05\x32\xa2\n\n\x07Rollout\x12\x62\n\rGenerateBatch\x12\'.meshrl.rollout.v1.GenerateBatchRequest\x1a(.meshrl.rollout.v1.GenerateBatchResponse\x12X\n\x0eGenerateStream\x12\".meshrl.rollout.v1.GenerateRequest\x1a .meshrl.rollout.v1.GenerateChunk0\x01\x12r\n\x15UpdateWeightsFromDisk\x12/.meshrl.rollout.v1.UpdateWeightsFromDiskRequest\x1a(.meshrl.rollout.v1.UpdateWeightsResponse\x12z\n\x15InitWeightUpdateGroup\x12/.meshrl.rollout.v1.InitWeightUpdateGroupRequest\x1a\x30.meshrl.rollout.v1.InitWeightUpdateGroupResponse\x12\x80\x01\n\x1cUpdateWeightsFromDistributed\x12\x36.meshrl.rollout.v1.UpdateWeightsFromDistributedRequest\x1a(.meshrl.rollout.v1.UpdateWeightsResponse\x12\x83\x01\n\x18\x44\x65stroyWeightUpdateGroup\x12\x32.meshrl.rollout.v1.DestroyWeightUpdateGroupRequest\x1a\x33.meshrl.rollout.v1.DestroyWeightUpdateGroupResponse\x12J\n\x05Pause\x12\x1f.meshrl.rollout.v1.PauseRequest\x1a .meshrl.rollout.v1.PauseResponse\x12S\n\x08\x43ontinue\x12\".meshrl.rollout.v1.ContinueRequest\x1a#.meshrl.rollout.v1.ContinueResponse\x12Y\n\nFlushCache\x12$.meshrl.rollout.v1.FlushCacheRequest\x1a%.meshrl.rollout.v1.FlushCacheResponse\x12\x65\n\x12GetWeightChecksums\x12,.meshrl.rollout.v1.GetWeightChecksumsRequest\x1a!.meshrl.common.v1.WeightChecksums\x12R\n\tGetStatus\x12#.meshrl.rollout.v1.GetStatusRequest\x1a .meshrl.rollout.v1.RolloutStatus\x12T\n\rReleaseMemory\x12 .meshrl.rollout.v1.MemoryRequest\x1a!.meshrl.rollout.v1.MemoryResponse\x12S\n\x0cResumeMemory\x12 .meshrl.rollout.v1.MemoryRequest\x1a!.meshrl.rollout.v1.MemoryResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'meshrl.rollout.v1.rollout_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_REPLICASTATE']._serialized_start=2374
-  _globals['_REPLICASTATE']._serialized_end=2553
+  _globals['_REPLICASTATE']._serialized_start=2477
+  _globals['_REPLICASTATE']._serialized_end=2656
   _globals['_SAMPLINGPARAMS']._serialized_start=147
   _globals['_SAMPLINGPARAMS']._serialized_end=292
   _globals['_GENERATEBATCHREQUEST']._serialized_start=295
@@ -47,41 +47,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATECHUNK']._serialized_start=873
   _globals['_GENERATECHUNK']._serialized_end=1019
   _globals['_UPDATEWEIGHTSFROMDISKREQUEST']._serialized_start=1022
-  _globals['_UPDATEWEIGHTSFROMDISKREQUEST']._serialized_end=1170
-  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_start=1172
-  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=1267
-  _globals['_INITWEIGHTUPDATEGROUPREQUEST']._serialized_start=1269
-  _globals['_INITWEIGHTUPDATEGROUPREQUEST']._serialized_end=1349
-  _globals['_INITWEIGHTUPDATEGROUPRESPONSE']._serialized_start=1351
-  _globals['_INITWEIGHTUPDATEGROUPRESPONSE']._serialized_end=1396
-  _globals['_UPDATEWEIGHTSFROMDISTRIBUTEDREQUEST']._serialized_start=1399
-  _globals['_UPDATEWEIGHTSFROMDISTRIBUTEDREQUEST']._serialized_end=1568
-  _globals['_DESTROYWEIGHTUPDATEGROUPREQUEST']._serialized_start=1570
-  _globals['_DESTROYWEIGHTUPDATEGROUPREQUEST']._serialized_end=1623
-  _globals['_DESTROYWEIGHTUPDATEGROUPRESPONSE']._serialized_start=1625
-  _globals['_DESTROYWEIGHTUPDATEGROUPRESPONSE']._serialized_end=1659
-  _globals['_PAUSEREQUEST']._serialized_start=1661
-  _globals['_PAUSEREQUEST']._serialized_end=1718
-  _globals['_PAUSERESPONSE']._serialized_start=1720
-  _globals['_PAUSERESPONSE']._serialized_end=1761
-  _globals['_CONTINUEREQUEST']._serialized_start=1763
-  _globals['_CONTINUEREQUEST']._serialized_end=1780
-  _globals['_CONTINUERESPONSE']._serialized_start=1782
-  _globals['_CONTINUERESPONSE']._serialized_end=1800
-  _globals['_FLUSHCACHEREQUEST']._serialized_start=1802
-  _globals['_FLUSHCACHEREQUEST']._serialized_end=1821
-  _globals['_FLUSHCACHERESPONSE']._serialized_start=1823
-  _globals['_FLUSHCACHERESPONSE']._serialized_end=1860
-  _globals['_GETWEIGHTCHECKSUMSREQUEST']._serialized_start=1862
-  _globals['_GETWEIGHTCHECKSUMSREQUEST']._serialized_end=1904
-  _globals['_GETSTATUSREQUEST']._serialized_start=1906
-  _globals['_GETSTATUSREQUEST']._serialized_end=1924
-  _globals['_ROLLOUTSTATUS']._serialized_start=1927
-  _globals['_ROLLOUTSTATUS']._serialized_end=2226
-  _globals['_MEMORYREQUEST']._serialized_start=2228
-  _globals['_MEMORYREQUEST']._serialized_end=2257
-  _globals['_MEMORYRESPONSE']._serialized_start=2259
-  _globals['_MEMORYRESPONSE']._serialized_end=2371
-  _globals['_ROLLOUT']._serialized_start=2556
-  _globals['_ROLLOUT']._serialized_end=3870
+  _globals['_UPDATEWEIGHTSFROMDISKREQUEST']._serialized_end=1194
+  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_start=1197
+  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=1346
+  _globals['_INITWEIGHTUPDATEGROUPREQUEST']._serialized_start=1348
+  _globals['_INITWEIGHTUPDATEGROUPREQUEST']._serialized_end=1428
+  _globals['_INITWEIGHTUPDATEGROUPRESPONSE']._serialized_start=1430
+  _globals['_INITWEIGHTUPDATEGROUPRESPONSE']._serialized_end=1475
+  _globals['_UPDATEWEIGHTSFROMDISTRIBUTEDREQUEST']._serialized_start=1478
+  _globals['_UPDATEWEIGHTSFROMDISTRIBUTEDREQUEST']._serialized_end=1671
+  _globals['_DESTROYWEIGHTUPDATEGROUPREQUEST']._serialized_start=1673
+  _globals['_DESTROYWEIGHTUPDATEGROUPREQUEST']._serialized_end=1726
+  _globals['_DESTROYWEIGHTUPDATEGROUPRESPONSE']._serialized_start=1728
+  _globals['_DESTROYWEIGHTUPDATEGROUPRESPONSE']._serialized_end=1762
+  _globals['_PAUSEREQUEST']._serialized_start=1764
+  _globals['_PAUSEREQUEST']._serialized_end=1821
+  _globals['_PAUSERESPONSE']._serialized_start=1823
+  _globals['_PAUSERESPONSE']._serialized_end=1864
+  _globals['_CONTINUEREQUEST']._serialized_start=1866
+  _globals['_CONTINUEREQUEST']._serialized_end=1883
+  _globals['_CONTINUERESPONSE']._serialized_start=1885
+  _globals['_CONTINUERESPONSE']._serialized_end=1903
+  _globals['_FLUSHCACHEREQUEST']._serialized_start=1905
+  _globals['_FLUSHCACHEREQUEST']._serialized_end=1924
+  _globals['_FLUSHCACHERESPONSE']._serialized_start=1926
+  _globals['_FLUSHCACHERESPONSE']._serialized_end=1963
+  _globals['_GETWEIGHTCHECKSUMSREQUEST']._serialized_start=1965
+  _globals['_GETWEIGHTCHECKSUMSREQUEST']._serialized_end=2007
+  _globals['_GETSTATUSREQUEST']._serialized_start=2009
+  _globals['_GETSTATUSREQUEST']._serialized_end=2027
+  _globals['_ROLLOUTSTATUS']._serialized_start=2030
+  _globals['_ROLLOUTSTATUS']._serialized_end=2329
+  _globals['_MEMORYREQUEST']._serialized_start=2331
+  _globals['_MEMORYREQUEST']._serialized_end=2360
+  _globals['_MEMORYRESPONSE']._serialized_start=2362
+  _globals['_MEMORYRESPONSE']._serialized_end=2474
+  _globals['_ROLLOUT']._serialized_start=2659
+  _globals['_ROLLOUT']._serialized_end=3973
 # @@protoc_insertion_point(module_scope)

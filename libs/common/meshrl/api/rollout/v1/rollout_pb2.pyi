@@ -110,26 +110,30 @@ class GenerateChunk(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., weight_versions: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[_tensor_pb2.FinishReason, str]] = ..., text: _Optional[str] = ...) -> None: ...
 
 class UpdateWeightsFromDiskRequest(_message.Message):
-    __slots__ = ("weights", "pause_mode", "flush_cache")
+    __slots__ = ("weights", "pause_mode", "flush_cache", "checksum_names")
     WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     PAUSE_MODE_FIELD_NUMBER: _ClassVar[int]
     FLUSH_CACHE_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_NAMES_FIELD_NUMBER: _ClassVar[int]
     weights: _weights_pb2.DiskWeights
     pause_mode: _weights_pb2.PauseMode
     flush_cache: bool
-    def __init__(self, weights: _Optional[_Union[_weights_pb2.DiskWeights, _Mapping]] = ..., pause_mode: _Optional[_Union[_weights_pb2.PauseMode, str]] = ..., flush_cache: _Optional[bool] = ...) -> None: ...
+    checksum_names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, weights: _Optional[_Union[_weights_pb2.DiskWeights, _Mapping]] = ..., pause_mode: _Optional[_Union[_weights_pb2.PauseMode, str]] = ..., flush_cache: _Optional[bool] = ..., checksum_names: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class UpdateWeightsResponse(_message.Message):
-    __slots__ = ("version", "seconds", "bytes", "pause_seconds")
+    __slots__ = ("version", "seconds", "bytes", "pause_seconds", "checksums")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
     PAUSE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
     version: int
     seconds: float
     bytes: int
     pause_seconds: float
-    def __init__(self, version: _Optional[int] = ..., seconds: _Optional[float] = ..., bytes: _Optional[int] = ..., pause_seconds: _Optional[float] = ...) -> None: ...
+    checksums: _weights_pb2.WeightChecksums
+    def __init__(self, version: _Optional[int] = ..., seconds: _Optional[float] = ..., bytes: _Optional[int] = ..., pause_seconds: _Optional[float] = ..., checksums: _Optional[_Union[_weights_pb2.WeightChecksums, _Mapping]] = ...) -> None: ...
 
 class InitWeightUpdateGroupRequest(_message.Message):
     __slots__ = ("group",)
@@ -144,18 +148,20 @@ class InitWeightUpdateGroupResponse(_message.Message):
     def __init__(self, rank: _Optional[int] = ...) -> None: ...
 
 class UpdateWeightsFromDistributedRequest(_message.Message):
-    __slots__ = ("group_name", "version", "pause_mode", "flush_cache", "timeout_seconds")
+    __slots__ = ("group_name", "version", "pause_mode", "flush_cache", "timeout_seconds", "checksum_names")
     GROUP_NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PAUSE_MODE_FIELD_NUMBER: _ClassVar[int]
     FLUSH_CACHE_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_NAMES_FIELD_NUMBER: _ClassVar[int]
     group_name: str
     version: int
     pause_mode: _weights_pb2.PauseMode
     flush_cache: bool
     timeout_seconds: float
-    def __init__(self, group_name: _Optional[str] = ..., version: _Optional[int] = ..., pause_mode: _Optional[_Union[_weights_pb2.PauseMode, str]] = ..., flush_cache: _Optional[bool] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+    checksum_names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, group_name: _Optional[str] = ..., version: _Optional[int] = ..., pause_mode: _Optional[_Union[_weights_pb2.PauseMode, str]] = ..., flush_cache: _Optional[bool] = ..., timeout_seconds: _Optional[float] = ..., checksum_names: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DestroyWeightUpdateGroupRequest(_message.Message):
     __slots__ = ("group_name",)
