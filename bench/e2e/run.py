@@ -336,7 +336,7 @@ def measure(a: argparse.Namespace, root: Path) -> dict:
         metrics["cpu"] = cpu_by_process(None)["all"] - cpu
         inp_steps.append(metrics)
 
-    def alternating_step(svc, executor, publisher):
+    def alternating_step(svc, executor, publisher, *rest):
         """One service step and one in-process step, in alternating order; the job waits meanwhile.
         CPU seconds of the whole process tree are taken around each, so both include the idle side's."""
         if not getattr(svc.buffer, "_probed", False):
@@ -345,7 +345,7 @@ def measure(a: argparse.Namespace, root: Path) -> dict:
         if runner.step % 2 == 0:
             inprocess_step()
         cpu = cpu_by_process(svc)
-        metrics = service_step(svc, executor, publisher)
+        metrics = service_step(svc, executor, publisher, *rest)
         svc_cpu[runner.step] = {k: v - cpu[k] for k, v in cpu_by_process(svc).items()}
         if runner.step % 2 == 1:
             inprocess_step()

@@ -112,11 +112,11 @@ def take_turns(record: JobRecord, mode: str, turns: TakeTurns, rows: list[dict[s
     step_fn = runner._train_step
     tracing = TelemetryConfig(exporter="file", path=str(spans)) if mode == "on" else TelemetryConfig()
 
-    def one_step(svc, executor, publisher):
+    def one_step(svc, executor, publisher, *rest):
         turns.wait(mode, runner.step)
         try:
             telemetry.setup_telemetry("scheduler", tracing)
-            metrics = step_fn(svc, executor, publisher)
+            metrics = step_fn(svc, executor, publisher, *rest)
             start = time.perf_counter()
             telemetry.force_flush()
             flush = time.perf_counter() - start
