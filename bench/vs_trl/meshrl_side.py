@@ -1,8 +1,8 @@
 """meshrl's side of the harness: `meshrl run` through all four services (Ray, embedded Redis, trainer, rollout
 replica) on a job config written from the shared budget, with only model, data, reward, steps, batch and peak
 learning rates given, everything else meshrl's defaults. Reads the run folder back into curves:
-warmup.jsonl (held-out loss), eval.jsonl (held-out accuracy at step 0 = after the warm-up, every K steps, end)
-and metrics.jsonl (seconds per RL step, evaluation excluded). Called by bench/vs_trl/run.py.
+warmup.jsonl (held-out loss, and accuracy every `sft_eval_every` steps as on TRL's side), eval.jsonl
+(held-out accuracy at step 0 = after the warm-up, every K steps, end) and metrics.jsonl (seconds per RL step, evaluation excluded). Called by bench/vs_trl/run.py.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ def job_config(task: Task, b: Budget, model: Path, data: Path, run_root: Path, n
         "model": {"path": str(model)},
         "data": {"train": str(data / "train.jsonl"), "eval": str(data / "eval.jsonl"), "prompt_key": "prompt",
                  "answer_key": "answer", "response_key": "solution", "prompts_per_step": b.prompts_per_step},
-        "warmup": {"steps": b.sft_steps if warmup else 0, "batch_size": b.sft_batch, "lr": b.sft_lr},
+        "warmup": {"steps": b.sft_steps if warmup else 0, "batch_size": b.sft_batch, "lr": b.sft_lr,
+                   "eval_accuracy_every": b.sft_eval_every},
         "rollout": {"n": b.n, "max_tokens": b.max_tokens, "temperature": b.temperature,
                     "max_batch_size": max(64, b.rl_samples_per_step)},
         "algorithm": {"reward": task.reward, "loss": {"kl_coef": 0.0, "old_logprobs": "rollout"}},
@@ -66,6 +67,9 @@ def run_meshrl(task: Task, b: Budget, model: Path, data: Path, out: Path, phase:
     if warmup:
         sft = Curve("meshrl", "sft", extra={"heldout_loss": [(p["samples"], p["heldout_loss"]) for p in sft_points
                                                               if "heldout_loss" in p]})  # fmt: skip
+        for p in sft_points:  # held-out accuracy every sft_eval_every steps, as TRL's side measures it
+            if "heldout_accuracy" in p:
+                sft.add(p["samples"], p["seconds"], p["heldout_accuracy"], p["heldout_reward"])
         sft.add(sft_points[-1]["samples"], sft_points[-1]["seconds"], *evals[0])
     rl = Curve("meshrl", phase, extra={"process_seconds": wall, "run_dir": str(run_dir),
                                        "seconds_per_step": sorted(step_seconds.values())})  # fmt: skip

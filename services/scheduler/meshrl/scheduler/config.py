@@ -215,6 +215,11 @@ class WarmupSection(StrictModel):
     warmup_ratio: float = Field(0.0, ge=0, le=1, description="share of the steps with a linear lr ramp")
     min_lr: float = Field(0.0, ge=0, description="the rate the decay ends at")
     eval_every: int = Field(0, ge=0, description="held-out loss every K steps (always at the end)")
+    eval_accuracy_every: int = Field(
+        0, ge=0, description="held-out accuracy every K steps (0: only after the warm-up, as RL's step 0): the "
+        "actor's weights are published to the replicas and the job's greedy evaluation (`eval`) runs; its time is "
+        "left out of the warm-up's seconds",
+    )  # fmt: skip
     handover: Literal["fresh", "keep"] = Field(
         "fresh", description="fresh: RL starts with a new optimizer; keep: RL continues the warm-up's Adam state"
     )

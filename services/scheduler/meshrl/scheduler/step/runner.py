@@ -153,19 +153,34 @@ class JobRunner:
         return True
 
     # -- phases --------------------------------------------------------------------------
-    def warmup(self, svc: JobServices, encoder: PromptEncoder, records) -> None:
+    def warmup(self, svc: JobServices, job: _JobInputs, publisher: WeightPublisher) -> None:
         cfg = self.cfg
         mbt, seed = cfg.trainer.micro_batch_tokens, cfg.data.shuffle_seed
-        phase = SupervisedWarmup(self.job_id, cfg.warmup, svc.trainer, svc.buffer, encoder, log=self.events.log,
-                                 micro_batch_tokens=mbt, shuffle_seed=seed)  # fmt: skip
-        phase.run(records, heldout_pairs(cfg.data), self.run.root / "warmup.jsonl")
+
+        def accuracy() -> dict[str, float]:  # the replicas get the actor's weights as they are now, then greedy eval
+            self._serve_trainer_weights(svc, publisher)
+            return self._evaluate(svc, job.encoder, job.eval_records, job.reward_fn)
+
+        phase = SupervisedWarmup(self.job_id, cfg.warmup, svc.trainer, svc.buffer, job.encoder, log=self.events.log,
+                                 micro_batch_tokens=mbt, shuffle_seed=seed,
+                                 evaluate=accuracy if job.eval_records else None)  # fmt: skip
+        phase.run(job.records, heldout_pairs(cfg.data), self.run.root / "warmup.jsonl")
         phase.hand_over(cfg.model.path, cfg.model.dtype, cfg.trainer.optimizer, cfg.job.seed)
         if "reference" in self.roles:
             svc.trainer.load_model("reference", self.cfg.model.path, self.cfg.model.dtype, None, 0, copy_from="actor")
 
     def _eval(self, svc, encoder, eval_records, reward_fn) -> dict[str, float]:
+        """The held-out evaluation at this step, logged to eval.jsonl, the events and the trackers."""
         if not eval_records:
             return {}
+        metrics = self._evaluate(svc, encoder, eval_records, reward_fn)
+        self.run.log_eval(self.step, metrics)
+        self.events.metrics(self.step, metrics)
+        self.trackers.log(self.step, metrics)
+        return metrics
+
+    def _evaluate(self, svc, encoder, eval_records, reward_fn) -> dict[str, float]:
+        """Greedy answers to the held-out prompts from the replicas as they serve now, scored."""
         max_tokens = self.cfg.eval.max_tokens or self.cfg.rollout.max_tokens
         if self.user_code is not None and self.user_code.env_node is not None:  # multi-turn: greedy episodes
             session = f"{self.job_id}/{self.step}/eval"
@@ -173,9 +188,6 @@ class JobRunner:
         else:
             metrics = evaluate(self.job_id, self.step, eval_records, encoder, svc.buffer, svc.fleet, reward_fn,
                                max_tokens)  # fmt: skip
-        self.run.log_eval(self.step, metrics)
-        self.events.metrics(self.step, metrics)
-        self.trackers.log(self.step, metrics)
         return metrics
 
     # -- the job -------------------------------------------------------------------------
@@ -240,14 +252,17 @@ class JobRunner:
         publisher = WeightPublisher(svc.trainer, cfg.weights, str(self.run.weights))
         resumed = resume and self.restore(svc, publisher, job.sampler)
         if not resumed and (cfg.warmup.steps or cfg.warmup.epochs):
-            self.warmup(svc, job.encoder, job.records)
-        # Replicas may have served another job: start above every version they report (and above those
-        # published before a restart with no checkpoint yet), and make them serve exactly the trainer's
-        # weights before anything is generated.
+            self.warmup(svc, job, publisher)
+        self._serve_trainer_weights(svc, publisher)
+        return publisher, resumed
+
+    def _serve_trainer_weights(self, svc: JobServices, publisher: WeightPublisher) -> None:
+        """Makes the replicas serve exactly the trainer's weights before anything is generated. They may have
+        served another job: the version starts above every one they report (and above those published before a
+        restart with no checkpoint yet)."""
         served = [c.status().weight_version for c in svc.fleet.clients()]
         publisher.version = max([publisher.version, *served, *self.run.published_versions()])
         svc.fleet.expect_version(self._publish(svc, publisher).version)
-        return publisher, resumed
 
     def _run_steps(self, svc: JobServices, job: _JobInputs, publisher: WeightPublisher) -> None:
         """The training steps up to job.steps: scaling and registry changes between steps, evaluation and

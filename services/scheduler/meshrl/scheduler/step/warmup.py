@@ -5,7 +5,8 @@ epochs (`steps`, or `epochs` over the training set), a learning rate per step fr
 over `warmup_ratio` of the steps, then constant / linear / cosine decay) sent as the step's `lr_override`,
 loss on response tokens only (the trainer scores only response tokens, so prompt tokens are masked), the
 held-out loss (mean negative log-likelihood per response token of the eval pairs) every `eval_every` steps and
-at the end, and a hand-over to RL: `fresh` reloads the actor from its own warmed weights with a new optimizer
+at the end, held-out accuracy every `eval_accuracy_every` steps (the job's greedy evaluation on weights the
+runner publishes first, passed in as `evaluate`), and a hand-over to RL: `fresh` reloads the actor from its own warmed weights with a new optimizer
 (Adam moments and step count zeroed, so RL's own lr schedule starts at its first step), `keep` carries the
 optimizer state over. The next batch is encoded and stored while the trainer runs the current step (one
 batch ahead, in the order the sampler draws them), and a used batch is deleted off the critical path.
@@ -64,8 +65,10 @@ class SupervisedWarmup:
     """Runs the phase; `trainer` is a TrainerClient, `buffer` a DataBufferClient (the same calls)."""
 
     def __init__(self, job_id: str, cfg: Any, trainer: Any, buffer: Any, encoder: PromptEncoder, *,
-                 micro_batch_tokens: int, shuffle_seed: int, log: Callable[[str], None] = print) -> None:  # fmt: skip
+                 micro_batch_tokens: int, shuffle_seed: int, log: Callable[[str], None] = print,
+                 evaluate: Callable[[], dict[str, float]] | None = None) -> None:  # fmt: skip
         self.job_id, self.cfg, self.trainer, self.buffer, self.encoder = job_id, cfg, trainer, buffer, encoder
+        self.evaluate = evaluate  # held-out accuracy of the actor as it is now (eval_accuracy_every)
         self.micro_batch_tokens = micro_batch_tokens
         self.shuffle_seed = shuffle_seed
         self.log = log
@@ -135,12 +138,16 @@ class SupervisedWarmup:
         last = i == steps - 1
         if heldout and ((cfg.eval_every and (i + 1) % cfg.eval_every == 0) or last):
             point["heldout_loss"] = result.heldout_loss = self.heldout_loss(heldout, i + 1)
+        if self.evaluate and cfg.eval_accuracy_every and (i + 1) % cfg.eval_accuracy_every == 0 and not last:
+            metrics = self.evaluate()  # the last step's is RL's step-0 evaluation
+            point["heldout_accuracy"], point["heldout_reward"] = metrics["eval/accuracy"], metrics["eval/reward_mean"]
         result.curve.append(point)
         if curve_file is not None:
             with curve_file.open("a") as f:
                 f.write(json.dumps(point) + "\n")
-        if i % 10 == 0 or last or "heldout_loss" in point:
+        if i % 10 == 0 or last or "heldout_loss" in point or "heldout_accuracy" in point:
             held = f", held-out {point['heldout_loss']:.4f}" if "heldout_loss" in point else ""
+            held += f", held-out accuracy {point['heldout_accuracy']:.3f}" if "heldout_accuracy" in point else ""
             self.log(f"warm-up {i + 1}/{steps}: lr {lr:.2e}, loss {result.train_loss:.4f}{held}")
 
     def hand_over(self, model_path: str, dtype: str, optimizer: Any, seed: int) -> None:
