@@ -31,6 +31,7 @@ def test_a_plain_colocated_job_loads():
         (["rollout.registry.redis_url=redis://127.0.0.1:6379/0"], "unset rollout.registry.redis_url"),
         (["rollout.replicas=0"], "rollout.replicas >= 1"),
         (["weights.delta=true"], "weights.delta: false"),
+        (["warmup.steps=10", "warmup.eval_accuracy_every=5"], "warmup.eval_accuracy_every: 0"),
     ],
 )
 def test_what_cannot_run_colocated_is_refused_with_the_fix(overrides, message):

@@ -384,6 +384,8 @@ def colocated_problem(cfg: JobConfig) -> str:
         (cfg.training.mode != "sync", f"takes turns on the device, so training.mode must be 'sync' "
          f"(got {cfg.training.mode!r}); set training.mode: sync"),
         (cfg.weights.delta, "refills released weights with complete versions; set weights.delta: false"),
+        (bool(cfg.warmup.eval_accuracy_every), "gives the device to the trainer for the whole warm-up, so it "
+         "cannot evaluate accuracy during it; set warmup.eval_accuracy_every: 0"),
     ]  # fmt: skip
     return next((msg for bad, msg in checks if bad), "")
 
