@@ -1,7 +1,9 @@
 """A finished step's batches deleted off the critical path: the DeleteStep call of step N runs on a thread of
 its own while step N+1 loads its prompts and generates, instead of between the two (1-2 ms of a 64-sample
 step on a 2-core host, issue 21). Deletions run one at a time, in step order; the next one, and the end of
-the steps, wait for the one before and raise its error, so a failed deletion still fails the job.
+the steps, wait for the one before and raise its error, so a failed deletion still fails the job. Work that
+writes under a finished step's keys (the held-out evaluation after step N uses step N's) calls `wait` first,
+or the deletion under way could take its batches.
 
 The job's bytes a deletion found (`buffer/bytes`) are reported with the step after it: they are the bytes
 the job held when the previous step ended. Used by `step/runner.py` and `step/agent_runner.py`.
@@ -22,19 +24,22 @@ class StepDeletions:
         self.timeout = timeout  # of one DeleteStep call
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="step-deletions")
         self._pending: Future[StepDeletion] | None = None
+        self._report: dict[str, float] = {}  # the last finished deletion's metric, not yet reported
 
     def delete(self, step: int) -> dict[str, float]:
         """Starts deleting `step`'s batches; returns the previous deletion's `buffer/bytes` metric (none for a
         job's first step). Raises the previous deletion's error."""
-        metrics = self.wait()
+        self.wait()
+        report, self._report = self._report, {}
         run = contextvars.copy_context().run
         self._pending = self._pool.submit(run, self.buffer.delete_step, self.job_id, step, timeout=self.timeout)
-        return metrics
+        return report
 
-    def wait(self) -> dict[str, float]:
-        """Waits for the deletion under way; its `buffer/bytes` metric, or its error."""
+    def wait(self) -> None:
+        """Waits for the deletion under way (its metric goes out with the next `delete`); raises its error."""
         pending, self._pending = self._pending, None
-        return {} if pending is None else {"buffer/bytes": float(pending.result().job_bytes_before)}
+        if pending is not None:
+            self._report = {"buffer/bytes": float(pending.result().job_bytes_before)}
 
     def close(self) -> None:
         """Lets the deletion under way finish (its error is not raised: the steps already ended on one)."""

@@ -288,6 +288,7 @@ class JobRunner:
                     self.step += 1
                     metrics = self._train_step(svc, steps, publisher, deletions)
                     if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.job.steps:
+                        deletions.wait()  # the evaluation writes under this step's keys
                         metrics.update(self._eval(svc, job.encoder, job.eval_records, job.reward_fn))
                     steps.announce(publisher.version)  # generation may move on to the new weights
                     bar.step(self.step, metrics)
