@@ -61,7 +61,8 @@ class TrainerCore:
     """Models per role on this process; see the module docstring."""
 
     def __init__(self, *, micro_batch_tokens: int = 4096, temperature: float = 1.0, atomic_steps: bool = True,
-                 tensor_parallel: int = 1, pipeline_parallel: int = 1, single_thread_below_gflop: float = 0.0):  # fmt: skip
+                 tensor_parallel: int = 1, pipeline_parallel: int = 1,
+                 single_thread_below_gflop: float = 0.0):  # fmt: skip
         self.layout = ensure_parallel_state(tensor_parallel, pipeline_parallel)
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
@@ -140,8 +141,9 @@ class TrainerCore:
         return plan_micro_batches(mine, lengths, budget or self.micro_batch_tokens)
 
     def threads(self, state: RoleState, batch: SequenceBatch, per_token: int):
-        """The torch threads of one call over `batch` (call_threads.py): one when its work is small."""
-        flop = call_flop(state.num_parameters, int(batch.total_lengths.sum()), per_token)
+        """The torch threads of one call over `batch` (call_threads.py): one when this rank's share of its work
+        (the whole call's over the ranks) is small."""
+        flop = call_flop(state.num_parameters, int(batch.total_lengths.sum()), per_token) / self.world
         return threads_for(flop, self.single_thread_below_gflop, self.device)
 
     def _gather_rows(self, batch: SequenceBatch, per_row: dict[int, np.ndarray]) -> Ragged:
@@ -263,24 +265,29 @@ class TrainerCore:
             raise InvalidArgument(f"mini_batches = {mini_batches} must be in [1, rows = {len(batch)}]")
         temp = self.temperature if temperature is None else temperature
         with self.threads(state, batch, FORWARD_BACKWARD):
-            pi_old = None
-            if cfg.old_logprobs == "in-train" and cfg.policy_loss not in ("sft", "value"):
-                start = time.perf_counter()  # pi_old: the weights as this call finds them, before its first update
-                pi_old = batch.token_columns[S.OLD_LOGPROBS] = self._logprobs(
-                    state, batch, temp, False, micro_batch_tokens
-                ).values
-                pass_seconds = time.perf_counter() - start
-            result = train_role(
-                state,
-                batch,
-                cfg,
-                lambda b, rows: self._plans(b, rows, micro_batch_tokens),
-                self.device,
-                mini_batches=mini_batches,
-                temperature=temp,
-                lr_override=lr_override,
-                atomic=self.atomic_steps,
-            )
+            return self._train(state, batch, cfg, temp, micro_batch_tokens, mini_batches, lr_override)
+
+    def _train(self, state: RoleState, batch: SequenceBatch, cfg: LossConfig, temp: float,
+               micro_batch_tokens: int | None, mini_batches: int, lr_override: float) -> TrainResult:  # fmt: skip
+        """pi_old in the call when the loss asks for it ('in-train'), then the optimizer steps (train_role)."""
+        pi_old = None
+        if cfg.old_logprobs == "in-train" and cfg.policy_loss not in ("sft", "value"):
+            start = time.perf_counter()  # pi_old: the weights as this call finds them, before its first update
+            pi_old = batch.token_columns[S.OLD_LOGPROBS] = self._logprobs(
+                state, batch, temp, False, micro_batch_tokens
+            ).values
+            pass_seconds = time.perf_counter() - start
+        result = train_role(
+            state,
+            batch,
+            cfg,
+            lambda b, rows: self._plans(b, rows, micro_batch_tokens),
+            self.device,
+            mini_batches=mini_batches,
+            temperature=temp,
+            lr_override=lr_override,
+            atomic=self.atomic_steps,
+        )
         if pi_old is not None:
             result.metrics["perf/old_logprob_seconds"] = pass_seconds
             result.old_logprobs = pi_old

@@ -6,9 +6,9 @@ over `warmup_ratio` of the steps, then constant / linear / cosine decay) sent as
 loss on response tokens only (the trainer scores only response tokens, so prompt tokens are masked), the
 held-out loss (mean negative log-likelihood per response token of the eval pairs) every `eval_every` steps and
 at the end, held-out accuracy every `eval_accuracy_every` steps (the job's greedy evaluation on weights the
-runner publishes first, passed in as `evaluate`), and a hand-over to RL: `fresh` reloads the actor from its own warmed weights with a new optimizer
-(Adam moments and step count zeroed, so RL's own lr schedule starts at its first step), `keep` carries the
-optimizer state over. The next batch is encoded and stored while the trainer runs the current step (one
+runner publishes first, passed in as `evaluate`), and a hand-over to RL: `fresh` reloads the actor from its
+own warmed weights with a new optimizer (Adam moments and step count zeroed, so RL's own lr schedule starts at
+its first step), `keep` carries the optimizer state over. The next batch is encoded and stored while the trainer runs the current step (one
 batch ahead, in the order the sampler draws them), and a used batch is deleted off the critical path.
 Called by `meshrl.scheduler.step.runner.JobRunner`; writes `warmup.jsonl` in the run folder.
 """
