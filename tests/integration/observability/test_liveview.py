@@ -51,7 +51,8 @@ def test_live_page_updates_while_the_job_runs(browser, submitted, tmp_path):
             break
         time.sleep(0.5)
     assert seen[-1] == ("SUCCEEDED", "2"), seen
-    assert len(seen) >= 3 and any(state == "RUNNING" for state, _ in seen), f"no live updates: {seen}"
+    # live: the open page went from RUNNING to the end by itself (both steps may land within one 1 s poll)
+    assert len(seen) >= 2 and seen[0][0] == "RUNNING", f"no live updates: {seen}"
     page.wait_for_timeout(1500)  # one more poll after the end
     nodes = {row.get_attribute("data-node"): row.get_attribute("class") for row in page.query_selector_all("#nodes tr")}
     assert {"rollout", "actor_train"} <= set(nodes) and set(nodes.values()) == {"COMPLETED"}, nodes

@@ -9,7 +9,6 @@ import time
 import grpc
 import numpy as np
 import pytest
-import redis
 
 from meshrl.api.common.v1 import weights_pb2
 from meshrl.api.rollout.v1 import rollout_pb2 as pb
@@ -17,12 +16,11 @@ from meshrl.api.rollout.v1 import rollout_pb2_grpc
 from meshrl.common import batch_schema as S
 from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import Ragged
-from meshrl.common.databuffer_client import DataBufferClient
 from meshrl.common.errors import InvalidArgument, NotFound
 from meshrl.common.grpc_channel import open_channel
 from meshrl.common.grpc_server import ServerConfig, start_server
 from meshrl.common.path_roots import PathRoots
-from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix
+from meshrl.databuffer.testing import served_client
 from meshrl.rollout.limits import RequestLimits
 from meshrl.rollout.replica import RolloutReplica
 from meshrl.rollout.server import service
@@ -30,12 +28,8 @@ from meshrl.rollout.server import service
 
 @pytest.fixture(scope="module")
 def buffer():
-    prefix = unique_prefix("rollout-refused")
-    with serving(config(SYSTEM_REDIS, prefix)) as (_, running):
-        client = DataBufferClient(running.address)
+    with served_client("rollout-refused") as client:
         yield client
-        client.close()
-    delete_prefix(redis.Redis.from_url(SYSTEM_REDIS), prefix)
 
 
 @pytest.fixture()

@@ -16,11 +16,10 @@ import redis
 from meshrl.common import batch_schema as S
 from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import Ragged
-from meshrl.common.databuffer_client import DataBufferClient
 from meshrl.common.errors import Unavailable
 from meshrl.common.grpc_server import ServerConfig, start_server
 from meshrl.common.registry import Heartbeat, ReplicaRegistry
-from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix
+from meshrl.databuffer.testing import SYSTEM_REDIS, served_client
 from meshrl.rollout.replica import RolloutReplica
 from meshrl.rollout.server import service
 from meshrl.scheduler.fleet.rollout_fleet import RolloutFleet
@@ -45,12 +44,8 @@ class LocalReplica:
 
 @pytest.fixture(scope="module")
 def buffer():
-    prefix = unique_prefix("router")
-    with serving(config(SYSTEM_REDIS, prefix)) as (_, running):
-        client = DataBufferClient(running.address)
+    with served_client("router") as client:
         yield client
-        client.close()
-    delete_prefix(redis.Redis.from_url(SYSTEM_REDIS), prefix)
 
 
 @pytest.fixture

@@ -7,16 +7,14 @@ from __future__ import annotations
 import grpc
 import numpy as np
 import pytest
-import redis
 from _rollout_served import serve_replica
 
 from meshrl.api.rollout.v1 import rollout_pb2 as pb
 from meshrl.common import batch_schema as S
 from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import Ragged
-from meshrl.common.databuffer_client import DataBufferClient
 from meshrl.common.errors import InvalidArgument
-from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix
+from meshrl.databuffer.testing import served_client
 from meshrl.rollout.replica import RolloutReplica
 from meshrl.rollout.types import GenerationRequest, SamplingParams
 from meshrl.scheduler.fleet.router import sampling_params
@@ -24,12 +22,8 @@ from meshrl.scheduler.fleet.router import sampling_params
 
 @pytest.fixture(scope="module")
 def buffer():
-    prefix = unique_prefix("rollout")
-    with serving(config(SYSTEM_REDIS, prefix)) as (_, running):
-        client = DataBufferClient(running.address)
+    with served_client("rollout") as client:
         yield client
-        client.close()
-    delete_prefix(redis.Redis.from_url(SYSTEM_REDIS), prefix)
 
 
 @pytest.fixture(scope="module")

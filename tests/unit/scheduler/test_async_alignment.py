@@ -10,13 +10,12 @@ import threading
 
 import numpy as np
 import pytest
-import redis
 
 from meshrl.common import batch_schema as S
 from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import Ragged
 from meshrl.common.databuffer_client import DataBufferClient
-from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix
+from meshrl.databuffer.testing import served_client
 from meshrl.scheduler.events import EventLog
 from meshrl.scheduler.step.executor import NodeResult, StepExecutor
 from meshrl.scheduler.step.modes import AsyncPlan, split_at_rollout
@@ -99,12 +98,8 @@ class Sim:
 
 @pytest.fixture(scope="module")
 def buffer():
-    prefix = unique_prefix("align")
-    with serving(config(SYSTEM_REDIS, prefix)) as (_, running):
-        client = DataBufferClient(running.address)
+    with served_client("align") as client:
         yield client
-        client.close()
-    delete_prefix(redis.Redis.from_url(SYSTEM_REDIS), prefix)
 
 
 _jobs = iter(range(10_000))

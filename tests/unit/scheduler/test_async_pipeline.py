@@ -16,7 +16,6 @@ from collections import Counter
 import numpy as np
 import pydantic
 import pytest
-import redis
 
 from meshrl.common import batch_schema as S
 from meshrl.common.batch_key import batch_key
@@ -24,7 +23,7 @@ from meshrl.common.codec import Batch, Ragged
 from meshrl.common.config import load_config
 from meshrl.common.databuffer_client import DataBufferClient
 from meshrl.common.errors import Cancelled, ConfigError, InvalidArgument
-from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix
+from meshrl.databuffer.testing import served_client
 from meshrl.scheduler.clients import loss_proto
 from meshrl.scheduler.config import ASYNC_MIS_CAP, ASYNC_TIS_CAP, JobConfig, TrainingSection
 from meshrl.scheduler.events import EventLog
@@ -105,12 +104,8 @@ class Sim:
 
 @pytest.fixture(scope="module")
 def buffer():
-    prefix = unique_prefix("async")
-    with serving(config(SYSTEM_REDIS, prefix)) as (_, running):
-        client = DataBufferClient(running.address)
+    with served_client("async") as client:
         yield client
-        client.close()
-    delete_prefix(redis.Redis.from_url(SYSTEM_REDIS), prefix)
 
 
 _jobs = iter(range(10_000))

@@ -6,24 +6,19 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import redis
 
 from meshrl.common.batch_key import batch_key
 from meshrl.common.databuffer_client import DataBufferClient
 from meshrl.common.errors import MeshrlError
 from meshrl.common.net import free_port
-from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix
+from meshrl.databuffer.testing import served_client
 from meshrl.scheduler.step.deletions import StepDeletions
 
 
 @pytest.fixture()
 def buffer():
-    prefix = unique_prefix("deletions")
-    with serving(config(SYSTEM_REDIS, prefix)) as (_, running):
-        client = DataBufferClient(running.address)
+    with served_client("deletions") as client:
         yield client
-        client.close()
-    delete_prefix(redis.Redis.from_url(SYSTEM_REDIS), prefix)
 
 
 def test_each_step_is_deleted_in_the_background_and_its_bytes_come_with_the_next(buffer):

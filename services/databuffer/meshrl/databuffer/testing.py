@@ -1,6 +1,6 @@
 """Helpers for tests and benchmarks of the data buffer: free loopback ports, unique key
 prefixes, a snapshot of every key under a prefix (to prove a failed call changed nothing),
-an in-process service, and a three-node Redis Cluster on loopback ports.
+an in-process service (and a client of one, `served_client`), and a three-node Redis Cluster on loopback ports.
 
 Used by tests/unit/databuffer, tests/integration/test_databuffer*.py and bench/databuffer.
 """
@@ -64,6 +64,22 @@ def serving(cfg: DataBufferConfig) -> Iterator[tuple[DataBuffer, RunningServer]]
     finally:
         running.stop(0)
         buffer.close()
+
+
+@contextlib.contextmanager
+def served_client(tag: str, url: str = SYSTEM_REDIS) -> Iterator[DataBufferClient]:
+    """A client of an in-process service on the Redis at `url`, under a fresh key prefix whose keys are deleted
+    afterwards (the tests' usual data buffer)."""
+    prefix = unique_prefix(tag)
+    try:
+        with serving(config(url, prefix)) as (_, running):
+            client = DataBufferClient(running.address)
+            try:
+                yield client
+            finally:
+                client.close()
+    finally:
+        delete_prefix(redis.Redis.from_url(url), prefix)
 
 
 @contextlib.contextmanager
