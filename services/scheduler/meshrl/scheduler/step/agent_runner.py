@@ -98,17 +98,15 @@ class AgentJob:
             by_agent = {a.name: NodeHandlers(cfg, svc.buffer, a.trainer, a.fleet, job.encoder, job.sampler,
                                              job.reward_fn, r.user_code) for a in agents}  # fmt: skip
             executor = StepExecutor(r.workflow.nodes, AgentHandlers(by_agent).handler_for, r.events)
-            deletions = StepDeletions(svc.buffer, r.job_id)
             try:
-                with StepProgress(cfg.job.steps, r.step, r.show_progress) as bar:
+                with StepDeletions(svc.buffer, r.job_id) as deletions, \
+                        StepProgress(cfg.job.steps, r.step, r.show_progress) as bar:  # fmt: skip
                     while r.step < cfg.job.steps:
                         if r.cancelled.is_set():
                             raise Cancelled(f"job {r.job_id} cancelled at step {r.step}")
                         r.step += 1
                         bar.step(r.step, self.step(executor, agents, deletions))
-                deletions.wait()
             finally:
-                deletions.close()
                 executor.close()
             summary.update(steps=r.step, weight_versions={a.name: a.publisher.version for a in agents})
             return summary

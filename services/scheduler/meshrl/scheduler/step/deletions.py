@@ -44,3 +44,14 @@ class StepDeletions:
     def close(self) -> None:
         """Lets the deletion under way finish (its error is not raised: the steps already ended on one)."""
         self._pool.shutdown(wait=True)
+
+    def __enter__(self) -> StepDeletions:
+        return self
+
+    def __exit__(self, exc_type, *_) -> None:
+        """Steps that ended well wait for the last deletion (and raise its error); any end closes the pool."""
+        try:
+            if exc_type is None:
+                self.wait()
+        finally:
+            self.close()

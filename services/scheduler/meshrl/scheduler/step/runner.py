@@ -277,26 +277,23 @@ class JobRunner:
                                          self.cancelled, lambda: job.sampler.position.to_json(),
                                          requeue=job.sampler.put_back)  # fmt: skip
         steps.start(self.step, publisher.version)
-        deletions = StepDeletions(svc.buffer, self.job_id)
-        try:
-            with StepProgress(cfg.job.steps, self.step, self.show_progress) as bar:
-                while self.step < cfg.job.steps:
-                    if self.cancelled.is_set():
-                        raise Cancelled(f"job {self.job_id} cancelled at step {self.step}")
-                    self.scaling.apply(svc, publisher, colocated=self.turns is not None)
-                    self.scaling.follow_registry(svc, publisher)
-                    self.step += 1
-                    metrics = self._train_step(svc, steps, publisher, deletions)
-                    if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.job.steps:
-                        deletions.wait()  # the evaluation writes under this step's keys
-                        metrics.update(self._eval(svc, job.encoder, job.eval_records, job.reward_fn))
-                    steps.announce(publisher.version)  # generation may move on to the new weights
-                    bar.step(self.step, metrics)
-                    if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
-                        self.save_checkpoint(svc, publisher, job.sampler)
-            deletions.wait()  # the last step's batches are gone before the job reports its end
-        finally:
-            deletions.close()
+        # the last step's batches are gone before the job reports its end (StepDeletions.__exit__)
+        with StepDeletions(svc.buffer, self.job_id) as deletions, \
+                StepProgress(cfg.job.steps, self.step, self.show_progress) as bar:  # fmt: skip
+            while self.step < cfg.job.steps:
+                if self.cancelled.is_set():
+                    raise Cancelled(f"job {self.job_id} cancelled at step {self.step}")
+                self.scaling.apply(svc, publisher, colocated=self.turns is not None)
+                self.scaling.follow_registry(svc, publisher)
+                self.step += 1
+                metrics = self._train_step(svc, steps, publisher, deletions)
+                if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.job.steps:
+                    deletions.wait()  # the evaluation writes under this step's keys
+                    metrics.update(self._eval(svc, job.encoder, job.eval_records, job.reward_fn))
+                steps.announce(publisher.version)  # generation may move on to the new weights
+                bar.step(self.step, metrics)
+                if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
+                    self.save_checkpoint(svc, publisher, job.sampler)
 
     def shut_down(self, svc: JobServices, summary: dict) -> None:
         """Stops the steps and the services (the producer before the user-code workers its reward nodes use),
