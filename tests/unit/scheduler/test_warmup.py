@@ -14,13 +14,13 @@ import pytest
 from meshrl.common import batch_schema as S
 from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import Batch, Ragged
-from meshrl.common.errors import InvalidArgument, NotFound
+from meshrl.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from meshrl.common.grpc_server import ServerConfig, start_server
 from meshrl.scheduler.clients import TrainerClient
 from meshrl.scheduler.config import OptimSection, WarmupSection
 from meshrl.scheduler.step.data import PromptEncoder, Record
 from meshrl.scheduler.step.lr_schedule import LrSchedule
-from meshrl.scheduler.step.warmup import SupervisedWarmup, warmup_steps
+from meshrl.scheduler.step.warmup import SupervisedWarmup, call_plan, warmup_steps
 from meshrl.trainer.config import TrainerConfig
 from meshrl.trainer.core import TrainerCore
 from meshrl.trainer.model_builder import build_small_model
@@ -155,27 +155,30 @@ def test_lr_schedule_shapes_and_errors():
 
 
 class StepTrainer:
-    """A trainer whose train_step(i) waits (up to 5 s) for the buffer to hold batch i + 1, and can fail at a step."""
+    """A trainer whose call for steps [i, i + k) waits (up to 5 s) for the buffer to hold the next call's batches
+    (stored under step i + k), and can fail at a step; it records each call's steps and rates."""
 
     def __init__(self, buffer: MemoryBuffer, fail_at: int = -1) -> None:
-        self.buffer, self.fail_at, self.seen_ahead = buffer, fail_at, []
+        self.buffer, self.fail_at, self.seen_ahead, self.calls = buffer, fail_at, [], []
 
-    def train_step(self, role, keys, loss, micro_batch_tokens, mini_batches, step, lr=None):
-        assert len(self.buffer.get(keys[0])[S.PROMPT_IDS].lengths()) == 8  # batch i is there
-        if step == self.fail_at:
+    def train_step(self, role, keys, loss, micro_batch_tokens, mini_batches, step, lr=None, step_lrs=()):
+        lrs = list(step_lrs) or [lr]
+        assert len(self.buffer.get(keys[0])[S.PROMPT_IDS].lengths()) == 8 * len(lrs)  # the call's batches are there
+        self.calls.append((step, lrs))
+        if step <= self.fail_at < step + len(lrs):
             raise InvalidArgument("the trainer refused the batch")
-        ahead = ("job", step + 1, "warmup")
+        ahead = ("job", step + len(lrs), "warmup")
         deadline = time.monotonic() + 5.0
         while ahead not in self.buffer.batches and time.monotonic() < deadline:
             time.sleep(0.005)
         self.seen_ahead.append(ahead in self.buffer.batches)
-        return SimpleNamespace(metrics={"loss": 1.0})
+        return SimpleNamespace(metrics={"loss": 1.0}, optimizer_steps=len(lrs), step_losses=[1.0] * len(lrs))
 
 
-def run_phase(model_dir, trainer: StepTrainer, buffer: MemoryBuffer, steps: int = 4):
-    phase = SupervisedWarmup("job", WarmupSection(steps=steps, batch_size=8), trainer, buffer,
-                             PromptEncoder(str(model_dir)), log=lambda _: None, micro_batch_tokens=4096,
-                             shuffle_seed=0)  # fmt: skip
+def run_phase(model_dir, trainer: StepTrainer, buffer: MemoryBuffer, steps: int = 4, **fields):
+    cfg = WarmupSection(**{"steps": steps, "batch_size": 8, "steps_per_call": 1, **fields})
+    phase = SupervisedWarmup("job", cfg, trainer, buffer, PromptEncoder(str(model_dir)), log=lambda _: None,
+                             micro_batch_tokens=4096, shuffle_seed=0)  # fmt: skip
     return phase.run(records(64), [])
 
 
@@ -192,3 +195,44 @@ def test_a_failed_step_leaves_no_batch_behind(model_dir):
     with pytest.raises(InvalidArgument, match="refused"):
         run_phase(model_dir, StepTrainer(buffer, fail_at=1), buffer)
     assert not buffer.batches  # batch 1 and the batch stored ahead of it (2) are gone too
+
+
+def test_calls_group_steps_and_end_where_an_evaluation_is_due():
+    plan = call_plan(WarmupSection(steps=20, steps_per_call=4, eval_every=6, eval_accuracy_every=10), 20)
+    assert [(r.start, r.stop) for r in plan] == [(0, 4), (4, 6), (6, 10), (10, 12), (12, 16), (16, 18), (18, 20)]
+    assert [len(r) for r in call_plan(WarmupSection(steps=5, steps_per_call=8), 5)] == [5]
+
+
+def test_several_steps_per_call_store_ahead_and_keep_each_steps_rate(model_dir):
+    buffer = MemoryBuffer()
+    trainer = StepTrainer(buffer)
+    result = run_phase(model_dir, trainer, buffer, steps=10, steps_per_call=4, warmup_ratio=0.2)
+    schedule = LrSchedule(peak=1e-3, total_steps=10, warmup_steps=2)
+    assert [(first, len(lrs)) for first, lrs in trainer.calls] == [(0, 4), (4, 4), (8, 2)]
+    assert [lr for _, lrs in trainer.calls for lr in lrs] == pytest.approx([schedule.at(i) for i in range(10)])
+    assert trainer.seen_ahead[:2] == [True, True] and len(result.curve) == 10 and not buffer.batches
+    seconds = [p["seconds"] for p in result.curve]
+    assert all(a < b for a, b in zip(seconds, seconds[1:]))
+
+
+def test_an_older_trainer_that_ignores_step_lrs_is_named(model_dir):
+    class Old(StepTrainer):
+        def train_step(self, *args, step_lrs=(), **kwargs):
+            reply = super().train_step(*args, step_lrs=step_lrs, **kwargs)
+            return SimpleNamespace(metrics=reply.metrics, optimizer_steps=reply.optimizer_steps, step_losses=[])
+
+    buffer = MemoryBuffer()
+    with pytest.raises(FailedPrecondition, match="predates TrainStep.step_lrs.*steps_per_call: 1"):
+        run_phase(model_dir, Old(buffer), buffer, steps=4, steps_per_call=2)
+    assert not buffer.batches
+
+
+def test_grouped_steps_train_as_one_call_per_step(trainer, model_dir, tmp_path):
+    """Against the real trainer: 3 steps per call give the curve (each step's rate and loss) and held-out loss
+    of one call per step."""
+    (tmp_path / "one").mkdir(), (tmp_path / "grouped").mkdir()
+    one, _, _ = warm(trainer, model_dir, tmp_path / "one", steps_per_call=1, eval_every=6)
+    grouped, _, _ = warm(trainer, model_dir, tmp_path / "grouped", steps_per_call=3, eval_every=6)
+    assert [p["lr"] for p in grouped.curve] == pytest.approx([p["lr"] for p in one.curve])
+    assert [p["loss"] for p in grouped.curve] == pytest.approx([p["loss"] for p in one.curve], rel=1e-5)
+    assert grouped.heldout_loss == pytest.approx(one.heldout_loss, rel=1e-5)

@@ -140,6 +140,29 @@ def test_bad_inputs_are_refused(core):
         core.train_step("actor", batch, mini_batches=100)
 
 
+def test_step_lrs_make_one_step_per_rate_as_separate_calls_would(core, qwen2_dir):
+    """A supervised warm-up's several steps in one call: step k trains on the k-th row chunk at rate k; the
+    weights, step count and each step's loss are those of one call per chunk with that rate as lr_override."""
+    batch = make_batch(core.role("actor").spec.vocab_size, rows=8)
+    sft, lrs = LossConfig(policy_loss="sft"), [3e-3, 2e-3, 1e-3, 5e-4]
+    separate = TrainerCore(micro_batch_tokens=4096)
+    separate.load_model("actor", str(qwen2_dir), optimizer=OptimizerConfig(lr=1e-3, warmup_steps=2))
+    want = []
+    for k, lr in enumerate(lrs):
+        rows = {name: col.take([2 * k, 2 * k + 1]) for name, col in batch.items()}
+        want.append(separate.train_step("actor", rows, sft, lr_override=lr).metrics["loss"])
+    got = core.train_step("actor", batch, sft, step_lrs=lrs)
+    assert got.optimizer_steps == 4 and core.role("actor").train_steps == 4
+    assert got.step_losses == pytest.approx(want, rel=1e-6) and got.metrics["lr"] == pytest.approx(np.mean(lrs))
+    for name, param in core.role("actor").model.named_parameters():
+        torch.testing.assert_close(param, dict(separate.role("actor").model.named_parameters())[name])
+    with pytest.raises(InvalidArgument, match="one rate per optimizer step"):
+        core.train_step("actor", batch, sft, mini_batches=2, step_lrs=lrs)
+    with pytest.raises(InvalidArgument, match="finite and > 0"):
+        core.train_step("actor", batch, sft, step_lrs=[1e-3, 0.0])
+    assert core.role("actor").train_steps == 4  # refused calls trained nothing
+
+
 def test_non_finite_loss_leaves_model_and_optimizer_untouched(core):
     batch = make_batch(core.role("actor").spec.vocab_size)
     core.train_step("actor", batch)  # the optimizer has state now

@@ -89,10 +89,13 @@ class TrainerClient:
         lr: float | None = None,
         columns: Sequence[str] = (),
         weight_version: int | None = None,
+        step_lrs: Sequence[float] = (),
     ) -> tpb.TrainStepResponse:
         """`loss` (LossConfig field -> value) goes to the trainer; None values and fields left out take the
-        trainer's defaults. `lr` overrides the learning-rate schedule for this call. `weight_version` (the
-        version the call starts from) makes an in-train pi_old pass report the rollout gap per version lag."""
+        trainer's defaults. `lr` overrides the learning-rate schedule for this call; `step_lrs` gives each of
+        its optimizer steps a rate (one step per rate over equal row chunks; pass mini_batches 1 or their
+        number). `weight_version` (the version the call starts from) makes an in-train pi_old pass report
+        the rollout gap per version lag."""
         req = tpb.TrainStepRequest(
             role=role_proto(role),
             inputs=inputs,
@@ -103,6 +106,7 @@ class TrainerClient:
             lr_override=lr,
             columns=columns,
             weight_version=weight_version,
+            step_lrs=step_lrs,
         )
         return call(self.stub.TrainStep, req, timeout=self.timeout)
 

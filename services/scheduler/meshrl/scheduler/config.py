@@ -223,6 +223,12 @@ class WarmupSection(StrictModel):
     handover: Literal["fresh", "keep"] = Field(
         "fresh", description="fresh: RL starts with a new optimizer; keep: RL continues the warm-up's Adam state"
     )
+    steps_per_call: int = Field(
+        8, ge=1, description="optimizer steps per trainer call: their batches travel in one buffer put and one "
+        "TrainStep that gives each step its own learning rate, so a small step does not pay a call's fixed cost "
+        "each time; the same steps, rates and curve as one call per step. Calls end where a held-out evaluation "
+        "is due",
+    )  # fmt: skip
 
     @pydantic.model_validator(mode="after")
     def _consistent(self) -> WarmupSection:

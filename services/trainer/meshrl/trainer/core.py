@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -42,13 +42,17 @@ from meshrl.trainer.training import needed_columns, train_role
 __all__ = ["ROLES", "ComputeResult", "NonFiniteLoss", "RoleState", "TrainResult", "TrainerCore"]
 
 
-def check_train_inputs(batch, lr_override: float) -> None:
+def check_train_inputs(batch, lr_override: float, step_lrs: Sequence[float] = ()) -> None:
     """Refuses a train call that would change the weights wrongly or count a step that trained nothing."""
     if not math.isfinite(lr_override) or lr_override < 0:
         raise InvalidArgument(
             f"lr_override = {lr_override}: must be a finite number >= 0 (0 = the scheduled learning rate)",
             field="lr_override",
         )
+    bad = [lr for lr in step_lrs if not (math.isfinite(lr) and lr > 0)]
+    if bad:
+        raise InvalidArgument(f"step_lrs holds {bad[:3]}: every step's learning rate must be finite and > 0",
+                              field="step_lrs")  # fmt: skip
     if int(batch.response_lengths.sum()) == 0:
         raise InvalidArgument(
             f"the batch's {len(batch)} rows have no response (loss) tokens: nothing to train on; "
@@ -140,10 +144,10 @@ class TrainerCore:
         mine = shard_rows(list(rows), lengths, self.layout.dp_rank, self.layout.data_parallel)
         return plan_micro_batches(mine, lengths, budget or self.micro_batch_tokens)
 
-    def threads(self, state: RoleState, batch: SequenceBatch, per_token: int):
-        """The torch threads of one call over `batch` (call_threads.py): one when this rank's share of its work
-        (the whole call's over the ranks) is small."""
-        flop = call_flop(state.num_parameters, int(batch.total_lengths.sum()), per_token) / self.world
+    def threads(self, state: RoleState, batch: SequenceBatch, per_token: int, steps: int = 1):
+        """The torch threads of one call over `batch` (call_threads.py): one when this rank's share of the work
+        of one of its `steps` optimizer steps (the call's over the ranks and steps) is small."""
+        flop = call_flop(state.num_parameters, int(batch.total_lengths.sum()), per_token) / self.world / steps
         return threads_for(flop, self.single_thread_below_gflop, self.device)
 
     def _gather_rows(self, batch: SequenceBatch, per_row: dict[int, np.ndarray]) -> Ragged:
@@ -244,6 +248,7 @@ class TrainerCore:
         mini_batches: int = 1,
         temperature: float | None = None,
         lr_override: float = 0.0,
+        step_lrs: Sequence[float] = (),
     ) -> TrainResult:
         """`mini_batches` optimizer steps over consecutive row chunks of the batch (grad accumulation over
         micro-batches, global-batch loss normalisation, DP all-reduce, grad clipping, LR schedule).
@@ -251,7 +256,8 @@ class TrainerCore:
         Metrics: loss, grad_norm, lr, clip_fraction, dual_clip_fraction, kl, entropy, ratio, tis_weight
         (actor) or vf_loss, vf_clip_fraction, values (critic), tokens, padding_fraction; averaged over steps.
         A NaN/inf loss or gradient raises NonFiniteLoss and leaves model and optimizer as they were.
-        lr_override > 0 replaces the scheduled learning rate for this call only.
+        lr_override > 0 replaces the scheduled learning rate for this call only. `step_lrs` gives each
+        optimizer step its own rate (then mini_batches = len(step_lrs); 1 = the default, or that number).
         """
         state = self.role(role)
         if state.optimizer is None:
@@ -260,15 +266,22 @@ class TrainerCore:
         if (cfg.policy_loss == "value") != (role == "critic"):
             raise InvalidArgument(f"policy_loss {cfg.policy_loss!r} does not fit role {role!r}; critic <-> 'value'")
         batch = sequence_batch(columns, vocab_size=state.spec.vocab_size, needed=needed_columns(cfg))
-        check_train_inputs(batch, lr_override)
+        check_train_inputs(batch, lr_override, step_lrs)
+        if step_lrs and mini_batches not in (1, len(step_lrs)):
+            raise InvalidArgument(
+                f"mini_batches = {mini_batches} but step_lrs holds {len(step_lrs)} rates: one rate per optimizer "
+                "step; leave mini_batches unset", field="step_lrs",
+            )  # fmt: skip
+        mini_batches = len(step_lrs) or mini_batches
         if not 1 <= mini_batches <= len(batch):
             raise InvalidArgument(f"mini_batches = {mini_batches} must be in [1, rows = {len(batch)}]")
         temp = self.temperature if temperature is None else temperature
-        with self.threads(state, batch, FORWARD_BACKWARD):
-            return self._train(state, batch, cfg, temp, micro_batch_tokens, mini_batches, lr_override)
+        lrs = list(step_lrs) or [lr_override] * mini_batches
+        with self.threads(state, batch, FORWARD_BACKWARD, steps=mini_batches):
+            return self._train(state, batch, cfg, temp, micro_batch_tokens, lrs)
 
     def _train(self, state: RoleState, batch: SequenceBatch, cfg: LossConfig, temp: float,
-               micro_batch_tokens: int | None, mini_batches: int, lr_override: float) -> TrainResult:  # fmt: skip
+               micro_batch_tokens: int | None, lrs: list[float]) -> TrainResult:  # fmt: skip
         """pi_old in the call when the loss asks for it ('in-train'), then the optimizer steps (train_role)."""
         pi_old = None
         if cfg.old_logprobs == "in-train" and cfg.policy_loss not in ("sft", "value"):
@@ -283,9 +296,8 @@ class TrainerCore:
             cfg,
             lambda b, rows: self._plans(b, rows, micro_batch_tokens),
             self.device,
-            mini_batches=mini_batches,
+            lrs=lrs,
             temperature=temp,
-            lr_override=lr_override,
             atomic=self.atomic_steps,
         )
         if pi_old is not None:

@@ -78,3 +78,4 @@ class TrainResult:
     optimizer_steps: int
     micro_batches: int = 0  # forward/backward passes on this rank, over all optimizer steps
     old_logprobs: Ragged | None = None  # pi_old of an 'in-train' pass (LossConfig.old_logprobs), else None
+    step_losses: list[float] = field(default_factory=list)  # each optimizer step's loss, in order

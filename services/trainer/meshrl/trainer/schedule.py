@@ -31,10 +31,12 @@ def run_microbatches(model: torch.nn.Module, micro_batches: Sequence[MicroBatch]
 
     def forward_step(data_iterator, chunk):
         mb = next(data_iterator)
-        output = chunk(mb.input_ids, mb.position_ids, None)
+        with megatron_compat.own_code():
+            output = chunk(mb.input_ids, mb.position_ids, None)
 
         def loss_func(out: torch.Tensor):
-            loss, extra = head(out, mb)
+            with megatron_compat.own_code():
+                loss, extra = head(out, mb)
             extras.append(extra)
             return loss, one, {}
 

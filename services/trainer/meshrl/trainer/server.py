@@ -125,6 +125,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
             lr_override=optional_field(request, "lr_override"),
             columns=list(request.columns),
             weight_version=optional_field(request, "weight_version"),
+            step_lrs=list(request.step_lrs),
         )
         tag_span({A.TOKENS: out["tokens"], A.MICRO_BATCHES: out.pop("micro_batches")})
         return pb.TrainStepResponse(**out)

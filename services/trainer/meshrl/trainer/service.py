@@ -224,7 +224,7 @@ class TrainerService:
         return self._call("train_step", role=role, inputs=list(inputs), loss=loss, **kwargs)
 
     def _train_step(self, role, inputs, loss, micro_batch_tokens=None, mini_batches=None, lr_override=None,
-                    columns=(), weight_version=None) -> dict[str, Any]:  # fmt: skip
+                    columns=(), weight_version=None, step_lrs=()) -> dict[str, Any]:  # fmt: skip
         cfg = LossConfig(**loss)
         if mini_batches is not None and mini_batches < 1:
             raise InvalidArgument(f"mini_batches = {mini_batches} must be at least 1 (or unset)")
@@ -239,6 +239,7 @@ class TrainerService:
             micro_batch_tokens=self._budget(micro_batch_tokens),
             mini_batches=_or_default(mini_batches, 1),
             lr_override=lr_override or 0.0,
+            step_lrs=step_lrs,
         )
         result.metrics["perf/read_seconds"] = read
         result.metrics["perf/step_seconds"] = time.perf_counter() - start - read
@@ -246,7 +247,7 @@ class TrainerService:
             result.metrics.update(rollout_gap_metrics(columns, result.old_logprobs.values, weight_version))
         self.last_metrics = {f"{role}/{k}": v for k, v in result.metrics.items()}
         return {"metrics": result.metrics, "tokens": result.tokens, "optimizer_steps": result.optimizer_steps,
-                "micro_batches": result.micro_batches}  # fmt: skip
+                "micro_batches": result.micro_batches, "step_losses": result.step_losses}  # fmt: skip
 
     def save_checkpoint(self, role: str, path: str, step: int, data_state: bytes = b"") -> int:
         encoded = base64.b64encode(data_state).decode()

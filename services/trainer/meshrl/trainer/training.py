@@ -58,12 +58,13 @@ def train_role(
     plan: PlanFn,
     device: torch.device,
     *,
-    mini_batches: int,
+    lrs: Sequence[float],
     temperature: float,
-    lr_override: float,
     atomic: bool,
 ) -> TrainResult:
-    """`mini_batches` optimizer steps over consecutive row chunks of `batch`; metrics averaged over steps."""
+    """One optimizer step per entry of `lrs` (its rate; 0 = the optimizer's schedule) over consecutive row chunks
+    of `batch`; metrics averaged over the steps, each step's loss kept."""
+    mini_batches = len(lrs)
     snapshot = _snapshot(state) if atomic and mini_batches > 1 else None
     totals: dict[str, float] = {}
     planned: list[int] = []
@@ -73,19 +74,21 @@ def train_role(
         planned.append(len(plans))
         return plans
 
+    losses: list[float] = []
     state.model.train()
-    for chunk in np.array_split(np.arange(len(batch)), mini_batches):
+    for chunk, lr in zip(np.array_split(np.arange(len(batch)), mini_batches), lrs, strict=True):
         try:
-            step = _one_step(state, batch, chunk, cfg, counted, device, temperature, lr_override)
+            step = _one_step(state, batch, chunk, cfg, counted, device, temperature, lr)
         except NonFiniteLoss:
             if snapshot is not None:
                 _restore(state, snapshot)
             raise
+        losses.append(step["loss"])
         for k, v in step.items():
             totals[k] = totals.get(k, 0.0) + v / mini_batches
     tokens = int(batch.response_lengths.sum())
     totals["tokens"] = float(tokens)
-    return TrainResult(totals, tokens, mini_batches, sum(planned))
+    return TrainResult(totals, tokens, mini_batches, sum(planned), step_losses=losses)
 
 
 def _loss_mask(mb) -> torch.Tensor:

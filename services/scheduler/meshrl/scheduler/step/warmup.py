@@ -8,8 +8,11 @@ held-out loss (mean negative log-likelihood per response token of the eval pairs
 at the end, held-out accuracy every `eval_accuracy_every` steps (the job's greedy evaluation on weights the
 runner publishes first, passed in as `evaluate`), and a hand-over to RL: `fresh` reloads the actor from its
 own warmed weights with a new optimizer (Adam moments and step count zeroed, so RL's own lr schedule starts at
-its first step), `keep` carries the optimizer state over. The next batch is encoded and stored while the trainer runs the current step (one
-batch ahead, in the order the sampler draws them), and a used batch is deleted off the critical path.
+its first step), `keep` carries the optimizer state over. `steps_per_call` consecutive steps go to the trainer
+as one call (their batches stored as one, each step with its own rate: TrainStep's `step_lrs`), cut where an
+evaluation is due, so a small step does not pay a call's fixed cost. The next call's batches are encoded and
+stored while the trainer runs the current call (in the order the sampler draws them), and used ones are
+deleted off the critical path.
 Called by `meshrl.scheduler.step.runner.JobRunner`; writes `warmup.jsonl` in the run folder.
 """
 
@@ -30,7 +33,7 @@ import numpy as np
 from meshrl.common import batch_schema as S
 from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import Ragged
-from meshrl.common.errors import InvalidArgument
+from meshrl.common.errors import FailedPrecondition, InvalidArgument
 from meshrl.scheduler.step.data import PromptEncoder, PromptSampler, Record, load_records
 from meshrl.scheduler.step.lr_schedule import LrSchedule
 
@@ -52,6 +55,18 @@ def warmup_steps(cfg: Any, n_records: int) -> int:
     if cfg.epochs:
         return max(1, math.ceil(cfg.epochs * n_records / cfg.batch_size))
     return cfg.steps
+
+
+def call_plan(cfg: Any, steps: int) -> list[range]:
+    """The steps of each trainer call: at most `steps_per_call`, and a call ends after a step that is followed
+    by a held-out evaluation (every `eval_every` / `eval_accuracy_every` steps)."""
+    plan, first = [], 0
+    for i in range(steps):
+        due = any(every and (i + 1) % every == 0 for every in (cfg.eval_every, cfg.eval_accuracy_every))
+        if due or i + 1 - first == cfg.steps_per_call or i == steps - 1:
+            plan.append(range(first, i + 1))
+            first = i + 1
+    return plan
 
 
 def schedule_for(cfg: Any, steps: int) -> LrSchedule:
@@ -99,40 +114,61 @@ class SupervisedWarmup:
         if not steps:
             return result
         schedule, sampler = schedule_for(cfg, steps), PromptSampler(records, self.shuffle_seed + 1)
-        sft = {"policy_loss": "sft"}  # the warm-up's objective: NLL of the response tokens
+        calls = call_plan(cfg, steps)
         seconds = 0.0  # training time, held-out loss excluded
-        key_of = partial(batch_key, self.job_id, node_id="warmup")
-        with ThreadPoolExecutor(1, thread_name_prefix="warmup-batches") as ahead:  # in order: put i+1, delete i
-            stored = ahead.submit(self._put_pairs, key_of(0), sampler.next_batch(cfg.batch_size))
-            pending: int | None = 0  # the step whose batch is stored ahead and not yet trained on
+        key_of = partial(batch_key, self.job_id, node_id="warmup")  # a call's batches: the key of its first step
+
+        def store(call: range) -> None:
+            self._put_pairs(key_of(call[0]), sampler.next_batch(cfg.batch_size * len(call)))
+
+        with ThreadPoolExecutor(1, thread_name_prefix="warmup-batches") as ahead:  # in order: put c+1, delete c
+            stored = ahead.submit(store, calls[0])
+            pending: int | None = calls[0][0]  # the call whose batches are stored ahead and not yet trained on
             deletes = []
             try:
-                for i in range(steps):
+                for c, call in enumerate(calls):
                     started = time.perf_counter()
-                    stored.result()  # batch i is in the buffer
+                    stored.result()  # call c's batches are in the buffer
                     pending = None
-                    if i + 1 < steps:
-                        stored = ahead.submit(self._put_pairs, key_of(i + 1), sampler.next_batch(cfg.batch_size))
-                        pending = i + 1
-                    lr = schedule.at(i)
+                    if c + 1 < len(calls):
+                        stored, pending = ahead.submit(store, calls[c + 1]), calls[c + 1][0]
+                    lrs = [schedule.at(i) for i in call]
                     try:
-                        reply = self.trainer.train_step("actor", [key_of(i)], sft, self.micro_batch_tokens, 1, i, lr=lr)
+                        losses = self._train(key_of(call[0]), call, lrs)
                     finally:
-                        deletes.append(ahead.submit(self.buffer.delete, key_of(i)))
-                    seconds += time.perf_counter() - started
-                    self._record(result, i, steps, lr, seconds, reply, heldout, curve_file)
+                        deletes.append(ahead.submit(self.buffer.delete, key_of(call[0])))
+                    elapsed = time.perf_counter() - started
+                    for j, i in enumerate(call):  # the call's time spread evenly over its steps
+                        point_seconds = seconds + elapsed * (j + 1) / len(call)
+                        self._record(result, i, steps, lrs[j], point_seconds, losses[j], heldout, curve_file)
+                    seconds += elapsed
             finally:
-                if pending is not None:  # a failed step: the batch stored ahead of it leaves the buffer too
+                if pending is not None:  # a failed call: the batches stored ahead of it leave the buffer too
                     ahead.submit(self.buffer.delete, key_of(pending))
         for done in deletes:
             done.result()  # a delete that failed fails the phase, as when it ran in line
         return result
 
-    def _record(self, result: WarmupResult, i: int, steps: int, lr: float, seconds: float, reply: Any,
+    def _train(self, key: Any, call: range, lrs: list[float]) -> list[float]:
+        """One trainer call making the steps of `call` (one per batch_size rows of `key`); each step's loss."""
+        sft = {"policy_loss": "sft"}  # the warm-up's objective: NLL of the response tokens
+        if len(call) == 1:  # plain lr_override: any trainer version takes it
+            reply = self.trainer.train_step("actor", [key], sft, self.micro_batch_tokens, 1, call[0], lr=lrs[0])
+            return [float(reply.metrics.get("loss", float("nan")))]
+        reply = self.trainer.train_step("actor", [key], sft, self.micro_batch_tokens, len(call), call[0], step_lrs=lrs)
+        if reply.optimizer_steps != len(call) or len(reply.step_losses) != len(call):
+            raise FailedPrecondition(
+                f"the trainer made {reply.optimizer_steps} optimizer steps ({len(reply.step_losses)} losses) for a "
+                f"warm-up call of {len(call)}: it predates TrainStep.step_lrs. Upgrade the trainer, or set "
+                "warmup.steps_per_call: 1"
+            )
+        return list(reply.step_losses)
+
+    def _record(self, result: WarmupResult, i: int, steps: int, lr: float, seconds: float, loss: float,
                 heldout: list[Record], curve_file: Path | None) -> None:  # fmt: skip
         """Step i's point on the curve (with the held-out loss every eval_every steps and at the end) and its log."""
         cfg = self.cfg
-        result.train_loss = float(reply.metrics.get("loss", float("nan")))
+        result.train_loss = loss
         point = {"step": i + 1, "samples": (i + 1) * cfg.batch_size, "seconds": seconds, "lr": lr,
                  "loss": result.train_loss}  # fmt: skip
         last = i == steps - 1

@@ -246,7 +246,7 @@ class LossConfig(_message.Message):
     def __init__(self, policy_loss: _Optional[_Union[PolicyLoss, str]] = ..., clip_low: _Optional[float] = ..., clip_high: _Optional[float] = ..., dual_clip: _Optional[float] = ..., aggregation: _Optional[_Union[LossAggregation, str]] = ..., kl_coef: _Optional[float] = ..., kl_estimator: _Optional[_Union[KlEstimator, str]] = ..., entropy_coef: _Optional[float] = ..., tis_cap: _Optional[float] = ..., value_clip: _Optional[float] = ..., mis_cap: _Optional[float] = ..., old_logprobs: _Optional[_Union[OldLogProbs, str]] = ...) -> None: ...
 
 class TrainStepRequest(_message.Message):
-    __slots__ = ("role", "inputs", "loss", "micro_batch_tokens", "mini_batches", "global_step", "lr_override", "columns", "weight_version")
+    __slots__ = ("role", "inputs", "loss", "micro_batch_tokens", "mini_batches", "global_step", "lr_override", "columns", "weight_version", "step_lrs")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
@@ -256,6 +256,7 @@ class TrainStepRequest(_message.Message):
     LR_OVERRIDE_FIELD_NUMBER: _ClassVar[int]
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    STEP_LRS_FIELD_NUMBER: _ClassVar[int]
     role: Role
     inputs: _containers.RepeatedCompositeFieldContainer[_keys_pb2.BatchKey]
     loss: LossConfig
@@ -265,10 +266,11 @@ class TrainStepRequest(_message.Message):
     lr_override: float
     columns: _containers.RepeatedScalarFieldContainer[str]
     weight_version: int
-    def __init__(self, role: _Optional[_Union[Role, str]] = ..., inputs: _Optional[_Iterable[_Union[_keys_pb2.BatchKey, _Mapping]]] = ..., loss: _Optional[_Union[LossConfig, _Mapping]] = ..., micro_batch_tokens: _Optional[int] = ..., mini_batches: _Optional[int] = ..., global_step: _Optional[int] = ..., lr_override: _Optional[float] = ..., columns: _Optional[_Iterable[str]] = ..., weight_version: _Optional[int] = ...) -> None: ...
+    step_lrs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, role: _Optional[_Union[Role, str]] = ..., inputs: _Optional[_Iterable[_Union[_keys_pb2.BatchKey, _Mapping]]] = ..., loss: _Optional[_Union[LossConfig, _Mapping]] = ..., micro_batch_tokens: _Optional[int] = ..., mini_batches: _Optional[int] = ..., global_step: _Optional[int] = ..., lr_override: _Optional[float] = ..., columns: _Optional[_Iterable[str]] = ..., weight_version: _Optional[int] = ..., step_lrs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class TrainStepResponse(_message.Message):
-    __slots__ = ("metrics", "tokens", "optimizer_steps")
+    __slots__ = ("metrics", "tokens", "optimizer_steps", "step_losses")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -279,10 +281,12 @@ class TrainStepResponse(_message.Message):
     METRICS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     OPTIMIZER_STEPS_FIELD_NUMBER: _ClassVar[int]
+    STEP_LOSSES_FIELD_NUMBER: _ClassVar[int]
     metrics: _containers.ScalarMap[str, float]
     tokens: int
     optimizer_steps: int
-    def __init__(self, metrics: _Optional[_Mapping[str, float]] = ..., tokens: _Optional[int] = ..., optimizer_steps: _Optional[int] = ...) -> None: ...
+    step_losses: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, metrics: _Optional[_Mapping[str, float]] = ..., tokens: _Optional[int] = ..., optimizer_steps: _Optional[int] = ..., step_losses: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class SaveCheckpointRequest(_message.Message):
     __slots__ = ("role", "path", "step", "data_state")
