@@ -12,7 +12,10 @@ disk:        write_version + load_version (atomic folder, an xxh3-128 digest per
              (neither raw side fsyncs); "write" and "load" split the default run.
 distributed: WeightGroup.send -> receive into live parameters (metadata, buckets, confirmation),
              flat and per-tensor layouts, vs. one torch.distributed.broadcast of a flat tensor of the
-             same bytes on the default group, between 2 processes over gloo on this host.
+             same bytes on the default group (the target's ratio), between 2 processes over gloo on this
+             host; also vs. "raw per-tensor": one raw broadcast per tensor, all in flight, straight into
+             the receiver's tensors, which is what landing in separate parameters without a copy costs
+             on gloo before any of meshrl's work.
 delta:       after one AdamW step of a real model (bf16 export), a delta version vs a complete one:
              bytes, publication time, and the pause (apply) apart from the transfer (delta_bench.py).
 dcoll:       the same over a gloo weight group: delta ÷ complete publication time and bytes, the pause
@@ -135,7 +138,9 @@ def _member(rank: int, size: str, dtype_name: str, reps: int, ports: tuple[int, 
     flat = torch.ones(total, dtype=torch.uint8) if rank == 0 else torch.zeros(total, dtype=torch.uint8)
     params = {n: torch.zeros_like(t) for n, t in tensors} if rank else {}
     sink = InPlaceSink(params, 0) if rank else None
-    times: dict[str, list[float]] = {"raw": [], "flat": [], **{f"per_tensor@{c}": [] for c in coalesce}}
+    raw_each = tensors if rank == 0 else [(n, torch.zeros_like(t)) for n, t in tensors]  # raw_multi's targets
+    times: dict[str, list[float]] = {"raw": [], "raw_multi": [], "flat": [],
+                                     **{f"per_tensor@{c}": [] for c in coalesce}}  # fmt: skip
     version = 0
     for rep in range(reps + 1):  # the first round warms buffers and connections up
         for kind in times:
@@ -143,6 +148,9 @@ def _member(rank: int, size: str, dtype_name: str, reps: int, ports: tuple[int, 
             t0 = time.perf_counter()
             if kind == "raw":
                 dist.broadcast(flat, src=0)
+            elif kind == "raw_multi":  # one broadcast per tensor, all in flight at once, into its own memory
+                for work in [dist.broadcast(t, src=0, async_op=True) for _, t in raw_each]:
+                    work.wait()
             elif rank == 0:
                 version += 1
                 layout, _, threshold = kind.partition("@")
@@ -262,13 +270,14 @@ def _print(rows: list[dict], args) -> None:
                   f"{_ratio(d, 'synced')}")  # fmt: skip
     if "distributed" not in args.skip:
         kinds = [k for k in rows[0]["dist"] if k.startswith("per_tensor@")] if rows else []
-        heads = "".join(f" | per-tensor <{int(k.split('@')[1]) // 1024} KiB packed  ratio " for k in kinds)
-        print(f"\nDIST    size      params      MiB | raw broadcast{heads} | ours flat  ratio")
+        heads = "".join(f" | per-tensor <{int(k.split('@')[1]) // 1024} KiB packed  ratio       / raw per-tensor"
+                        for k in kinds)  # fmt: skip
+        print(f"\nDIST    size      params      MiB | raw broadcast | raw per-tensor ratio      {heads} | ours flat  ratio")
         for r in rows:
             d = r["dist"]
-            cells = "".join(f" | {_cell(d, k):>23}  {_ratio(d, k):<11}" for k in kinds)
-            print(f"       {r['size']:>5} {r['params']:>11,} {r['bytes'] / 2**20:>8.0f} | {_cell(d, 'raw'):>13}{cells} | "
-                  f"{_cell(d, 'flat'):>9}  {_ratio(d, 'flat')}")  # fmt: skip
+            cells = "".join(f" | {_cell(d, k):>23}  {_ratio(d, k):<11} {_ratio(d, k, 'raw_multi'):<11}" for k in kinds)
+            print(f"       {r['size']:>5} {r['params']:>11,} {r['bytes'] / 2**20:>8.0f} | {_cell(d, 'raw'):>13} | "
+                  f"{_cell(d, 'raw_multi'):>14} {_ratio(d, 'raw_multi'):<11}{cells} | {_cell(d, 'flat'):>9}  {_ratio(d, 'flat')}")  # fmt: skip
     print(
         "\ntargets: disk <= 1.5, distributed <= 1.25. meshrl also hashes every tensor, verifies before it copies into "
         "the live parameters, and confirms each update; raw does none of that."

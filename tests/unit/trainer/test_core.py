@@ -156,11 +156,16 @@ def test_step_lrs_make_one_step_per_rate_as_separate_calls_would(core, qwen2_dir
     assert got.step_losses == pytest.approx(want, rel=1e-6) and got.metrics["lr"] == pytest.approx(np.mean(lrs))
     for name, param in core.role("actor").model.named_parameters():
         torch.testing.assert_close(param, dict(separate.role("actor").model.named_parameters())[name])
+    huge = batch["advantages"].values.copy()
+    huge[-5:] = 3e38  # the last row's loss overflows: steps 1-3 apply, step 4 is undone alone (no snapshot)
+    with pytest.raises(NonFiniteLoss, match="step 4 of 4 .* the 3 steps before it stay applied"):
+        core.train_step("actor", dict(batch, advantages=Ragged(huge, batch["advantages"].offsets)), step_lrs=lrs)
+    assert core.role("actor").train_steps == 7
     with pytest.raises(InvalidArgument, match="one rate per optimizer step"):
         core.train_step("actor", batch, sft, mini_batches=2, step_lrs=lrs)
     with pytest.raises(InvalidArgument, match="finite and > 0"):
         core.train_step("actor", batch, sft, step_lrs=[1e-3, 0.0])
-    assert core.role("actor").train_steps == 4  # refused calls trained nothing
+    assert core.role("actor").train_steps == 7  # refused calls trained nothing
 
 
 def test_non_finite_loss_leaves_model_and_optimizer_untouched(core):

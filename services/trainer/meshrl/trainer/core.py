@@ -278,10 +278,11 @@ class TrainerCore:
         temp = self.temperature if temperature is None else temperature
         lrs = list(step_lrs) or [lr_override] * mini_batches
         with self.threads(state, batch, FORWARD_BACKWARD, steps=mini_batches):
-            return self._train(state, batch, cfg, temp, micro_batch_tokens, lrs)
+            # steps with rates of their own (a warm-up's) are each atomic: no snapshot of the whole call
+            return self._train(state, batch, cfg, temp, micro_batch_tokens, lrs, self.atomic_steps and not step_lrs)
 
     def _train(self, state: RoleState, batch: SequenceBatch, cfg: LossConfig, temp: float,
-               micro_batch_tokens: int | None, lrs: list[float]) -> TrainResult:  # fmt: skip
+               micro_batch_tokens: int | None, lrs: list[float], atomic: bool) -> TrainResult:  # fmt: skip
         """pi_old in the call when the loss asks for it ('in-train'), then the optimizer steps (train_role)."""
         pi_old = None
         if cfg.old_logprobs == "in-train" and cfg.policy_loss not in ("sft", "value"):
@@ -298,7 +299,7 @@ class TrainerCore:
             self.device,
             lrs=lrs,
             temperature=temp,
-            atomic=self.atomic_steps,
+            atomic=atomic,
         )
         if pi_old is not None:
             result.metrics["perf/old_logprob_seconds"] = pass_seconds

@@ -63,7 +63,8 @@ def train_role(
     atomic: bool,
 ) -> TrainResult:
     """One optimizer step per entry of `lrs` (its rate; 0 = the optimizer's schedule) over consecutive row chunks
-    of `batch`; metrics averaged over the steps, each step's loss kept."""
+    of `batch`; metrics averaged over the steps, each step's loss kept. `atomic`: a non-finite step rolls the
+    whole call back (a snapshot first); otherwise only that step is undone and the error says how many stay."""
     mini_batches = len(lrs)
     snapshot = _snapshot(state) if atomic and mini_batches > 1 else None
     totals: dict[str, float] = {}
@@ -79,9 +80,12 @@ def train_role(
     for chunk, lr in zip(np.array_split(np.arange(len(batch)), mini_batches), lrs, strict=True):
         try:
             step = _one_step(state, batch, chunk, cfg, counted, device, temperature, lr)
-        except NonFiniteLoss:
+        except NonFiniteLoss as e:
             if snapshot is not None:
                 _restore(state, snapshot)
+            elif losses:
+                raise NonFiniteLoss(f"step {len(losses) + 1} of {mini_batches} in this call failed and was undone; "
+                                    f"the {len(losses)} steps before it stay applied. {e}") from e  # fmt: skip
             raise
         losses.append(step["loss"])
         for k, v in step.items():
