@@ -272,7 +272,9 @@ def _print(rows: list[dict], args) -> None:
         kinds = [k for k in rows[0]["dist"] if k.startswith("per_tensor@")] if rows else []
         heads = "".join(f" | per-tensor <{int(k.split('@')[1]) // 1024} KiB packed  ratio       / raw per-tensor"
                         for k in kinds)  # fmt: skip
-        print(f"\nDIST    size      params      MiB | raw broadcast | raw per-tensor ratio      {heads} | ours flat  ratio")
+        print(
+            f"\nDIST    size      params      MiB | raw broadcast | raw per-tensor ratio      {heads} | ours flat  ratio"
+        )
         for r in rows:
             d = r["dist"]
             cells = "".join(f" | {_cell(d, k):>23}  {_ratio(d, k):<11} {_ratio(d, k, 'raw_multi'):<11}" for k in kinds)
