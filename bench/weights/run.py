@@ -10,8 +10,10 @@ disk:        write_version + load_version (atomic folder, an xxh3-128 digest per
              load_file + a copy into the replica's parameters, which a replica must do too ("raw
              +copy in"). "+fsync": write_version(fsync=True) + load_version, what durability costs
              (neither raw side fsyncs); "write" and "load" split the default run.
-distributed: WeightGroup.send -> receive into live parameters (metadata, buckets, confirmation),
-             flat and per-tensor layouts, vs. one torch.distributed.broadcast of a flat tensor of the
+distributed: WeightGroup.send -> receive into live parameters (metadata, buckets, confirmation):
+             "ours (stream)", the default CPU wire (one TCP stream, every tensor straight into its
+             parameter), and on a second group kept on gloo operations (cpu_wire="gloo") the flat and
+             per-tensor layouts; each vs. one torch.distributed.broadcast of a flat tensor of the
              same bytes on the default group (the target's ratio), between 2 processes over gloo on this
              host; also vs. "raw per-tensor": one raw broadcast per tensor, all in flight, straight into
              the receiver's tensors, which is what landing in separate parameters without a copy costs
@@ -130,16 +132,20 @@ def _member(rank: int, size: str, dtype_name: str, reps: int, ports: tuple[int, 
     dtype = DTYPES[dtype_name]
     store = dist.TCPStore("127.0.0.1", ports[0], 2, rank == 0, timedelta(seconds=120))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2)  # the raw baseline's group
-    plan = GroupPlan.build([("r", 1)], "127.0.0.1", ports[1], "bench", "gloo", 300.0)
-    group = WeightGroup.join(plan.sender if rank == 0 else plan.replica_spec("r"),
-                             options=WeightGroupOptions(bucket_bytes=bucket_bytes, coalesce_bytes=coalesce[0]))  # fmt: skip
+    groups = {}
+    for wire, port in (("stream", ports[1]), ("gloo", ports[2])):  # the default wire, and gloo operations
+        plan = GroupPlan.build([("r", 1)], "127.0.0.1", port, f"bench-{wire}", "gloo", 300.0)
+        options = WeightGroupOptions(bucket_bytes=bucket_bytes, coalesce_bytes=coalesce[0], cpu_wire=wire)
+        groups[wire] = WeightGroup.join(plan.sender if rank == 0 else plan.replica_spec("r"), options=options)
+    if not groups["stream"].streaming or groups["gloo"].streaming:
+        raise SystemExit("the stream group does not stream, or the gloo group does")
     tensors = model_tensors(size, dtype)
     total = nbytes(tensors)
     flat = torch.ones(total, dtype=torch.uint8) if rank == 0 else torch.zeros(total, dtype=torch.uint8)
     params = {n: torch.zeros_like(t) for n, t in tensors} if rank else {}
     sink = InPlaceSink(params, 0) if rank else None
     raw_each = tensors if rank == 0 else [(n, torch.zeros_like(t)) for n, t in tensors]  # raw_multi's targets
-    times: dict[str, list[float]] = {"raw": [], "raw_multi": [], "flat": [],
+    times: dict[str, list[float]] = {"raw": [], "raw_multi": [], "stream": [], "flat": [],
                                      **{f"per_tensor@{c}": [] for c in coalesce}}  # fmt: skip
     version = 0
     for rep in range(reps + 1):  # the first round warms buffers and connections up
@@ -154,18 +160,20 @@ def _member(rank: int, size: str, dtype_name: str, reps: int, ports: tuple[int, 
             elif rank == 0:
                 version += 1
                 layout, _, threshold = kind.partition("@")
+                group = groups["stream" if kind == "stream" else "gloo"]
                 if threshold:  # the sender's choice rides in each bucket's header; receivers follow it
                     group.options = dataclasses.replace(group.options, coalesce_bytes=int(threshold))
-                group.send(tensors, version, layout_name=layout)
+                group.send(tensors, version, layout_name="per_tensor" if kind == "stream" else layout)
             else:
-                version = group.receive(sink, timeout=300)
+                version = groups["stream" if kind == "stream" else "gloo"].receive(sink, timeout=300)
             if rep:
                 times[kind].append(time.perf_counter() - t0)
     if rank:
         out.put(("exact", all(torch.equal(params[n], t) for n, t in tensors)))
     else:
         out.put(("times", times))
-    group.destroy()
+    for group in groups.values():
+        group.destroy()
     dist.destroy_process_group()
 
 
@@ -174,7 +182,7 @@ def bench_distributed(
 ) -> dict[str, list[float]]:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    ports = (free_port(), free_port())
+    ports = (free_port(), free_port(), free_port())
     procs = [
         ctx.Process(target=_member, args=(r, size, dtype_name, reps, ports, bucket_bytes, coalesce, out))
         for r in (0, 1)
@@ -270,15 +278,17 @@ def _print(rows: list[dict], args) -> None:
                   f"{_ratio(d, 'synced')}")  # fmt: skip
     if "distributed" not in args.skip:
         kinds = [k for k in rows[0]["dist"] if k.startswith("per_tensor@")] if rows else []
-        heads = "".join(f" | per-tensor <{int(k.split('@')[1]) // 1024} KiB packed  ratio       / raw per-tensor"
+        heads = "".join(f" | gloo ops, <{int(k.split('@')[1]) // 1024} KiB packed ratio       / raw per-tensor"
                         for k in kinds)  # fmt: skip
         print(
-            f"\nDIST    size      params      MiB | raw broadcast | raw per-tensor ratio      {heads} | ours flat  ratio"
+            f"\nDIST    size      params      MiB | raw broadcast | ours (stream) ratio       | raw per-tensor ratio      "
+            f"{heads} | gloo flat  ratio"
         )
         for r in rows:
             d = r["dist"]
             cells = "".join(f" | {_cell(d, k):>23}  {_ratio(d, k):<11} {_ratio(d, k, 'raw_multi'):<11}" for k in kinds)
             print(f"       {r['size']:>5} {r['params']:>11,} {r['bytes'] / 2**20:>8.0f} | {_cell(d, 'raw'):>13} | "
+                  f"{_cell(d, 'stream'):>13} {_ratio(d, 'stream'):<11} | "
                   f"{_cell(d, 'raw_multi'):>14} {_ratio(d, 'raw_multi'):<11}{cells} | {_cell(d, 'flat'):>9}  {_ratio(d, 'flat')}")  # fmt: skip
     print(
         "\ntargets: disk <= 1.5, distributed <= 1.25. meshrl also hashes every tensor, verifies before it copies into "

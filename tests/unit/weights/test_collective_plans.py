@@ -107,7 +107,8 @@ def test_a_kept_bucket_whose_names_came_earlier_in_the_update_is_refused_as_sent
     receiver.destroy()
 
 
-def test_small_tensors_travel_in_chunks_and_empty_ones_still_arrive(pool):
+@pytest.mark.parametrize("wire", ["gloo", "stream"])
+def test_small_tensors_travel_in_chunks_and_empty_ones_still_arrive(pool, wire):
     from meshrl.common.weights.buckets import bucket_specs
     from meshrl.common.weights.wire import PACK_CHUNK_BYTES, BucketLayout
 
@@ -117,7 +118,8 @@ def test_small_tensors_travel_in_chunks_and_empty_ones_still_arrive(pool):
     sizes = [stop - start for _, _, start, stop in lay.chunks]
     assert len(sizes) > 2 and sum(sizes) == lay.packed_total and max(sizes) < PACK_CHUNK_BYTES + (512 << 10)
     assert [i for first, end, _, _ in lay.chunks for i in lay.packed[first:end]] == list(lay.packed)
-    sender, receiver = pair(pool)
+    sender, receiver = pair(pool, cpu_wire=wire, stream_coalesce_bytes=512 << 10)
+    assert sender.streaming == receiver.streaming == (wire == "stream")
     # every chunk is applied as it arrives; a bucket of empty tensors only has no chunk, one apply
     for export, applies in ((small + empty, len(sizes)), (empty, 1)):
         params = zeros_like(export)

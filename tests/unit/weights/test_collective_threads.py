@@ -71,8 +71,11 @@ ODD = [("empty", torch.zeros(0, 3)), ("flag", torch.tensor([True, False, True]))
 
 @pytest.mark.parametrize("layout, coalesce", [("per_tensor", 0), ("per_tensor", 256), ("flat", 0)])
 @pytest.mark.parametrize("direct", [True, False])
-def test_every_dtype_and_layout_arrives_bit_exact(pool, layout, coalesce, direct):
-    sender, receiver = pair(pool, coalesce_bytes=coalesce, bucket_bytes=8192)
+@pytest.mark.parametrize("wire", ["stream", "gloo"])
+def test_every_dtype_and_layout_arrives_bit_exact(pool, layout, coalesce, direct, wire):
+    sender, receiver = pair(pool, coalesce_bytes=coalesce, stream_coalesce_bytes=coalesce, bucket_bytes=8192,
+                            cpu_wire=wire)  # fmt: skip
+    assert sender.streaming == (wire == "stream")
     params = {n: torch.zeros_like(t).contiguous() for n, t in ODD}
     pointers = {n: p.data_ptr() for n, p in params.items()}
     future = pool.submit(receiver.receive, InPlaceSink(params, 0, direct=direct))

@@ -108,9 +108,15 @@ class WeightGroup:
             self._backend = Backend(
                 s.backend, dist.PrefixStore("pg/", self._rdv.store), self.rank, s.world_size, self.device,
                 op_timeout, s.master_address, self.options.local_address,
+                stream=self.options.cpu_wire == "stream", connect_timeout_s=max(deadline.remaining(), 1.0),
             )  # fmt: skip
         except Exception as e:
             raise DeadlineExceeded(f"{deadline.what}: creating the {s.backend} backend failed ({e})") from e
+
+    @property
+    def streaming(self) -> bool:
+        """Whether tensor bytes travel over the byte stream (stream.py) rather than as gloo broadcasts."""
+        return self._backend is not None and self._backend.stream is not None
 
     @property
     def is_sender(self) -> bool:
@@ -187,7 +193,7 @@ class WeightGroup:
         receivers to drop the update (the group stays usable).
         """
         self._require(sender=True)
-        threshold = self.options.threshold(layout_name or self.options.layout)
+        threshold = self.options.threshold(layout_name or self.options.layout, self.streaming)
         buckets = marked_buckets(tensors, bucket_bytes or self.options.bucket_bytes)
         receivers = range(1, self.world_size)
         if self._seq:

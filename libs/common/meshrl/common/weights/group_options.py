@@ -1,5 +1,6 @@
 """The options of one member of a weight-update group (meshrl.common.weights.collective): bucket size,
-layout, coalescing threshold, deadlines, grace period, bind address, buffer reuse; checked when made.
+layout, coalescing threshold, deadlines, grace period, bind address, buffer reuse, the CPU wire; checked
+when made.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from .buckets import DEFAULT_BUCKET_BYTES
 from .wire import DEFAULT_COALESCE_BYTES, FLAT_THRESHOLD
 
 LAYOUTS = ("flat", "per_tensor")
+CPU_WIRES = ("stream", "gloo")
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,11 @@ class WeightGroupOptions:
     grace_s: after a failed step, how long the sender watches heartbeats to name the culprits.
     local_address: address this member's gloo transport binds (None: loopback when the master
         is loopback, else GLOO_SOCKET_IFNAME or the host name's address).
+    cpu_wire: how a gloo group moves tensor bytes: "stream" (one TCP connection from the sender to
+        each receiver, tensors read straight into their targets, no per-tensor operation; used when
+        every member offers it, stream.py) or "gloo" (one gloo broadcast per tensor or packed chunk).
+    stream_coalesce_bytes: the per_tensor threshold on the stream (0: every tensor straight from the
+        sender's memory into the receiver's parameter; nothing is packed, nothing copied).
     keep_buffers: keep the packing/staging buffers between updates (first use of fresh memory
         is slow; a long-lived group should keep them).
     """
@@ -39,23 +46,30 @@ class WeightGroupOptions:
     grace_s: float = 1.5
     local_address: str | None = None
     keep_buffers: bool = True
+    cpu_wire: str = "stream"
+    stream_coalesce_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
             raise InvalidArgument(f"weight group layout {self.layout!r} is not one of {sorted(LAYOUTS)}")
         if self.bucket_bytes <= 0:
             raise InvalidArgument(f"bucket_bytes must be positive, got {self.bucket_bytes}")
-        if self.coalesce_bytes < 0:
-            raise InvalidArgument(
-                f"coalesce_bytes must be >= 0 (0 sends every tensor on its own), got {self.coalesce_bytes}"
-            )
+        for name in ("coalesce_bytes", "stream_coalesce_bytes"):
+            if getattr(self, name) < 0:
+                raise InvalidArgument(
+                    f"{name} must be >= 0 (0 sends every tensor on its own), got {getattr(self, name)}"
+                )
+        if self.cpu_wire not in CPU_WIRES:
+            raise InvalidArgument(f"cpu_wire {self.cpu_wire!r} is not one of {list(CPU_WIRES)}")
         for name in ("init_timeout_s", "op_timeout_s", "ack_timeout_s"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise InvalidArgument(f"{name} must be > 0 seconds (or None for the group's timeout), got {value}")
 
-    def threshold(self, layout_name: str) -> int:
+    def threshold(self, layout_name: str, streaming: bool = False) -> int:
         """The coalescing threshold a layout sends with: "flat" packs everything."""
         if layout_name not in LAYOUTS:
             raise InvalidArgument(f"weight group layout {layout_name!r} is not one of {sorted(LAYOUTS)}")
-        return FLAT_THRESHOLD if layout_name == "flat" else self.coalesce_bytes
+        if layout_name == "flat":
+            return FLAT_THRESHOLD
+        return self.stream_coalesce_bytes if streaming else self.coalesce_bytes

@@ -19,6 +19,8 @@ import torch.distributed as dist
 
 from meshrl.common.errors import InvalidArgument, Unavailable
 
+from .stream import StreamOffer, WeightStream
+
 log = logging.getLogger(__name__)
 
 GLOO_THREADS = 4  # measured on 2 cores: 52 in-flight broadcasts of 188 MiB beat one flat broadcast
@@ -67,9 +69,13 @@ class Backend:
         op_timeout_s: float,
         master_address: str,
         local_address: str | None,
+        stream: bool = False,
+        connect_timeout_s: float | None = None,
     ) -> None:
+        """stream: offer the byte stream (stream.py) on gloo; the group uses it when every member offers it."""
         self.name = backend
         self.device = device
+        self.stream: WeightStream | None = None
         timeout = timedelta(seconds=op_timeout_s)
         if backend == "gloo":
             opts = dist.ProcessGroupGloo._Options()
@@ -81,7 +87,10 @@ class Backend:
                 opts._devices = [dist.ProcessGroupGloo.create_device(hostname=local_address)]
             else:  # honours GLOO_SOCKET_IFNAME, else the host name's address
                 opts._devices = [dist.ProcessGroupGloo.create_default_device()]
+            offer = StreamOffer(store, rank, world_size, master_address, local_address) if stream else None
             self.pg = dist.ProcessGroupGloo(store, rank, world_size, opts)
+            if offer is not None:  # every member posted its offer before it made the gloo group
+                self.stream = offer.connect(connect_timeout_s or op_timeout_s)
         else:
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = timeout
@@ -97,6 +106,8 @@ class Backend:
         prepare the next tensors while these travel."""
         if self.pg is None:
             raise CollectiveFailed(f"{deadline.what}: the group's backend was aborted after an earlier failure", False)
+        if self.stream is not None:  # bytes in order over the stream: no operation to pair up
+            return self.stream.start(tensors)
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
         opts.rootTensor = 0
@@ -121,6 +132,12 @@ class Backend:
     def close(self) -> None:
         """Releases an idle backend now (its worker threads exit at once)."""
         self.pg = None
+        self._close_stream()
+
+    def _close_stream(self) -> None:
+        stream, self.stream = self.stream, None
+        if stream is not None:
+            stream.close()
 
     def abort(self) -> None:
         """Aborts pending collectives and drops the backend on a background thread.
@@ -128,6 +145,7 @@ class Backend:
         Destroying a gloo group waits for its worker threads, which can sit in a stuck operation
         until the backend's own timeout; the caller must not wait for that.
         """
+        self._close_stream()  # a thread blocked in a send or a receive fails at once
         pg, self.pg = self.pg, None
         if pg is None:
             return

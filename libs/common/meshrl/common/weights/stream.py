@@ -1,0 +1,231 @@
+"""The CPU weight group's byte stream: one TCP connection from rank 0 to each receiver, tensors written
+and read straight from (into) their own memory, in order.
+
+Why: on gloo every broadcast is one operation with a fixed cost (about 0.1-0.5 ms each on a loaded
+2-core host), so a model sent tensor by tensor pays it a few hundred times, and packing the tensors into
+one buffer instead pays two copies of the model. A stream has no per-operation cost: a receiver reads
+each tensor's bytes into its target as they come, and only the order of the bytes matters, so the
+sender's and the receivers' calls need not pair up one to one as collective operations must.
+
+Set-up (inside the group's Backend, over the group's store, see transport.py): before the gloo group is
+made, every member that can stream posts `stream/<rank>`; rank 0 posts its listening address and a
+token (`stream/addr`). Once the gloo group exists every member has posted or never will, so all decide
+alike: the stream is used only when every member offered it (a member started with
+`WeightGroupOptions.cpu_wire="gloo"`, or one of an older release, keeps the whole group on gloo).
+Receivers then connect to rank 0 and say who they are with the token; rank 0 accepts one connection
+per receiver within the join deadline.
+
+`start(tensors)` queues the tensors for each connection's thread and returns a work per call; a work's
+`wait(timeout)` raises on a broken connection or a timeout, as gloo's works do. `abort` shuts the
+connections down, so a thread blocked in a send or receive fails at once.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import struct
+import threading
+from collections.abc import Sequence
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+_HELLO = struct.Struct("<q16s")  # rank, token
+SOCKET_BUFFER_BYTES = 8 << 20
+HELLO_TIMEOUT_S = 5.0  # a connection that does not say who it is in time is dropped  # loopback and LAN: large buffers keep both threads busy
+
+
+class StreamWork:
+    """One `start` call's tensors on every connection; done when each connection has moved them."""
+
+    def __init__(self, peers: int) -> None:
+        self._left = peers
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self.error: str | None = None
+        if peers == 0:
+            self._done.set()
+
+    def settle(self, error: str | None = None) -> None:
+        with self._lock:
+            if error is not None and self.error is None:
+                self.error = error
+            self._left -= 1
+            if self._left <= 0 or error is not None:
+                self._done.set()
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        if not self._done.wait(None if timeout is None else timeout.total_seconds()):
+            raise RuntimeError("the weight stream timed out")
+        if self.error is not None:
+            raise RuntimeError(self.error)
+        return True
+
+
+class _Connection:
+    """One socket and the thread that moves queued tensors over it (sends on rank 0, receives elsewhere)."""
+
+    def __init__(self, sock: socket.socket, peer: int, sending: bool) -> None:
+        self.sock = sock
+        self.peer = peer
+        self.sending = sending
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.broken: str | None = None
+        self.thread = threading.Thread(target=self._run, name=f"weights-stream-{peer}", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            tensors, work = job
+            if self.broken is None:
+                try:
+                    for t in tensors:
+                        self._send(t) if self.sending else self._receive(t)
+                except OSError as e:
+                    self.broken = f"the weight stream to rank {self.peer} broke ({e})"
+            work.settle(self.broken)
+
+    def _send(self, tensor: torch.Tensor) -> None:
+        if tensor.numel():
+            self.sock.sendall(memoryview(tensor.detach().numpy()))
+
+    def _receive(self, tensor: torch.Tensor) -> None:
+        view = memoryview(tensor.detach().numpy())
+        done, total = 0, len(view)
+        while done < total:
+            got = self.sock.recv_into(view[done:], total - done)
+            if got == 0:
+                raise ConnectionResetError(f"rank {self.peer} closed the stream after {done} of {total} bytes")
+            done += got
+
+    def close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+        self.jobs.put(None)
+
+
+class WeightStream:
+    """Rank 0's connections to every receiver, or a receiver's connection to rank 0."""
+
+    def __init__(self, connections: list[_Connection]) -> None:
+        self._connections = connections
+
+    def start(self, tensors: Sequence[torch.Tensor]) -> list[StreamWork]:
+        """Queues uint8 CPU tensors (contiguous) to go out (rank 0) or to be filled (receivers) in order."""
+        work = StreamWork(len(self._connections))
+        for c in self._connections:
+            c.jobs.put((list(tensors), work))
+        return [work]
+
+    def close(self) -> None:
+        for c in self._connections:
+            c.close()
+        self._connections = []
+
+
+class StreamOffer:
+    """A member's half of the set-up: post the offer before the gloo group is made, `connect` after it."""
+
+    def __init__(self, store: dist.Store, rank: int, world_size: int, master_address: str, bind: str | None) -> None:
+        self.store = store
+        self.rank = rank
+        self.world_size = world_size
+        self.master_address = master_address
+        self._listener: socket.socket | None = None
+        if rank == 0:
+            self._listener = _listen(bind or master_address)
+            token = os.urandom(16)
+            port = self._listener.getsockname()[1]
+            store.set("stream/addr", f"{master_address}|{port}|{token.hex()}")
+        store.set(f"stream/{rank}", "1")
+
+    def connect(self, timeout_s: float) -> WeightStream | None:
+        """The stream when every member offered one (checked without waiting: the gloo group exists, so
+        every member posted already or never will), else None (the group stays on gloo)."""
+        try:
+            if not all(self.store.check([f"stream/{r}"]) for r in range(self.world_size)):
+                return None
+            host, port, token = self.store.get("stream/addr").decode().split("|")
+            if self.rank == 0:
+                return WeightStream(self._accept(bytes.fromhex(token), timeout_s))
+            return WeightStream([self._dial(host, int(port), bytes.fromhex(token), timeout_s)])
+        finally:
+            if self._listener is not None:
+                self._listener.close()
+                self._listener = None
+
+    def _accept(self, token: bytes, timeout_s: float) -> list[_Connection]:
+        assert self._listener is not None
+        self._listener.settimeout(timeout_s)
+        peers: dict[int, socket.socket] = {}
+        try:
+            while len(peers) < self.world_size - 1:
+                sock, _ = self._listener.accept()  # a timeout here ends the set-up
+                try:
+                    sock.settimeout(min(timeout_s, HELLO_TIMEOUT_S))
+                    rank, got = _HELLO.unpack(_read_exactly(sock, _HELLO.size))
+                except OSError:  # a caller that hung up or never spoke: not a member
+                    sock.close()
+                    continue
+                if got != token or not 0 < rank < self.world_size or rank in peers:
+                    sock.close()  # not a member of this group (or a duplicate): ignore it
+                    continue
+                sock.settimeout(None)
+                peers[rank] = _tune(sock)
+        except OSError as e:
+            for sock in peers.values():
+                sock.close()
+            missing = sorted(set(range(1, self.world_size)) - set(peers))
+            raise OSError(f"ranks {missing} did not connect to the weight stream within {timeout_s:.1f}s ({e})") from e
+        return [_Connection(peers[r], r, sending=True) for r in sorted(peers)]
+
+    def _dial(self, host: str, port: int, token: bytes, timeout_s: float) -> _Connection:
+        sock = socket.create_connection((host, port), timeout=timeout_s)
+        sock.sendall(_HELLO.pack(self.rank, token))
+        sock.settimeout(None)
+        return _Connection(_tune(sock), 0, sending=False)
+
+
+def _listen(host: str) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.bind((host, 0))
+    except OSError:  # the master address is not one of this host's own (NAT, a name): every interface
+        sock.close()
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.bind(("", 0))
+    sock.listen(64)
+    return sock
+
+
+def _tune(sock: socket.socket) -> socket.socket:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER_BYTES)
+        except OSError:
+            pass
+    return sock
+
+
+def _read_exactly(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionResetError("a peer closed the weight stream during its greeting")
+        data += chunk
+    return data
