@@ -28,6 +28,8 @@ def _valid(p: SamplingParams) -> bool:
         and math.isfinite(p.temperature)
         and p.temperature >= 0
         and 0 < p.top_p <= 1
+        and isinstance(p.top_k, int)
+        and not isinstance(p.top_k, bool)
         and p.top_k >= 0
         and all(isinstance(t, int) and t >= 0 for t in p.stop_token_ids)
     )

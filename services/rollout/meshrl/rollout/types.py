@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import math
+import numbers
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -82,8 +83,10 @@ class SamplingParams:
             raise InvalidArgument(
                 f"sampling.top_p = {self.top_p!r}: must be in (0, 1] (1 = off)", field="sampling.top_p"
             )
-        if self.top_k < 0:
-            raise InvalidArgument(f"sampling.top_k = {self.top_k!r}: must be >= 0 (0 = off)", field="sampling.top_k")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, numbers.Integral) or self.top_k < 0:
+            raise InvalidArgument(
+                f"sampling.top_k = {self.top_k!r}: must be an integer >= 0 (0 = off)", field="sampling.top_k"
+            )
         if any(t < 0 for t in self.stop_token_ids):
             raise InvalidArgument(
                 f"sampling.stop_token_ids = {list(self.stop_token_ids)}: token ids are >= 0",

@@ -4,6 +4,8 @@ Built straight from a store (a PrefixStore over the trainer's TCPStore) as a sta
 ProcessGroupGloo / ProcessGroupNCCL, so it never touches torch.distributed's default group
 that a service may already use for data parallelism. Every wait has a deadline; a failed or
 late collective leaves the backend unusable and it is aborted. Used by `collective.py`.
+On gloo the tensor bytes travel over the group's byte stream (stream.py) when every member offers it;
+the gloo group is made either way (it is how an older member joins), and carries them otherwise.
 """
 
 from __future__ import annotations
