@@ -108,3 +108,22 @@ def test_a_closed_stream_fails_its_waiters_at_once(pool):
     with pytest.raises(RuntimeError, match="broke"):  # later work on a broken stream fails at once too
         receiving.start([torch.zeros(8, dtype=torch.uint8)])[0].wait(timedelta(seconds=30))
     receiving.close()
+
+
+@pytest.mark.parametrize("sender_address", [None, "127.0.0.2"])
+def test_members_on_distinct_hosts_stream_from_their_own_addresses(pool, sender_address):
+    """Simulated hosts: the trainer at 127.0.0.2 (its bind address given or not), the replica bound to 127.0.0.3."""
+    plan = GroupPlan.build([("r", 1)], "127.0.0.2", free_port(), "t", "gloo", 10.0)
+    receiver = pool.submit(WeightGroup.join, plan.replica_spec("r"),
+                           options=WeightGroupOptions(local_address="127.0.0.3"))  # fmt: skip
+    sender = WeightGroup.join(plan.sender, options=WeightGroupOptions(local_address=sender_address))
+    receiver = receiver.result(30)
+    assert sender.streaming and receiver.streaming
+    (connection,) = sender._backend.stream._connections
+    assert connection.sock.getpeername()[0] == "127.0.0.3"
+    params = zeros_like(make_tensors(1))
+    future = pool.submit(receiver.receive, InPlaceSink(params, 0))
+    sender.send(make_tensors(1), 1)
+    assert future.result(30) == 1 and equal(params, make_tensors(1))
+    sender.destroy()
+    receiver.destroy()

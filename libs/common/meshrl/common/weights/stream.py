@@ -22,6 +22,7 @@ connections down, so a thread blocked in a send or receive fails at once.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import socket
@@ -81,18 +82,18 @@ class _Connection:
         self.thread.start()
 
     def _run(self) -> None:
+        move = self._send if self.sending else self._receive
         while True:
             job = self.jobs.get()
             if job is None:
                 return
-            tensors, work = job
-            if self.broken is None:
-                try:
-                    for t in tensors:
-                        self._send(t) if self.sending else self._receive(t)
-                except OSError as e:
-                    self.broken = f"the weight stream to rank {self.peer} broke ({e})"
-            work.settle(self.broken)
+            for tensor, work in zip(*job, strict=True):  # each tensor's work settles as soon as it moved
+                if self.broken is None:
+                    try:
+                        move(tensor)
+                    except OSError as e:
+                        self.broken = f"the weight stream to rank {self.peer} broke ({e})"
+                work.settle(self.broken)
 
     def _send(self, tensor: torch.Tensor) -> None:
         if tensor.numel():
@@ -108,10 +109,8 @@ class _Connection:
             done += got
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):  # the peer already hung up: nothing left to shut down
             self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
         self.sock.close()
         self.jobs.put(None)
 
@@ -123,11 +122,13 @@ class WeightStream:
         self._connections = connections
 
     def start(self, tensors: Sequence[torch.Tensor]) -> list[StreamWork]:
-        """Queues uint8 CPU tensors (contiguous) to go out (rank 0) or to be filled (receivers) in order."""
-        work = StreamWork(len(self._connections))
+        """Queues uint8 CPU tensors (contiguous) to go out (rank 0) or to be filled (receivers) in order;
+        one work per tensor, as gloo gives one per broadcast, so a receiver can use each as it lands."""
+        tensors = list(tensors)
+        works = [StreamWork(len(self._connections)) for _ in tensors]
         for c in self._connections:
-            c.jobs.put((list(tensors), work))
-        return [work]
+            c.jobs.put((tensors, works))
+        return works
 
     def close(self) -> None:
         for c in self._connections:
@@ -138,24 +139,27 @@ class WeightStream:
 class StreamOffer:
     """A member's half of the set-up: post the offer before the gloo group is made, `connect` after it."""
 
-    def __init__(self, store: dist.Store, rank: int, world_size: int, master_address: str, bind: str | None) -> None:
+    def __init__(
+        self, store: dist.Store, rank: int, world_size: int, master_address: str, local_address: str | None
+    ) -> None:
+        """local_address: the address this member was told to use (None: rank 0 listens on the master
+        address, a receiver dials from wherever its route leads)."""
         self.store = store
         self.rank = rank
         self.world_size = world_size
-        self.master_address = master_address
+        self.local_address = local_address
         self._listener: socket.socket | None = None
         if rank == 0:
-            self._listener = _listen(bind or master_address)
-            token = os.urandom(16)
+            self._listener, host = _listen(local_address or master_address, master_address)
             port = self._listener.getsockname()[1]
-            store.set("stream/addr", f"{master_address}|{port}|{token.hex()}")
+            store.set("stream/addr", f"{host}|{port}|{os.urandom(16).hex()}")
         store.set(f"stream/{rank}", "1")
 
     def connect(self, timeout_s: float) -> WeightStream | None:
         """The stream when every member offered one (checked without waiting: the gloo group exists, so
         every member posted already or never will), else None (the group stays on gloo)."""
         try:
-            if not all(self.store.check([f"stream/{r}"]) for r in range(self.world_size)):
+            if not self.store.check([f"stream/{r}" for r in range(self.world_size)]):  # true when all exist
                 return None
             host, port, token = self.store.get("stream/addr").decode().split("|")
             if self.rank == 0:
@@ -192,32 +196,34 @@ class StreamOffer:
         return [_Connection(peers[r], r, sending=True) for r in sorted(peers)]
 
     def _dial(self, host: str, port: int, token: bytes, timeout_s: float) -> _Connection:
-        sock = socket.create_connection((host, port), timeout=timeout_s)
+        source = (self.local_address, 0) if self.local_address else None
+        sock = socket.create_connection((host, port), timeout=timeout_s, source_address=source)
         sock.sendall(_HELLO.pack(self.rank, token))
         sock.settimeout(None)
         return _Connection(_tune(sock), 0, sending=False)
 
 
-def _listen(host: str) -> socket.socket:
+def _listen(host: str, master_address: str) -> tuple[socket.socket, str]:
+    """A listening socket on `host`, and the address receivers dial: `host` itself, or the master
+    address when `host` is not one of this machine's own (NAT, a name) and every interface listens."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.bind((host, 0))
-    except OSError:  # the master address is not one of this host's own (NAT, a name): every interface
+    except OSError:
         sock.close()
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.bind(("", 0))
+        host = master_address
     sock.listen(64)
-    return sock
+    return sock, host
 
 
 def _tune(sock: socket.socket) -> socket.socket:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-        try:
+        with contextlib.suppress(OSError):  # a capped buffer size only slows the stream down
             sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER_BYTES)
-        except OSError:
-            pass
     return sock
 
 

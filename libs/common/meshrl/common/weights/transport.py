@@ -80,6 +80,7 @@ class Backend:
         self.stream: WeightStream | None = None
         timeout = timedelta(seconds=op_timeout_s)
         if backend == "gloo":
+            offer = StreamOffer(store, rank, world_size, master_address, local_address) if stream else None
             opts = dist.ProcessGroupGloo._Options()
             opts._timeout = timeout
             opts._threads = GLOO_THREADS  # several tensors in flight at once: a bucket's broadcasts overlap
@@ -89,7 +90,6 @@ class Backend:
                 opts._devices = [dist.ProcessGroupGloo.create_device(hostname=local_address)]
             else:  # honours GLOO_SOCKET_IFNAME, else the host name's address
                 opts._devices = [dist.ProcessGroupGloo.create_default_device()]
-            offer = StreamOffer(store, rank, world_size, master_address, local_address) if stream else None
             self.pg = dist.ProcessGroupGloo(store, rank, world_size, opts)
             if offer is not None:  # every member posted its offer before it made the gloo group
                 self.stream = offer.connect(connect_timeout_s or op_timeout_s)
