@@ -70,7 +70,7 @@ class Recorder:
     def __getattr__(self, name):
         def record(*args, **kwargs):
             self.calls.append((name, args, kwargs))
-            return ([], {}) if name == "generate" else SimpleNamespace(metrics={})
+            return ([], {}) if name == "generate" else SimpleNamespace(metrics={}, passes=[])
 
         return record
 

@@ -77,10 +77,10 @@ class RecordingTrainer:
         self.metrics = metrics
         self.calls: list[dict] = []
 
-    def compute_logprobs(self, role, inputs, output, name, entropy, columns=(), weight_version=None):
+    def compute_logprobs(self, role, inputs, output, name, entropy, columns=(), weight_version=None, more_passes=()):
         self.calls.append({"role": role, "inputs": [k.node_id for k in inputs], "columns": list(columns),
                            "weight_version": weight_version})  # fmt: skip
-        return SimpleNamespace(metrics=self.metrics)
+        return SimpleNamespace(metrics=self.metrics, passes=[])
 
 
 def _handlers(buffer, trainer) -> NodeHandlers:

@@ -263,6 +263,55 @@ def test_a_log_prob_pass_reads_its_rows_while_another_pass_holds_the_model(serve
     assert ("job", 0, "old", None) in buffer.batches
 
 
+def test_one_call_runs_the_reference_pass_beside_the_actors_over_rows_read_once(served, qwen2_dir):
+    """more_passes: the rows are read once, each pass writes its own key, the reply holds each pass's result,
+    and the values equal those of a call per pass."""
+    stub, buffer, trainer = served
+    reply = load_actor(stub, qwen2_dir)
+    stub.LoadModel(pb.LoadModelRequest(role=pb.ROLE_REFERENCE, model_path=str(qwen2_dir)), timeout=60)
+    batch = make_batch(reply.vocab_size)
+    buffer.put(key("rollout"), {k: batch[k] for k in ("prompt_ids", "response_ids")})
+    reads, real_get = [], buffer.get_many
+    buffer.get_many = lambda keys, **kw: reads.append(kw["columns"]) or real_get(keys, **kw)
+    ref = pb.LogProbPass(role=pb.ROLE_REFERENCE, output=key("ref"), output_name="ref_logprobs")
+    req = pb.ComputeLogProbsRequest(role=pb.ROLE_ACTOR, inputs=[key("rollout")], output=key("old"),
+                                    output_name="old_logprobs", with_entropy=True, more_passes=[ref],
+                                    columns=["prompt_ids", "response_ids"])  # fmt: skip
+    out = stub.ComputeLogProbs(req, timeout=60)
+    assert len(reads) == 1 and len(out.passes) == 1
+    tokens = batch["response_ids"].offsets[-1]
+    assert out.tokens == tokens and out.passes[0].tokens == tokens and "entropy" in out.metrics
+    assert "entropy" not in out.passes[0].metrics
+    old = buffer.batches[("job", 0, "old", None)].columns
+    written = buffer.batches[("job", 0, "ref", None)].columns
+    assert set(old) == {"old_logprobs", "entropy"} and set(written) == {"ref_logprobs"}
+    np.testing.assert_allclose(old["old_logprobs"].values, trainer.core.compute_logprobs("actor", batch).values.values,
+                               atol=1e-6)  # fmt: skip
+    alone = trainer.core.compute_logprobs("reference", batch).values.values
+    np.testing.assert_allclose(written["ref_logprobs"].values, alone, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("more", "named"),
+    [
+        ([pb.LogProbPass(role=pb.ROLE_REWARD, output=key("r"))], "more_passes[0]"),
+        ([pb.LogProbPass(role=9, output=key("r"))], "more_passes[0].role"),
+        ([pb.LogProbPass(role=pb.ROLE_ACTOR, output=key("old"))], "more_passes[0].output"),
+        ([pb.LogProbPass(role=pb.ROLE_ACTOR, output=key("a")),
+          pb.LogProbPass(role=pb.ROLE_ACTOR, output=key("a"))], "more_passes[1].output"),
+    ],
+)  # fmt: skip
+def test_a_bad_further_pass_is_refused_by_name_and_nothing_is_written(served, qwen2_dir, more, named):
+    stub, buffer, _ = served
+    load_actor(stub, qwen2_dir)
+    buffer.put(key("rollout"), {k: v for k, v in make_batch(275).items() if k in ("prompt_ids", "response_ids")})
+    req = pb.ComputeLogProbsRequest(role=pb.ROLE_ACTOR, inputs=[key("rollout")], output=key("old"), more_passes=more)
+    with pytest.raises(grpc.RpcError) as err:
+        stub.ComputeLogProbs(req, timeout=30)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and named in err.value.details()
+    assert list(buffer.batches) == [("job", 0, "rollout", None)]
+
+
 def test_the_trainers_publication_settings_choose_the_digest_and_fsync(qwen2_dir, tmp_path, monkeypatch):
     """`publication.digest` / `publication.fsync` (TrainerConfig, e.g. `--set publication.digest=sha256`) reach
     every complete version the trainer writes; an unknown digest is refused when the config is read."""

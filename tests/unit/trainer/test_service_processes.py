@@ -32,9 +32,12 @@ def test_two_rank_service_matches_one_process(two_rank_trainer, qwen2_dir):
     out = pb.ComputeLogProbsRequest(
         role=pb.ROLE_ACTOR, inputs=[batch_key("job", 0, "data")], output=batch_key("job", 0, "lp"),
         output_name="old_logprobs", micro_batch_tokens=24,
+        more_passes=[pb.LogProbPass(role=pb.ROLE_ACTOR, output=batch_key("job", 0, "lp2"), output_name="again")],
     )  # fmt: skip
-    assert stub.ComputeLogProbs(out, timeout=180).tokens == batch["response_ids"].offsets[-1]
+    reply = stub.ComputeLogProbs(out, timeout=180)  # two passes in one call, on every rank
+    assert reply.tokens == reply.passes[0].tokens == batch["response_ids"].offsets[-1]
     written = buffer.get(batch_key("job", 0, "lp"))["old_logprobs"]
+    np.testing.assert_array_equal(buffer.get(batch_key("job", 0, "lp2"))["again"].values, written.values)
 
     core = TrainerCore()
     core.load_model("actor", str(qwen2_dir), optimizer=OptimizerConfig(lr=1e-3, warmup_steps=2))

@@ -54,13 +54,14 @@ class TrainerClient:
 
     def compute_logprobs(
         self, role: str, inputs: Sequence[keys_pb2.BatchKey], output: keys_pb2.BatchKey, name: str, entropy: bool,
-        columns: Sequence[str] = (), weight_version: int | None = None,
+        columns: Sequence[str] = (), weight_version: int | None = None, more_passes: Sequence[tpb.LogProbPass] = (),
     ) -> tpb.ComputeResponse:  # fmt: skip
         """`columns`: the only input columns the trainer reads (empty: every column); `weight_version`: the
-        version the actor's weights are at (its reply then carries the rollout gap per version lag)."""
+        version the actor's weights are at (its reply then carries the rollout gap per version lag);
+        `more_passes`: further passes over the same rows (the reply's `passes`, where the trainer knows them)."""
         req = tpb.ComputeLogProbsRequest(
             role=role_proto(role), inputs=inputs, output=output, output_name=name, with_entropy=entropy,
-            temperature=1.0, columns=columns, weight_version=weight_version,
+            temperature=1.0, columns=columns, weight_version=weight_version, more_passes=more_passes,
         )  # fmt: skip
         return call(self.stub.ComputeLogProbs, req, timeout=self.timeout)
 

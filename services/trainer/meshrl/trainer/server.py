@@ -43,8 +43,28 @@ def loss_settings(loss: pb.LossConfig, role: str, defaults: LossConfig) -> dict:
 
 
 def _compute_reply(out: dict) -> pb.ComputeResponse:
-    tag_span({A.TOKENS: out["tokens"], A.MICRO_BATCHES: out["micro_batches"]})
-    return pb.ComputeResponse(**out)
+    passes = out.pop("passes", [])
+    tag_span({A.TOKENS: out["tokens"] + sum(p["tokens"] for p in passes), A.MICRO_BATCHES: out["micro_batches"]})
+    return pb.ComputeResponse(**out, passes=[pb.PassResult(**p) for p in passes])
+
+
+def _passes(request: pb.ComputeLogProbsRequest) -> list[dict]:
+    """The request's more_passes, each writing a key of its own (two passes into one key would lose one)."""
+    passes = [_pass(i, p) for i, p in enumerate(request.more_passes)]
+    seen = [BatchRef.from_proto(request.output, "output")]
+    for i, p in enumerate(passes):
+        if p["output"] in seen:
+            raise InvalidArgument(f"more_passes[{i}].output is the output of an earlier pass of this call; give "
+                                  "each pass a key of its own", field=f"more_passes[{i}].output")  # fmt: skip
+        seen.append(p["output"])
+    return passes
+
+
+def _pass(i: int, p: pb.LogProbPass) -> dict:
+    """A request's more_passes[i], as TrainerService.compute_logprobs takes it."""
+    return {"role": role_name(p.role, f"more_passes[{i}].role"), "output": BatchRef.from_proto(p.output, f"more_passes[{i}].output"),
+            "with_entropy": p.with_entropy, "output_name": p.output_name,
+            "weight_version": optional_field(p, "weight_version")}  # fmt: skip
 
 
 class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
@@ -72,8 +92,11 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
         return pb.LoadModelResponse(role=request.role, **info)
 
     def ComputeLogProbs(self, request: pb.ComputeLogProbsRequest, context) -> pb.ComputeResponse:
-        if request.role == pb.ROLE_REWARD:
-            raise InvalidArgument("the reward model has a score head, no log-probs: call ComputeScores for it")
+        for i, role in enumerate([request.role, *(p.role for p in request.more_passes)]):
+            if role == pb.ROLE_REWARD:
+                where = f" (more_passes[{i - 1}])" if i else ""
+                raise InvalidArgument(f"the reward model has a score head, no log-probs{where}: call ComputeScores "
+                                      "for it")  # fmt: skip
         temperature = optional_field(request, "temperature")
         if temperature is not None and not 0 < temperature < math.inf:
             raise InvalidArgument(f"temperature = {temperature} must be a finite number > 0 (or unset)",
@@ -88,6 +111,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
             output_name=request.output_name,
             columns=list(request.columns),
             weight_version=optional_field(request, "weight_version"),
+            more_passes=_passes(request),
         )
         return _compute_reply(out)
 

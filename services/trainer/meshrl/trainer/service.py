@@ -35,6 +35,8 @@ from meshrl.trainer.rollout_gap import rollout_gap_metrics
 # Copied into every published version so engines can (re)load it as a Hugging Face model folder.
 MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt", "tokenizer.model")  # fmt: skip
+# What one log-prob pass sets for itself; temperature, micro_batch_tokens and the columns read are the call's.
+PASS_KEYS = ("with_entropy", "output_name", "weight_version")
 COLLECTIVE = ("load_model", "compute_logprobs", "compute_values", "train_step", "save_checkpoint", "load_checkpoint",
               "gather_weights", "compute_scores", "set_residency")  # fmt: skip
 
@@ -153,29 +155,42 @@ class TrainerService:
                 "vocab_size": state.spec.vocab_size}  # fmt: skip
 
     def compute_logprobs(
-        self, role: str, inputs: Sequence[BatchRef], output: BatchRef, **kwargs: Any
+        self, role: str, inputs: Sequence[BatchRef], output: BatchRef, more_passes: Sequence[dict] = (), **kwargs: Any
     ) -> dict[str, Any]:
+        """One log-prob pass over the rows of `inputs`, written to `output`, and each of `more_passes` ({role,
+        output, with_entropy, output_name, weight_version}) over the same rows, read once; the reply's
+        "passes" holds one reply per further pass, in order."""
+        passes = [{"role": role, **{k: kwargs.pop(k) for k in PASS_KEYS if k in kwargs}},
+                  *({k: v for k, v in p.items() if k != "output"} for p in more_passes)]  # fmt: skip
+        outputs = [output, *(p["output"] for p in more_passes)]
         if self.bus is not None and self.bus.world > 1:
-            return self._call("compute_logprobs", role=role, inputs=list(inputs), output=output, **kwargs)
-        # One rank: only the forward pass holds the lock, so a second pass (the reference's beside the
+            return self._call("compute_logprobs", inputs=list(inputs), outputs=outputs, passes=passes, **kwargs)
+        # One rank: only the forward passes hold the lock, so a second call (the reference's beside the
         # actor's) reads its rows while the first computes, and the first writes while the second computes.
-        self.core.role(role)  # fail fast before waiting for the batch
+        for p in passes:  # fail fast before waiting for the batch
+            self.core.role(p["role"])
         columns = self._read(list(inputs), kwargs.pop("columns", ()))
         with self._lock:
-            out, reply = self._logprobs_of(role, columns, **kwargs)
-        self._write(output, out)
-        return reply
+            results = [self._logprobs_of(columns, **p, **kwargs) for p in passes]
+        return self._write_passes(outputs, results)
 
-    def _compute_logprobs(self, role, inputs, output, columns=(), **kwargs: Any) -> dict[str, Any]:
+    def _compute_logprobs(self, inputs, outputs, passes, columns=(), **kwargs: Any) -> dict[str, Any]:
         """Every rank of a data-parallel trainer, in order with the other collective ops."""
-        self.core.role(role)  # fail fast (same on every rank) before waiting for the batch
-        out, reply = self._logprobs_of(role, self._read(inputs, columns), **kwargs)
-        self._write(output, out)
-        return reply
+        for p in passes:  # fail fast (same on every rank) before waiting for the batch
+            self.core.role(p["role"])
+        rows = self._read(inputs, columns)
+        return self._write_passes(outputs, [self._logprobs_of(rows, **p, **kwargs) for p in passes])
 
-    def _logprobs_of(self, role, columns, with_entropy=False, temperature=None, micro_batch_tokens=None,
+    def _write_passes(self, outputs: list[BatchRef], results: list[tuple[dict, dict]]) -> dict[str, Any]:
+        """Writes each pass's columns to its output; the first pass's reply, with the others' under "passes"."""
+        for output, (out, _) in zip(outputs, results, strict=True):
+            self._write(output, out)
+        replies = [reply for _, reply in results]
+        return {**replies[0], "passes": replies[1:]}
+
+    def _logprobs_of(self, columns, role, with_entropy=False, temperature=None, micro_batch_tokens=None,
                      output_name="", weight_version=None) -> tuple[dict[str, object], dict[str, Any]]:  # fmt: skip
-        """(the columns to write, the reply) of one log-prob pass over the rows read (`columns`)."""
+        """(the columns to write, the reply) of one log-prob pass of `role` over the rows read (`columns`)."""
         result = self.core.compute_logprobs(
             role,
             columns,

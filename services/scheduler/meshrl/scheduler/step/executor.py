@@ -20,7 +20,7 @@ import traceback
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from opentelemetry.trace import Status, StatusCode
 
@@ -32,6 +32,7 @@ from meshrl.scheduler.events import EventLog
 from meshrl.scheduler.inline import run_inline
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class NodeLike(Protocol):
@@ -55,6 +56,23 @@ class StepContext:
     nodes: dict[str, Any] = field(default_factory=dict)
     version: int | None = None  # the weight version the step trains from (None: not told)
     held: dict[str, dict[str, Any]] = field(default_factory=dict)  # columns the built-in COMPUTE nodes hold (held.py)
+    scheduled: frozenset[str] = frozenset()  # the nodes this walk runs (the rest are given, or run elsewhere)
+    _once: dict[str, Future] = field(default_factory=dict, repr=False)
+    _once_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def once(self, key: str, fn: Callable[[], T]) -> T:
+        """`fn()` run once per `key` in this step: the first node to ask runs it, nodes asking later (in other
+        threads) wait for its result, or get its error."""
+        with self._once_lock:
+            future, first = self._once.get(key), key not in self._once
+            if first:
+                future = self._once[key] = Future()
+        if first:
+            try:
+                future.set_result(fn())
+            except BaseException as exc:
+                future.set_exception(exc)
+        return future.result()
 
     def input_keys(self, node_id: str) -> list[keys_pb2.BatchKey]:
         """Keys of every upstream node's output, nearest first, not past a row-rewriting node."""
@@ -139,8 +157,9 @@ class StepExecutor:
         that ran elsewhere (the producer side of an asynchronous step); `version`: the weight version the
         step trains from (the actor's log-prob pass reports the rollout gap per version lag against it).
         Returns (metrics, context)."""
-        ctx = StepContext(job_id, step, results=dict(given or {}), nodes=self.nodes, version=version)
-        pending = {i: n for i, n in self.nodes.items() if (only is None or i in only) and i not in ctx.results}
+        pending = {i: n for i, n in self.nodes.items() if (only is None or i in only) and i not in (given or {})}
+        ctx = StepContext(job_id, step, results=dict(given or {}), nodes=self.nodes, version=version,
+                          scheduled=frozenset(pending))  # fmt: skip
         for node_id in pending:
             self.events.node(step, node_id, spb.NODE_STATE_PENDING)
         running: dict[Future, str] = {}

@@ -31,6 +31,7 @@ from meshrl.scheduler.step.logprob_gap import gap_metric, gap_reads
 from meshrl.scheduler.step.old_logprobs import ratio_reads
 from meshrl.scheduler.step.reward_model import score_node
 from meshrl.scheduler.step.rewards import RewardFn, score
+from meshrl.scheduler.step.shared_passes import call_group, run_passes
 from meshrl.scheduler.step.user_code import UserCode
 from meshrl.scheduler.workflow import compute_catalog as cat
 from meshrl.scheduler.workflow import resolve_executable
@@ -280,21 +281,14 @@ class NodeHandlers:
         return NodeResult(keys, metrics)
 
     def inference(self, node: Any, ctx: StepContext) -> NodeResult:
-        role = enum_name(node.node_role).lower()
-        key = self._key(ctx, node)
-        if role == "critic":
+        if enum_name(node.node_role).lower() == "critic":
+            key = self._key(ctx, node)
             reads = self._reads(node, ctx)
             reply = self.trainer.compute_values(reads.keys, key, columns=reads.columns)
             return NodeResult([key], {f"{node.node_id}/{k}": v for k, v in reply.metrics.items()})
-        name = node.config.get("output_name", S.OLD_LOGPROBS if role == "actor" else S.REF_LOGPROBS)
-        gap = role == "actor" and name == S.OLD_LOGPROBS and ctx.version is not None
-        reads = self._reads(node, ctx, also=gap_reads(node, ctx) if gap else ())
-        reply = self.trainer.compute_logprobs(
-            role, reads.keys, key, name, entropy=role == "actor", columns=reads.columns,
-            weight_version=ctx.version if gap else None,
-        )  # fmt: skip
-        named = {k: (gap and gap_metric(k)) or f"{node.node_id}/{k}" for k in reply.metrics}
-        return NodeResult([key], {named[k]: v for k, v in reply.metrics.items()})
+        group = call_group(node, ctx)  # the log-prob nodes started with this one share its trainer call
+        call = "logprobs/" + "+".join(n.node_id for n in group)
+        return ctx.once(call, lambda: run_passes(self.trainer, group, ctx, self._reads))[node.node_id]
 
     def train(self, node: Any, ctx: StepContext) -> NodeResult:
         role = enum_name(node.node_role).lower()

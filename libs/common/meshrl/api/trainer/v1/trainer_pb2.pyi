@@ -151,7 +151,7 @@ class LoadModelResponse(_message.Message):
     def __init__(self, role: _Optional[_Union[Role, str]] = ..., num_parameters: _Optional[int] = ..., architecture: _Optional[str] = ..., vocab_size: _Optional[int] = ...) -> None: ...
 
 class ComputeLogProbsRequest(_message.Message):
-    __slots__ = ("role", "inputs", "output", "with_entropy", "temperature", "micro_batch_tokens", "output_name", "columns", "weight_version")
+    __slots__ = ("role", "inputs", "output", "with_entropy", "temperature", "micro_batch_tokens", "output_name", "columns", "weight_version", "more_passes")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
@@ -161,6 +161,7 @@ class ComputeLogProbsRequest(_message.Message):
     OUTPUT_NAME_FIELD_NUMBER: _ClassVar[int]
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MORE_PASSES_FIELD_NUMBER: _ClassVar[int]
     role: Role
     inputs: _containers.RepeatedCompositeFieldContainer[_keys_pb2.BatchKey]
     output: _keys_pb2.BatchKey
@@ -170,7 +171,22 @@ class ComputeLogProbsRequest(_message.Message):
     output_name: str
     columns: _containers.RepeatedScalarFieldContainer[str]
     weight_version: int
-    def __init__(self, role: _Optional[_Union[Role, str]] = ..., inputs: _Optional[_Iterable[_Union[_keys_pb2.BatchKey, _Mapping]]] = ..., output: _Optional[_Union[_keys_pb2.BatchKey, _Mapping]] = ..., with_entropy: _Optional[bool] = ..., temperature: _Optional[float] = ..., micro_batch_tokens: _Optional[int] = ..., output_name: _Optional[str] = ..., columns: _Optional[_Iterable[str]] = ..., weight_version: _Optional[int] = ...) -> None: ...
+    more_passes: _containers.RepeatedCompositeFieldContainer[LogProbPass]
+    def __init__(self, role: _Optional[_Union[Role, str]] = ..., inputs: _Optional[_Iterable[_Union[_keys_pb2.BatchKey, _Mapping]]] = ..., output: _Optional[_Union[_keys_pb2.BatchKey, _Mapping]] = ..., with_entropy: _Optional[bool] = ..., temperature: _Optional[float] = ..., micro_batch_tokens: _Optional[int] = ..., output_name: _Optional[str] = ..., columns: _Optional[_Iterable[str]] = ..., weight_version: _Optional[int] = ..., more_passes: _Optional[_Iterable[_Union[LogProbPass, _Mapping]]] = ...) -> None: ...
+
+class LogProbPass(_message.Message):
+    __slots__ = ("role", "output", "with_entropy", "output_name", "weight_version")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    WITH_ENTROPY_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_NAME_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    role: Role
+    output: _keys_pb2.BatchKey
+    with_entropy: bool
+    output_name: str
+    weight_version: int
+    def __init__(self, role: _Optional[_Union[Role, str]] = ..., output: _Optional[_Union[_keys_pb2.BatchKey, _Mapping]] = ..., with_entropy: _Optional[bool] = ..., output_name: _Optional[str] = ..., weight_version: _Optional[int] = ...) -> None: ...
 
 class ComputeValuesRequest(_message.Message):
     __slots__ = ("inputs", "output", "micro_batch_tokens", "columns")
@@ -201,6 +217,25 @@ class ComputeScoresRequest(_message.Message):
     def __init__(self, role: _Optional[_Union[Role, str]] = ..., inputs: _Optional[_Iterable[_Union[_keys_pb2.BatchKey, _Mapping]]] = ..., output: _Optional[_Union[_keys_pb2.BatchKey, _Mapping]] = ..., micro_batch_tokens: _Optional[int] = ..., output_name: _Optional[str] = ..., columns: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ComputeResponse(_message.Message):
+    __slots__ = ("tokens", "micro_batches", "metrics", "passes")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MICRO_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    PASSES_FIELD_NUMBER: _ClassVar[int]
+    tokens: int
+    micro_batches: int
+    metrics: _containers.ScalarMap[str, float]
+    passes: _containers.RepeatedCompositeFieldContainer[PassResult]
+    def __init__(self, tokens: _Optional[int] = ..., micro_batches: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., passes: _Optional[_Iterable[_Union[PassResult, _Mapping]]] = ...) -> None: ...
+
+class PassResult(_message.Message):
     __slots__ = ("tokens", "micro_batches", "metrics")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
