@@ -136,10 +136,11 @@ def test_each_step_is_one_trace_across_every_service(tiny_task, tmp_path):
         tokens = sum(s.attributes[A.TOKENS] for s in generated)
         assert sum(s.attributes[A.REQUESTS] for s in generated) == 4 * rollout["n"]
 
-        # Trainer: both log-prob passes and the train step score exactly the generated tokens.
+        # Trainer: both log-prob passes (one call: the reference's pass rides in more_passes) and the train
+        # step score exactly the generated tokens.
         logprobs = t.server(TRAINER, "ComputeLogProbs")
         train = t.server(TRAINER, "TrainStep")
-        assert len(logprobs) == 2 and len(train) == 1
+        assert len(logprobs) == 1 and logprobs[0].attributes[A.PASSES] == 2 and len(train) == 1
         for s in [*logprobs, *train]:
             assert s.attributes[A.TOKENS] == tokens and s.attributes[A.MICRO_BATCHES] >= 1
         assert A.node_span_name("actor_train") in t.ancestors(train[0])

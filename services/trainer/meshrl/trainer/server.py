@@ -44,7 +44,7 @@ def loss_settings(loss: pb.LossConfig, role: str, defaults: LossConfig) -> dict:
 
 def _compute_reply(out: dict) -> pb.ComputeResponse:
     passes = out.pop("passes", [])
-    tag_span({A.TOKENS: out["tokens"] + sum(p["tokens"] for p in passes), A.MICRO_BATCHES: out["micro_batches"]})
+    tag_span({A.TOKENS: out["tokens"], A.MICRO_BATCHES: out["micro_batches"], A.PASSES: 1 + len(passes)})
     return pb.ComputeResponse(**out, passes=[pb.PassResult(**p) for p in passes])
 
 

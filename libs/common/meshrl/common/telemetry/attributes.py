@@ -19,6 +19,7 @@ BUFFER_KEYS = "meshrl.buffer.keys"  # list[str]: the keys one GetSmallBatches ca
 REQUESTS = "meshrl.requests"  # int: generation requests in a call
 TOKENS = "meshrl.tokens"  # int: tokens generated or processed
 MICRO_BATCHES = "meshrl.micro_batches"  # int
+PASSES = "meshrl.passes"  # int: forward passes one call made over its rows (Trainer.ComputeLogProbs more_passes)
 WEIGHT_VERSION = "meshrl.weight_version"  # int
 TRANSPORT = "meshrl.transport"  # str: weight transport, "disk" or "distributed"
 APPLY_SECONDS = "meshrl.apply_seconds"  # float: seconds a rollout replica took to apply new weights
