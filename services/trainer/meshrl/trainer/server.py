@@ -62,7 +62,8 @@ def _passes(request: pb.ComputeLogProbsRequest) -> list[dict]:
 
 def _pass(i: int, p: pb.LogProbPass) -> dict:
     """A request's more_passes[i], as TrainerService.compute_logprobs takes it."""
-    return {"role": role_name(p.role, f"more_passes[{i}].role"), "output": BatchRef.from_proto(p.output, f"more_passes[{i}].output"),
+    field = f"more_passes[{i}]"
+    return {"role": role_name(p.role, f"{field}.role"), "output": BatchRef.from_proto(p.output, f"{field}.output"),
             "with_entropy": p.with_entropy, "output_name": p.output_name,
             "weight_version": optional_field(p, "weight_version")}  # fmt: skip
 
