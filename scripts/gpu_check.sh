@@ -6,10 +6,19 @@
 #   3. colocated publication trainer -> replica in place (CUDA IPC; CPU: shared memory), checksums and GB/s
 #   4. the engines' weight-group wire between two ranks (NCCL needs two GPUs: said so when one is present)
 # Usage: scripts/gpu_check.sh [--cpu]      (PYTHON=... picks the interpreter; default python3)
+#   WHEELS=folder: a python that lacks meshrl's dependencies (a device image with only torch and transformers)
+#   gets the wheels in that folder installed into a temporary folder, and imports meshrl from this checkout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 fail() { echo "FAIL $*" >&2; exit 1; }
+
+if [[ -n "${WHEELS:-}" ]]; then
+  site="$(mktemp -d)"
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "$WHEELS"/*.whl \
+    || fail "installing the wheels in $WHEELS (one version of each package, built for this python)"
+  export PYTHONPATH="$site:$PWD/libs/common:$PWD/services/trainer:$PWD/services/rollout${PYTHONPATH:+:$PYTHONPATH}"
+fi
 
 if [[ "${1:-}" == "--cpu" ]]; then
   echo "== CPU twins (no GPU used)"
