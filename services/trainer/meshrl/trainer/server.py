@@ -63,6 +63,9 @@ def _passes(request: pb.ComputeLogProbsRequest) -> list[dict]:
 def _pass(i: int, p: pb.LogProbPass) -> dict:
     """A request's more_passes[i], as TrainerService.compute_logprobs takes it."""
     field = f"more_passes[{i}]"
+    if p.role == pb.ROLE_REWARD:
+        raise InvalidArgument(f"{field}: the reward model has a score head, no log-probs; call ComputeScores for it",
+                              field=f"{field}.role")  # fmt: skip
     return {"role": role_name(p.role, f"{field}.role"), "output": BatchRef.from_proto(p.output, f"{field}.output"),
             "with_entropy": p.with_entropy, "output_name": p.output_name,
             "weight_version": optional_field(p, "weight_version")}  # fmt: skip
@@ -93,11 +96,8 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
         return pb.LoadModelResponse(role=request.role, **info)
 
     def ComputeLogProbs(self, request: pb.ComputeLogProbsRequest, context) -> pb.ComputeResponse:
-        for i, role in enumerate([request.role, *(p.role for p in request.more_passes)]):
-            if role == pb.ROLE_REWARD:
-                where = f" (more_passes[{i - 1}])" if i else ""
-                raise InvalidArgument(f"the reward model has a score head, no log-probs{where}: call ComputeScores "
-                                      "for it")  # fmt: skip
+        if request.role == pb.ROLE_REWARD:
+            raise InvalidArgument("the reward model has a score head, no log-probs: call ComputeScores for it")
         temperature = optional_field(request, "temperature")
         if temperature is not None and not 0 < temperature < math.inf:
             raise InvalidArgument(f"temperature = {temperature} must be a finite number > 0 (or unset)",
