@@ -94,9 +94,15 @@ def world(tmp_path_factory):
         with ThreadPoolExecutor(2) as pool:  # the two replicas start side by side, as on two hosts
             list(pool.map(lambda n: cluster.start("rollout", n, _rollout_config(world, n)), ("rollout-a", "rollout-b")))
         world["gate"] = root / "gate"
+        peer = pki.channel("scheduler")  # the operator's channels and permissions; jobs only name what is allowed
+        permissions = {
+            "peer_addresses": [cluster.addresses["trainer"], cluster.addresses["databuffer"], world["registry_url"]],
+            "read_roots": [str(root)],
+        }
         cluster.start("scheduler", "scheduler", {
             "server": pki.server("scheduler", HOSTS["scheduler"]), "run_root": str(root / "runs"),
             "allowed_modules": ["meshrl", "tests.integration"],  # the gate reward
+            "channels": {"databuffer": peer, "trainer": peer, "rollout": peer}, "job_permissions": permissions,
             "telemetry": _telemetry(root, "scheduler")}, env={"MESHRL_TEST_GATE": str(world["gate"])})  # fmt: skip
         yield world
     finally:
@@ -181,8 +187,7 @@ def test_a_service_with_a_misconfigured_peer_fails_at_start(world, service, chan
 
 
 def _job_config(world: dict) -> dict:
-    pki, addresses = world["pki"], world["addresses"]
-    peer = pki.channel("scheduler")
+    addresses = world["addresses"]
     return {
         "job": {"name": "multihost", "steps": STEPS, "allowed_modules": ["meshrl", "tests.integration"]},
         "model": {"path": world["model"]},
@@ -190,8 +195,7 @@ def _job_config(world: dict) -> dict:
         "rollout": {"replicas": 0, "n": N, "max_tokens": 8,
                     "registry": {"redis_url": world["registry_url"], "namespace": NAMESPACE}},
         "trainer": {"address": addresses["trainer"], "optimizer": {"lr": 1e-3}},
-        "services": {"databuffer": addresses["databuffer"], "use_ray": False,
-                     "channels": {"databuffer": peer, "trainer": peer, "rollout": peer}},
+        "services": {"databuffer": addresses["databuffer"], "use_ray": False},  # channels: the scheduler's
         "eval": {"every": 0, "max_prompts": 4},
         "algorithm": {"reward": "tests.integration._gate_reward:gated_exact_match"},  # holds steps on a gate file
     }  # fmt: skip

@@ -114,21 +114,30 @@ def start_services(root: Path, model: str, procs: dict[str, ServiceProcess]) -> 
         "databuffer": ["--set", f"redis.embedded.data_dir={root / 'redis'}"],
         "trainer": [],
         "rollout": ["--set", f"engine.model_path={model}", "--set", "replica_id=rollout-0"],
-        "scheduler": ["--set", f"run_root={root / 'runs'}"],
+        "scheduler": [
+            "--set",
+            f"run_root={root / 'runs'}",
+            "--set",
+            f"job_permissions.read_roots=[{json.dumps(str(root))}]",
+        ],
     }
 
     def start(svc: str) -> str:
         if svc in ("trainer", "rollout"):
             extra[svc] += ["--set", f"databuffer_address={addresses['databuffer']}"]
+        if svc == "scheduler":  # the job names the other services: the operator allows exactly them
+            peers = ", ".join(f'"{addresses[s]}"' for s in SERVICES[:-1])
+            extra[svc] += ["--set", f"job_permissions.peer_addresses=[{peers}]"]
         args = [*extra[svc], "--set", f"telemetry.prometheus_port={metrics[svc]}",
                 "--set", "telemetry.prometheus_host=127.0.0.1", "--set", f"telemetry.instance={svc}"]  # fmt: skip
         procs[svc] = ServiceProcess(svc, args, str(root / "logs" / f"{svc}.log"), exit_with_parent=True)
         return procs[svc].start(timeout=240)
 
     addresses["databuffer"] = start("databuffer")  # the others need its address
-    with ThreadPoolExecutor(3) as pool:  # trainer, rollout and scheduler start side by side
-        started = {svc: pool.submit(start, svc) for svc in SERVICES[1:]}
+    with ThreadPoolExecutor(2) as pool:  # trainer and rollout start side by side
+        started = {svc: pool.submit(start, svc) for svc in SERVICES[1:-1]}
         addresses.update({svc: future.result() for svc, future in started.items()})
+    addresses["scheduler"] = start("scheduler")
     return addresses, metrics
 
 

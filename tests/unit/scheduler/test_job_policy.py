@@ -15,6 +15,7 @@ from meshrl.api.scheduler.v1 import scheduler_pb2 as spb
 from meshrl.api.scheduler.v1 import scheduler_pb2_grpc
 from meshrl.common.errors import InvalidArgument, NotFound, PermissionDenied
 from meshrl.common.grpc_server import ServerConfig, Service, start_server
+from meshrl.scheduler.job_permissions import JobPermissions
 from meshrl.scheduler.job_policy import JobPolicy
 from meshrl.scheduler.jobs import JobManager
 from meshrl.scheduler.server import SchedulerServicer
@@ -56,7 +57,8 @@ def _reward_config(tmp_path, reward: str, **job) -> str:
 
 
 def _manager(tmp_path, allowed=("meshrl",)) -> JobManager:
-    return JobManager(policy=JobPolicy.operator(list(allowed), tmp_path / "runs"))
+    readable = JobPermissions(read_roots=[str(tmp_path)])  # the model and data the configs name
+    return JobManager(policy=JobPolicy.operator(list(allowed), tmp_path / "runs", readable))
 
 
 def _workflow_with_ref(ref: str) -> str:

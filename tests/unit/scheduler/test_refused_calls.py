@@ -11,6 +11,7 @@ import yaml
 from meshrl.api.scheduler.v1 import scheduler_pb2 as spb
 from meshrl.api.scheduler.v1 import scheduler_pb2_grpc
 from meshrl.common.grpc_server import ServerConfig, Service, start_server
+from meshrl.scheduler.job_permissions import JobPermissions
 from meshrl.scheduler.job_policy import JobPolicy
 from meshrl.scheduler.jobs import JobManager
 from meshrl.scheduler.server import SchedulerServicer
@@ -48,6 +49,12 @@ def _cases(tmp_path) -> list[tuple]:
         ("SubmitJob", submit(resume_run_dir=str(tmp_path / "runs" / "none")), MISSING, "none"),
         ("SubmitJob", submit(resume_run_dir="/etc"), DENIED, "/etc"),
         ("SubmitJob", submit(config_yaml=_config(tmp_path, job={"allowed_modules": ["os"]})), DENIED, "os"),
+        (
+            "SubmitJob",
+            submit(config_yaml=_config(tmp_path, services={"ray_address": "127.0.0.9:6379"})),
+            DENIED,
+            "job_permissions.ray_addresses",
+        ),
         ("SubmitJob", submit(job_id="held"), BAD, "job id 'held' is taken"),
         ("CancelJob", spb.CancelJobRequest(job_id="nobody"), MISSING, "nobody"),
         ("ScaleService", spb.ScaleServiceRequest(job_id="held", service="trainer", replicas=2), BAD, "trainer"),
@@ -65,7 +72,8 @@ def _state(stub, root) -> tuple:
 
 
 def test_every_mutating_scheduler_rpc_refuses_bad_input_and_changes_nothing(tmp_path):
-    jobs = JobManager(policy=JobPolicy.operator(["meshrl"], tmp_path / "runs"))
+    readable = JobPermissions(read_roots=[str(tmp_path)])  # the model and data the configs name
+    jobs = JobManager(policy=JobPolicy.operator(["meshrl"], tmp_path / "runs", readable))
     jobs.create(builtin_workflow_text("grpo"), _config(tmp_path), [], job_id="held")  # pending: never started
     service = Service(scheduler_pb2_grpc.add_SchedulerServicer_to_server, SchedulerServicer(jobs), "s")
     running = start_server(ServerConfig(port=0), [service])

@@ -20,7 +20,8 @@ def main(argv: list[str] | None = None) -> None:
     cfg = parse_service_args(SchedulerServiceConfig, argv, "python -m meshrl.scheduler", __doc__.split("\n")[0])
 
     def build() -> Hosted:
-        policy = JobPolicy.operator(cfg.allowed_modules, cfg.run_root)  # the operator's, never the job's
+        # the operator's limits, never the job's
+        policy = JobPolicy.operator(cfg.allowed_modules, cfg.run_root, cfg.job_permissions, cfg.channels)
         jobs = JobManager(cfg.run_root, cfg.max_concurrent_jobs, policy)
         servicer = SchedulerServicer(jobs)
 

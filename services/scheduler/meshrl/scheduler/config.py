@@ -16,6 +16,7 @@ from meshrl.common.config import StrictModel
 from meshrl.common.grpc_channel import ChannelConfig
 from meshrl.common.grpc_server import ServerConfig
 from meshrl.common.telemetry import TelemetryConfig
+from meshrl.scheduler.job_permissions import JobPermissions
 from meshrl.scheduler.trackers.config import LoggingSection
 
 Field = pydantic.Field
@@ -408,4 +409,13 @@ class SchedulerServiceConfig(StrictModel):
         default_factory=lambda: ["meshrl"],
         description="the operator's allow-list: module prefixes a submitted job's executable_refs, rewards and "
         "data generators may come from (a job's job.allowed_modules may only narrow it; '*' allows any)",
+    )
+    job_permissions: JobPermissions = Field(
+        default_factory=JobPermissions,
+        description="infrastructure fields a submitted job may set (Ray cluster, peer addresses, paths outside "
+        "the run root, data generators, tracking URIs, further service overrides); empty lists allow none",
+    )
+    channels: PeerChannels = Field(
+        default_factory=PeerChannels,
+        description="TLS and tokens the scheduler uses to reach every job's peers; a job may not set its own",
     )

@@ -1,5 +1,7 @@
-"""What a job may do on the scheduler's host: which modules its code may come from and where its run folder
-may live. The operator sets both in the scheduler's own config; a submitted job may only narrow them.
+"""What a job may do on the scheduler's host: which modules its code may come from, where its run folder
+may live, which service settings it may override, and (meshrl.scheduler.job_permissions) which infrastructure
+fields it may set. The operator sets all of them in the scheduler's own config; a submitted job may only narrow
+them, and its channels to peers are the operator's (`channels`).
 
 `JobManager` applies the policy to every job before anything of the job runs: the allow-list check is by
 name (nothing is imported until every ref passes), run ids are checked, and run / resume folders must resolve
@@ -9,20 +11,31 @@ inside the run root. `JobPolicy.local()` is `meshrl run` on one's own machine: t
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from meshrl.common.errors import InvalidArgument, NotFound, PermissionDenied
-from meshrl.scheduler.config import JobConfig
+from meshrl.scheduler.config import JobConfig, PeerChannels
+from meshrl.scheduler.job_permissions import SETTING, JobPermissions, check_job
 from meshrl.scheduler.workflow.executables import ALLOW_ALL, check_executable, module_allowed
 
-# What a submitted job's service_overrides may set on the services it launches (operator mode).
-SAFE_OVERRIDE_PREFIXES = (
-    "engine.sglang.extra_args.",
-    "engine.vllm.extra_args.",
-    "engine.transformers.",
+# What a submitted job's service_overrides may set on the services it launches (operator mode): sizes and
+# memory, never what runs or where it binds, reads or loads code from (an engine flag such as --host,
+# --worker-cls or --trust-remote-code, an attention kernel from the Hub, an interpreter, a root, an address).
+SAFE_ENGINE_ARGS = {
+    "sglang": ("mem_fraction_static", "chunked_prefill_size", "max_running_requests", "max_total_tokens",
+               "cuda_graph_max_bs", "disable_cuda_graph", "schedule_conservativeness", "tp_size"),
+    "vllm": ("gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
+             "kv_cache_memory_bytes", "enable_prefix_caching", "block_size", "tensor_parallel_size"),
+}  # fmt: skip
+SAFE_OVERRIDES = (
+    *(f"engine.{engine}.extra_args.{arg}" for engine, args in SAFE_ENGINE_ARGS.items() for arg in args),
+    *(f"engine.transformers.{k}" for k in ("max_admit_per_step", "max_prefill_tokens", "prefix_cache_tokens")),
+    "engine.transformers.num_threads",
+    "engine.transformers.dtype",
     "engine.max_batch_size",
     "engine.context_length",
     "engine.dtype",
@@ -69,14 +82,33 @@ class JobPolicy:
     allowed_modules: tuple[str, ...] | None
     run_root: Path
     trust_job_run_root: bool = False
+    permissions: JobPermissions = dataclasses.field(default_factory=JobPermissions)
+    channels: PeerChannels | None = None  # the operator's TLS and tokens to peers (None: the job's own)
 
     @classmethod
     def local(cls, run_root: str | Path = "runs") -> JobPolicy:
         return cls(None, Path(run_root), trust_job_run_root=True)
 
     @classmethod
-    def operator(cls, allowed_modules: Sequence[str], run_root: str | Path) -> JobPolicy:
-        return cls(tuple(allowed_modules), Path(run_root))
+    def operator(
+        cls, allowed_modules: Sequence[str], run_root: str | Path, permissions: JobPermissions | None = None,
+        channels: PeerChannels | None = None,
+    ) -> JobPolicy:  # fmt: skip
+        return cls(tuple(allowed_modules), Path(run_root), False, permissions or JobPermissions(),
+                   channels or PeerChannels())  # fmt: skip
+
+    def check_infrastructure(self, cfg: JobConfig, raw: dict) -> JobConfig:
+        """Operator mode: refuses infrastructure fields the operator's job_permissions do not allow, and gives
+        the job the operator's TLS and tokens to its peers. Returns the config the job runs with."""
+        if self.allowed_modules is None:
+            return cfg
+        check_job(cfg, raw, self.run_root, self.permissions)
+        if self.channels is not None:
+            for peer in ("databuffer", "trainer", "rollout"):
+                ours = getattr(self.channels, peer)
+                theirs = getattr(cfg.services.channels, peer)
+                setattr(cfg.services.channels, peer, theirs.model_copy(update={"tls": ours.tls, "auth": ours.auth}))
+        return cfg
 
     def modules_for(self, cfg: JobConfig, raw: dict) -> list[str]:
         """The allow-list the job runs under: the operator's, or the job's own when it only narrows it."""
@@ -118,12 +150,13 @@ class JobPolicy:
             ("trainer", cfg.trainer.service_overrides),
         ):
             for item in overrides:
-                key = item.split("=", 1)[0].strip()
-                if not key.startswith(SAFE_OVERRIDE_PREFIXES):
+                key = item.split("=", 1)[0].strip().replace("-", "_")
+                if not key.startswith(SAFE_OVERRIDES + tuple(self.permissions.service_overrides)):
                     raise PermissionDenied(
                         f"config field '{section}.service_overrides' sets {key!r}, which a submitted job may not "
-                        f"change. Fix: set it in the {section} service's own config, or use one of "
-                        f"{', '.join(SAFE_OVERRIDE_PREFIXES)}",
+                        f"change. Fix: set it in the {section} service's own config, use a tuning key (engine "
+                        f"sizes, memory, defaults.*; meshrl.scheduler.job_policy.SAFE_OVERRIDES), or ask the "
+                        f"operator to add its prefix to the scheduler's {SETTING}.service_overrides",
                         field=f"{section}.service_overrides",
                     )
 

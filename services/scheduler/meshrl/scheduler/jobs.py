@@ -106,6 +106,7 @@ class JobManager:
         cfg = cfg.model_copy(update={"job": job})
         self.policy.check_refs(cfg)  # by name, before the workflow's refs are imported
         self.policy.check_overrides(cfg)
+        cfg = self.policy.check_infrastructure(cfg, raw)  # Ray, peers, channel secrets, paths, generator
         workflow: Workflow = load_workflow_text(workflow_text, raw, allowed_modules=cfg.job.allowed_modules)
         check_runnable(workflow)
         check_agent_job(cfg, workflow.nodes, resume=bool(resume_dir))  # multi-agent jobs: what they support

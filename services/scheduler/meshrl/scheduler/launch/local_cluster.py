@@ -6,6 +6,7 @@ outlives the command and is restarted on its address when it dies. The superviso
 addresses in STATE_DIR/services.json; `up` adds a job-config overlay (STATE_DIR/services.yaml) that
 points a job at them:
 `meshrl submit WORKFLOW --config job.yaml --config .meshrl/services.yaml`.
+The scheduler starts last, allowing jobs to name these services and folders (--job-roots) and nothing else.
 `down` stops the supervisor, then them (SIGTERM, then SIGKILL), checking first that each pid still runs that service.
 """
 
@@ -36,11 +37,19 @@ def _plan(args, state: Path) -> Plan:
     for i in range(args.replicas):
         replica = [*with_buffer, "--set", f"engine.model_path={args.model}", "--set", f"replica_id=rollout-{i}"]
         rest.append(PlannedService(service="rollout", name=f"rollout-{i}", args=replica))
+    # The scheduler starts last: its jobs may name these services (and nothing else) and, as on the developer's
+    # own machine, read and write under the folder `up` ran in (meshrl.scheduler.job_permissions).
+    peers = ", ".join(f'"{{{name}}}"' for name in ["databuffer", *(s.name for s in rest)])
+    roots = ", ".join(
+        json.dumps(str(Path(r).resolve())) for r in args.job_roots or [Path.cwd(), Path(args.model).parent]
+    )
     # --port 0: a free port, so several local clusters (and tests) can run side by side
-    scheduler = ["--port", "0", "--set", f"run_root={state / 'runs'}"]
-    rest.append(PlannedService(service="scheduler", name="scheduler", args=scheduler))
+    scheduler = ["--port", "0", "--set", f"run_root={state / 'runs'}",
+                 "--set", f"job_permissions.peer_addresses=[{peers}]", "--set", f"job_permissions.write_roots=[{roots}]"]  # fmt: skip
     policy = RestartPolicy(max_restarts=args.max_restarts, start_timeout_seconds=args.timeout)
-    return Plan(stages=[[PlannedService(service="databuffer", name="databuffer", args=redis)], rest], policy=policy)
+    stages = [[PlannedService(service="databuffer", name="databuffer", args=redis)], rest,
+              [PlannedService(service="scheduler", name="scheduler", args=scheduler)]]  # fmt: skip
+    return Plan(stages=stages, policy=policy)
 
 
 def _start_supervisor(state: Path, plan: Plan, timeout: float) -> list[dict]:
@@ -160,6 +169,9 @@ def local_main(argv: list[str]) -> int:
         parser.add_argument("--replicas", type=int, default=1)
         parser.add_argument("--redis-url", help="use this Redis instead of an embedded one")
         parser.add_argument("--timeout", type=float, default=180.0)
+        parser.add_argument("--job-roots", action="append", metavar="FOLDER",
+                            help="folders jobs may read and write besides the run folder (repeatable; default: "
+                            "this folder and the model's parent)")  # fmt: skip
         parser.add_argument("--max-restarts", type=int, default=5,
                             help="restarts of one service within 10 minutes before it is left down")  # fmt: skip
     args = parser.parse_args(argv[1:])
