@@ -1,6 +1,6 @@
 """The actor's and the reference's log-prob nodes of one step share one trainer call (step/shared_passes.py):
-the rows are read once, each node keeps its own key and metrics, a trainer that predates `more_passes` gets a
-call per pass, and nodes that do not start together, or that this walk does not run, keep calls of their own."""
+the rows are read once, each node keeps its own key and metrics, the call carries the rollout's sampling
+temperature, and nodes that do not start together, or that this walk does not run, keep calls of their own."""
 
 from __future__ import annotations
 
@@ -20,22 +20,25 @@ from meshrl.scheduler.step.shared_passes import call_group
 from meshrl.scheduler.workflow.builtin import load_builtin
 
 PAIR = ("old_logprob", "ref_logprob")
+JOB = SimpleNamespace(rollout=SimpleNamespace(temperature=0.6))  # the job config the handlers read
 
 
 class Trainer:
-    """Records each log-prob call; answers like a trainer that knows more_passes (`fuses`) or predates it."""
+    """Records each log-prob call and answers it like a trainer."""
 
-    def __init__(self, fuses: bool = True, error: Exception | None = None) -> None:
-        self.fuses, self.error = fuses, error
+    def __init__(self, error: Exception | None = None) -> None:
+        self.error = error
         self.calls: list[dict] = []
 
-    def compute_logprobs(self, role, inputs, output, name, entropy, columns=(), weight_version=None, more_passes=()):
+    def compute_logprobs(self, role, inputs, output, name, entropy, columns=(), weight_version=None, more_passes=(),
+                         temperature=None):  # fmt: skip
         self.calls.append({"role": role, "output": output.node_id, "columns": list(columns), "entropy": entropy,
-                           "weight_version": weight_version, "more": list(more_passes)})  # fmt: skip
+                           "weight_version": weight_version, "more": list(more_passes),
+                           "temperature": temperature})  # fmt: skip
         if self.error is not None:
             raise self.error
         metrics = {"entropy": 1.5, "logprob_gap_lag0": 0.25} if role == "actor" else {"mean": -2.0}
-        passes = [SimpleNamespace(metrics={"mean": -2.0}) for _ in more_passes] if self.fuses else []
+        passes = [SimpleNamespace(metrics={"mean": -2.0}) for _ in more_passes]
         return SimpleNamespace(metrics=metrics, passes=passes)
 
 
@@ -48,7 +51,7 @@ def _context(scheduled=PAIR, version=4) -> StepContext:
 
 def _run_pair(trainer, ctx) -> dict[str, NodeResult]:
     """Both nodes' handlers at once, as the executor starts them."""
-    handlers = NodeHandlers(None, None, trainer, None, None, None, None)
+    handlers = NodeHandlers(JOB, None, trainer, None, None, None, None)
     with ThreadPoolExecutor(2) as pool:
         futures = {nid: pool.submit(handlers.inference, ctx.nodes[nid], ctx) for nid in PAIR}
         return {nid: f.result(30) for nid, f in futures.items()}
@@ -61,6 +64,7 @@ def test_both_passes_go_in_one_call_over_the_union_of_their_columns():
     assert call["role"] == "actor" and call["output"] == "old_logprob" and call["entropy"] is True
     assert call["columns"] == [S.PROMPT_IDS, S.RESPONSE_IDS, S.ROLLOUT_LOGPROBS, S.RESPONSE_VERSIONS]
     assert call["weight_version"] == 4  # the actor's pi_old pass reports the rollout gap
+    assert call["temperature"] == 0.6  # rollout.temperature: both passes at the rows' sampling temperature
     (ref,) = call["more"]
     assert ref.role == tpb.ROLE_REFERENCE and ref.output.node_id == "ref_logprob"
     assert ref.output_name == S.REF_LOGPROBS and not ref.with_entropy and not ref.HasField("weight_version")
@@ -70,18 +74,10 @@ def test_both_passes_go_in_one_call_over_the_union_of_their_columns():
     assert results["ref_logprob"].metrics == {"ref_logprob/mean": -2.0}
 
 
-def test_a_trainer_without_more_passes_gets_a_call_per_pass():
-    trainer = Trainer(fuses=False)
-    results = _run_pair(trainer, _context())
-    assert [c["role"] for c in trainer.calls] == ["actor", "reference"]
-    assert trainer.calls[1]["columns"] == [S.PROMPT_IDS, S.RESPONSE_IDS] and trainer.calls[1]["more"] == []
-    assert results["ref_logprob"].metrics == {"ref_logprob/mean": -2.0}
-
-
 def test_a_failed_call_fails_both_nodes_with_its_error():
     trainer = Trainer(error=Unavailable("the trainer went away"))
     ctx = _context()
-    handlers = NodeHandlers(None, None, trainer, None, None, None, None)
+    handlers = NodeHandlers(JOB, None, trainer, None, None, None, None)
     with ThreadPoolExecutor(2) as pool:
         futures = [pool.submit(handlers.inference, ctx.nodes[nid], ctx) for nid in PAIR]
         for future in futures:

@@ -239,6 +239,32 @@ def test_the_actor_pass_reports_the_rollout_gap_per_version_lag(served, qwen2_di
     assert not [k for k in stub.ComputeLogProbs(req, timeout=60).metrics if k.startswith("logprob_gap_lag")]
 
 
+def test_a_train_step_takes_its_in_train_pi_old_at_the_requests_temperature(served, qwen2_dir):
+    """TrainStep carries the rows' sampling temperature: rollout log-probs taken at 0.6 match the in-train pi_old
+    pass at 0.6 (gap ~0), and a train call left at the model's own distribution (1) reports the difference."""
+    stub, buffer, trainer = served
+    reply = load_actor(stub, qwen2_dir)
+    batch = make_batch(reply.vocab_size)
+    cols = ["prompt_ids", "response_ids"]
+    buffer.put(key("rollout"), {c: batch[c] for c in cols})
+    req = pb.ComputeLogProbsRequest(role=pb.ROLE_ACTOR, inputs=[key("rollout")], output=key("behaviour"),
+                                    output_name="rollout_logprobs", columns=cols, temperature=0.6)  # fmt: skip
+    stub.ComputeLogProbs(req, timeout=60)
+    inputs = [key("rollout"), key("behaviour")]
+    loss = pb.LossConfig(old_logprobs=pb.OLD_LOG_PROBS_IN_TRAIN, kl_coef=0.0)
+    gaps = {}
+    for temperature in (0.6, None):
+        buffer.put(key("adv"), {"advantages": batch["advantages"]})
+        train = pb.TrainStepRequest(role=pb.ROLE_ACTOR, inputs=[*inputs, key("adv")], loss=loss, lr_override=1e-9,
+                                    temperature=temperature)  # fmt: skip
+        gaps[temperature] = stub.TrainStep(train, timeout=60).metrics["logprob_mismatch_mean"]
+    assert gaps[0.6] < 1e-5 < 1e-2 < gaps[None]
+    bad = pb.TrainStepRequest(role=pb.ROLE_ACTOR, inputs=inputs, loss=loss, temperature=0.0)
+    with pytest.raises(grpc.RpcError) as err:
+        stub.TrainStep(bad, timeout=60)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "temperature" in err.value.details()
+
+
 def test_a_log_prob_pass_reads_its_rows_while_another_pass_holds_the_model(served, qwen2_dir):
     """One rank: the reference's pass reads its rows while the actor's computes (only the forward pass holds
     the trainer's lock), instead of waiting for the whole of the other call before reading."""

@@ -55,13 +55,15 @@ class TrainerClient:
     def compute_logprobs(
         self, role: str, inputs: Sequence[keys_pb2.BatchKey], output: keys_pb2.BatchKey, name: str, entropy: bool,
         columns: Sequence[str] = (), weight_version: int | None = None, more_passes: Sequence[tpb.LogProbPass] = (),
+        temperature: float | None = None,
     ) -> tpb.ComputeResponse:  # fmt: skip
         """`columns`: the only input columns the trainer reads (empty: every column); `weight_version`: the
         version the actor's weights are at (its reply then carries the rollout gap per version lag);
-        `more_passes`: further passes over the same rows (the reply's `passes`, where the trainer knows them)."""
+        `more_passes`: further passes over the same rows (the reply's `passes`); `temperature`: the one the
+        rows were sampled at (None: the model's own distribution, 1)."""
         req = tpb.ComputeLogProbsRequest(
             role=role_proto(role), inputs=inputs, output=output, output_name=name, with_entropy=entropy,
-            temperature=1.0, columns=columns, weight_version=weight_version, more_passes=more_passes,
+            temperature=temperature, columns=columns, weight_version=weight_version, more_passes=more_passes,
         )  # fmt: skip
         return call(self.stub.ComputeLogProbs, req, timeout=self.timeout)
 
@@ -91,12 +93,13 @@ class TrainerClient:
         columns: Sequence[str] = (),
         weight_version: int | None = None,
         step_lrs: Sequence[float] = (),
+        temperature: float | None = None,
     ) -> tpb.TrainStepResponse:
         """`loss` (LossConfig field -> value) goes to the trainer; None values and fields left out take the
         trainer's defaults. `lr` overrides the learning-rate schedule for this call; `step_lrs` gives each of
         its optimizer steps a rate (one step per rate over equal row chunks; pass mini_batches 1 or their
         number). `weight_version` (the version the call starts from) makes an in-train pi_old pass report
-        the rollout gap per version lag."""
+        the rollout gap per version lag. `temperature`: as in `compute_logprobs`."""
         req = tpb.TrainStepRequest(
             role=role_proto(role),
             inputs=inputs,
@@ -108,6 +111,7 @@ class TrainerClient:
             columns=columns,
             weight_version=weight_version,
             step_lrs=step_lrs,
+            temperature=temperature,
         )
         return call(self.stub.TrainStep, req, timeout=self.timeout)
 

@@ -27,6 +27,7 @@ from meshrl.scheduler.step.dispatch import check_runnable
 from meshrl.scheduler.step.modes import plan_async
 from meshrl.scheduler.step.old_logprobs import resolve_old_logprobs
 from meshrl.scheduler.step.runner import JobRunner
+from meshrl.scheduler.step.temperature import check_temperatures
 from meshrl.scheduler.workflow import Workflow, load_workflow_text
 
 log = logging.getLogger(__name__)
@@ -111,6 +112,7 @@ class JobManager:
         check_runnable(workflow)
         check_agent_job(cfg, workflow.nodes, resume=bool(resume_dir))  # multi-agent jobs: what they support
         resolve_old_logprobs(cfg, workflow.nodes)  # before anything reads it
+        check_temperatures(workflow.nodes, cfg.rollout.temperature)  # one per trainer call
         if cfg.training.mode != "sync":
             plan_async(cfg.training, cfg.data.prompts_per_step, workflow.nodes)  # refused now, not at step 1
         if resume_dir:

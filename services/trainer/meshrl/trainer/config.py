@@ -60,7 +60,6 @@ class DefaultsConfig(StrictModel):
     """Values used when a request leaves a field unset."""
 
     micro_batch_tokens: int = pydantic.Field(4096, ge=1, description="padded tokens per micro-batch")
-    temperature: float = pydantic.Field(1.0, gt=0, description="logits / temperature before log-softmax")
     bucket_bytes: int = pydantic.Field(512 << 20, ge=1 << 10, description="weight publication bucket size")
     loss: LossConfig = pydantic.Field(default_factory=LossConfig, description="the objective of a train step")
     optimizer: OptimizerConfig = pydantic.Field(default_factory=OptimizerConfig, description="of trainable roles")

@@ -19,7 +19,6 @@ log = logging.getLogger(__name__)
 def make_service(cfg: TrainerConfig, bus: CommandBus | None) -> TrainerService:
     core = TrainerCore(
         micro_batch_tokens=cfg.defaults.micro_batch_tokens,
-        temperature=cfg.defaults.temperature,
         atomic_steps=cfg.atomic_steps,
         tensor_parallel=cfg.parallel.tensor_parallel,
         pipeline_parallel=cfg.parallel.pipeline_parallel,

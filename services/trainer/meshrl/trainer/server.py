@@ -42,6 +42,15 @@ def loss_settings(loss: pb.LossConfig, role: str, defaults: LossConfig) -> dict:
     return defaults.over(fields).model_dump()
 
 
+def _temperature(request: pb.ComputeLogProbsRequest | pb.TrainStepRequest) -> float | None:
+    """The request's sampling temperature (None: unset, the model's own distribution), or INVALID_ARGUMENT."""
+    temperature = optional_field(request, "temperature")
+    if temperature is not None and not 0 < temperature < math.inf:
+        raise InvalidArgument(f"temperature = {temperature} must be a finite number > 0 (the one the rows were "
+                              "sampled at), or unset", field="temperature")  # fmt: skip
+    return temperature
+
+
 def _compute_reply(out: dict) -> pb.ComputeResponse:
     passes = out.pop("passes", [])
     tag_span({A.TOKENS: out["tokens"], A.MICRO_BATCHES: out["micro_batches"], A.PASSES: 1 + len(passes)})
@@ -98,16 +107,12 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
     def ComputeLogProbs(self, request: pb.ComputeLogProbsRequest, context) -> pb.ComputeResponse:
         if request.role == pb.ROLE_REWARD:
             raise InvalidArgument("the reward model has a score head, no log-probs: call ComputeScores for it")
-        temperature = optional_field(request, "temperature")
-        if temperature is not None and not 0 < temperature < math.inf:
-            raise InvalidArgument(f"temperature = {temperature} must be a finite number > 0 (or unset)",
-                                  field="temperature")  # fmt: skip
         out = self.service.compute_logprobs(
             role_name(request.role),
             [BatchRef.from_proto(k) for k in request.inputs],
             BatchRef.from_proto(request.output),
             with_entropy=request.with_entropy,
-            temperature=temperature,
+            temperature=_temperature(request),
             micro_batch_tokens=optional_field(request, "micro_batch_tokens"),
             output_name=request.output_name,
             columns=list(request.columns),
@@ -151,6 +156,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
             columns=list(request.columns),
             weight_version=optional_field(request, "weight_version"),
             step_lrs=list(request.step_lrs),
+            temperature=_temperature(request),
         )
         tag_span({A.TOKENS: out["tokens"], A.MICRO_BATCHES: out.pop("micro_batches")})
         return pb.TrainStepResponse(**out)

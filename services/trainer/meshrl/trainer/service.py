@@ -195,7 +195,7 @@ class TrainerService:
             role,
             columns,
             with_entropy=with_entropy,
-            temperature=_or_default(temperature, self.cfg.defaults.temperature),
+            temperature=temperature,
             micro_batch_tokens=self._budget(micro_batch_tokens),
         )
         out = {output_name or "logprobs": result.values}
@@ -239,7 +239,7 @@ class TrainerService:
         return self._call("train_step", role=role, inputs=list(inputs), loss=loss, **kwargs)
 
     def _train_step(self, role, inputs, loss, micro_batch_tokens=None, mini_batches=None, lr_override=None,
-                    columns=(), weight_version=None, step_lrs=()) -> dict[str, Any]:  # fmt: skip
+                    columns=(), weight_version=None, step_lrs=(), temperature=None) -> dict[str, Any]:  # fmt: skip
         cfg = LossConfig(**loss)
         if mini_batches is not None and mini_batches < 1:
             raise InvalidArgument(f"mini_batches = {mini_batches} must be at least 1 (or unset)")
@@ -255,6 +255,7 @@ class TrainerService:
             mini_batches=_or_default(mini_batches, 1),
             lr_override=lr_override or 0.0,
             step_lrs=step_lrs,
+            temperature=temperature,
         )
         result.metrics["perf/read_seconds"] = read
         result.metrics["perf/step_seconds"] = time.perf_counter() - start - read

@@ -32,6 +32,7 @@ from meshrl.scheduler.step.old_logprobs import ratio_reads
 from meshrl.scheduler.step.reward_model import score_node
 from meshrl.scheduler.step.rewards import RewardFn, score
 from meshrl.scheduler.step.shared_passes import call_group, run_passes
+from meshrl.scheduler.step.temperature import sampling_temperature
 from meshrl.scheduler.step.user_code import UserCode
 from meshrl.scheduler.workflow import compute_catalog as cat
 from meshrl.scheduler.workflow import resolve_executable
@@ -288,7 +289,12 @@ class NodeHandlers:
             return NodeResult([key], {f"{node.node_id}/{k}": v for k, v in reply.metrics.items()})
         group = call_group(node, ctx)  # the log-prob nodes started with this one share its trainer call
         call = "logprobs/" + "+".join(n.node_id for n in group)
-        return ctx.once(call, lambda: run_passes(self.trainer, group, ctx, self._reads))[node.node_id]
+        temp = self._temperature(node, ctx)
+        return ctx.once(call, lambda: run_passes(self.trainer, group, ctx, self._reads, temp))[node.node_id]
+
+    def _temperature(self, node: Any, ctx: StepContext) -> float | None:
+        """The temperature the rows of `node` were sampled at (step/temperature.py)."""
+        return sampling_temperature(node, ctx.nodes.values(), self.cfg.rollout.temperature)
 
     def train(self, node: Any, ctx: StepContext) -> NodeResult:
         role = enum_name(node.node_role).lower()
@@ -306,7 +312,7 @@ class NodeHandlers:
         reads = self._reads(node, ctx, also)
         reply = self.trainer.train_step(
             role, reads.keys, loss, t.micro_batch_tokens, t.mini_batches, ctx.step, columns=reads.columns,
-            weight_version=ctx.version if gap else None,
+            weight_version=ctx.version if gap else None, temperature=self._temperature(node, ctx),
         )  # fmt: skip
         prefix = "critic" if role == "critic" else "actor"
         return NodeResult([], {(gap and gap_metric(k)) or f"{prefix}/{k}": v for k, v in reply.metrics.items()})

@@ -5,8 +5,8 @@ back to back, where two calls read twice and each one's read and write competed 
 Nodes share a call when the executor starts them together and one trainer serves them: MODEL_INFERENCE
 log-prob nodes (actor or reference, not the critic) of one agent with the same dependencies, all run by this
 walk of the DAG. The first of them to start makes the call (`StepContext.once`); the others wait for its
-result, and each gets its own output key and metrics. A trainer that predates `more_passes` returns no
-results for them: those passes then run as calls of their own. Called by `NodeHandlers.inference`.
+result, and each gets its own output key and metrics. Their rows come from the same rollouts, so the call
+carries their one sampling temperature (step/temperature.py). Called by `NodeHandlers.inference`.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def _result(p: _Pass, reply: Any) -> NodeResult:
     return NodeResult([p.key], {named[k]: v for k, v in reply.metrics.items()})
 
 
-def _call(trainer: TrainerClient, passes: list[_Pass], version: int | None) -> Any:
+def _call(trainer: TrainerClient, passes: list[_Pass], version: int | None, temperature: float | None) -> Any:
     """One ComputeLogProbs: the first pass's fields, the others as more_passes, the union of their reads."""
     first = passes[0]
     reads = _union([p.reads for p in passes])
@@ -89,16 +89,15 @@ def _call(trainer: TrainerClient, passes: list[_Pass], version: int | None) -> A
     ]  # fmt: skip
     return trainer.compute_logprobs(
         first.role, reads.keys, first.key, first.name, entropy=first.role == "actor", columns=reads.columns,
-        weight_version=version if first.gap else None, more_passes=more,
+        weight_version=version if first.gap else None, more_passes=more, temperature=temperature,
     )  # fmt: skip
 
 
-def run_passes(trainer: TrainerClient, nodes: list[Any], ctx: StepContext, reads_of: ReadsOf) -> dict[str, NodeResult]:
-    """Each node's result, from one call for all of them (a call each on a trainer without more_passes)."""
+def run_passes(
+    trainer: TrainerClient, nodes: list[Any], ctx: StepContext, reads_of: ReadsOf, temperature: float | None
+) -> dict[str, NodeResult]:
+    """Each node's result, from one call for all of them at the rows' sampling `temperature`."""
     passes = [_plan(n, ctx, reads_of) for n in nodes]
-    reply = _call(trainer, passes, ctx.version)
-    more = list(reply.passes)
-    if len(more) != len(passes) - 1:  # an older trainer ran the first pass only
-        more = [_call(trainer, [p], ctx.version) for p in passes[1:]]
-    replies = [reply, *more]
+    reply = _call(trainer, passes, ctx.version, temperature)
+    replies = [reply, *reply.passes]
     return {p.node.node_id: _result(p, r) for p, r in zip(passes, replies, strict=True)}

@@ -281,7 +281,7 @@ class LossConfig(_message.Message):
     def __init__(self, policy_loss: _Optional[_Union[PolicyLoss, str]] = ..., clip_low: _Optional[float] = ..., clip_high: _Optional[float] = ..., dual_clip: _Optional[float] = ..., aggregation: _Optional[_Union[LossAggregation, str]] = ..., kl_coef: _Optional[float] = ..., kl_estimator: _Optional[_Union[KlEstimator, str]] = ..., entropy_coef: _Optional[float] = ..., tis_cap: _Optional[float] = ..., value_clip: _Optional[float] = ..., mis_cap: _Optional[float] = ..., old_logprobs: _Optional[_Union[OldLogProbs, str]] = ...) -> None: ...
 
 class TrainStepRequest(_message.Message):
-    __slots__ = ("role", "inputs", "loss", "micro_batch_tokens", "mini_batches", "global_step", "lr_override", "columns", "weight_version", "step_lrs")
+    __slots__ = ("role", "inputs", "loss", "micro_batch_tokens", "mini_batches", "global_step", "lr_override", "columns", "weight_version", "step_lrs", "temperature")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
@@ -292,6 +292,7 @@ class TrainStepRequest(_message.Message):
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     STEP_LRS_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     role: Role
     inputs: _containers.RepeatedCompositeFieldContainer[_keys_pb2.BatchKey]
     loss: LossConfig
@@ -302,7 +303,8 @@ class TrainStepRequest(_message.Message):
     columns: _containers.RepeatedScalarFieldContainer[str]
     weight_version: int
     step_lrs: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, role: _Optional[_Union[Role, str]] = ..., inputs: _Optional[_Iterable[_Union[_keys_pb2.BatchKey, _Mapping]]] = ..., loss: _Optional[_Union[LossConfig, _Mapping]] = ..., micro_batch_tokens: _Optional[int] = ..., mini_batches: _Optional[int] = ..., global_step: _Optional[int] = ..., lr_override: _Optional[float] = ..., columns: _Optional[_Iterable[str]] = ..., weight_version: _Optional[int] = ..., step_lrs: _Optional[_Iterable[float]] = ...) -> None: ...
+    temperature: float
+    def __init__(self, role: _Optional[_Union[Role, str]] = ..., inputs: _Optional[_Iterable[_Union[_keys_pb2.BatchKey, _Mapping]]] = ..., loss: _Optional[_Union[LossConfig, _Mapping]] = ..., micro_batch_tokens: _Optional[int] = ..., mini_batches: _Optional[int] = ..., global_step: _Optional[int] = ..., lr_override: _Optional[float] = ..., columns: _Optional[_Iterable[str]] = ..., weight_version: _Optional[int] = ..., step_lrs: _Optional[_Iterable[float]] = ..., temperature: _Optional[float] = ...) -> None: ...
 
 class TrainStepResponse(_message.Message):
     __slots__ = ("metrics", "tokens", "optimizer_steps", "step_losses")
