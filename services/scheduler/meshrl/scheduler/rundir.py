@@ -1,15 +1,26 @@
 """The run folder: config, workflow, metrics (jsonl), events, checkpoints, published weights,
 traces, logs per service, plots and the HTML report. One place names every path.
+
+A checkpoint counts once its job-level COMPLETE marker is written (durably, after job_state.json, holding that
+file's digest); resume takes the newest step whose marker and job state agree and skips a torn one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
+from meshrl.common.durable_file import write_durably
+
+log = logging.getLogger(__name__)
+JOB_STATE = "job_state.json"
+COMPLETE = "COMPLETE"
 
 
 @dataclass
@@ -62,9 +73,43 @@ class RunDir:
             kept = [r for r in self.read_jsonl(path) if r["step"] <= step]
             path.write_text("".join(json.dumps(r) + "\n" for r in kept))
 
+    @staticmethod
+    def mark_checkpoint(path: Path, job_state: dict) -> None:
+        """The job's part of a checkpoint, once every role's is saved: job_state.json, then COMPLETE naming its
+        digest, each written durably (a crash leaves the step without a marker, and resume takes the one before)."""
+        raw = json.dumps(job_state).encode()
+        write_durably(path / JOB_STATE, raw)
+        write_durably(path / COMPLETE, json.dumps({JOB_STATE: hashlib.sha256(raw).hexdigest()}).encode())
+
+    @staticmethod
+    def checkpoint_problem(path: Path) -> str:
+        """Why the checkpoint at `path` cannot be resumed from ('' when it can)."""
+        try:
+            raw = (path / JOB_STATE).read_bytes()
+            marker = (path / COMPLETE).read_bytes()
+            state = json.loads(raw)
+        except (OSError, ValueError) as exc:
+            return f"{JOB_STATE} or {COMPLETE} is unreadable ({exc})"
+        if not isinstance(state, dict) or "step" not in state:
+            return f"{JOB_STATE} holds no step"
+        if not marker:  # written before markers held a digest
+            return ""
+        try:
+            expected = json.loads(marker).get(JOB_STATE)
+        except (ValueError, AttributeError):
+            return f"{COMPLETE} is torn"
+        if expected != hashlib.sha256(raw).hexdigest():
+            return f"{JOB_STATE} does not match the digest in {COMPLETE}"
+        return ""
+
     def latest_checkpoint(self) -> Path | None:
-        done = sorted(p.parent for p in self.checkpoints.glob("step_*/COMPLETE"))
-        return done[-1] if done else None
+        """The newest complete checkpoint; a torn one is logged and skipped for the one before it."""
+        for path in sorted((p.parent for p in self.checkpoints.glob(f"step_*/{COMPLETE}")), reverse=True):
+            problem = self.checkpoint_problem(path)
+            if not problem:
+                return path
+            log.warning("checkpoint %s is not resumable (%s): trying the one before it", path, problem)
+        return None
 
     def published_versions(self) -> list[int]:
         """Weight versions already published in the run folder (complete ones, v000001/...)."""

@@ -134,8 +134,7 @@ class JobRunner:
             for role in self.roles:
                 svc.trainer.save_checkpoint(role, str(path / role), self.step, data.encode())
         state = JobState(self.step, publisher.version, data, warmup_done=True)
-        (path / "job_state.json").write_text(json.dumps(state.__dict__))
-        (path / "COMPLETE").write_text("")
+        self.run.mark_checkpoint(path, state.__dict__)  # durably, COMPLETE last
         self.events.log(f"checkpoint saved at step {self.step}: {path}")
 
     def restore(self, svc: JobServices, publisher: WeightPublisher, sampler: PromptSampler) -> bool:
