@@ -59,6 +59,21 @@ DEFAULT_FRAME_BYTES = 4 * MiB
 APPEND_REQUEST_BYTES = 8 * MiB  # append_groups splits larger lists into several requests
 
 
+def _refuse_repeated(keys: Sequence[keys_pb2.BatchKey]) -> None:
+    """A key listed twice would be read twice and its rows concatenated (every column twice, trained twice)."""
+    seen: set[bytes] = set()
+    for i, key in enumerate(keys):
+        raw = key.SerializeToString(deterministic=True)
+        if raw in seen:
+            shard = f", shard {key.shard}" if key.has_shard else ""
+            raise InvalidArgument(
+                f"input batch {i} (job {key.job_id!r}, step {key.step}, node {key.node_id!r}{shard}) is listed "
+                "twice: each column must come from one batch; list each input key once",
+                field="inputs",
+            )
+        seen.add(raw)
+
+
 class DataBufferClient:
     """A channel to one data buffer service; thread-safe. `chunk_bytes`: payload frame size. `direct`: move
     payloads to and from the service's Redis directly (meshrl.common.direct_path); None: through the service."""
@@ -246,6 +261,7 @@ class DataBufferClient:
             if columns:
                 raise NotFound(f"columns {list(columns)} were asked for, but no input batch was given")
             return Batch()
+        _refuse_repeated(keys)
         opts = {"columns": columns, "missing_ok": bool(columns), "wait_seconds": wait_seconds, "timeout": timeout}
         batches: list[Batch | None] = [None] * len(keys)
         if len(keys) > 1:  # one call for the small ones (within one frame, or direct.min_bytes)

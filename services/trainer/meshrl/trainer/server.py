@@ -57,8 +57,15 @@ def _compute_reply(out: dict) -> pb.ComputeResponse:
     return pb.ComputeResponse(**out, passes=[pb.PassResult(**p) for p in passes])
 
 
+MAX_MORE_PASSES = 8  # a pass per model role and setting; each is a forward over the whole batch
+
+
 def _passes(request: pb.ComputeLogProbsRequest) -> list[dict]:
-    """The request's more_passes, each writing a key of its own (two passes into one key would lose one)."""
+    """The request's more_passes (at most MAX_MORE_PASSES), each writing a key of its own (two passes into one
+    key would lose one)."""
+    if len(request.more_passes) > MAX_MORE_PASSES:
+        raise InvalidArgument(f"more_passes has {len(request.more_passes)} passes, more than {MAX_MORE_PASSES}: "
+                              "each is a forward over the whole batch; split the call", field="more_passes")  # fmt: skip
     passes = [_pass(i, p) for i, p in enumerate(request.more_passes)]
     seen = [BatchRef.from_proto(request.output, "output")]
     for i, p in enumerate(passes):
