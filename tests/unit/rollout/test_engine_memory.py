@@ -62,14 +62,15 @@ def test_http_engines_call_their_servers_memory_endpoints(model_dir):
     finally:
         engine.shutdown()
         fake.close()
-    fake = FakeVLLM(hf=load_file(str(model_dir / "model.safetensors")))
+    fake = FakeVLLM()  # a CUDA build's replies (the CPU build frees nothing asleep)
     engine = VLLMEngine(EngineConfig(kind="vllm", model_path=str(model_dir), vllm={"url": fake.url}))
     try:
-        engine.release_memory()
-        engine.resume_memory(["weights"])
-        engine.resume_memory(["kv_cache"])
+        assert engine.release_memory() == ["kv_cache", "weights"]
+        assert engine.resume_memory(["weights"]) == ["kv_cache"]
+        assert engine.resume_memory(["weights"]) == ["kv_cache"]  # not asleep: not sent (vLLM would stay paused)
+        assert engine.resume_memory(["kv_cache"]) == []
         queries = [q for q in fake.queries if q[0] in ("/sleep", "/wake_up")]
-        assert queries == [("/sleep", "level=2"), ("/wake_up", "tags=weights"), ("/wake_up", "tags=kv_cache")]
+        assert queries == [("/sleep", "level=2"), ("/wake_up", "tags=weights"), ("/wake_up", "")]
     finally:
         engine.shutdown()
         fake.close()

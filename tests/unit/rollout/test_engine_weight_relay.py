@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-from _rollout_fake_servers import FakeSGLang, FakeVLLM, perturbed
+from _rollout_fake_servers import FakeSGLang, perturbed
 from safetensors.torch import load_file
 
 from meshrl.common import weights as W
@@ -16,16 +16,13 @@ from meshrl.common.net import free_port
 from meshrl.rollout.config import EngineConfig
 from meshrl.rollout.sglang_engine import SGLangEngine
 from meshrl.rollout.types import GroupUpdate
-from meshrl.rollout.vllm_engine import VLLMEngine
 
 
-@pytest.fixture(params=["sglang", "vllm"])
-def relay_engine(request, model_dir):
-    hf = load_file(str(model_dir / "model.safetensors"))
-    fake = FakeSGLang() if request.param == "sglang" else FakeVLLM(hf=hf)
-    cls = SGLangEngine if request.param == "sglang" else VLLMEngine
-    section = {"url": fake.url}
-    engine = cls(EngineConfig(kind=request.param, model_path=str(model_dir), **{request.param: section}))
+@pytest.fixture
+def relay_engine(model_dir):
+    """SGLang's adapter (vLLM's relay runs against the real engine in tests/integration/vllm)."""
+    fake = FakeSGLang()
+    engine = SGLangEngine(EngineConfig(kind="sglang", model_path=str(model_dir), sglang={"url": fake.url}))
     yield fake, engine
     engine.shutdown()
     fake.close()
@@ -49,13 +46,9 @@ def test_relay_receives_over_the_group_and_the_engine_loads_the_folder(relay_eng
             result = engine.update_weights_from_distributed(GroupUpdate("relay-weights", 1, timeout_seconds=60))
             sent.result(timeout=60)
         assert result.version == 1 and engine.weight_version == 1 and result.bytes > 0
-        if engine.name == "sglang":
-            body = fake.calls("/update_weights_from_disk")[-1]
-            folder, version = body["model_path"], body["weight_version"]
-            assert version == "1"
-        else:
-            rpc = [c for c in fake.calls("/collective_rpc") if c["method"] == "meshrl_load_folder"][-1]
-            folder = rpc["args"][0].strip('"')
+        body = fake.calls("/update_weights_from_disk")[-1]
+        folder, version = body["model_path"], body["weight_version"]
+        assert version == "1"
         written = load_file(f"{folder}/model.safetensors")
         assert sorted(written) == sorted(new) and all(torch.equal(written[n], t) for n, t in new.items())
         assert engine.weight_checksums()[1] == W.tensor_checksums(new)

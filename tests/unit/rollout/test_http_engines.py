@@ -7,11 +7,11 @@ from __future__ import annotations
 import time
 
 import pytest
-from _rollout_fake_servers import FakeSGLang, FakeVLLM, logprob, token
+from _rollout_fake_servers import VLLM_RECORDED, FakeSGLang, FakeVLLM, logprob, token
 from safetensors.torch import load_file
 
 from meshrl.common import weights as W
-from meshrl.common.errors import InvalidArgument
+from meshrl.common.errors import FailedPrecondition, InvalidArgument
 from meshrl.rollout.config import EngineConfig
 from meshrl.rollout.http_server import check_known_flags, cli_flags
 from meshrl.rollout.sglang_engine import SGLangEngine
@@ -114,7 +114,7 @@ def test_sglang_abort_pause(sglang):
 
 @pytest.fixture(params=[True, False], ids=["token_ids", "token_id_strings"])
 def vllm(request, model_dir):
-    fake = FakeVLLM(token_ids_field=request.param, hf=load_file(str(model_dir / "model.safetensors")))
+    fake = FakeVLLM(token_ids_field=request.param)
     engine = VLLMEngine(EngineConfig(kind="vllm", model_path=str(model_dir), vllm={"url": fake.url}))
     yield fake, engine
     engine.shutdown()
@@ -132,22 +132,22 @@ def test_vllm_generation_payloads(vllm):
     assert body["return_token_ids"] is True and body["return_tokens_as_token_ids"] is True and body["top_k"] == -1
 
 
-def test_vllm_in_place_update_continues_requests_from_their_tokens(vllm, published):
+def test_vllm_gpu_server_facts_and_versions(vllm):
+    """Read from the server at start: its version (0.32+), its device, the weight version it serves."""
     fake, engine = vllm
-    prompt = [1, 1]
-    running = engine.submit(GenerationRequest(prompt, SamplingParams(max_tokens=60)))
-    time.sleep(0.15)
-    engine.update_weights_from_disk(DiskUpdate(published.path, 1, pause_mode=PauseMode.IN_PLACE, flush_cache=True))
-    out = running.result(timeout=30)
-    assert len(out.token_ids) == 60 and out.weight_versions[0] == 0 and out.weight_versions[-1] == 1
-    first, second = fake.calls("/v1/completions")[:2]
-    made = len(second["prompt"]) - len(prompt)
-    assert second["prompt"] == prompt + out.token_ids[:made] and second["max_tokens"] == 60 - made
-    assert out.weight_versions == [0] * made + [1] * (60 - made)
-    rpc = fake.calls("/collective_rpc")[0]
-    assert rpc["method"] == "meshrl_load_folder" and rpc["args"] == [f'"{published.path}"']
-    assert fake.calls("/reset_prefix_cache")
-    assert engine.weight_version == 1
+    assert engine.device == "cuda" and engine.weight_version == 0  # "default" before any update
+    engine.set_served_version(3)
+    assert engine.weight_version == 3 and fake.served == "3"
+
+
+def test_vllm_refuses_a_server_older_than_0_32(model_dir, monkeypatch):
+    fake = FakeVLLM()
+    monkeypatch.setitem(VLLM_RECORDED, "/version", {"version": "0.11.0"})
+    try:
+        with pytest.raises(FailedPrecondition, match="0.32 or newer"):
+            VLLMEngine(EngineConfig(kind="vllm", model_path=str(model_dir), vllm={"url": fake.url}))
+    finally:
+        fake.close()
 
 
 def test_server_flags():

@@ -68,6 +68,12 @@ class WeightRelay(abc.ABC):
     @abc.abstractmethod
     def native_leave(self, group_name: str) -> None: ...
 
+    def native_begin(self, version: int) -> None:  # noqa: B027 - optional hook
+        """Before the first bucket of `version` (an engine that keeps per-update state resets it)."""
+
+    def native_failed(self, error: BaseException) -> None:  # noqa: B027 - optional hook
+        """After a failed update, before generation continues (e.g. drop requests paused on torn weights)."""
+
     @abc.abstractmethod
     def native_checksums(self, specs: Sequence[weights_pb2.TensorSpec]) -> dict[str, str]:
         """sha256 (the weights library's definition) of these tensors as the engine holds them now."""
@@ -149,6 +155,7 @@ class WeightRelay(abc.ABC):
             try:
                 error: Exception | None = None
                 try:
+                    self.native_begin(version)
                     for meta in reader.buckets(version, timeout_s):
                         self.native_bucket(group_name, meta, version)
                         specs.update((t.name, t) for t in meta.tensors)
@@ -157,6 +164,7 @@ class WeightRelay(abc.ABC):
                     error = exc
                 reader.confirm(error)
                 if error is not None:
+                    self.native_failed(error)
                     raise error
                 self._version = version
                 self._native_specs, self._loaded_folder = specs, ""

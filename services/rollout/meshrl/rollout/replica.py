@@ -38,6 +38,7 @@ from meshrl.rollout.types import (
     PauseMode,
     SamplingParams,
     TokenChunk,
+    TornWeights,
     WeightUpdateResult,
 )
 
@@ -327,7 +328,12 @@ class RolloutReplica:
         if not self._check_version(version):
             return WeightUpdateResult(version, 0.0, 0)
         if delta_base is None:
-            return self._weights_changed(self.engine.update_weights_from_disk(update), "disk")
+            try:
+                result = self.engine.update_weights_from_disk(update)
+            except TornWeights:
+                self._state = STALE  # part of the weights may be new: serve nothing until refitted
+                raise
+            return self._weights_changed(result, "disk")
         if self._state == STALE or self.engine.weight_version != delta_base:
             raise BaseMismatch(
                 f"weight version {version} is a delta against version {delta_base}, but this replica "

@@ -16,8 +16,13 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from meshrl.api.rollout.v1 import rollout_pb2
-from meshrl.common.errors import InvalidArgument
+from meshrl.common.errors import DataLoss, InvalidArgument
 from meshrl.common.suggest import did_you_mean
+
+
+class TornWeights(DataLoss):
+    """A weight update failed after some of the engine's weights had changed: it serves neither version,
+    so its replica turns stale (takes no traffic) until a complete version refits it."""
 
 
 class FinishReason(enum.IntEnum):

