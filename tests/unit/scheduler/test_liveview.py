@@ -66,3 +66,25 @@ def test_server_serves_the_page_the_runs_and_refuses_bad_names(run_root):
         assert _get(view.url + "/api/other")[0] == 404
     finally:
         view.stop()
+
+
+def test_a_run_name_cannot_leave_the_run_root_and_a_foreign_host_is_refused(run_root, tmp_path):
+    import http.client
+
+    (run_root.parent / "events.jsonl").write_text("")  # `..` would name the run root's parent as a run
+    (run_root / "link").symlink_to(tmp_path, target_is_directory=True)
+    view = LiveView(run_root, port=0).start()
+    host, port = view.httpd.server_address[:2]
+    try:
+        for name in ("..", ".", "link"):
+            status, body = _get(f"{view.url}/api/runs/{name}")
+            assert status == 404 and "no run named" in body["error"], (name, status, body)
+        for header, expected in (("evil.example:80", 421), ("localhost", 200), (f"{host}:{port}", 200)):
+            connection = http.client.HTTPConnection(host, port, timeout=10)
+            connection.request("GET", "/api/runs/job-1", headers={"Host": header})
+            reply = connection.getresponse()
+            reply.read()
+            connection.close()
+            assert reply.status == expected, (header, reply.status)
+    finally:
+        view.stop()

@@ -232,3 +232,12 @@ def test_prometheus_endpoint_serves_the_metrics():
     shutdown_telemetry()
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
+def test_the_prometheus_endpoint_binds_loopback_unless_configured():
+    setup_telemetry("rollout", TelemetryConfig(prometheus_port=0))
+    try:
+        host, _port = prometheus_address()
+        assert host == "127.0.0.1", f"the default bound {host}: every interface would serve the metrics"
+    finally:
+        shutdown_telemetry()

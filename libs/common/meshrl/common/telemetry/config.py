@@ -63,7 +63,10 @@ class TelemetryConfig(StrictModel):
     prometheus_port: int | None = pydantic.Field(
         None, ge=0, le=65535, description="serve Prometheus /metrics on this port (0: any free port)"
     )
-    prometheus_host: str = pydantic.Field("0.0.0.0", description="address the Prometheus endpoint binds")
+    prometheus_host: str = pydantic.Field(
+        "127.0.0.1",
+        description="address the Prometheus endpoint binds (0.0.0.0 where a scraper on another host reads it)",
+    )
     metrics_exporter: MetricsExporter = pydantic.Field("none", description="push metrics over OTLP or to the console")
     metrics_interval_s: float = pydantic.Field(10.0, gt=0, description="seconds between metric pushes")
     instance: str | None = pydantic.Field(

@@ -1,10 +1,13 @@
 """`meshrl ui RUN_ROOT`: a small HTTP server with one live page per run under RUN_ROOT. The page
 (page.html) polls /api/runs/<name> every second; the state comes from liveview.state, which reads
 the run folder the job is writing. Standard-library HTTP only; bind 127.0.0.1 unless told otherwise.
+The page has no login: bound to loopback it answers only requests whose Host names a loopback address (a web
+page elsewhere cannot read it through DNS rebinding), and a run name is one folder directly under RUN_ROOT.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import threading
@@ -12,10 +15,28 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from meshrl.scheduler.liveview.state import list_runs, run_state
 
 RUN_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+
+
+def run_folder(root: Path, name: str) -> Path | None:
+    """The run folder `name` names: one folder directly under `root` (not `..`, not a link out of it)."""
+    if not RUN_NAME.match(name) or name in (".", ".."):
+        return None
+    folder = (root / name).resolve()
+    return folder if folder.parent == root and folder.is_dir() else None
+
+
+def loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _page() -> bytes:
@@ -40,6 +61,9 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, json.dumps(value).encode(), "application/json")
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        asked = urlsplit("//" + (self.headers.get("Host") or "")).hostname or ""
+        if loopback(self.server.server_address[0]) and not loopback(asked):
+            return self._json({"error": f"Host {asked!r} is not this loopback server"}, HTTPStatus.MISDIRECTED_REQUEST)
         path = self.path.split("?", 1)[0].rstrip("/") or "/"
         if path in ("/", "/index.html") or path.startswith("/run/"):
             return self._send(HTTPStatus.OK, _page(), "text/html; charset=utf-8")
@@ -47,9 +71,10 @@ class _Handler(BaseHTTPRequestHandler):
             return self._json({"runs": list_runs(self.root)})
         if path.startswith("/api/runs/"):
             name = path.removeprefix("/api/runs/")
-            if not RUN_NAME.match(name) or not (self.root / name).is_dir():
+            folder = run_folder(self.root, name)
+            if folder is None:
                 return self._json({"error": f"no run named {name!r} under {self.root}"}, HTTPStatus.NOT_FOUND)
-            return self._json(run_state(self.root / name))
+            return self._json(run_state(folder))
         return self._json({"error": f"no page {path}"}, HTTPStatus.NOT_FOUND)
 
 
