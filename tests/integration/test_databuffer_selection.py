@@ -29,7 +29,7 @@ def buffer():
     prefix = unique_prefix("sel")
     cfg = config(SYSTEM_REDIS, prefix, limits={"chunk_bytes": 64 * KiB, "max_frame_bytes": 256 * KiB})
     with serving(cfg) as (store, running):
-        client = DataBufferClient(running.address, chunk_bytes=16 * KiB)  # > 16 KiB: streamed puts
+        client = DataBufferClient(running.address, frame_bytes=16 * KiB)  # > 16 KiB: streamed puts
         client.wait_until_ready(10)
         yield client, store, raw, prefix
         client.close()

@@ -21,7 +21,7 @@ from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, servi
 def client():
     prefix = unique_prefix("reads")
     with serving(config(SYSTEM_REDIS, prefix)) as (_, running):
-        c = DataBufferClient(running.address, chunk_bytes=4096)
+        c = DataBufferClient(running.address, frame_bytes=4096)
         yield c
         c.close()
     delete_prefix(redis.Redis.from_url(SYSTEM_REDIS), prefix)

@@ -154,7 +154,11 @@ def to_config_error(model: type[pydantic.BaseModel], exc: pydantic.ValidationErr
         )
     desc = _describe(model, loc)
     fix = f"give {desc}" if desc else "give a value of the expected type"
-    return ConfigError(field, value, err["msg"], fix)
+    problem = err["msg"]
+    if err["type"] == "value_error":  # a rule of the model's own: its message says what is wrong and how to fix it
+        problem = problem.removeprefix("Value error, ")
+        fix = fix if loc else "change the settings the message names"
+    return ConfigError(field, value, problem, fix)
 
 
 def section_defaults(model: type[pydantic.BaseModel]) -> dict[str, Any]:

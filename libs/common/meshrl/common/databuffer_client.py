@@ -75,17 +75,18 @@ def _refuse_repeated(keys: Sequence[keys_pb2.BatchKey]) -> None:
 
 
 class DataBufferClient:
-    """A channel to one data buffer service; thread-safe. `chunk_bytes`: payload frame size. `direct`: move
-    payloads to and from the service's Redis directly (meshrl.common.direct_path); None: through the service."""
+    """A channel to one data buffer service; thread-safe. `frame_bytes`: the gRPC payload frame size (the
+    buffer's `limits.chunk_bytes` is its Redis value size). `direct`: move payloads to and from the service's
+    Redis directly (meshrl.common.direct_path); None: through the service."""
 
     def __init__(
-        self, address: str, channel_config: ChannelConfig | None = None, chunk_bytes: int = DEFAULT_FRAME_BYTES,
+        self, address: str, channel_config: ChannelConfig | None = None, frame_bytes: int = DEFAULT_FRAME_BYTES,
         direct: DirectPathConfig | None = None,
     ) -> None:  # fmt: skip
-        if chunk_bytes < 4096:
-            raise InvalidArgument(f"chunk_bytes = {chunk_bytes} is too small; use at least 4096 (default 4 MiB)")
+        if frame_bytes < 4096:
+            raise InvalidArgument(f"frame_bytes = {frame_bytes} is too small; use at least 4096 (default 4 MiB)")
         self.address = address
-        self.chunk_bytes = chunk_bytes
+        self.frame_bytes = frame_bytes
         self.direct_config = direct
         self._direct: DirectPath | None = None
         self._direct_lock = threading.Lock()
@@ -175,12 +176,12 @@ class DataBufferClient:
             else:
                 request = pb.CommitDirectPutRequest(start=start, generation=gen, chunks=count)
                 return call(self._stub.CommitDirectPut, request, timeout=timeout).bytes_written
-        if header.total_bytes <= self.chunk_bytes:  # one frame: one unary message, no stream
+        if header.total_bytes <= self.frame_bytes:  # one frame: one unary message, no stream
             return call(self._put_small, encode_small_put(start, views), timeout=timeout).bytes_written
 
         def requests() -> Iterator[Any]:
             yield pb.PutBatchRequest(start=start)
-            yield from split_frames(views, self.chunk_bytes)
+            yield from split_frames(views, self.frame_bytes)
 
         return call(self._put, requests(), timeout=timeout).bytes_written
 
@@ -265,7 +266,7 @@ class DataBufferClient:
         opts = {"columns": columns, "missing_ok": bool(columns), "wait_seconds": wait_seconds, "timeout": timeout}
         batches: list[Batch | None] = [None] * len(keys)
         if len(keys) > 1:  # one call for the small ones (within one frame, or direct.min_bytes)
-            limit = self._direct_min_bytes() if self.direct_path() is not None else self.chunk_bytes
+            limit = self._direct_min_bytes() if self.direct_path() is not None else self.frame_bytes
             gets = [pb.GetBatchRequest(key=k, wait_seconds=wait_seconds, columns=columns, missing_ok=bool(columns))
                     for k in keys]  # fmt: skip
             request = pb.GetSmallBatchesRequest(gets=gets, limit_bytes=limit)

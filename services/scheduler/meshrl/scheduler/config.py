@@ -13,8 +13,10 @@ import pydantic
 
 from meshrl.common.comm_backend import CommBackend
 from meshrl.common.config import StrictModel
+from meshrl.common.errors import ConfigError
 from meshrl.common.grpc_channel import ChannelConfig
 from meshrl.common.grpc_server import ServerConfig
+from meshrl.common.loss_config import ASYNC_MIS_CAP, ASYNC_TIS_CAP, LossSection
 from meshrl.common.telemetry import TelemetryConfig
 from meshrl.scheduler.job_permissions import JobPermissions
 from meshrl.scheduler.trackers.config import LoggingSection
@@ -85,30 +87,8 @@ class RolloutSection(StrictModel):
     registry: FleetRegistrySection = Field(default_factory=lambda: FleetRegistrySection())
 
 
-TRAINER_DEFAULT = "unset: the trainer's default (meshrl.trainer.losses.LossConfig / optim.OptimizerConfig)"
-
-
-class LossSection(StrictModel):
-    """The actor's objective, sent as `meshrl.trainer.v1.LossConfig`: the trainer owns each setting and its
-    default (`meshrl.trainer.losses.LossConfig`); a field left out here is left unset in the request."""
-
-    policy_loss: Literal["ppo", "gspo"] | None = Field(None, description="ppo or gspo; " + TRAINER_DEFAULT)
-    clip_low: float | None = Field(None, ge=0, lt=1, description="ratio clipped below at 1 - clip_low")
-    clip_high: float | None = Field(None, ge=0, description="ratio clipped above at 1 + clip_high (unset: clip_low)")
-    dual_clip: float | None = Field(None, ge=0, description="c > 1 bounds negative-advantage tokens' loss; 0 = off")
-    aggregation: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] | None = None
-    kl_coef: float | None = Field(None, ge=0, description="KL(actor || reference) weight; in-reward KL for gae")
-    kl_estimator: Literal["k1", "k2", "k3"] | None = None
-    entropy_coef: float | None = Field(None, ge=0, description="entropy bonus weight")
-    tis_cap: float | None = Field(None, ge=0, description="truncated importance sampling cap; 0 = off")
-    mis_cap: float | None = Field(None, ge=0, description="masked importance sampling: tokens above it leave the loss")
-    value_clip: float | None = Field(None, ge=0, description="critic value clip; 0 = off")
-    old_logprobs: Literal["recompute", "in-train", "rollout"] | None = Field(
-        None, description="pi_old: 'recompute' (an actor MODEL_INFERENCE node's old_logprobs), 'in-train' (the same "
-        "pass inside the train call) or 'rollout' (the engine's rollout_logprobs, no pass); the workflow has an "
-        "old_logprob node only with 'recompute'. Unset: 'recompute' when the workflow has that node, else 'rollout' "
-        "in sync mode without tis_cap / mis_cap, else 'in-train' (meshrl.scheduler.step.old_logprobs)",
-    )  # fmt: skip
+TRAINER_DEFAULT = "unset: the trainer's default (meshrl.trainer.optim.OptimizerConfig)"
+JOB_POLICY_LOSSES = ("ppo", "gspo")  # the actor's RL objectives (sft is the warm-up's, value the critic's)
 
 
 class AlgorithmSection(StrictModel):
@@ -246,12 +226,6 @@ class EvalSection(StrictModel):
     max_tokens: int | None = None
 
 
-# The off-policy correction one_step_off / async get when algorithm.loss sets neither cap: decoupled PPO with
-# importance weights pi_old / pi_rollout truncated at 2 and tokens above 4 masked (JobConfig validator).
-ASYNC_TIS_CAP = 2.0
-ASYNC_MIS_CAP = 4.0
-
-
 class TrainingSection(StrictModel):
     """How generation and training overlap (meshrl.scheduler.step.modes): `sync` runs each step's DAG in order;
     `one_step_off` generates step k+1 while step k trains (samples one weight version old); `async` keeps
@@ -354,16 +328,15 @@ class JobConfig(StrictModel):
     @pydantic.model_validator(mode="after")
     def _async_corrects_off_policy(self) -> JobConfig:
         """one_step_off and async train on samples of older weights: unless the loss says otherwise (either cap
-        set; 0 turns it off), their off-policy correction is on (bench/async: without it they fall behind sync).
-        With old_logprobs 'rollout' pi_old is the behaviour policy, so there is nothing to correct."""
+        set; 0 turns it off), their off-policy correction is on (LossConfig's docstring lists these defaults).
+        With old_logprobs 'rollout' pi_old is the behaviour policy, so there is nothing to correct. The loss
+        rules are LossConfig's, checked by LossSection; the actor's objective is a job's choice."""
         loss = self.algorithm.loss
-        recomputed = loss.old_logprobs != "rollout"
-        if not recomputed and (loss.tis_cap or loss.mis_cap):
-            raise ValueError(
-                "algorithm.loss.tis_cap / mis_cap weigh pi_old against pi_rollout, and old_logprobs = 'rollout' "
-                "makes them the same policy: set both to 0 (or unset), or old_logprobs: recompute"
-            )
-        if self.training.mode != "sync" and recomputed and loss.tis_cap is None and loss.mis_cap is None:
+        if loss.policy_loss not in (None, *JOB_POLICY_LOSSES):
+            raise ConfigError("algorithm.loss.policy_loss", loss.policy_loss, "is no RL objective of the actor",
+                              f"use one of {JOB_POLICY_LOSSES} (a supervised phase is the warm-up section)")  # fmt: skip
+        caps_unset = loss.tis_cap is None and loss.mis_cap is None
+        if self.training.mode != "sync" and loss.old_logprobs != "rollout" and caps_unset:
             loss.tis_cap, loss.mis_cap = ASYNC_TIS_CAP, ASYNC_MIS_CAP
         return self
 

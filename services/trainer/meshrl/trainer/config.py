@@ -12,11 +12,11 @@ from meshrl.common.comm_backend import CommBackend, resolve_backend
 from meshrl.common.config import StrictModel
 from meshrl.common.grpc_channel import ChannelConfig, peer_channel
 from meshrl.common.grpc_server import ServerConfig
+from meshrl.common.loss_config import LossConfig
 from meshrl.common.path_roots import PathRoots
 from meshrl.common.telemetry import TelemetryConfig
 from meshrl.common.weights.hashing import DEFAULT_DIGEST, DIGESTS
 from meshrl.trainer.launched import Launcher
-from meshrl.trainer.losses import LossConfig
 from meshrl.trainer.optim_config import OptimizerConfig
 
 DEFAULT_PORT = 50052

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from meshrl.common import batch_schema as S
 from meshrl.common.codec import Ragged
 from meshrl.common.errors import MODEL_NOT_LOADED, FailedPrecondition, InvalidArgument, NotFound
+from meshrl.common.loss_config import LossConfig
 from meshrl.common.roles import ROLES
 from meshrl.common.weights import iter_buckets, sample_names, tensor_checksums
 from meshrl.trainer import checkpoint as ckpt
@@ -30,7 +31,6 @@ from meshrl.trainer.export import DEFAULT_BUCKET_BYTES
 from meshrl.trainer.forward import logprobs_from_logits, values_from_output
 from meshrl.trainer.hf_config import read_hf_config
 from meshrl.trainer.hf_weights import read_hf_tensors
-from meshrl.trainer.losses import LossConfig
 from meshrl.trainer.model import build_gpt_model, ensure_parallel_state, parse_dtype
 from meshrl.trainer.optim import OptimizerConfig, build_optimizer, wrap_ddp
 from meshrl.trainer.reward_model import REWARD_ROLE, load_reward_model

@@ -3,93 +3,21 @@
 Every per-token tensor is [B, T] (B sequences, T response positions) with a float mask [B, T]
 (1 = a real response token). Per-token functions return [B, T] values; `aggregate` reduces them
 with a caller-supplied denominator so gradient accumulation over micro-batches and data-parallel
-ranks equals one big batch. `LossConfig` is the one definition of the loss settings. Called by
-`meshrl.trainer.core` (train steps) and tested against hand-computed cases.
+ranks equals one big batch. The settings they take are `LossConfig` (meshrl.common.loss_config, their one
+definition). Called by `meshrl.trainer.core` (train steps) and tested against hand-computed cases.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, ClassVar, Literal
-
-import pydantic
 import torch
 
-from meshrl.common.config import Settings
 from meshrl.common.errors import ConfigError
-
-Field = pydantic.Field
+from meshrl.common.loss_config import LossConfig
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 POLICY_LOSSES = ("ppo", "gspo", "sft", "value")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 _MAX_LOG_RATIO = 20.0  # exp() of a larger log-ratio overflows float32 usefulness; clamp before exponentiating
-
-
-class LossConfig(Settings):
-    """The objective of one train step, and the one definition of every loss setting and its default
-    (PPO/GRPO with symmetric clip 0.2, token-mean). The trainer's config (`defaults.loss`), the
-    `meshrl.trainer.v1.LossConfig` message and the job config's `algorithm.loss` carry these fields."""
-
-    section: ClassVar[str] = "loss"
-
-    policy_loss: Literal["ppo", "gspo", "sft", "value"] = Field(
-        "ppo", description="ppo, gspo, sft or value (the critic's loss)"
-    )
-    clip_low: float = Field(0.2, ge=0, lt=1, description="eps_low: ratio clipped below at 1 - clip_low")
-    clip_high: float = Field(0.2, ge=0, description="eps_high: ratio clipped above at 1 + clip_high (unset: clip_low)")
-    dual_clip: float = Field(
-        0.0, ge=0, description="a number > 1 bounding negative-advantage tokens' loss at -c * A, or 0 (off)"
-    )
-    aggregation: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
-    kl_coef: float = Field(0.0, ge=0, description="weight of KL(actor || reference) in the loss (needs ref_logprobs)")
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    entropy_coef: float = Field(0.0, ge=0, description="entropy bonus weight (loss -= coef * entropy)")
-    tis_cap: float = Field(0.0, ge=0, description="truncated importance sampling cap vs. rollout log-probs; 0 = off")
-    mis_cap: float = Field(
-        0.0,
-        ge=0,
-        description="masked importance sampling: tokens whose pi_old / pi_rollout exceeds it leave the loss; "
-        "0 = off (with tis_cap too: weights truncated at tis_cap, tokens above mis_cap masked)",
-    )
-    value_clip: float = Field(0.2, ge=0, description="critic: clip of value updates around the old values; 0 = off")
-    old_logprobs: Literal["recompute", "rollout", "in-train"] = Field(
-        "recompute",
-        description="pi_old of the ratio: 'recompute' reads old_logprobs (a trainer forward pass before the "
-        "update, written by a workflow node); 'in-train' computes the same pass inside the train call, before "
-        "its first update, so no column travels; 'rollout' reads the engine's own rollout_logprobs and needs no "
-        "pass (exact when the engine's numerics are the trainer's; on stale samples the clip then bounds "
-        "pi / pi_behaviour and no importance weight can correct them)",
-    )
-
-    @pydantic.model_validator(mode="before")
-    @classmethod
-    def _symmetric_by_default(cls, data: Any) -> Any:
-        """clip_high follows clip_low unless it is given."""
-        if isinstance(data, dict) and data.get("clip_high") is None and data.get("clip_low") is not None:
-            return {**data, "clip_high": data["clip_low"]}
-        return data
-
-    @pydantic.field_validator("dual_clip")
-    @classmethod
-    def _dual_clip_above_one(cls, value: float) -> float:
-        if value and value <= 1.0:
-            raise ValueError("dual_clip must exceed 1 (use e.g. 3.0, or 0 to disable)")
-        return value
-
-    @pydantic.model_validator(mode="after")
-    def _corrections_need_two_policies(self) -> LossConfig:
-        if self.old_logprobs == "rollout" and (self.tis_cap or self.mis_cap):
-            raise ValueError(
-                "tis_cap / mis_cap weigh pi_old against pi_rollout, and old_logprobs = 'rollout' makes them the "
-                "same policy (every weight 1): set tis_cap and mis_cap to 0, or old_logprobs: recompute"
-            )
-        return self
-
-    def over(self, fields: Mapping[str, Any]) -> LossConfig:
-        """Like `Settings.over`; a new clip_low without a clip_high keeps the clip symmetric."""
-        base = self.model_dump(exclude={"clip_high"} if "clip_low" in fields else set())
-        return LossConfig(**{**base, **fields})
 
 
 # --- aggregation ---------------------------------------------------------------------------
@@ -160,8 +88,8 @@ def gspo_token_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     *,
-    clip_low: float = 3e-4,
-    clip_high: float = 4e-4,
+    clip_low: float,
+    clip_high: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GSPO: one importance ratio per sequence, s_i = exp(mean over its tokens of (logprobs - old_logprobs)).
 

@@ -15,13 +15,13 @@ from meshrl.api.trainer.v1 import trainer_pb2_grpc
 from meshrl.common.batch_key import BatchRef
 from meshrl.common.errors import InvalidArgument
 from meshrl.common.grpc_server import Service
+from meshrl.common.loss_config import LossConfig
 from meshrl.common.proto_settings import optional_field, settings_from_proto
 from meshrl.common.roles import role_name, role_proto
 from meshrl.common.telemetry import attributes as A
 from meshrl.common.telemetry import tag_span
 from meshrl.common.weight_group_codes import backend_proto
 from meshrl.common.weights.dtypes import dtype_name, from_proto
-from meshrl.trainer.losses import LossConfig
 from meshrl.trainer.optim_config import OptimizerConfig
 from meshrl.trainer.service import TrainerService
 

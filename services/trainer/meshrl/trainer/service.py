@@ -20,13 +20,13 @@ from meshrl.api.common.v1 import weights_pb2
 from meshrl.common import batch_schema as S
 from meshrl.common.batch_key import BatchRef
 from meshrl.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from meshrl.common.loss_config import LossConfig
 from meshrl.common.weights import DeltaBase, WeightGroup, delta_update, write_delta, write_version
 from meshrl.common.weights.delta import DEFAULT_MAX_FRACTION
 from meshrl.common.weights.engine_group import EngineGroupSender, join_sender
 from meshrl.trainer.config import TrainerConfig
 from meshrl.trainer.core import TrainerCore
 from meshrl.trainer.dp import CommandBus, require_ok
-from meshrl.trainer.losses import LossConfig
 from meshrl.trainer.offload import set_residency
 from meshrl.trainer.optim_config import OptimizerConfig
 from meshrl.trainer.reward_model import REWARD_ROLE, SCORES, compute_scores

@@ -16,10 +16,11 @@ import torch
 import torch.distributed as dist
 
 from meshrl.common import batch_schema as S
+from meshrl.common.loss_config import LossConfig
 from meshrl.trainer import megatron_compat
 from meshrl.trainer.batching import SequenceBatch, collate
 from meshrl.trainer.forward import logprobs_from_logits, values_from_output
-from meshrl.trainer.losses import LossConfig, loss_denominator, policy_objective, value_objective
+from meshrl.trainer.losses import loss_denominator, policy_objective, value_objective
 from meshrl.trainer.optim import lr_at, set_lr
 from meshrl.trainer.roles import NonFiniteLoss, RoleState, TrainResult
 from meshrl.trainer.schedule import run_microbatches
