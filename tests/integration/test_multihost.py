@@ -66,6 +66,7 @@ def _rollout_config(world: dict, name: str) -> dict:
         "registry": {"redis_url": world["registry_url"], "namespace": NAMESPACE, "ttl_seconds": 3,
                      "heartbeat_seconds": 0.5},
         "drain_timeout_s": 60,
+        "paths": {"roots": [str(root)]},  # the run's published weights
         "telemetry": _telemetry(root, name),
     }  # fmt: skip
 
@@ -88,7 +89,7 @@ def world(tmp_path_factory):
             "server": pki.server("databuffer", HOSTS["databuffer"]), "redis": {"url": f"{redis.url}/0"},
             "telemetry": _telemetry(root, "databuffer")})  # fmt: skip
         cluster.start("trainer", "trainer", {
-            "server": pki.server("trainer", HOSTS["trainer"]), "torch_threads": 1,
+            "server": pki.server("trainer", HOSTS["trainer"]), "torch_threads": 1, "paths": {"roots": [str(root)]},
             "databuffer": pki.channel("trainer", cluster.addresses["databuffer"]),
             "telemetry": _telemetry(root, "trainer")})  # fmt: skip
         with ThreadPoolExecutor(2) as pool:  # the two replicas start side by side, as on two hosts

@@ -7,6 +7,7 @@ through the router, over a real data buffer:
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -30,9 +31,9 @@ from meshrl.common.codec import Ragged
 from meshrl.common.databuffer_client import DataBufferClient
 from meshrl.common.grpc_channel import call, open_channel
 from meshrl.common.registry import SERVING, CurrentWeights, ReplicaRegistry
-from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix
 from meshrl.scheduler.fleet.router import RolloutRouter
 from meshrl.trainer.model_builder import build_small_model
+from tests._databuffer import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +65,7 @@ class Fleet:
     def start(self, rid: str) -> None:
         args = {
             "engine.model_path": str(self.model_dir),
+            "paths.roots": json.dumps([str(self.logs)]),  # the test's published weights lie there
             "engine.max_batch_size": 16,
             "engine.transformers.num_threads": 1,
             "registry.redis_url": SYSTEM_REDIS,

@@ -10,6 +10,7 @@ bias, tied embeddings, GQA, vocabulary 275 padded to 276 at TP=2) is split for r
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -93,7 +94,8 @@ def reference(stack):
 def start_trainer(stack, name: str, tp: int, pp: int, dp: int) -> TrainerClient:
     args = ["--set", f"databuffer_address={stack['buffer_address']}", "--set", f"parallel.tensor_parallel={tp}",
             "--set", f"parallel.pipeline_parallel={pp}", "--set", f"data_parallel.size={dp}",
-            "--set", "torch_threads=1", "--set", "databuffer_wait_seconds=0"]  # fmt: skip
+            "--set", "torch_threads=1", "--set", "databuffer_wait_seconds=0",
+            "--set", f"paths.roots=[{json.dumps(str(stack['root']))}]"]  # fmt: skip
     address = stack["launcher"].start([ServiceSpec("trainer", name, args)])[name]
     client = TrainerClient(address, timeout=300)
     client.load_model("actor", stack["model"], "float32", OptimSection(**SGD), 0)
@@ -211,7 +213,8 @@ def _start_torchrun_hosts(
     port_file = stack["root"] / "torchrun-trainer.port"
     config = ["--set", f"databuffer_address={stack['buffer_address']}", "--set", f"parallel.tensor_parallel={tp}",
               "--set", "torch_threads=1", "--set", "databuffer_wait_seconds=0", "--set", "data_parallel.launcher=environment",
-              "--set", f"server.host={hosts[0]}", "--set", "server.port=0", "--set", f"server.port_file={port_file}"]  # fmt: skip
+              "--set", f"server.host={hosts[0]}", "--set", "server.port=0", "--set", f"server.port_file={port_file}",
+              "--set", f"paths.roots=[{json.dumps(str(stack['root']))}]"]  # fmt: skip
     agents = []
     for node, host in enumerate(hosts):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(hosts)), "--node-rank", str(node),

@@ -16,6 +16,7 @@ from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import Batch, Ragged
 from meshrl.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from meshrl.common.grpc_server import ServerConfig, start_server
+from meshrl.common.path_roots import PathRoots
 from meshrl.scheduler.clients import TrainerClient
 from meshrl.scheduler.config import OptimSection, WarmupSection
 from meshrl.scheduler.step.data import PromptEncoder, Record
@@ -66,7 +67,8 @@ def model_dir(tmp_path_factory):
 @pytest.fixture()
 def trainer(model_dir):
     buffer = MemoryBuffer()
-    running = start_server(ServerConfig(port=0), [service(TrainerService(TrainerConfig(), TrainerCore(), buffer))])
+    cfg = TrainerConfig(paths=PathRoots(roots=[str(model_dir)]))  # the test's model
+    running = start_server(ServerConfig(port=0), [service(TrainerService(cfg, TrainerCore(), buffer))])
     client = TrainerClient(running.address, timeout=120)
     yield client, buffer
     client.close()

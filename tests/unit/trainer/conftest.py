@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import uuid
@@ -50,7 +51,8 @@ def two_rank_trainer(tmp_path: Path) -> Iterator[SimpleNamespace]:
         trainer_proc = ServiceProcess(
             "trainer",
             ["--set", f"databuffer_address={buffer_address}", "--set", "data_parallel.size=2",
-             "--set", "torch_threads=1", "--set", "databuffer_wait_seconds=0"],
+             "--set", "torch_threads=1", "--set", "databuffer_wait_seconds=0",
+             "--set", f"paths.roots=[{json.dumps(str(tmp_path.parent))}]"],  # the session's temp folders
             str(tmp_path / "trainer.log"),
         )  # fmt: skip
         started.append(trainer_proc)

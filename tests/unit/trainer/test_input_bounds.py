@@ -14,11 +14,12 @@ from meshrl.api.trainer.v1 import trainer_pb2 as pb
 from meshrl.api.trainer.v1 import trainer_pb2_grpc
 from meshrl.common.errors import InvalidArgument
 from meshrl.common.grpc_server import ServerConfig, start_server
-from meshrl.databuffer.testing import served_client
+from meshrl.common.path_roots import PathRoots
 from meshrl.trainer.config import TrainerConfig
 from meshrl.trainer.core import TrainerCore
 from meshrl.trainer.server import MAX_MORE_PASSES, service
 from meshrl.trainer.service import TrainerService
+from tests._databuffer import served_client
 
 
 def _key(node: str, shard: int | None = None) -> keys_pb2.BatchKey:
@@ -49,7 +50,7 @@ def test_the_client_refuses_a_key_listed_twice(buffer):
 
 @pytest.fixture()
 def trainer(buffer, qwen2_dir):
-    cfg = TrainerConfig(server=ServerConfig(port=0))
+    cfg = TrainerConfig(server=ServerConfig(port=0), paths=PathRoots(roots=[str(qwen2_dir)]))
     svc = TrainerService(cfg, TrainerCore(), buffer)
     running = start_server(cfg.server, [service(svc)])
     try:

@@ -22,6 +22,7 @@ from meshrl.common.codec import Batch, Ragged, merge_batches
 from meshrl.common.errors import MODEL_NOT_LOADED, FailedPrecondition, NotFound, from_rpc_error
 from meshrl.common.grpc_server import ServerConfig, start_server
 from meshrl.common.net import free_port
+from meshrl.common.path_roots import PathRoots
 from meshrl.common.weights import WeightGroup, list_versions, read_manifest, read_version, tensor_checksums
 from meshrl.trainer.config import TrainerConfig
 from meshrl.trainer.core import TrainerCore
@@ -59,8 +60,8 @@ def key(node: str, step: int = 0) -> keys_pb2.BatchKey:
 
 
 @pytest.fixture()
-def served(qwen2_dir):
-    cfg = TrainerConfig(server=ServerConfig(port=0))
+def served(qwen2_dir, tmp_path):
+    cfg = TrainerConfig(server=ServerConfig(port=0), paths=PathRoots(roots=[str(tmp_path.parent)]))  # temp folders
     buffer = MemoryBuffer()
     trainer = TrainerService(cfg, TrainerCore(), buffer)
     running = start_server(cfg.server, [service(trainer)])

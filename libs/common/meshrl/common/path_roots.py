@@ -2,8 +2,10 @@
 weights, a staging folder) is resolved and must lie inside one of the configured roots, or it is refused.
 
 The trainer's and the rollout's servicers call `PathRoots.inside` at the edge; the scheduler sets the roots
-of the services it launches to the run folder and the model folder. An empty list of roots means "anywhere",
-the behaviour of a service started by hand for local work; deployments set `paths.roots`.
+of the services it launches to the run folder and the model folder.
+A standalone trainer or replica (`python -m meshrl.trainer` / `meshrl.rollout`) defaults to its working
+directory (`.`, `PathRoots.working_folder()`); deployments set `paths.roots`. An empty list of roots means
+"anywhere": an explicit choice (and the in-process default of `PathRoots()`, for tests and embedding).
 """
 
 from __future__ import annotations
@@ -20,8 +22,13 @@ class PathRoots(StrictModel):
     roots: list[str] = pydantic.Field(
         default_factory=list,
         description="folders that every path named in a call must lie in (model, checkpoint, weights, staging "
-        "folders); empty = anywhere (a service run by hand); deployments set it",
+        "folders); relative ones are resolved against the working directory; empty = anywhere",
     )
+
+    @classmethod
+    def working_folder(cls) -> PathRoots:
+        """A standalone service's default: only the folder it runs in (not the whole file system)."""
+        return cls(roots=["."])
 
     def inside(self, path: str, field: str) -> str:
         """`path` resolved (symlinks and `..` followed); PERMISSION_DENIED when outside every root."""

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshrl.common import telemetry
+from meshrl.common.exposure import exposure_warnings
 from meshrl.common.grpc_server import EXIT_WITH_PARENT_ENV, RunningServer, Service, start_server
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,8 @@ def run_service(name: str, cfg: Any, build: Callable[[], Hosted], *, instance: s
             telemetry.setup_telemetry(name, cfg.telemetry, instance=instance)
             hosted = build()
             running = start_server(cfg.server, hosted.services)
+            for warning in exposure_warnings(cfg, running.address):
+                log.warning("%s: %s", name, warning)
             if hosted.started is not None:
                 hosted.started(running)
         gc.freeze()  # what start-up built lives until exit: keep it out of every later collection

@@ -136,7 +136,8 @@ class RolloutConfig(StrictModel):
     telemetry: TelemetryConfig = pydantic.Field(default_factory=TelemetryConfig)
     limits: RequestLimits = pydantic.Field(default_factory=RequestLimits, description="bounds on one call")
     paths: PathRoots = pydantic.Field(
-        default_factory=PathRoots, description="roots of the weight and staging folders that calls name"
+        default_factory=PathRoots.working_folder,
+        description="roots of the weight and staging folders that calls name (default: the working directory)",
     )
 
     @property

@@ -113,7 +113,8 @@ class TrainerConfig(StrictModel):
     )  # fmt: skip
     telemetry: TelemetryConfig = pydantic.Field(default_factory=TelemetryConfig)
     paths: PathRoots = pydantic.Field(
-        default_factory=PathRoots, description="roots of the model, checkpoint and weight folders that calls name"
+        default_factory=PathRoots.working_folder,
+        description="roots of the model, checkpoint and weight folders that calls name (default: the working directory)",
     )
 
     def databuffer_peer(self) -> ChannelConfig | None:

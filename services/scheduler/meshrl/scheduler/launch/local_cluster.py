@@ -32,20 +32,21 @@ SUPERVISOR = "scheduler.launch.supervisor"  # runs as `python -m meshrl.schedule
 def _plan(args, state: Path) -> Plan:
     redis = ["--set", f"redis.url={args.redis_url}"] if args.redis_url else [
         "--set", f"redis.embedded.data_dir={state / 'redis'}"]  # fmt: skip
-    with_buffer = ["--set", "databuffer_address={databuffer}"]
+    # Jobs may read and write the run folders and --job-roots (default: this folder and the model's parent),
+    # and the trainer and replicas may touch only those (meshrl.scheduler.job_permissions, paths.roots).
+    folders = [str(Path(r).resolve()) for r in args.job_roots or [Path.cwd(), Path(args.model).parent]]
+    runs = str((state / "runs").resolve())
+    roots = ["--set", f"paths.roots={json.dumps([runs, *folders])}"]
+    with_buffer = ["--set", "databuffer_address={databuffer}", *roots]
     rest = [PlannedService(service="trainer", name="trainer", args=with_buffer)]
     for i in range(args.replicas):
         replica = [*with_buffer, "--set", f"engine.model_path={args.model}", "--set", f"replica_id=rollout-{i}"]
         rest.append(PlannedService(service="rollout", name=f"rollout-{i}", args=replica))
-    # The scheduler starts last: its jobs may name these services (and nothing else) and, as on the developer's
-    # own machine, read and write under the folder `up` ran in (meshrl.scheduler.job_permissions).
+    # The scheduler starts last: its jobs may name these services and nothing else.
     peers = ", ".join(f'"{{{name}}}"' for name in ["databuffer", *(s.name for s in rest)])
-    roots = ", ".join(
-        json.dumps(str(Path(r).resolve())) for r in args.job_roots or [Path.cwd(), Path(args.model).parent]
-    )
     # --port 0: a free port, so several local clusters (and tests) can run side by side
-    scheduler = ["--port", "0", "--set", f"run_root={state / 'runs'}",
-                 "--set", f"job_permissions.peer_addresses=[{peers}]", "--set", f"job_permissions.write_roots=[{roots}]"]  # fmt: skip
+    scheduler = ["--port", "0", "--set", f"run_root={runs}", "--set", f"job_permissions.peer_addresses=[{peers}]",
+                 "--set", f"job_permissions.write_roots={json.dumps(folders)}"]  # fmt: skip
     policy = RestartPolicy(max_restarts=args.max_restarts, start_timeout_seconds=args.timeout)
     stages = [[PlannedService(service="databuffer", name="databuffer", args=redis)], rest,
               [PlannedService(service="scheduler", name="scheduler", args=scheduler)]]  # fmt: skip
