@@ -2,7 +2,8 @@
 prefixes, a snapshot of every key under a prefix (to prove a failed call changed nothing),
 an in-process service (and a client of one, `served_client`), and a three-node Redis Cluster on loopback ports.
 
-Used by tests/unit/databuffer, tests/integration/test_databuffer*.py and bench/databuffer.
+Used by tests (as `tests._databuffer`) and by bench/databuffer and bench/rollout (which put the repository
+root on sys.path); it is no part of the meshrl-databuffer distribution.
 """
 
 from __future__ import annotations

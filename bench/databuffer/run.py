@@ -37,7 +37,9 @@ from meshrl.common.batch_key import batch_key
 from meshrl.common.databuffer_client import DataBufferClient
 from meshrl.common.direct_path import DirectPathConfig
 from meshrl.common.redis_connections import CONNECTION_CLASSES
-from meshrl.databuffer.testing import delete_prefix
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: tests._databuffer
+from tests._databuffer import delete_prefix  # noqa: E402
 
 MiB = 1 << 20
 TARGETS = {1: "   target >= 0.7", 64: "   target >= 0.9"}

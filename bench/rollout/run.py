@@ -31,12 +31,14 @@ from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import Ragged
 from meshrl.common.databuffer_client import DataBufferClient
 from meshrl.common.registry import SERVING, ReplicaRegistry
-from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix
 from meshrl.rollout.config import EngineConfig
 from meshrl.rollout.transformers_engine import TransformersEngine
 from meshrl.rollout.types import GenerationRequest, SamplingParams
 from meshrl.scheduler.fleet.router import RolloutRouter
 from meshrl.trainer.model_builder import build_small_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: tests._databuffer
+from tests._databuffer import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix  # noqa: E402
 
 
 def prompts(count: int, seed: int = 0) -> list[list[int]]:

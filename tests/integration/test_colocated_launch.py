@@ -14,8 +14,8 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from meshrl.databuffer.testing import SYSTEM_REDIS  # noqa: E402
 from meshrl.scheduler.launch.launcher import RayLauncher, ServiceSpec  # noqa: E402
+from tests._databuffer import SYSTEM_REDIS  # noqa: E402
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from meshrl.api.databuffer.v1 import databuffer_pb2 as pb
 from meshrl.common.batch_key import batch_key
 from meshrl.common.databuffer_client import DataBufferClient, Group
 from meshrl.common.grpc_channel import call
-from meshrl.databuffer.testing import LocalCluster, config, run_producers_and_consumers, serving, unique_prefix
+from tests._databuffer import LocalCluster, config, run_producers_and_consumers, serving, unique_prefix
 
 MiB = 1 << 20
 

@@ -19,7 +19,7 @@ from meshrl.common.direct_path import DirectPathConfig
 from meshrl.common.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from meshrl.common.grpc_channel import call
 from meshrl.common.net import free_port
-from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, direct_and_relayed, unique_prefix
+from tests._databuffer import SYSTEM_REDIS, config, delete_prefix, direct_and_relayed, unique_prefix
 
 KiB = 1 << 10
 CHUNK = 64 * KiB

@@ -13,7 +13,7 @@ from meshrl.common.batch_key import batch_key
 from meshrl.common.databuffer_client import DataBufferClient, Group
 from meshrl.common.errors import DeadlineExceeded, Unavailable
 from meshrl.databuffer.embedded import EmbeddedRedis
-from meshrl.databuffer.testing import config, serving, unique_prefix
+from tests._databuffer import config, serving, unique_prefix
 
 KiB = 1024
 

@@ -21,7 +21,7 @@ from meshrl.api.databuffer.v1 import databuffer_pb2 as pb
 from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import encode_batch
 from meshrl.common.databuffer_client import SERVICE, DataBufferClient, Group
-from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, serving, snapshot, unique_prefix
+from tests._databuffer import SYSTEM_REDIS, config, delete_prefix, serving, snapshot, unique_prefix
 
 BAD = grpc.StatusCode.INVALID_ARGUMENT
 

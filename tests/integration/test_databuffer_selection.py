@@ -16,7 +16,7 @@ from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import Ragged, encode_batch
 from meshrl.common.databuffer_client import SERVICE, DataBufferClient, encode_small_put
 from meshrl.common.errors import InvalidArgument, NotFound
-from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix
+from tests._databuffer import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix
 
 KiB = 1 << 10
 ROWS = 300

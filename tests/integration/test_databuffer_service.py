@@ -23,7 +23,7 @@ from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import NUMPY_BY_DTYPE, Batch, Ragged, encode_batch
 from meshrl.common.databuffer_client import SERVICE, DataBufferClient, Group, serialize_put_request
 from meshrl.common.errors import NotFound, ResourceExhausted
-from meshrl.databuffer.testing import (
+from tests._databuffer import (
     SYSTEM_REDIS,
     config,
     delete_prefix,

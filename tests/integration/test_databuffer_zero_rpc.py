@@ -22,7 +22,7 @@ from meshrl.common.errors import AlreadyExists, InvalidArgument, ResourceExhaust
 from meshrl.common.grpc_channel import call
 from meshrl.common.zero_rpc import fill
 from meshrl.databuffer.embedded import EmbeddedRedis
-from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, direct_and_relayed, serving, unique_prefix
+from tests._databuffer import SYSTEM_REDIS, config, delete_prefix, direct_and_relayed, serving, unique_prefix
 
 KiB, MiB = 1 << 10, 1 << 20
 BUDGET = 3 * MiB // 2

@@ -14,7 +14,7 @@ from meshrl.common import batch_schema as S
 from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import Ragged
 from meshrl.common.databuffer_client import DataBufferClient
-from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix
+from tests._databuffer import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix
 
 
 @pytest.fixture(scope="module")

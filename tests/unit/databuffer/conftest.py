@@ -7,7 +7,7 @@ import pytest
 import redis
 
 from meshrl.databuffer.store import DataBuffer
-from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, unique_prefix
+from tests._databuffer import SYSTEM_REDIS, config, delete_prefix, unique_prefix
 
 
 @pytest.fixture(scope="session")

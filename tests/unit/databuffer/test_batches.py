@@ -15,7 +15,7 @@ from meshrl.api.common.v1 import keys_pb2, tensor_pb2
 from meshrl.common.codec import NUMPY_BY_DTYPE, Ragged, encode_batch
 from meshrl.common.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted
 from meshrl.databuffer.keys import BatchRef
-from meshrl.databuffer.testing import snapshot
+from tests._databuffer import snapshot
 
 KiB = 1024
 

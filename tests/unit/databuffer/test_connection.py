@@ -14,7 +14,7 @@ from meshrl.common.net import free_port
 from meshrl.databuffer.embedded import EmbeddedRedis
 from meshrl.databuffer.keys import BatchRef
 from meshrl.databuffer.store import DataBuffer
-from meshrl.databuffer.testing import config
+from tests._databuffer import config
 
 
 @pytest.fixture(scope="module")

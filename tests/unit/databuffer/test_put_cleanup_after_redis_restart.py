@@ -14,7 +14,7 @@ from meshrl.common.errors import MeshrlError
 from meshrl.databuffer.embedded import EmbeddedRedis
 from meshrl.databuffer.keys import BatchRef
 from meshrl.databuffer.store import DataBuffer
-from meshrl.databuffer.testing import config, unique_prefix
+from tests._databuffer import config, unique_prefix
 
 KiB = 1024
 

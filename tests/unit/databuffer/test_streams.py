@@ -13,7 +13,7 @@ from meshrl.api.common.v1 import tensor_pb2
 from meshrl.api.databuffer.v1 import databuffer_pb2 as pb
 from meshrl.common.codec import Batch, Ragged, batch_from_proto, batch_to_proto
 from meshrl.common.errors import InvalidArgument, ResourceExhausted
-from meshrl.databuffer.testing import snapshot
+from tests._databuffer import snapshot
 
 
 def group(gid: str, version: int, n: int = 4, pad: int = 0) -> pb.SampleGroup:

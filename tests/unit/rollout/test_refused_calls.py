@@ -20,10 +20,10 @@ from meshrl.common.errors import InvalidArgument, NotFound
 from meshrl.common.grpc_channel import open_channel
 from meshrl.common.grpc_server import ServerConfig, start_server
 from meshrl.common.path_roots import PathRoots
-from meshrl.databuffer.testing import served_client
 from meshrl.rollout.limits import RequestLimits
 from meshrl.rollout.replica import RolloutReplica
 from meshrl.rollout.server import service
+from tests._databuffer import served_client
 
 
 @pytest.fixture(scope="module")

@@ -19,12 +19,12 @@ from meshrl.common.codec import Ragged
 from meshrl.common.errors import Unavailable
 from meshrl.common.grpc_server import ServerConfig, start_server
 from meshrl.common.registry import Heartbeat, ReplicaRegistry
-from meshrl.databuffer.testing import SYSTEM_REDIS, served_client
 from meshrl.rollout.replica import RolloutReplica
 from meshrl.rollout.server import service
 from meshrl.scheduler.fleet.rollout_fleet import RolloutFleet
 from meshrl.scheduler.fleet.router import RolloutRouter
 from meshrl.scheduler.fleet.router_types import StaleFleet
+from tests._databuffer import SYSTEM_REDIS, served_client
 
 
 class LocalReplica:

@@ -14,10 +14,10 @@ from meshrl.common import batch_schema as S
 from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import Ragged
 from meshrl.common.errors import InvalidArgument
-from meshrl.databuffer.testing import served_client
 from meshrl.rollout.replica import RolloutReplica
 from meshrl.rollout.types import GenerationRequest, SamplingParams
 from meshrl.scheduler.fleet.router import sampling_params
+from tests._databuffer import served_client
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,6 @@ from meshrl.common.codec import Batch, Ragged
 from meshrl.common.config import load_config
 from meshrl.common.databuffer_client import DataBufferClient
 from meshrl.common.errors import Cancelled, ConfigError, InvalidArgument
-from meshrl.databuffer.testing import served_client
 from meshrl.scheduler.clients import loss_proto
 from meshrl.scheduler.config import ASYNC_MIS_CAP, ASYNC_TIS_CAP, JobConfig, TrainingSection
 from meshrl.scheduler.events import EventLog
@@ -34,6 +33,7 @@ from meshrl.scheduler.step.pipeline import LEARNER_GROUP, STREAM, AsyncSteps, Sy
 from meshrl.scheduler.step.producer import prompt_of, split_groups
 from meshrl.scheduler.step.staleness import AdmissionGate, staleness_histogram
 from meshrl.scheduler.workflow import NodeRole, NodeType
+from tests._databuffer import served_client
 from tests.unit.scheduler._step_nodes import Node
 
 PROMPTS = 3  # groups per round

@@ -162,13 +162,13 @@ def test_the_rollout_node_runs_episodes_from_the_rows_prompt_text(router, pool, 
 
     from meshrl.common.batch_key import batch_key
     from meshrl.common.databuffer_client import DataBufferClient
-    from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix
     from meshrl.scheduler.config import JobConfig
     from meshrl.scheduler.step.data import PromptEncoder, PromptSampler, Record
     from meshrl.scheduler.step.executor import StepContext
     from meshrl.scheduler.step.nodes import NodeHandlers
     from meshrl.scheduler.step.user_code import UserCode
     from meshrl.scheduler.workflow import load_workflow_data
+    from tests._databuffer import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix
 
     cfg = JobConfig.model_validate({"model": {"path": str(model_dir)}, "data": {"train": "unused.jsonl", "prompts_per_step": 2},
                                     "job": {"allowed_modules": [MOD, "meshrl"]}, "rollout": {"max_tokens": 4}})  # fmt: skip

@@ -11,8 +11,8 @@ from meshrl.common.batch_key import batch_key
 from meshrl.common.databuffer_client import DataBufferClient
 from meshrl.common.errors import MeshrlError
 from meshrl.common.net import free_port
-from meshrl.databuffer.testing import served_client
 from meshrl.scheduler.step.deletions import StepDeletions
+from tests._databuffer import served_client
 
 
 @pytest.fixture()

@@ -14,7 +14,7 @@ import pytest
 from meshrl.common import batch_schema as S
 from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import Batch, Ragged
-from meshrl.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from meshrl.common.errors import InvalidArgument, NotFound
 from meshrl.common.grpc_server import ServerConfig, start_server
 from meshrl.common.path_roots import PathRoots
 from meshrl.scheduler.clients import TrainerClient
@@ -163,8 +163,8 @@ class StepTrainer:
     def __init__(self, buffer: MemoryBuffer, fail_at: int = -1) -> None:
         self.buffer, self.fail_at, self.seen_ahead, self.calls = buffer, fail_at, [], []
 
-    def train_step(self, role, keys, loss, micro_batch_tokens, mini_batches, step, lr=None, step_lrs=()):
-        lrs = list(step_lrs) or [lr]
+    def train_step(self, role, keys, loss, micro_batch_tokens, mini_batches, step, step_lrs=()):
+        lrs = list(step_lrs)
         assert len(self.buffer.get(keys[0])[S.PROMPT_IDS].lengths()) == 8 * len(lrs)  # the call's batches are there
         self.calls.append((step, lrs))
         if step <= self.fail_at < step + len(lrs):
@@ -215,18 +215,6 @@ def test_several_steps_per_call_store_ahead_and_keep_each_steps_rate(model_dir):
     assert trainer.seen_ahead[:2] == [True, True] and len(result.curve) == 10 and not buffer.batches
     seconds = [p["seconds"] for p in result.curve]
     assert all(a < b for a, b in zip(seconds, seconds[1:]))
-
-
-def test_an_older_trainer_that_ignores_step_lrs_is_named(model_dir):
-    class Old(StepTrainer):
-        def train_step(self, *args, step_lrs=(), **kwargs):
-            reply = super().train_step(*args, step_lrs=step_lrs, **kwargs)
-            return SimpleNamespace(metrics=reply.metrics, optimizer_steps=reply.optimizer_steps, step_losses=[])
-
-    buffer = MemoryBuffer()
-    with pytest.raises(FailedPrecondition, match="predates TrainStep.step_lrs.*steps_per_call: 1"):
-        run_phase(model_dir, Old(buffer), buffer, steps=4, steps_per_call=2)
-    assert not buffer.batches
 
 
 def test_grouped_steps_train_as_one_call_per_step(trainer, model_dir, tmp_path):

@@ -94,7 +94,6 @@ def test_the_reward_node_scores_apart_and_goes_on_past_a_hanging_group(tmp_path)
     from meshrl.common.batch_key import batch_key
     from meshrl.common.codec import Ragged
     from meshrl.common.databuffer_client import DataBufferClient
-    from meshrl.databuffer.testing import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix
     from meshrl.scheduler.config import JobConfig
     from meshrl.scheduler.step.data import PromptEncoder
     from meshrl.scheduler.step.executor import StepContext
@@ -102,6 +101,7 @@ def test_the_reward_node_scores_apart_and_goes_on_past_a_hanging_group(tmp_path)
     from meshrl.scheduler.step.user_code import UserCode
     from meshrl.scheduler.workflow import load_workflow_data
     from meshrl.trainer.model_builder import build_tokenizer
+    from tests._databuffer import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix
 
     build_tokenizer().save_pretrained(tmp_path)
     cfg = JobConfig.model_validate({

@@ -1,7 +1,7 @@
 """meshrl's metric instruments and the helpers services call to record them.
 
-The scheduler records step and node times, rollout tokens/s and weight versions, the data buffer
-its bytes, queue depth and lag, the trainer its update durations, all through `metrics()`. They
+The scheduler records step and node times, rollout tokens/s, weight versions and update durations,
+all through `metrics()` (the data buffer's bytes are its own `buffer/bytes` step metric). They
 reach Prometheus (`telemetry.prometheus_port`) and/or OTLP per TelemetryConfig; with metrics off
 the instruments are the API's no-ops.
 """
@@ -41,17 +41,6 @@ class MeshrlMetrics:
         self.tokens_per_second = meter.create_gauge(
             "meshrl.tokens_per_second", unit="{token}/s", description="throughput of the last measured call, by phase"
         )
-        self.queue_depth = meter.create_gauge(
-            "meshrl.queue.depth", unit="{item}", description="items waiting, by queue"
-        )
-        self.buffer_bytes = meter.create_gauge(
-            "meshrl.buffer.bytes", unit="By", description="bytes held by the data buffer"
-        )
-        self.buffer_lag = meter.create_gauge(
-            "meshrl.buffer.lag",
-            unit="{step}",
-            description="steps between the newest written and the oldest unread batch",
-        )
         self.weight_version = meter.create_gauge(
             "meshrl.weights.version", unit="{version}", description="weight version loaded, by replica"
         )
@@ -79,14 +68,6 @@ class MeshrlMetrics:
         self.tokens.add(count, attrs)
         if seconds > 0:
             self.tokens_per_second.set(count / seconds, attrs)
-
-    def set_queue_depth(self, queue: str, depth: int) -> None:
-        self.queue_depth.set(depth, {"meshrl.queue": queue})
-
-    def set_buffer(self, *, bytes_held: int, lag_steps: int | None = None) -> None:
-        self.buffer_bytes.set(bytes_held)
-        if lag_steps is not None:
-            self.buffer_lag.set(lag_steps)
 
     def set_weight_version(self, replica: str, version: int) -> None:
         self.weight_version.set(version, {REPLICA: replica})

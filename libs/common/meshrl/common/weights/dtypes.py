@@ -28,7 +28,6 @@ _TABLE: dict[torch.dtype, tuple[int, str, str]] = {
     torch.bool: (tensor_pb2.DTYPE_BOOL, "BOOL", "bool"),
 }
 _BY_PROTO = {v[0]: k for k, v in _TABLE.items()}
-_BY_SAFETENSORS = {v[1]: k for k, v in _TABLE.items()}
 _BY_NAME = {v[2]: k for k, v in _TABLE.items()}
 SUPPORTED = ", ".join(v[2] for v in _TABLE.values())
 
@@ -59,12 +58,6 @@ def from_proto(code: int, what: str = "tensor") -> torch.dtype:
     if code not in _BY_PROTO:
         raise InvalidArgument(f"{what} has unknown DType {code}; the sender must send one of {SUPPORTED}")
     return _BY_PROTO[code]
-
-
-def from_safetensors(code: str, what: str = "tensor") -> torch.dtype:
-    if code not in _BY_SAFETENSORS:
-        raise InvalidArgument(f"{what} has safetensors dtype {code!r}, which meshrl does not load ({SUPPORTED})")
-    return _BY_SAFETENSORS[code]
 
 
 def from_name(name: str, what: str = "tensor") -> torch.dtype:

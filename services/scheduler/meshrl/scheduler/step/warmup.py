@@ -33,7 +33,7 @@ import numpy as np
 from meshrl.common import batch_schema as S
 from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import Ragged
-from meshrl.common.errors import FailedPrecondition, InvalidArgument
+from meshrl.common.errors import InvalidArgument
 from meshrl.scheduler.step.data import PromptEncoder, PromptSampler, Record, load_records
 from meshrl.scheduler.step.lr_schedule import LrSchedule
 
@@ -152,16 +152,7 @@ class SupervisedWarmup:
     def _train(self, key: Any, call: range, lrs: list[float]) -> list[float]:
         """One trainer call making the steps of `call` (one per batch_size rows of `key`); each step's loss."""
         sft = {"policy_loss": "sft"}  # the warm-up's objective: NLL of the response tokens
-        if len(call) == 1:  # plain lr_override: any trainer version takes it
-            reply = self.trainer.train_step("actor", [key], sft, self.micro_batch_tokens, 1, call[0], lr=lrs[0])
-            return [float(reply.metrics.get("loss", float("nan")))]
         reply = self.trainer.train_step("actor", [key], sft, self.micro_batch_tokens, len(call), call[0], step_lrs=lrs)
-        if reply.optimizer_steps != len(call) or len(reply.step_losses) != len(call):
-            raise FailedPrecondition(
-                f"the trainer made {reply.optimizer_steps} optimizer steps ({len(reply.step_losses)} losses) for a "
-                f"warm-up call of {len(call)}: it predates TrainStep.step_lrs. Upgrade the trainer, or set "
-                "warmup.steps_per_call: 1"
-            )
         return list(reply.step_losses)
 
     def _record(self, result: WarmupResult, i: int, steps: int, lr: float, seconds: float, loss: float,

@@ -16,26 +16,23 @@ from meshrl.scheduler.workflow.model import NodeRole
 
 @dataclass(frozen=True)
 class BuiltinChoice:
-    """A COMPUTE role's built-in functions. When `key` is set, `config[key]` picks one of `names` (when absent
-    the executor falls back to the job config, `fallback`); when `key` is None the role has one built-in
-    behaviour whose variant the job config chooses."""
+    """A COMPUTE role's built-in functions. When `key` is set, `config[key]` picks one of `names` (when absent,
+    the job config's choice: algorithm.advantage for advantages); when `key` is None the role has one built-in
+    behaviour whose variant the job config chooses (algorithm.reward for rewards)."""
 
     key: str | None
     names: tuple[str, ...]
-    fallback: str
 
 
 BUILTIN_COMPUTE: Mapping[NodeRole, BuiltinChoice] = {
     # rewards: the job config's `algorithm.reward` (exact_match, math_verify, format_boxed or
     # package.module:function); a REWARD node's own `executable_ref` overrides it
-    NodeRole.REWARD: BuiltinChoice(None, ("exact_match", "math_verify", "format_boxed"), "algorithm.reward"),
+    NodeRole.REWARD: BuiltinChoice(None, ("exact_match", "math_verify", "format_boxed")),
     # advantages: GRPO group normalisation with / without the std, RLOO leave-one-out, REINFORCE++ with a
     # KL penalty, GAE over the critic's values
-    NodeRole.ADVANTAGE: BuiltinChoice(
-        "estimator", ("grpo", "grpo_no_std", "rloo", "reinforce_pp", "gae"), "algorithm.advantage"
-    ),
+    NodeRole.ADVANTAGE: BuiltinChoice("estimator", ("grpo", "grpo_no_std", "rloo", "reinforce_pp", "gae")),
     # DAPO: keep the groups whose rewards are not all equal; rewrites every row downstream reads
-    NodeRole.DYNAMIC_SAMPLING: BuiltinChoice(None, ("nonzero_reward_std",), "algorithm.dynamic_sampling"),
+    NodeRole.DYNAMIC_SAMPLING: BuiltinChoice(None, ("nonzero_reward_std",)),
 }
 
 # Node-config keys with a meaning outside the node itself (read by the loader and the planner).

@@ -141,13 +141,3 @@ class Workflow(pydantic.BaseModel):
                 return n
         raise KeyError(f"workflow '{self.dag_id}' has no node '{node_id}' (nodes: {', '.join(self.node_ids)})")
 
-    def nodes_of(self, node_type: NodeType) -> tuple[Node, ...]:
-        return tuple(n for n in self.nodes if n.node_type == node_type)
-
-    def model_keys(self) -> tuple[str, ...]:
-        """Every model instance the workflow uses, in file order."""
-        seen: dict[str, None] = {}
-        for n in self.nodes:
-            if n.model_key is not None:
-                seen.setdefault(n.model_key)
-        return tuple(seen)
