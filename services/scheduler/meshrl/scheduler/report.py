@@ -51,18 +51,36 @@ def plot_curves(run: RunDir) -> Path:
     return out
 
 
+STEP = "time/step"
+REST = "rest"  # the step's time outside its nodes: weight publication, deletions, waits between nodes
+
+
+def step_parts(metrics: dict[str, float]) -> dict[str, float]:
+    """One step's wall time (`time/step`) in parts that sum to it: each node's time (`time/<node>`) and the rest.
+    Nodes that ran side by side can add up to more than the step: their parts are then their shares of it (each
+    scaled by step / sum) and the rest is 0. Empty for a row without `time/step`."""
+    step = metrics.get(STEP)
+    if step is None:
+        return {}
+    nodes = {k.removeprefix("time/"): v or 0.0 for k, v in metrics.items() if k.startswith("time/") and k != STEP}
+    busy = sum(nodes.values())
+    scale = step / busy if busy > step else 1.0
+    return {**{k: v * scale for k, v in sorted(nodes.items())}, REST: max(0.0, step - busy)}
+
+
 def plot_step_times(run: RunDir) -> Path:
     plt = _plt()
-    metrics = run.read_jsonl(run.metrics_file)
-    keys = sorted({k for m in metrics for k in m if k.startswith("time/")})
+    rows = run.read_jsonl(run.metrics_file)
+    parts, steps = [step_parts(m) for m in rows], [m["step"] for m in rows]
+    labels = list(dict.fromkeys(k for p in parts for k in p if k != REST)) + [REST]
     fig, ax = plt.subplots(figsize=(11, 4))
-    bottom = [0.0] * len(metrics)
-    steps = [m["step"] for m in metrics]
-    for key in keys:
-        values = [m.get(key) or 0.0 for m in metrics]
-        ax.bar(steps, values, bottom=bottom, label=key.removeprefix("time/"))
+    bottom = [0.0] * len(parts)
+    for label in labels:
+        values = [p.get(label, 0.0) for p in parts]
+        ax.bar(steps, values, bottom=bottom, label=label, color="0.75" if label == REST else None)
         bottom = [b + v for b, v in zip(bottom, values)]
-    ax.set(title="Step time by node", xlabel="RL step", ylabel="seconds")
+    title = "Step time: each node and the rest (a bar is the step's wall time)"
+    ax.set(title=title, xlabel="RL step", ylabel="seconds")
     ax.legend(fontsize=8, ncol=4)
     fig.tight_layout()
     out = run.plots / "step_times.png"
