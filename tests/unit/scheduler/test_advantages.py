@@ -15,6 +15,7 @@ from meshrl.scheduler.step.advantages import (
     rloo_advantages,
     terminal_token_rewards,
     whiten,
+    zero_variance_share,
 )
 
 OFFSETS = np.array([0, 2, 5])
@@ -85,3 +86,16 @@ def test_empty_rows_and_bad_shapes():
         grpo_advantages(np.zeros(3), np.zeros(2))
     with pytest.raises(InvalidArgument, match="token_kl"):
         terminal_token_rewards(np.zeros(2), offsets, token_kl=np.zeros(5), kl_coef=1.0)
+
+
+def test_zero_variance_share_counts_groups_whose_samples_all_scored_the_same():
+    # group 0 mixed, group 1 all 0.5, group 2 all 0 (interleaved rows), group 3 a single sample (not counted)
+    rewards = np.array([1.0, 0.5, 0.0, 0.0, 0.5, 0.0, 0.25])
+    groups = np.array([0, 1, 2, 0, 1, 2, 3])
+    assert zero_variance_share(rewards, groups) == pytest.approx(2 / 3)
+    assert zero_variance_share(np.array([0.2, 0.3]), np.array([5, 5])) == 0.0
+    assert zero_variance_share(np.array([0.3]), np.array([0])) == 0.0
+    assert zero_variance_share(np.zeros(0), np.zeros(0, np.int64)) == 0.0
+    # the same share GRPO leaves without a gradient: its advantages are 0 in exactly those groups
+    adv = grpo_advantages(rewards, groups)
+    assert adv[[1, 4, 2, 5]].tolist() == [0.0] * 4 and np.all(adv[[0, 3]] != 0)

@@ -28,7 +28,9 @@ def run_root(tmp_path):
         {"time": 12.7, "log": "hello"},
     ]
     (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events) + '{"time": 1')
-    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 0.5, "weights/version": 2}) + "\n")
+    metrics = {"step": 1, "reward/mean": 0.5, "weights/version": 2, "reward/zero_variance_groups": 0.875,
+               "actor/entropy": 0.12}  # fmt: skip
+    (run / "metrics.jsonl").write_text(json.dumps(metrics) + "\n")
     (run / "eval.jsonl").write_text(json.dumps({"step": 0, "eval/accuracy": 0.25}) + "\n")
     return tmp_path
 
@@ -42,6 +44,8 @@ def test_state_of_a_running_run(run_root):
     ]
     assert state["curves"]["reward"] == [0.5] and state["eval"]["accuracy"] == [0.25]
     assert state["weights"]["version"] == 2 and state["log"] == ["hello"]
+    # a start RL cannot learn from shows from the first steps: groups of one reward, low entropy
+    assert state["curves"]["zero_variance_groups"] == [0.875] and state["curves"]["entropy"] == [0.12]
 
 
 def _get(url: str) -> tuple[int, dict | str]:

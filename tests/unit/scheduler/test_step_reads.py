@@ -203,3 +203,11 @@ def test_the_advantage_node_reads_nothing_after_the_reward_node_of_its_step():
     assert buffer.reads[-1] == (["reward", "rollout"], (S.REWARDS, S.GROUP_INDEX, S.RESPONSE_IDS))
     assert np.array_equal(buffer.batches["advantage"][S.ADVANTAGES].values, advantages.values)
     assert held.metrics and buffer.batches["reward"][S.REWARDS].tolist() == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_the_advantage_node_reports_the_share_of_groups_whose_rewards_are_all_equal():
+    buffer = StoringBuffer({"rollout": _rollout_batch()})
+    handlers, ctx = _compute_handlers(buffer), _grpo_context()
+    handlers.reward(ctx.nodes["reward"], ctx)  # group 0 scores [1, 0], group 1 [0, 0]: no advantage in group 1
+    result = handlers.advantage(ctx.nodes["advantage"], ctx)
+    assert result.metrics["reward/zero_variance_groups"] == 0.5

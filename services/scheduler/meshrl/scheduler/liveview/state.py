@@ -1,6 +1,7 @@
 """What the live view shows of one run, read from its run folder while the job writes it:
 the job state, each DAG node's state in the latest step (a waterfall of start and duration),
-the reward / accuracy / held-out curves, and the weight version the replicas serve.
+the reward / accuracy / held-out curves, the share of groups whose samples all scored alike and the entropy of
+the sampled tokens (a start RL cannot learn from), and the weight version the replicas serve.
 Called by liveview.server for /api/runs/<name>; reads only files RunDir names.
 """
 
@@ -65,6 +66,9 @@ def run_state(run_dir: Path) -> dict:
             "step": [m["step"] for m in metrics],
             "reward": [m.get("reward/mean") for m in metrics],
             "accuracy": [m.get("reward/accuracy") for m in metrics],
+            # what tells early that RL cannot learn from this start: groups with one reward, sure samples
+            "zero_variance_groups": [m.get("reward/zero_variance_groups") for m in metrics],
+            "entropy": [m.get("actor/entropy") for m in metrics],
         },
         "eval": {"step": [e["step"] for e in evals], "accuracy": [e.get("eval/accuracy") for e in evals]},
         "weights": {"version": last.get("weights/version"), "stale_replicas": last.get("weights/stale_replicas")},

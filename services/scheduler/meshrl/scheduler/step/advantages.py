@@ -62,6 +62,18 @@ def grpo_advantages(
     return adv.astype(np.float32)
 
 
+def zero_variance_share(rewards: np.ndarray, group_index: np.ndarray, *, tol: float = 1e-9) -> float:
+    """Share of the groups (of two or more samples) whose rewards are all equal: a group-relative estimator gives
+    them advantage 0, so they teach nothing. Near 1 from the first steps, RL cannot learn from this start (too
+    sure, or the reward too coarse for it). 0.0 for an empty batch or one of single-sample groups."""
+    rewards, stats = _group_stats(rewards, group_index)
+    if stats is None:
+        return 0.0
+    _, counts, _, sq = stats
+    several = counts > 1
+    return float((sq[several] <= tol * counts[several]).mean()) if several.any() else 0.0
+
+
 def rloo_advantages(rewards: np.ndarray, group_index: np.ndarray) -> np.ndarray:
     """RLOO: A_i = r_i - mean of the other samples of its group = n / (n - 1) * (r_i - mean_g).
 

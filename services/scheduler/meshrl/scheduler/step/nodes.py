@@ -245,6 +245,8 @@ class NodeHandlers:
         self.buffer.put(key, columns)
         values = columns[S.ADVANTAGES].values
         stats = {"advantage/mean": float(values.mean()), "advantage/abs_max": float(np.abs(values).max())}
+        if S.GROUP_INDEX in batch.columns:  # groups that all scored alike teach a group estimator nothing
+            stats["reward/zero_variance_groups"] = adv.zero_variance_share(rewards, np.asarray(batch[S.GROUP_INDEX]))
         return NodeResult([key], stats if values.size else {})
 
     def dynamic_sampling(self, node: Any, ctx: StepContext) -> NodeResult:
