@@ -192,7 +192,7 @@ class JobRunner:
     # -- the job -------------------------------------------------------------------------
     def run_job(self, resume: bool = False) -> dict:
         """The whole job (the loop in the module docstring); returns its summary. Services are shut down
-        whatever happens (`_shut_down`)."""
+        whatever happens (`shut_down`)."""
         if agents_of(self.workflow.nodes):  # one trainer and fleet per agent (step/agent_runner.py)
             return AgentJob(self).run(resume)
         cfg = self.cfg
