@@ -77,14 +77,16 @@ class RecordingTrainer:
         self.metrics = metrics
         self.calls: list[dict] = []
 
-    def compute_logprobs(self, role, inputs, output, name, entropy, columns=(), weight_version=None, more_passes=()):
+    def compute_logprobs(self, role, inputs, output, name, entropy, columns=(), weight_version=None, more_passes=(),
+                         temperature=None):  # fmt: skip
         self.calls.append({"role": role, "inputs": [k.node_id for k in inputs], "columns": list(columns),
                            "weight_version": weight_version})  # fmt: skip
         return SimpleNamespace(metrics=self.metrics, passes=[])
 
 
 def _handlers(buffer, trainer) -> NodeHandlers:
-    return NodeHandlers(None, buffer, trainer, None, None, None, None)
+    job = SimpleNamespace(rollout=SimpleNamespace(temperature=1.0))  # what the handlers read of the job config
+    return NodeHandlers(job, buffer, trainer, None, None, None, None)
 
 
 def test_the_actor_pass_asks_the_trainer_for_the_gap_and_the_scheduler_reads_nothing():
