@@ -13,6 +13,7 @@ import logging
 import grpc
 
 from meshrl.common.errors import MAX_MESSAGE_BYTES, REASON_KEY, MeshrlError, cap_message
+from meshrl.common.long_streams import non_blocking
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +57,8 @@ def _wrap_stream(fn, method):
 class ErrorMappingInterceptor(grpc.ServerInterceptor):
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
-        if handler is None:
-            return None
+        if handler is None or non_blocking(handler):  # Health/Watch: a generator would hold a thread
+            return handler
         method = handler_call_details.method
         if handler.unary_unary:
             return handler._replace(unary_unary=_wrap_unary(handler.unary_unary, method))

@@ -27,6 +27,7 @@ from meshrl.common.config import StrictModel
 from meshrl.common.errors import ConfigError
 from meshrl.common.grpc_errors import ErrorMappingInterceptor
 from meshrl.common.light_calls import LightCallsInterceptor
+from meshrl.common.long_streams import LongStreamsInterceptor
 from meshrl.common.security import AuthConfig, TLSConfig, TokenAuthInterceptor, server_credentials
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,10 @@ class ServerConfig(StrictModel):
     )
     port: int = pydantic.Field(0, ge=0, le=65535, description="TCP port; 0 picks a free one")
     max_workers: int = pydantic.Field(16, ge=1, description="threads serving RPCs")
+    max_long_streams: int | None = pydantic.Field(
+        None, ge=1, description="most long-lived streams (WatchJob, reflection) at once, each holding a thread; "
+        "more are refused with RESOURCE_EXHAUSTED (default: half of max_workers, the rest stay for calls)",
+    )  # fmt: skip
     max_message_bytes: int = pydantic.Field(64 * MiB, ge=MiB, description="largest message sent or received")
     grace_seconds: float = pydantic.Field(10.0, ge=0, description="time in-flight RPCs get on SIGTERM")
     keepalive_time_ms: int = pydantic.Field(30_000, ge=1000)
@@ -146,6 +151,7 @@ def start_server(cfg: ServerConfig, services: Sequence[Service], interceptors: S
                 "server.require_auth", True, "no token is configured", f"set {cfg.auth.token_env} or auth.token_file"
             )
         chain.append(TokenAuthInterceptor(token))
+    chain += [LongStreamsInterceptor(cfg.max_long_streams or max(1, cfg.max_workers // 2))]
     chain += [*interceptors, ErrorMappingInterceptor()]
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=cfg.max_workers, thread_name_prefix="grpc"),

@@ -19,6 +19,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from meshrl.common.errors import MeshrlError
+from meshrl.common.long_streams import non_blocking
 from meshrl.common.telemetry import runtime
 from meshrl.common.telemetry.config import DEFAULT_UNTRACED_ROOT_SERVICES
 
@@ -143,7 +144,7 @@ def _wrap_stream_response(behavior, name: str, attributes: dict[str, Any], paren
 class _TracingServerInterceptor(grpc.ServerInterceptor):
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
-        if handler is None or not runtime.tracing_enabled():
+        if handler is None or not runtime.tracing_enabled() or non_blocking(handler):
             return handler
         service, method = split_method(handler_call_details.method)
         carrier = {

@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 
 from meshrl.common.errors import MeshrlError
+from meshrl.common.long_streams import non_blocking
 from meshrl.common.telemetry import runtime
 from meshrl.common.telemetry.instruments import SECONDS_BUCKETS
 
@@ -82,7 +83,7 @@ class _RpcMetricsInterceptor(grpc.ServerInterceptor):
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
         histogram = _duration()
-        if handler is None or histogram is None:
+        if handler is None or histogram is None or non_blocking(handler):  # Health/Watch holds no thread
             return handler
         service, _, method = handler_call_details.method.lstrip("/").rpartition("/")
         attrs = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method}
