@@ -17,10 +17,18 @@ def _nodes(temperatures: dict[str, float | None]):
     nodes = [{"node_id": "data", "node_type": "DATA_LOAD", "node_role": "DATA"}]
     for rollout, temp in temperatures.items():
         config = {} if temp is None else {"temperature": temp}
-        nodes.append({"node_id": rollout, "node_type": "ROLLOUT", "node_role": "ROLLOUT", "dependencies": ["data"],
-                      "config": config})  # fmt: skip
-    nodes.append({"node_id": "old", "node_type": "MODEL_INFERENCE", "node_role": "ACTOR",
-                  "dependencies": list(temperatures)})  # fmt: skip
+        nodes.append(
+            {
+                "node_id": rollout,
+                "node_type": "ROLLOUT",
+                "node_role": "ROLLOUT",
+                "dependencies": ["data"],
+                "config": config,
+            }
+        )
+    nodes.append(
+        {"node_id": "old", "node_type": "MODEL_INFERENCE", "node_role": "ACTOR", "dependencies": list(temperatures)}
+    )
     text = yaml.safe_dump({"dag_id": "t", "nodes": nodes})
     return load_workflow_text(text, {}).nodes
 

@@ -248,16 +248,23 @@ def test_a_train_step_takes_its_in_train_pi_old_at_the_requests_temperature(serv
     batch = make_batch(reply.vocab_size)
     cols = ["prompt_ids", "response_ids"]
     buffer.put(key("rollout"), {c: batch[c] for c in cols})
-    req = pb.ComputeLogProbsRequest(role=pb.ROLE_ACTOR, inputs=[key("rollout")], output=key("behaviour"),
-                                    output_name="rollout_logprobs", columns=cols, temperature=0.6)  # fmt: skip
+    req = pb.ComputeLogProbsRequest(
+        role=pb.ROLE_ACTOR,
+        inputs=[key("rollout")],
+        output=key("behaviour"),
+        output_name="rollout_logprobs",
+        columns=cols,
+        temperature=0.6,
+    )
     stub.ComputeLogProbs(req, timeout=60)
     inputs = [key("rollout"), key("behaviour")]
     loss = pb.LossConfig(old_logprobs=pb.OLD_LOG_PROBS_IN_TRAIN, kl_coef=0.0)
     gaps = {}
     for temperature in (0.6, None):
         buffer.put(key("adv"), {"advantages": batch["advantages"]})
-        train = pb.TrainStepRequest(role=pb.ROLE_ACTOR, inputs=[*inputs, key("adv")], loss=loss, lr_override=1e-9,
-                                    temperature=temperature)  # fmt: skip
+        train = pb.TrainStepRequest(
+            role=pb.ROLE_ACTOR, inputs=[*inputs, key("adv")], loss=loss, lr_override=1e-9, temperature=temperature
+        )
         gaps[temperature] = stub.TrainStep(train, timeout=60).metrics["logprob_mismatch_mean"]
     assert gaps[0.6] < 1e-5 < 1e-2 < gaps[None]
     bad = pb.TrainStepRequest(role=pb.ROLE_ACTOR, inputs=inputs, loss=loss, temperature=0.0)

@@ -48,9 +48,11 @@ class LossConfig(Settings):
     )
     aggregation: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
     kl_coef: float = Field(
-        0.0, ge=0, description="weight of KL(actor || reference) in the loss (needs ref_logprobs); a job's gae and "
+        0.0,
+        ge=0,
+        description="weight of KL(actor || reference) in the loss (needs ref_logprobs); a job's gae and "
         "reinforce_pp advantages put it in the reward instead",
-    )  # fmt: skip
+    )
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     entropy_coef: float = Field(0.0, ge=0, description="entropy bonus weight (loss -= coef * entropy)")
     tis_cap: float = Field(0.0, ge=0, description="truncated importance sampling cap vs. rollout log-probs; 0 = off")

@@ -333,8 +333,12 @@ class JobConfig(StrictModel):
         rules are LossConfig's, checked by LossSection; the actor's objective is a job's choice."""
         loss = self.algorithm.loss
         if loss.policy_loss not in (None, *JOB_POLICY_LOSSES):
-            raise ConfigError("algorithm.loss.policy_loss", loss.policy_loss, "is no RL objective of the actor",
-                              f"use one of {JOB_POLICY_LOSSES} (a supervised phase is the warm-up section)")  # fmt: skip
+            raise ConfigError(
+                "algorithm.loss.policy_loss",
+                loss.policy_loss,
+                "is no RL objective of the actor",
+                f"use one of {JOB_POLICY_LOSSES} (a supervised phase is the warm-up section)",
+            )
         caps_unset = loss.tis_cap is None and loss.mis_cap is None
         if self.training.mode != "sync" and loss.old_logprobs != "rollout" and caps_unset:
             loss.tis_cap, loss.mis_cap = ASYNC_TIS_CAP, ASYNC_MIS_CAP

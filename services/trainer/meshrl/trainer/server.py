@@ -46,8 +46,10 @@ def _temperature(request: pb.ComputeLogProbsRequest | pb.TrainStepRequest) -> fl
     """The request's sampling temperature (None: unset, the model's own distribution), or INVALID_ARGUMENT."""
     temperature = optional_field(request, "temperature")
     if temperature is not None and not 0 < temperature < math.inf:
-        raise InvalidArgument(f"temperature = {temperature} must be a finite number > 0 (the one the rows were "
-                              "sampled at), or unset", field="temperature")  # fmt: skip
+        raise InvalidArgument(
+            f"temperature = {temperature} must be a finite number > 0 (the one the rows were sampled at), or unset",
+            field="temperature",
+        )
     return temperature
 
 
