@@ -5,10 +5,17 @@ with a heartbeat; the key's TTL drops a replica that died silently. The schedule
 router list and watch it (`ReplicaRegistry.watch`); they request a drain with `request_drain`
 (the replica sees it on its next heartbeat and reports state "draining"). The job's current weight
 version lives beside it, so a replica started mid-job loads it before it reports "serving".
+
+Anyone who can write the registry's Redis could otherwise add a replica (an address the scheduler dials with
+its rollout token and adds to the weight group): with the service token (`token`), each entry and the current
+weights carry an HMAC of it (`entry_hmac`), and readers holding the token skip entries without a valid one.
+A malformed entry is skipped with a warning, never fatal to the listing.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
 import threading
@@ -24,6 +31,19 @@ log = logging.getLogger(__name__)
 
 STARTING, SERVING, PAUSED, STALE, DRAINING = "starting", "serving", "paused", "stale", "draining"
 STATES = (STARTING, SERVING, PAUSED, STALE, DRAINING)
+HMAC_FIELD = "entry_hmac"
+
+
+def entry_hmac(token: str, what: str, mapping: dict[str, str]) -> str:
+    """HMAC-SHA256 of the service token over one registry record (`what` names its kind), fields sorted."""
+    message = json.dumps([what, sorted((k, v) for k, v in mapping.items() if k != HMAC_FIELD)]).encode()
+    return hmac.new(token.encode(), message, hashlib.sha256).hexdigest()
+
+
+def _text(raw: dict) -> dict[str, str]:
+    return {
+        (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v) for k, v in raw.items()
+    }
 
 
 @dataclass
@@ -100,7 +120,10 @@ class ReplicaRegistry:
         namespace: str = "meshrl",
         service: str = "rollout",
         ttl_seconds: float = 10.0,
+        token: str | None = None,
     ) -> None:
+        """token: the service token; set, entries are written with its HMAC and only such entries are read."""
+        self.token = token
         self.redis = connect(client) if isinstance(client, str) else client
         self.namespace = namespace
         self.service = service
@@ -133,10 +156,14 @@ class ReplicaRegistry:
         info.updated_at = time.time()
         key = self._key(info.replica_id)
 
+        mapping = info.to_mapping()
+        if self.token:
+            mapping[HMAC_FIELD] = entry_hmac(self.token, "replica", mapping)
+
         def write():
             pipe = self.redis.pipeline(transaction=True)
             pipe.delete(key)
-            pipe.hset(key, mapping=info.to_mapping())
+            pipe.hset(key, mapping=mapping)
             pipe.pexpire(key, self.ttl_ms)
             pipe.publish(self.events_channel, json.dumps({"replica_id": info.replica_id, "state": info.state}))
             pipe.execute()
@@ -169,11 +196,30 @@ class ReplicaRegistry:
 
         self._call(mark)
 
+    def _admitted(self, key: str, raw: dict) -> ReplicaInfo | None:
+        """The entry, when well-formed and (with a token) carrying the token's HMAC; None, with a warning, else."""
+        data = _text(raw)
+        if self.token and not hmac.compare_digest(data.get(HMAC_FIELD, ""), entry_hmac(self.token, "replica", data)):
+            log.warning("registry entry %s is not signed with this service's token: ignored (a stranger's write, "
+                        "or a replica without the token: set its server.auth)", key)  # fmt: skip
+            return None
+        try:
+            info = ReplicaInfo.from_mapping(data)
+            host, _, port = info.address.rpartition(":")
+            if not info.replica_id or not host or not port.isdigit() or info.state not in STATES:
+                raise ValueError(f"replica_id {info.replica_id!r}, address {info.address!r}, state {info.state!r}")
+        except (ValueError, TypeError) as exc:
+            log.warning("registry entry %s is malformed (%s): ignored", key, exc)
+            return None
+        return info
+
     def get(self, replica_id: str) -> ReplicaInfo | None:
         raw = self._call(self.redis.hgetall, self._key(replica_id))
         if not raw:
             return None
-        info = ReplicaInfo.from_mapping(raw)
+        info = self._admitted(self._key(replica_id), raw)
+        if info is None:
+            return None
         if self.drain_requested(replica_id):
             info.state = DRAINING
         return info
@@ -190,10 +236,12 @@ class ReplicaRegistry:
         pipe = self.redis.pipeline(transaction=False)
         for key in keys:
             pipe.hgetall(key)
-        for raw in self._call(pipe.execute) if keys else []:
+        for key, raw in zip(keys, self._call(pipe.execute) if keys else []):
             if not raw:
                 continue  # expired between the scan and the read
-            info = ReplicaInfo.from_mapping(raw)
+            info = self._admitted(key.decode() if isinstance(key, bytes) else key, raw)
+            if info is None:
+                continue
             if info.replica_id in drains:
                 info.state = DRAINING
             if wanted is None or info.state in wanted:
@@ -218,15 +266,28 @@ class ReplicaRegistry:
 
     def set_current_weights(self, weights: CurrentWeights) -> None:
         """Records the version replicas must serve (the scheduler calls it after each publication)."""
-        payload = json.dumps({"version": weights.version, "path": weights.path})
-        self._call(self.redis.set, f"{self._prefix}:current_weights", payload)
+        record = {"version": str(weights.version), "path": weights.path}
+        if self.token:
+            record[HMAC_FIELD] = entry_hmac(self.token, "current_weights", record)
+        self._call(self.redis.set, f"{self._prefix}:current_weights", json.dumps(record))
 
     def current_weights(self) -> CurrentWeights | None:
+        """The job's current weights; None when unset, malformed or (with a token) not signed with it."""
         raw = self._call(self.redis.get, f"{self._prefix}:current_weights")
         if not raw:
             return None
-        data = json.loads(raw)
-        return CurrentWeights(int(data["version"]), str(data.get("path", "")))
+        try:
+            data = json.loads(raw)
+            record = {"version": str(data["version"]), "path": str(data.get("path", ""))}
+            weights = CurrentWeights(int(record["version"]), record["path"])
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("registry current_weights is malformed (%s): ignored", exc)
+            return None
+        if self.token and not hmac.compare_digest(str(data.get(HMAC_FIELD, "")),
+                                                  entry_hmac(self.token, "current_weights", record)):  # fmt: skip
+            log.warning("registry current_weights is not signed with this service's token: ignored")
+            return None
+        return weights
 
     def watch(self, on_change: Callable[[list[ReplicaInfo]], None], *, interval: float = 0.5) -> Watcher:
         """Calls `on_change(listing)` from a background thread whenever the listing changes (first call at once)."""

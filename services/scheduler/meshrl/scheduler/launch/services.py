@@ -183,7 +183,8 @@ class JobServices:
         reg = self.cfg.rollout.registry
         if reg.redis_url is None:
             return None
-        return ReplicaRegistry(reg.redis_url, namespace=reg.namespace)
+        token = self.cfg.services.channels.rollout.auth.token()  # the replicas' token: only their entries count
+        return ReplicaRegistry(reg.redis_url, namespace=reg.namespace, token=token)
 
     def _new_replica_spec(self, buffer_address: str) -> ServiceSpec:
         name = f"rollout-{self._next_replica}"
