@@ -12,7 +12,7 @@ import base64
 import dataclasses
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +37,6 @@ MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "token
                "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt", "tokenizer.model")  # fmt: skip
 # What one log-prob pass sets for itself; temperature, micro_batch_tokens and the columns read are the call's.
 PASS_KEYS = ("with_entropy", "output_name", "weight_version")
-COLLECTIVE = ("load_model", "compute_logprobs", "compute_values", "train_step", "save_checkpoint", "load_checkpoint",
-              "gather_weights", "compute_scores", "set_residency")  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -86,21 +84,35 @@ class TrainerService:
         self._bases: dict[str, DeltaBase] = {}  # role -> the version published last, while deltas are asked for
         self.last_metrics: dict[str, float] = {}
         self._lock = threading.Lock()
+        # The collective operations: rank 0 runs one and sends its name to the other ranks, which run the same.
+        self._collective: dict[str, Callable[..., Any]] = {
+            "load_model": self._load_model,
+            "compute_logprobs": self._compute_logprobs,
+            "compute_values": self._compute_values,
+            "compute_scores": self._compute_scores,
+            "train_step": self._train_step,
+            "save_checkpoint": self._save_checkpoint,
+            "load_checkpoint": self._load_checkpoint,
+            "gather_weights": self._gather_weights,
+            "set_residency": self._set_residency,
+        }
 
     # --- plumbing ---------------------------------------------------------------------------
 
     def _call(self, op: str, **kwargs: Any) -> Any:
         """Runs a collective op on every rank (rank 0 broadcasts it first); one op at a time."""
         with self._lock:
+            run = self._collective[op]
             if self.bus is not None and self.bus.world > 1:
                 self.bus.send({"op": op, "kwargs": kwargs})
-            return getattr(self, f"_{op}")(**kwargs)
+            return run(**kwargs)
 
     def run_command(self, command: dict[str, Any]) -> Any:
         """Worker ranks: execute one command received from rank 0."""
-        if command["op"] not in COLLECTIVE:
-            raise ValueError(f"unknown trainer command {command['op']!r}")
-        return getattr(self, f"_{command['op']}")(**command["kwargs"])
+        run = self._collective.get(command["op"])
+        if run is None:
+            raise ValueError(f"unknown trainer command {command['op']!r}; known: {sorted(self._collective)}")
+        return run(**command["kwargs"])
 
     def _read(self, keys: Sequence[BatchRef], names: Sequence[str] = ()) -> dict[str, object]:
         """The input batches merged by column; only the columns `names` when given (each from the batch holding it)."""
