@@ -80,10 +80,11 @@ def test_strangers_are_turned_away_and_the_member_still_connects(pool):
     sender_offer, receiver_offer, store = _offers(free_port())
     host, port, _ = store.get("stream/addr").decode().split("|")
     wrong = socket.create_connection((host, int(port)))
-    wrong.sendall(b"\x01" + b"\x00" * 7 + b"not the token!!!")  # rank 1 with a wrong token
     silent = socket.create_connection((host, int(port)))
     silent.close()  # hangs up without a word
     sending = pool.submit(sender_offer.connect, 10.0)
+    assert len(wrong.recv(32)) == 32  # the sender's challenge
+    wrong.sendall(b"\x01" + b"\x00" * 7 + b"not an HMAC of the challenge!!!!")  # rank 1, a wrong proof
     receiving = receiver_offer.connect(10.0)
     sending = sending.result(30)
     data = torch.arange(1 << 20, dtype=torch.int32)

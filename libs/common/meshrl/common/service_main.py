@@ -28,6 +28,7 @@ from typing import Any
 from meshrl.common import telemetry
 from meshrl.common.exposure import exposure_warnings
 from meshrl.common.grpc_server import EXIT_WITH_PARENT_ENV, RunningServer, Service, start_server
+from meshrl.common.weight_group_secret import set_group_secret
 
 log = logging.getLogger(__name__)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -112,6 +113,7 @@ def run_service(name: str, cfg: Any, build: Callable[[], Hosted], *, instance: s
         with collector_paused():
             telemetry.install_log_correlation()
             telemetry.setup_telemetry(name, cfg.telemetry, instance=instance)
+            set_group_secret(cfg.server.auth.token())  # what weight-group members prove to each other
             hosted = build()
             running = start_server(cfg.server, hosted.services)
             for warning in exposure_warnings(cfg, running.address):
@@ -134,4 +136,5 @@ def run_service(name: str, cfg: Any, build: Callable[[], Hosted], *, instance: s
         if hosted is not None and hosted.stopped is not None:
             hosted.stopped()
         telemetry.shutdown_telemetry()
+        set_group_secret(None)
         signals.disarm()

@@ -99,7 +99,7 @@ class WeightGroup:
 
     def _connect(self, deadline: Deadline) -> None:
         s = self.spec
-        self._rdv = Rendezvous(s, self.rank, deadline)
+        self._rdv = Rendezvous(s, self.rank, deadline, self.options.secret)
         self._rdv.join(deadline)
         if not self.is_sender:
             self._rdv.start_heartbeat()
@@ -109,6 +109,7 @@ class WeightGroup:
                 s.backend, dist.PrefixStore("pg/", self._rdv.store), self.rank, s.world_size, self.device,
                 op_timeout, s.master_address, self.options.local_address,
                 stream=self.options.cpu_wire == "stream", connect_timeout_s=max(deadline.remaining(), 1.0),
+                secret=self.options.secret,
             )  # fmt: skip
         except Exception as e:
             raise DeadlineExceeded(f"{deadline.what}: creating the {s.backend} backend failed ({e})") from e

@@ -5,9 +5,10 @@ when made.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from meshrl.common.errors import InvalidArgument
+from meshrl.common.weight_group_secret import group_secret
 
 from .buckets import DEFAULT_BUCKET_BYTES
 from .wire import DEFAULT_COALESCE_BYTES, FLAT_THRESHOLD
@@ -35,6 +36,9 @@ class WeightGroupOptions:
         sender's memory into the receiver's parameter; nothing is packed, nothing copied).
     keep_buffers: keep the packing/staging buffers between updates (first use of fresh memory
         is slow; a long-lived group should keep them).
+    secret: the service token members prove to each other (default: this process's, set from
+        server.auth by run_service). Set, a gloo group must stream (no gloo fallback), the stream binds
+        only its address, and the store's headers and acknowledgements are signed (stream.py, rendezvous.py).
     """
 
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
@@ -48,6 +52,7 @@ class WeightGroupOptions:
     keep_buffers: bool = True
     cpu_wire: str = "stream"
     stream_coalesce_bytes: int = 0
+    secret: str | None = field(default_factory=group_secret, repr=False)
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -61,6 +66,11 @@ class WeightGroupOptions:
                 )
         if self.cpu_wire not in CPU_WIRES:
             raise InvalidArgument(f"cpu_wire {self.cpu_wire!r} is not one of {list(CPU_WIRES)}")
+        if self.secret and self.cpu_wire != "stream":
+            raise InvalidArgument(
+                "cpu_wire 'gloo' carries weights unauthenticated, and this process has a service token (the weight "
+                "group is secured): use cpu_wire 'stream', whose members prove the token"
+            )
         for name in ("init_timeout_s", "op_timeout_s", "ack_timeout_s"):
             value = getattr(self, name)
             if value is not None and not value > 0:

@@ -16,10 +16,15 @@ through here, under `meshrl/weights/<group>/`:
 so after a failed step the sender can name the members that stopped instead of guessing, and no
 receiver writes to a store that is gone (torch prints a "Broken pipe" trace for that).
 A finished update's keys are deleted in the background, on a connection of their own.
+With a service token (`secret`) the headers and acknowledgements carry an HMAC of it over their key and
+value: the store has no authentication, and a stranger who reaches it must not make receivers allocate what
+a forged header says or the sender believe a forged acknowledgement.
 """
 
 from __future__ import annotations
 
+import hmac
+import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -28,12 +33,14 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from meshrl.common.errors import DeadlineExceeded, Unavailable
+from meshrl.common.errors import DataLoss, DeadlineExceeded, Unavailable
+from meshrl.common.weight_group_secret import mac
 
 from .errors import MembersUnresponsive, UpdateOutcome
 from .group_plan import GroupSpec
 from .transport import CollectiveFailed, Deadline, await_keys, await_values
 
+log = logging.getLogger(__name__)
 STORE_PREFIX = "meshrl/weights/"
 HEARTBEAT_S = 0.25
 LEAVE_CHECK_S = 0.05  # how often a heartbeat looks for the sender's "closed"
@@ -42,9 +49,10 @@ LEAVE_CHECK_S = 0.05  # how often a heartbeat looks for the sender's "closed"
 class Rendezvous:
     """One member's connection to its group's store (rank 0 hosts it)."""
 
-    def __init__(self, spec: GroupSpec, rank: int, deadline: Deadline) -> None:
+    def __init__(self, spec: GroupSpec, rank: int, deadline: Deadline, secret: str | None = None) -> None:
         self.spec = spec
         self.rank = rank
+        self.secret = secret
         self._stop = threading.Event()
         self._beater: threading.Thread | None = None
         self._janitor: ThreadPoolExecutor | None = None
@@ -121,19 +129,33 @@ class Rendezvous:
         except Exception:  # the store itself failed: nothing to wait for
             return
 
+    # ------------------------------------------------------------------------ signed values
+    def _seal(self, key: str, value: bytes) -> bytes:
+        return value + mac(self.secret, self.spec.group_name, key, value) if self.secret else value
+
+    def _open(self, key: str, value: bytes | None) -> bytes | None:
+        """The value the sender or a receiver set; raises DataLoss when it does not carry the token's HMAC."""
+        if value is None or not self.secret:
+            return value
+        body, tag = value[:-32], value[-32:]
+        if len(value) < 32 or not hmac.compare_digest(tag, mac(self.secret, self.spec.group_name, key, body)):
+            raise DataLoss(f"weight group {self.spec.group_name!r}: {key} in the store is not signed with the "
+                           "service token; someone other than a member wrote the group's store")  # fmt: skip
+        return body
+
     # ------------------------------------------------------------------------ one update
     def announce(self, seq: int, first: bytes) -> None:
         """Sender: starts update <seq> with the header of its bucket 0 (wire.encode_header)."""
-        self.store.set(f"update/{seq}", first)
+        self.store.set(f"update/{seq}", self._seal(f"update/{seq}", first))
 
     def await_announcement(self, seq: int, deadline: Deadline) -> bytes | None:
         """Receiver: the header of update <seq>'s bucket 0 once the sender starts it; None if it did
         not start in time."""
-        return await_values(self.store, [f"update/{seq}"], deadline)[0]
+        return self._open(f"update/{seq}", await_values(self.store, [f"update/{seq}"], deadline)[0])
 
     def post_bucket(self, seq: int, index: int, header: bytes) -> None:
         """Sender: what comes next in update <seq> (wire.encode_header); receivers wait for it."""
-        self.store.set(f"bucket/{seq}/{index}", header)
+        self.store.set(f"bucket/{seq}/{index}", self._seal(f"bucket/{seq}/{index}", header))
 
     def await_bucket(self, seq: int, index: int, deadline: Deadline) -> bytes:
         """Receiver: the header the sender posted for bucket <index>. Raises CollectiveFailed (timed
@@ -144,7 +166,10 @@ class Rendezvous:
             raise CollectiveFailed(f"{deadline.what}: the trainer's store is unreachable ({e})", False) from e
         if header is None:
             raise CollectiveFailed(f"{deadline.what}: not posted within {deadline.seconds:.1f}s", True)
-        return header
+        try:
+            return self._open(f"bucket/{seq}/{index}", header)
+        except DataLoss as e:
+            raise CollectiveFailed(f"{deadline.what}: {e}", False) from e
 
     def progress(self, seq: int, index: int) -> None:
         self.store.set(f"progress/{seq}/{self.rank}", str(index))
@@ -158,16 +183,25 @@ class Rendezvous:
 
     def ack(self, seq: int, refusal: BaseException | None) -> None:
         answer = "ok" if refusal is None else f"refused: {type(refusal).__name__}: {refusal}"
-        self.store.set(f"ack/{seq}/{self.rank}", answer)
+        self.store.set(f"ack/{seq}/{self.rank}", self._seal(f"ack/{seq}/{self.rank}", answer.encode()))
 
     def await_acks(
         self, seq: int, receivers: Sequence[int], deadline: Deadline
     ) -> tuple[list[int], dict[int, str], tuple[int, ...]]:
         """(ranks that confirmed, ranks that refused -> why, ranks that did not answer in time)."""
-        answers = await_values(self.store, [f"ack/{seq}/{r}" for r in receivers], deadline)
+        answers = [self._verified(f"ack/{seq}/{r}", a)
+                   for r, a in zip(receivers, await_values(self.store, [f"ack/{seq}/{r}" for r in receivers], deadline))]  # fmt: skip
         acked = [r for r, a in zip(receivers, answers, strict=True) if a == b"ok"]
         refused = {r: a.decode() for r, a in zip(receivers, answers, strict=True) if a is not None and a != b"ok"}
         return acked, refused, tuple(r for r, a in zip(receivers, answers, strict=True) if a is None)
+
+    def _verified(self, key: str, value: bytes | None) -> bytes | None:
+        """An acknowledgement, or None (no answer) when it is forged."""
+        try:
+            return self._open(key, value)
+        except DataLoss as e:
+            log.warning("%s", e)
+            return None
 
     def diagnose(self, seq: int, receivers: Sequence[int], grace_s: float) -> tuple[tuple[int, ...], str]:
         """The receivers that stopped answering during update <seq>, and the evidence.

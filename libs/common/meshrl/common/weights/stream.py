@@ -12,8 +12,13 @@ made, every member that can stream posts `stream/<rank>`; rank 0 posts its liste
 token (`stream/addr`). Once the gloo group exists every member has posted or never will, so all decide
 alike: the stream is used only when every member offered it (a member started with
 `WeightGroupOptions.cpu_wire="gloo"`, or one of an older release, keeps the whole group on gloo).
-Receivers then connect to rank 0 and say who they are with the token; rank 0 accepts one connection
-per receiver within the join deadline.
+Receivers then connect to rank 0, which sends each a fresh challenge; a receiver answers with its rank and
+an HMAC over the challenge, and rank 0 answers with its own, so each side knows the other holds the key
+before a byte of weights moves; rank 0 accepts one connection per receiver within the join deadline (one
+deadline for them all, however many strangers call). The key is the service token (`secret`) when the
+process has one: then a stranger who reads the group's store can neither take a receiver's place nor pose
+as the sender, the stream is required (no gloo fallback) and binds only its address. Without a token the
+key is the nonce in the store, which keeps strangers out only where the store is private.
 
 `start(tensors)` queues the tensors for each connection's thread and returns a work per call; a work's
 `wait(timeout)` raises on a broken connection or a timeout, as gloo's works do. `abort` shuts the
@@ -23,20 +28,29 @@ connections down, so a thread blocked in a send or receive fails at once.
 from __future__ import annotations
 
 import contextlib
+import hmac
 import os
 import queue
 import socket
 import struct
 import threading
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-_HELLO = struct.Struct("<q16s")  # rank, token
-SOCKET_BUFFER_BYTES = 8 << 20
-HELLO_TIMEOUT_S = 5.0  # a connection that does not say who it is in time is dropped  # loopback and LAN: large buffers keep both threads busy
+from meshrl.common.weight_group_secret import mac
+
+_HELLO = struct.Struct("<q32s")  # rank, HMAC over the challenge
+CHALLENGE_BYTES = 32
+SOCKET_BUFFER_BYTES = 8 << 20  # loopback and LAN: large buffers keep both threads busy
+HELLO_TIMEOUT_S = 5.0  # a connection that does not say who it is in time is dropped
+
+
+class StreamRefused(OSError):
+    """A secured group cannot stream (a member offered none), or a peer did not prove the key."""
 
 
 class StreamWork:
@@ -141,17 +155,19 @@ class StreamOffer:
     """A member's half of the set-up: post the offer before the gloo group is made, `connect` after it."""
 
     def __init__(
-        self, store: dist.Store, rank: int, world_size: int, master_address: str, local_address: str | None
-    ) -> None:
+        self, store: dist.Store, rank: int, world_size: int, master_address: str, local_address: str | None,
+        secret: str | None = None,
+    ) -> None:  # fmt: skip
         """local_address: the address this member was told to use (None: rank 0 listens on the master
-        address, a receiver dials from wherever its route leads)."""
+        address, a receiver dials from wherever its route leads). secret: the service token members prove."""
         self.store = store
         self.rank = rank
         self.world_size = world_size
         self.local_address = local_address
+        self.secret = secret
         self._listener: socket.socket | None = None
         if rank == 0:
-            self._listener, host = _listen(local_address or master_address, master_address)
+            self._listener, host = _listen(local_address or master_address, master_address, strict=bool(secret))
             port = self._listener.getsockname()[1]
             store.set("stream/addr", f"{host}|{port}|{os.urandom(16).hex()}")
         store.set(f"stream/{rank}", "1")
@@ -161,30 +177,36 @@ class StreamOffer:
         every member posted already or never will), else None (the group stays on gloo)."""
         try:
             if not self.store.check([f"stream/{r}" for r in range(self.world_size)]):  # true when all exist
+                if self.secret:
+                    raise StreamRefused(
+                        "the weight group is secured (a service token is set) but a member offered no stream "
+                        "(cpu_wire 'gloo' or an older meshrl): give every member the same token and cpu_wire 'stream'"
+                    )
                 return None
-            host, port, token = self.store.get("stream/addr").decode().split("|")
+            host, port, nonce = self.store.get("stream/addr").decode().split("|")
+            key = (self.secret or nonce).encode()
             if self.rank == 0:
-                return WeightStream(self._accept(bytes.fromhex(token), timeout_s))
-            return WeightStream([self._dial(host, int(port), bytes.fromhex(token), timeout_s)])
+                return WeightStream(self._accept(key, nonce, timeout_s))
+            return WeightStream([self._dial(host, int(port), key, nonce, timeout_s)])
         finally:
             if self._listener is not None:
                 self._listener.close()
                 self._listener = None
 
-    def _accept(self, token: bytes, timeout_s: float) -> list[_Connection]:
+    def _accept(self, key: bytes, nonce: str, timeout_s: float) -> list[_Connection]:
+        """One proven connection per receiver, all within `timeout_s` (strangers are hung up on)."""
         assert self._listener is not None
-        self._listener.settimeout(timeout_s)
+        deadline = time.monotonic() + timeout_s
         peers: dict[int, socket.socket] = {}
         try:
             while len(peers) < self.world_size - 1:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("the join deadline passed")
+                self._listener.settimeout(left)
                 sock, _ = self._listener.accept()  # a timeout here ends the set-up
-                try:
-                    sock.settimeout(min(timeout_s, HELLO_TIMEOUT_S))
-                    rank, got = _HELLO.unpack(_read_exactly(sock, _HELLO.size))
-                except OSError:  # a caller that hung up or never spoke: not a member
-                    sock.close()
-                    continue
-                if got != token or not 0 < rank < self.world_size or rank in peers:
+                rank = self._greet(sock, key, nonce, min(left, HELLO_TIMEOUT_S))
+                if rank is None or rank in peers:
                     sock.close()  # not a member of this group (or a duplicate): ignore it
                     continue
                 sock.settimeout(None)
@@ -196,23 +218,55 @@ class StreamOffer:
             raise OSError(f"ranks {missing} did not connect to the weight stream within {timeout_s:.1f}s ({e})") from e
         return [_Connection(peers[r], r, sending=True) for r in sorted(peers)]
 
-    def _dial(self, host: str, port: int, token: bytes, timeout_s: float) -> _Connection:
+    def _greet(self, sock: socket.socket, key: bytes, nonce: str, timeout_s: float) -> int | None:
+        """Rank 0's side of the handshake: the caller's rank once it proved the key (and rank 0 proved it
+        back), else None."""
+        try:
+            sock.settimeout(timeout_s)
+            challenge = os.urandom(CHALLENGE_BYTES)
+            sock.sendall(challenge)
+            rank, proof = _HELLO.unpack(_read_exactly(sock, _HELLO.size))
+            if not 0 < rank < self.world_size or not hmac.compare_digest(
+                proof, mac(key, "member", nonce, rank, challenge)
+            ):
+                return None
+            sock.sendall(mac(key, "sender", nonce, rank, challenge))
+            return rank
+        except OSError:  # a caller that hung up or never spoke: not a member
+            return None
+
+    def _dial(self, host: str, port: int, key: bytes, nonce: str, timeout_s: float) -> _Connection:
         source = (self.local_address, 0) if self.local_address else None
         sock = socket.create_connection((host, port), timeout=timeout_s, source_address=source)
-        sock.sendall(_HELLO.pack(self.rank, token))
+        try:
+            challenge = _read_exactly(sock, CHALLENGE_BYTES)
+            sock.sendall(_HELLO.pack(self.rank, mac(key, "member", nonce, self.rank, challenge)))
+            proof = _read_exactly(sock, 32)
+        except OSError as e:
+            sock.close()
+            raise StreamRefused(f"the weight stream at {host}:{port} refused rank {self.rank} ({e}): the sender "
+                                "and this member must hold the same service token (server.auth)") from e  # fmt: skip
+        if not hmac.compare_digest(proof, mac(key, "sender", nonce, self.rank, challenge)):
+            sock.close()
+            raise StreamRefused(f"the weight stream at {host}:{port} did not prove the service token: not the "
+                                "trainer of this group (or another token); no weights were read from it")  # fmt: skip
         sock.settimeout(None)
         return _Connection(_tune(sock), 0, sending=False)
 
 
-def _listen(host: str, master_address: str) -> tuple[socket.socket, str]:
+def _listen(host: str, master_address: str, strict: bool = False) -> tuple[socket.socket, str]:
     """A listening socket on `host`, and the address receivers dial: `host` itself, or the master
-    address when `host` is not one of this machine's own (NAT, a name) and every interface listens."""
+    address when `host` is not one of this machine's own (NAT, a name) and every interface listens
+    (never when `strict`: a secured group binds only the address it was given)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.bind((host, 0))
-    except OSError:
+    except OSError as e:
         sock.close()
+        if strict:
+            raise StreamRefused(f"cannot bind the weight stream to {host} ({e}); a secured weight group listens "
+                                "only there: set weights.group_address to an address of the trainer's host") from e  # fmt: skip
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.bind(("", 0))
         host = master_address

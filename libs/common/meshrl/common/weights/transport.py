@@ -73,14 +73,16 @@ class Backend:
         local_address: str | None,
         stream: bool = False,
         connect_timeout_s: float | None = None,
+        secret: str | None = None,
     ) -> None:
-        """stream: offer the byte stream (stream.py) on gloo; the group uses it when every member offers it."""
+        """stream: offer the byte stream (stream.py) on gloo; the group uses it when every member offers it.
+        secret: the service token the stream's members prove (set: the stream is required)."""
         self.name = backend
         self.device = device
         self.stream: WeightStream | None = None
         timeout = timedelta(seconds=op_timeout_s)
         if backend == "gloo":
-            offer = StreamOffer(store, rank, world_size, master_address, local_address) if stream else None
+            offer = StreamOffer(store, rank, world_size, master_address, local_address, secret) if stream else None
             opts = dist.ProcessGroupGloo._Options()
             opts._timeout = timeout
             opts._threads = GLOO_THREADS  # several tensors in flight at once: a bucket's broadcasts overlap
@@ -94,6 +96,9 @@ class Backend:
             if offer is not None:  # every member posted its offer before it made the gloo group
                 self.stream = offer.connect(connect_timeout_s or op_timeout_s)
         else:
+            if secret:
+                log.warning("weight group on NCCL: members are not authenticated and the weights travel in the "
+                            "clear; keep the group's network private (docs/security.md)")  # fmt: skip
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = timeout
             self.pg = dist.ProcessGroupNCCL(store, rank, world_size, opts)
