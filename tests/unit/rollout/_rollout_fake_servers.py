@@ -258,8 +258,7 @@ SERVER_INFO_CUDA = "model='/models/m', dtype=torch.bfloat16, enforce_eager=False
 
 
 class FakeVLLM(FakeServer):
-    def __init__(self, token_ids_field: bool = True, **kw: Any) -> None:
-        self.token_ids_field = token_ids_field
+    def __init__(self, **kw: Any) -> None:
         self.asleep: set[str] = set()
         self.served = VLLM_RECORDED["/weight_info"]["weight_version"]
         super().__init__(**kw)
@@ -271,7 +270,7 @@ class FakeVLLM(FakeServer):
             **super().routes(),
             **recorded,
             ("GET", "/server_info"): lambda h, b: self.reply(h, 200, {"vllm_config": SERVER_INFO_CUDA}),
-            ("POST", "/v1/completions"): self.completions,
+            ("POST", "/inference/v1/generate"): self.completions,
             ("GET", "/weight_info"): lambda h, b: self.reply(h, 200, {"weight_version": self.served}),
             ("POST", "/update_weight_version"): self.update_version,
             ("POST", "/sleep"): self.sleep,
@@ -295,27 +294,23 @@ class FakeVLLM(FakeServer):
         self.reply(h, 200, VLLM_RECORDED["/wake_up (some tags)" if self.asleep else "/wake_up (all)"])
 
     def completions(self, h, body) -> None:
-        prompt = body["prompt"]
-        n = body["max_tokens"]
+        """/inference/v1/generate streamed as recorded: one token per chunk, the version spans on the last."""
+        prompt = body["token_ids"]
+        n = body["sampling_params"]["max_tokens"]
 
         def events():
             for k in range(n):
                 time.sleep(self.step_s)
-                t = token(prompt, k)
-                choice = {
-                    "index": 0, "text": "x",
-                    "logprobs": {"text_offset": [k], "token_logprobs": [logprob(k)], "tokens": [f"token_id:{t}"],
-                                 "top_logprobs": [{f"token_id:{t}": logprob(k)}]},
-                    "finish_reason": "length" if k == n - 1 else None, "stop_reason": None,
-                }  # fmt: skip
-                if self.token_ids_field:
-                    choice["token_ids"] = [t]
+                t, last = token(prompt, k), k == n - 1
                 yield {
-                    "id": "cmpl-1",
-                    "object": "text_completion",
-                    "created": 1,
-                    "model": body["model"],
-                    "choices": [choice],
-                }
+                    "request_id": "generate-tokens-959e008bae7c9152", "usage": None, "output_mode": "tokens",
+                    "choices": [{
+                        "index": 0, "finish_reason": "length" if last else None, "stop_reason": None,
+                        "token_ids": [t], "routed_experts": None, "sampling_mask": None,
+                        "weight_versions": [{"version": self.served, "start": 0, "end": n}] if last else None,
+                        "logprobs": {"content": [{"token_id": t, "logprob": logprob(k), "rank": 1,
+                                                  "top_logprobs": [{"token_id": t, "logprob": logprob(k), "rank": 1}]}]},
+                    }],
+                }  # fmt: skip
 
         self.stream(h, events())

@@ -112,9 +112,9 @@ def test_sglang_abort_pause(sglang):
     )
 
 
-@pytest.fixture(params=[True, False], ids=["token_ids", "token_id_strings"])
-def vllm(request, model_dir):
-    fake = FakeVLLM(token_ids_field=request.param)
+@pytest.fixture
+def vllm(model_dir):
+    fake = FakeVLLM()
     engine = VLLMEngine(EngineConfig(kind="vllm", model_path=str(model_dir), vllm={"url": fake.url}))
     yield fake, engine
     engine.shutdown()
@@ -127,9 +127,10 @@ def test_vllm_generation_payloads(vllm):
     ids, lps = expected([7, 8], 5)
     assert result.token_ids == ids and result.logprobs == pytest.approx(lps)
     assert result.finish_reason == FinishReason.LENGTH
-    body = fake.calls("/v1/completions")[0]
-    assert body["prompt"] == [7, 8] and body["logprobs"] == 0 and body["stream"] is True
-    assert body["return_token_ids"] is True and body["return_tokens_as_token_ids"] is True and body["top_k"] == -1
+    body = fake.calls("/inference/v1/generate")[0]
+    params = body["sampling_params"]
+    assert body["token_ids"] == [7, 8] and body["stream"] is True and body["output_mode"] == "tokens"
+    assert params["logprobs"] == 0 and params["detokenize"] is False and params["top_k"] == 0
 
 
 def test_vllm_gpu_server_facts_and_versions(vllm):

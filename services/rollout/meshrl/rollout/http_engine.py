@@ -253,20 +253,26 @@ class HTTPEngine(Engine):
         return None
 
     def _record(self, run: _Running, event: Event) -> None:
-        if not event.token_ids:
-            return
-        version = event.version if event.version is not None else self._version
-        run.tokens += event.token_ids
-        run.logprobs += event.logprobs
-        run.versions += [version] * len(event.token_ids)
-        now = time.monotonic()
-        with self._lock:
-            self.generated_tokens += len(event.token_ids)
-            self._events.append((now, len(event.token_ids)))
-            while self._events and now - self._events[0][0] > RATE_WINDOW_S:
-                self._events.popleft()
-        if run.on_chunk is not None:
-            run.on_chunk(TokenChunk(list(event.token_ids), list(event.logprobs), [version] * len(event.token_ids)))
+        n = len(event.token_ids)
+        if n:
+            version = event.version if event.version is not None else self._version
+            run.tokens += event.token_ids
+            run.logprobs += event.logprobs
+            run.versions += [version] * n
+            now = time.monotonic()
+            with self._lock:
+                self.generated_tokens += n
+                self._events.append((now, n))
+                while self._events and now - self._events[0][0] > RATE_WINDOW_S:
+                    self._events.popleft()
+        if event.all_versions is not None:
+            # the engine's own record of the version of each token it made (the adapter's is read on arrival)
+            made = len(event.all_versions)
+            if made > len(run.versions):
+                raise FailedPrecondition(f"{self.name} reported versions of {made} tokens but sent {len(run.versions)}")
+            run.versions[len(run.versions) - made :] = [int(v) for v in event.all_versions]
+        if run.on_chunk is not None and n:
+            run.on_chunk(TokenChunk(list(event.token_ids), list(event.logprobs), run.versions[-n:]))
 
     def _forget(self, run: _Running) -> None:
         with self._lock:

@@ -22,6 +22,7 @@ class Event:
     logprobs: list[float]
     version: int | None = None
     finish: FinishReason | None = None
+    all_versions: list[int] | None = None  # the engine's version of every token of the response (its last event)
 
 
 @dataclass

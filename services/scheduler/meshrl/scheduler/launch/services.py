@@ -55,6 +55,8 @@ def rollout_spec(
         *telemetry_args(cfg, run, name),
         # Its bundle's GPU is the only one it sees (CUDA_VISIBLE_DEVICES): the transformers engine uses it.
         *(["--set", "engine.transformers.device=cuda"] if cfg.rollout.gpus_per_replica >= 1 else []),
+        # vLLM's "auto" dtype halves an fp32 model; the trainer's dtype is the one its log-probs are compared in
+        *(["--set", f"engine.vllm.extra_args.dtype={cfg.model.dtype}"] if cfg.rollout.engine == "vllm" else []),
         *[a for kv in cfg.rollout.service_overrides for a in ("--set", kv)],
     ]  # fmt: skip
     return ServiceSpec("rollout", name, args, gpus=cfg.rollout.gpus_per_replica, share=colocation(cfg))
