@@ -21,6 +21,7 @@ from meshrl.rollout.sglang_engine import SGLangEngine
 from meshrl.rollout.types import GroupUpdate
 from meshrl.rollout.vllm_engine import VLLMEngine
 from meshrl.rollout.vllm_install import VLLMBuild
+from meshrl.trainer.model_builder import build_small_model
 
 _names = itertools.count()
 
@@ -124,8 +125,9 @@ def test_engine_parallel_sizes_reach_the_server_flags(model_dir, monkeypatch):
     assert "--enforce-eager" not in cmd and "TORCHDYNAMO_DISABLE" not in kw["env"]  # the CUDA build
 
 
-def test_vllm_cpu_build_gets_the_flags_and_environment_it_needs(model_dir, monkeypatch):
+def test_vllm_cpu_build_gets_the_flags_and_environment_it_needs(tmp_path, monkeypatch):
     """Measured on vllm-cpu 0.32: without these it takes a 21 GiB KV cache and compiles for 10-30 s."""
+    model_dir = build_small_model(tmp_path, hidden_size=64, num_heads=2, num_kv_heads=1)  # heads of 32
     seen = {}
     monkeypatch.setattr("meshrl.rollout.vllm_engine.ServerProcess", lambda cmd, **kw: seen.setdefault("v", (cmd, kw)))
     monkeypatch.setattr("meshrl.rollout.vllm_engine.installed_build", lambda python: VLLMBuild("vllm-cpu", "0.32.0"))

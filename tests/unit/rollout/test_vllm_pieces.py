@@ -10,7 +10,7 @@ import pytest
 
 from meshrl.common.errors import FailedPrecondition
 from meshrl.rollout.vllm_groups import PendingModules, module_of, modules_of
-from meshrl.rollout.vllm_install import installed_build, version_tuple
+from meshrl.rollout.vllm_install import check_cpu_head_size, installed_build, version_tuple
 from meshrl.rollout.vllm_worker import WeightsRefused, check_shapes
 
 L = "model.layers.0."
@@ -57,3 +57,8 @@ def test_an_interpreter_without_vllm_is_refused_with_the_fix():
         installed_build(sys.executable)  # the test environment holds no vLLM
     with pytest.raises(FailedPrecondition, match="cannot run"):
         installed_build("/nonexistent/python")
+
+
+def test_a_head_size_the_cpu_build_cannot_run_is_refused_before_start(model_dir):
+    with pytest.raises(FailedPrecondition, match="heads of size 8"):  # hidden 32 over 4 heads
+        check_cpu_head_size(str(model_dir))

@@ -35,7 +35,14 @@ from meshrl.rollout.http_stream import Event, StreamState
 from meshrl.rollout.memory import TAGS, check_tags
 from meshrl.rollout.relay import WeightRelay, group_request
 from meshrl.rollout.types import FinishReason, PauseMode, SamplingParams, TornWeights
-from meshrl.rollout.vllm_install import CPU_ENV, CPU_KV_CACHE_BYTES, MIN_VERSION, installed_build, version_tuple
+from meshrl.rollout.vllm_install import (
+    CPU_ENV,
+    CPU_KV_CACHE_BYTES,
+    MIN_VERSION,
+    check_cpu_head_size,
+    installed_build,
+    version_tuple,
+)
 from meshrl.rollout.vllm_install import vllm_python as configured_python
 
 log = logging.getLogger(__name__)
@@ -74,6 +81,7 @@ class VLLMEngine(WeightRelay, HTTPEngine):
         extra.setdefault("enable_scale_out", True)  # /inference/v1/generate
         env = {"VLLM_SERVER_DEV_MODE": "1"}
         if build.cpu:
+            check_cpu_head_size(self.config.model_path)
             extra.setdefault("enforce_eager", True)
             extra.setdefault("kv_cache_memory_bytes", CPU_KV_CACHE_BYTES)
             env.update(CPU_ENV)

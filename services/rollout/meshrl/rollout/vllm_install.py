@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
 from meshrl.common.errors import FailedPrecondition
 
@@ -22,6 +23,8 @@ PYTHON_ENV = "MESHRL_VLLM_PYTHON"  # the interpreter of the vLLM environment whe
 CPU_ENV = {"TORCHDYNAMO_DISABLE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1",
            "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}  # fmt: skip
 CPU_KV_CACHE_BYTES = 256 << 20  # without kv_cache_memory_bytes the CPU build takes a 21 GiB KV cache
+# vLLM 0.32's CPU attention (cpu_attn.py); another head size starts, then dies on the first generate
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 PROBE = (
     "import importlib.metadata as m, json\n"
     "found = {}\n"
@@ -40,6 +43,22 @@ class VLLMBuild:
     @property
     def cpu(self) -> bool:
         return self.distribution == "vllm-cpu"
+
+
+def check_cpu_head_size(model_path: str) -> None:
+    """Refuses, before the server starts, a model whose attention head size the CPU build cannot run."""
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text())
+        heads = int(config["num_attention_heads"])
+        head = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+    except (OSError, KeyError, ValueError, TypeError, ZeroDivisionError):
+        return  # not a model folder meshrl can read: vLLM reports it
+    if head not in CPU_HEAD_SIZES:
+        raise FailedPrecondition(
+            f"{model_path} has attention heads of size {head}; vLLM's CPU build runs head sizes "
+            f"{list(CPU_HEAD_SIZES)}: use a model with such heads (e.g. fewer, wider heads), or the "
+            "transformers engine (rollout.engine: transformers)"
+        )
 
 
 def vllm_python(configured: str) -> str:
