@@ -1,5 +1,5 @@
-"""The harness's own tasks (not the default example): digit-string reversal, digit sorting and multiplication by
-one digit.
+"""The harness's own tasks (not the default example): digit-string reversal, digit sorting, multiplication by
+one digit and two-operand addition.
 
 Each task writes train / held-out jsonl files in the shape `meshrl run` reads (`prompt`, `answer`, `solution`)
 and has a partial-credit reward `score(prompts, responses, answers) -> list[float]` that both trainers call:
@@ -61,6 +61,21 @@ def multiply_score(prompts: Sequence[str], responses: Sequence[str], answers: Se
     return out
 
 
+def sum_score(prompts: Sequence[str], responses: Sequence[str], answers: Sequence[str]) -> list[float]:
+    """Partial credit for a sum: digits matched right-aligned (units first, where the carries start), less
+    1/len(answer) for each digit missing or extra, so stopping short costs as much as running over; anything but
+    digits scores 0."""
+    out = []
+    for response, answer in zip(responses, answers, strict=True):
+        got = response.strip()
+        if not got.isdigit():
+            out.append(0.0)
+            continue
+        hits = sum(a == b for a, b in zip(got[::-1], answer[::-1]))
+        out.append(max(0.0, (hits - abs(len(got) - len(answer))) / len(answer)))
+    return out
+
+
 @dataclass(frozen=True)
 class Task:
     name: str
@@ -87,6 +102,11 @@ def _multiply(rng: random.Random) -> tuple[str, str]:
     return f"{a}*{b}=", str(a * b)
 
 
+def _add(rng: random.Random) -> tuple[str, str]:
+    a, b = rng.randint(10, 99), rng.randint(10, 99)
+    return f"{a}+{b}=", str(a + b)
+
+
 TASKS: dict[str, Task] = {
     # TRL's SFT at 80 / 95 / 110 steps x 32: 0.09 / 0.38 / 0.69 held out (150 saturates at 0.99). GRPO from 95
     # at lr 1e-3 or 1e-4 ends at or below its start; from 110 at 3e-4 over 300 steps: 0.688 -> 0.758
@@ -100,6 +120,8 @@ TASKS: dict[str, Task] = {
     "sort_len": Task("sort_len", "bench.vs_trl.tasks:length_score", length_score, _sort, sft_steps=80),
     # 150 / 300 steps: 0.016 / 0.07: no warm-up this budget affords reaches mid-range (not in run.py's default)
     "multiply": Task("multiply", "bench.vs_trl.tasks:multiply_score", multiply_score, _multiply, max_rows=720),
+    # 2 digits + 2 digits (8,100 prompts): the issue-41 shape (two operands, partial credit)
+    "add": Task("add", "bench.vs_trl.tasks:sum_score", sum_score, _add, sft_steps=400),
 }
 
 

@@ -10,7 +10,7 @@ import pytest
 from bench.vs_trl.budget import Budget, Curve
 from bench.vs_trl.compare import mean_curve, pooled, ratios, seeds_table, table, whole
 from bench.vs_trl.meshrl_side import WORKFLOW, job_config
-from bench.vs_trl.tasks import TASKS, length_score, multiply_score, positional_score, write_task_data
+from bench.vs_trl.tasks import TASKS, length_score, multiply_score, positional_score, sum_score, write_task_data
 from meshrl.scheduler.config import JobConfig
 from meshrl.scheduler.step.old_logprobs import resolve_old_logprobs
 from meshrl.scheduler.step.rewards import resolve_reward
@@ -26,6 +26,9 @@ def test_rewards_give_partial_credit_and_full_credit_only_when_exact():
     assert length_score(["p"] * 4, ["321", "32", "3211", "3"], ["321"] * 4) == pytest.approx([1, 1 / 3, 2 / 3, 0])
     got = multiply_score(["p"] * 4, ["1236", "1230", "36", "12a6"], ["1236"] * 4)
     assert got == pytest.approx([1.0, 0.75, 0.5, 0.0])  # right-aligned digits; non-digits score 0
+    # a sum: right-aligned digits less one per digit missing or extra ("37" for "137" scores 1/3, not 2/3)
+    got = sum_score(["p"] * 6, ["137", "127", "37", "1370", "13a", "237"], ["137"] * 6)
+    assert got == pytest.approx([1.0, 2 / 3, 1 / 3, 0.0, 0.0, 2 / 3])
 
 
 def test_task_data_is_deterministic_and_held_out(tmp_path):
