@@ -1,0 +1,125 @@
+"""vLLM against the transformers engine, and meshrl's vLLM adapter against vLLM's own offline engine,
+measured side by side in one run on the same prompts and model (issue 38's figures).
+
+1. Generated tokens/s: vLLM's offline `LLM.generate` (a subprocess in the vLLM environment), meshrl's
+   vLLM adapter (a launched vLLM server driven over HTTP, what a rollout replica runs), and the transformers
+   engine in this process. Ratios: adapter / offline (the adapter's overhead, target >= 0.9) and
+   vLLM adapter / transformers engine. Every request generates exactly --max-tokens tokens (ignore_eos).
+2. A whole RL step (--rl-steps > 0): the default example for --rl-steps steps on each engine
+   (examples/countdown with examples/countdown/vllm.yaml's model, heads of 32, for both), median step time.
+
+Run: .venv/bin/python bench/rollout/vllm_bench.py [--prompts 256] [--max-tokens 32] [--repeats 3] [--rl-steps 6]
+Needs the vLLM environment (`make vllm-env`; its interpreter from MESHRL_VLLM_PYTHON or .venv-vllm).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from meshrl.rollout.config import EngineConfig
+from meshrl.rollout.transformers_engine import TransformersEngine
+from meshrl.rollout.types import GenerationRequest, SamplingParams
+from meshrl.rollout.vllm_engine import VLLMEngine
+from meshrl.rollout.vllm_install import PYTHON_ENV
+from meshrl.trainer.model_builder import build_small_model
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+
+
+def vllm_python() -> str:
+    python = os.environ.get(PYTHON_ENV) or str(ROOT / ".venv-vllm" / "bin" / "python")
+    if not Path(python).is_file():
+        sys.exit(f"no vLLM environment at {python}: run `make vllm-env` (or set {PYTHON_ENV})")
+    return python
+
+
+def prompts(count: int, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 250, size=int(rng.integers(8, 24))).tolist() for _ in range(count)]
+
+
+def engine_rate(engine, batch: list[list[int]], max_tokens: int, repeats: int) -> float:
+    sampling = SamplingParams(temperature=1.0, max_tokens=max_tokens, ignore_eos=True)
+    engine.generate([GenerationRequest(p, sampling) for p in batch[:4]], timeout=600)  # warm
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = engine.generate([GenerationRequest(p, sampling) for p in batch], timeout=600)
+        rates.append(sum(len(r.token_ids) for r in out) / (time.perf_counter() - start))
+    return statistics.median(rates)
+
+
+def offline_rate(python: str, model: Path, batch, max_tokens: int, repeats: int, work: Path) -> float:
+    prompt_file = work / "prompts.json"
+    prompt_file.write_text(json.dumps(batch))
+    cmd = [python, str(HERE / "vllm_offline.py"), str(model), str(prompt_file), str(max_tokens), str(repeats)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if out.returncode != 0:
+        sys.exit(f"vLLM's offline engine failed:\n{out.stderr[-3000:]}")
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    return result["tokens"] / statistics.median(result["seconds"])
+
+
+def rl_step_seconds(engine: str, steps: int, work: Path) -> float:
+    """Median step time of the default example on `engine` (the first step, which warms up, left out)."""
+    configs = ["--config", "examples/countdown/config.yaml", "--config", "examples/countdown/vllm.yaml"]
+    sets = ["--set", f"rollout.engine={engine}", "--set", f"job.steps={steps}", "--set", "eval.every=0",
+            "--set", f"job.run_root={work / engine}"]  # fmt: skip
+    cmd = [sys.executable, "-m", "meshrl.scheduler.cli", "run", "examples/countdown/workflow.yaml", *configs, *sets,
+           "--no-progress"]  # fmt: skip
+    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True, timeout=1800)
+    metrics = next((work / engine).glob("*/metrics.jsonl")).read_text().splitlines()
+    times = [json.loads(line)["time/step"] for line in metrics if "time/step" in line]
+    return statistics.median(times[1:] or times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompts", type=int, default=256)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--rl-steps", type=int, default=6, help="0 = skip the whole-step comparison")
+    args = ap.parse_args()
+    python = vllm_python()
+    batch = prompts(args.prompts)
+    with tempfile.TemporaryDirectory(prefix="meshrl-bench-vllm-") as tmp:
+        work = Path(tmp)
+        model = build_small_model(work / "model", hidden_size=64, num_heads=2, num_kv_heads=1, seed=0)
+        offline = offline_rate(python, model, batch, args.max_tokens, args.repeats, work)
+        section = {"python": python, "extra_args": {"dtype": "float32"}, "log_file": str(work / "vllm.log")}
+        adapter = VLLMEngine(EngineConfig(kind="vllm", model_path=str(model), max_batch_size=args.prompts,
+                                          vllm=section))  # fmt: skip
+        try:
+            served = engine_rate(adapter, batch, args.max_tokens, args.repeats)
+        finally:
+            adapter.shutdown()
+        hf = TransformersEngine(EngineConfig(model_path=str(model), max_batch_size=args.prompts))
+        try:
+            local = engine_rate(hf, batch, args.max_tokens, args.repeats)
+        finally:
+            hf.shutdown()
+        print(f"{args.prompts} prompts x {args.max_tokens} tokens, median of {args.repeats}; tokens/s:")
+        print(f"  vLLM offline LLM.generate   {offline:9.0f}")
+        print(f"  meshrl vLLM adapter         {served:9.0f}   adapter / offline = {served / offline:.2f}")
+        print(f"  transformers engine         {local:9.0f}   vLLM adapter / transformers = {served / local:.2f}")
+        if args.rl_steps:
+            runs = ROOT / "runs" / f"bench-vllm-{os.getpid()}"  # under the repository's run root
+            seconds = {e: rl_step_seconds(e, args.rl_steps, runs) for e in ("transformers", "vllm")}
+            print(f"RL step of the default example (128 prompts x 8 samples), median of {args.rl_steps - 1} steps:")
+            print(f"  transformers {seconds['transformers']:.2f} s   vllm {seconds['vllm']:.2f} s   "
+                  f"vllm / transformers = {seconds['vllm'] / seconds['transformers']:.2f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
