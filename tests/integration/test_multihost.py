@@ -5,7 +5,8 @@ on its server and on every client channel.
 
 - Each service refuses a raw channel without credentials, with a wrong token and with a certificate
   from a foreign CA; a service whose own client channel is misconfigured fails at start naming the peer.
-- A GRPO job submitted (CLI, mTLS + token) to the scheduler builds its fleet from the replica registry.
+- A GRPO job submitted (CLI, mTLS + token) to the scheduler builds its fleet from the replica registry and
+  publishes weights over a weight group whose members prove the services' token (stream.py).
   While it runs a third replica is started by hand on a sixth host (refitted and verified before its
   first request, which the trace spans name) and one replica is drained with SIGTERM. Every step
   completes with no sample lost or duplicated, and every service advertises its own host's address.
@@ -97,7 +98,12 @@ def world(tmp_path_factory):
         world["gate"] = root / "gate"
         peer = pki.channel("scheduler")  # the operator's channels and permissions; jobs only name what is allowed
         permissions = {
-            "peer_addresses": [cluster.addresses["trainer"], cluster.addresses["databuffer"], world["registry_url"]],
+            "peer_addresses": [
+                cluster.addresses["trainer"],
+                cluster.addresses["databuffer"],
+                world["registry_url"],
+                HOSTS["trainer"],
+            ],  # weights.group_address
             "read_roots": [str(root)],
         }
         cluster.start("scheduler", "scheduler", {
@@ -198,6 +204,8 @@ def _job_config(world: dict) -> dict:
         "trainer": {"address": addresses["trainer"], "optimizer": {"lr": 1e-3}},
         "services": {"databuffer": addresses["databuffer"], "use_ray": False},  # channels: the scheduler's
         "eval": {"every": 0, "max_prompts": 4},
+        # the weight group on the trainer's host, secured: its members prove the services' token (stream.py)
+        "weights": {"transport": "distributed", "group_address": HOSTS["trainer"]},
         "algorithm": {"reward": "tests.integration._gate_reward:gated_exact_match"},  # holds steps on a gate file
     }  # fmt: skip
 
@@ -310,6 +318,8 @@ def test_grpo_job_across_hosts_with_a_replica_joining_and_one_draining(world):
     joined_version = int(join_log.split("weight version ")[1].split()[0])
     assert first_version >= joined_version, (first_version, join_log)  # served the current version first
     assert {s.instance for s in read_span_file(traces(root) / "rollout-c.jsonl")} == {"rollout-c"}
+    updates = [s for s in read_span_file(traces(root) / "rollout-a.jsonl") if s.name.endswith("FromDistributed")]
+    assert updates and all(s.status != "ERROR" for s in updates)  # over the weight group, secured by the token
     for name in ("rollout-a", "rollout-c"):
         info = registry.get(name)
         assert info is not None and info.address == cluster.addresses[name]
