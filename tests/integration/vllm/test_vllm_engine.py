@@ -134,6 +134,18 @@ def test_an_update_landing_mid_generation_records_each_tokens_version(vllm_tied,
     load(vllm_tied, tied_model, tmp_path / "w", weights_of(tied_model))
 
 
+@pytest.mark.parametrize("delay", [0.02, 0.05, 0.1])
+def test_updates_landing_just_after_a_request_started_never_hang_it(vllm_tied, tied_model, tmp_path, delay):
+    """The retracting pause of the 0.11 adapter hung 3 of 12 such updates (and the process could not exit)."""
+    for _ in range(2):
+        running = vllm_tied.submit(GenerationRequest(PROMPTS[1], SamplingParams(max_tokens=60, ignore_eos=True)))
+        time.sleep(delay)
+        version = load(vllm_tied, tied_model, tmp_path / "w", weights_of(tied_model), pause_mode=PauseMode.IN_PLACE)
+        out = running.result(timeout=60)
+        assert len(out.token_ids) == 60 and out.weight_versions == sorted(out.weight_versions)
+        assert out.weight_versions[-1] in (version, out.weight_versions[0])
+
+
 def test_abort_pause_ends_requests_and_generation_goes_on(vllm_tied):
     running = vllm_tied.submit(GenerationRequest(PROMPTS[0], SamplingParams(max_tokens=200, ignore_eos=True)))
     while not vllm_tied.status().generated_tokens:

@@ -141,6 +141,15 @@ def test_vllm_gpu_server_facts_and_versions(vllm):
     assert engine.weight_version == 3 and fake.served == "3"
 
 
+def test_vllm_prefix_cache_reset_is_read_from_the_body(vllm, monkeypatch):
+    """vLLM answers 200 with {"success": false} while blocks are held (recorded): that is not a reset."""
+    fake, engine = vllm
+    assert engine.flush_cache() is True
+    monkeypatch.setitem(VLLM_RECORDED, "/reset_prefix_cache", {"success": False})
+    assert engine.flush_cache() is False
+    assert fake.queries[-1] == ("/reset_prefix_cache", "reset_running_requests=true")
+
+
 def test_vllm_refuses_a_server_older_than_0_32(model_dir, monkeypatch):
     fake = FakeVLLM()
     monkeypatch.setitem(VLLM_RECORDED, "/version", {"version": "0.11.0"})

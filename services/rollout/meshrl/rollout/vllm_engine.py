@@ -181,7 +181,9 @@ class VLLMEngine(WeightRelay, HTTPEngine):
         """Resets the prefix cache; requests in flight are preempted and recompute their KV with the
         weights now loaded. False when vLLM says it could not (its body, not the HTTP status, tells)."""
         reply = self.post("/reset_prefix_cache", params={"reset_running_requests": "true"})
-        done = bool(self.check(reply, "reset_prefix_cache").get("success", False))
+        if reply.status_code >= 400:
+            self.check(reply, "reset_prefix_cache")  # raises with the server's reason
+        done = reply.json().get("success") is True
         if not done:
             log.warning("vllm did not reset its prefix cache (blocks still held); cached prefixes keep old KV")
         return done
