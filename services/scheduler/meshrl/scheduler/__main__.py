@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> None:
     def build() -> Hosted:
         # the operator's limits, never the job's
         policy = JobPolicy.operator(cfg.allowed_modules, cfg.run_root, cfg.job_permissions, cfg.channels)
-        jobs = JobManager(cfg.run_root, cfg.max_concurrent_jobs, policy)
+        jobs = JobManager(cfg.run_root, cfg.max_concurrent_jobs, policy, cfg.keep_finished_jobs)
         servicer = SchedulerServicer(jobs)
 
         def started(_running) -> None:

@@ -381,6 +381,12 @@ class SchedulerServiceConfig(StrictModel):
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
     run_root: str = Field("runs", description="every run folder lies under it; a job may name a sub-folder only")
     max_concurrent_jobs: int = Field(1, ge=1)
+    keep_finished_jobs: int = Field(
+        100,
+        ge=0,
+        description="ended jobs kept in memory (event logs) for GetJob / WatchJob; older ones are "
+        "forgotten, their run folders stay",
+    )
     recover_jobs: bool = Field(True, description="on start, resume the jobs that were running in run_root")
     allowed_modules: list[str] = Field(
         default_factory=lambda: ["meshrl"],

@@ -87,9 +87,17 @@ class JobRecord:
 
 
 class JobManager:
-    def __init__(self, run_root: str = "runs", max_concurrent: int = 1, policy: JobPolicy | None = None) -> None:
+    def __init__(
+        self,
+        run_root: str = "runs",
+        max_concurrent: int = 1,
+        policy: JobPolicy | None = None,
+        keep_finished: int = 100,
+    ) -> None:
         """run_root: where run folders go; policy: the operator's limits on jobs (default: `meshrl run`'s
-        local policy, which trusts the job's own allow-list and job.run_root)."""
+        local policy, which trusts the job's own allow-list and job.run_root); keep_finished: ended jobs kept
+        in memory (their event logs) for GetJob / WatchJob, the oldest forgotten beyond it (folders stay)."""
+        self.keep_finished = keep_finished
         self.policy = policy or JobPolicy.local(run_root)
         self.run_root = self.policy.run_root
         self.jobs: dict[str, JobRecord] = {}
@@ -125,6 +133,15 @@ class JobManager:
         with self.lock:
             if job_id in self.jobs:
                 raise InvalidArgument(f"job id {job_id!r} is taken; choose another or leave it empty")
+            owner = next(
+                (r for r in self.jobs.values() if r.state not in TERMINAL and r.runner.run.root == run.root), None
+            )
+            if owner is not None:
+                raise FailedPrecondition(
+                    f"run folder {run.root} belongs to job {owner.job_id}, which is "
+                    f"{spb.JobState.Name(owner.state)}: two jobs would write it. Fix: cancel that job first, or "
+                    "resume after it ended"
+                )
             events = EventLog(job_id, run.events_file)
             record = JobRecord(job_id, JobRunner(workflow, cfg, run, job_id, events, progress), events)
             self.jobs[job_id] = record
@@ -149,6 +166,14 @@ class JobManager:
                     raise
             finally:
                 record.events.close()
+                self._forget_finished()
+
+    def _forget_finished(self) -> None:
+        """Keeps the newest `keep_finished` ended jobs in memory; older ones' folders stay on disk."""
+        with self.lock:
+            ended = sorted((r for r in self.jobs.values() if r.state in TERMINAL), key=lambda r: r.updated_at)
+            for record in ended[: max(0, len(ended) - self.keep_finished)]:
+                del self.jobs[record.job_id]
 
     def start(self, record: JobRecord) -> None:
         record.thread = threading.Thread(target=self.run, args=(record,), name=f"job-{record.job_id}", daemon=True)
@@ -162,7 +187,10 @@ class JobManager:
     def get(self, job_id: str) -> JobRecord:
         record = self.jobs.get(job_id)
         if record is None:
-            raise NotFound(f"no job {job_id!r}; `meshrl status` lists the jobs")
+            raise NotFound(
+                f"no job {job_id!r}; `meshrl status` lists the jobs (ended jobs beyond the newest "
+                f"{self.keep_finished} are forgotten; their run folders stay)"
+            )
         metrics = [e.metrics for e in record.events.read(0, 0)[0] if e.WhichOneof("body") == "metrics"]
         if metrics:
             record.last_metrics = dict(metrics[-1].metrics)
