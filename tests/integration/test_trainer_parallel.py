@@ -92,10 +92,22 @@ def reference(stack):
 
 
 def start_trainer(stack, name: str, tp: int, pp: int, dp: int) -> TrainerClient:
-    args = ["--set", f"databuffer_address={stack['buffer_address']}", "--set", f"parallel.tensor_parallel={tp}",
-            "--set", f"parallel.pipeline_parallel={pp}", "--set", f"data_parallel.size={dp}",
-            "--set", "torch_threads=1", "--set", "databuffer_wait_seconds=0",
-            "--set", f"paths.roots=[{json.dumps(str(stack['root']))}]"]  # fmt: skip
+    args = [
+        "--set",
+        f"databuffer_address={stack['buffer_address']}",
+        "--set",
+        f"parallel.tensor_parallel={tp}",
+        "--set",
+        f"parallel.pipeline_parallel={pp}",
+        "--set",
+        f"data_parallel.size={dp}",
+        "--set",
+        "torch_threads=1",
+        "--set",
+        "databuffer_wait_seconds=0",
+        "--set",
+        f"paths.roots=[{json.dumps(str(stack['root']))}]",
+    ]
     address = stack["launcher"].start([ServiceSpec("trainer", name, args)])[name]
     client = TrainerClient(address, timeout=300)
     client.load_model("actor", stack["model"], "float32", OptimSection(**SGD), 0)
@@ -211,10 +223,26 @@ def _start_torchrun_hosts(
     stack, hosts: list[str], tp: int, master: int
 ) -> tuple[list[subprocess.Popen], TrainerClient]:
     port_file = stack["root"] / "torchrun-trainer.port"
-    config = ["--set", f"databuffer_address={stack['buffer_address']}", "--set", f"parallel.tensor_parallel={tp}",
-              "--set", "torch_threads=1", "--set", "databuffer_wait_seconds=0", "--set", "data_parallel.launcher=environment",
-              "--set", f"server.host={hosts[0]}", "--set", "server.port=0", "--set", f"server.port_file={port_file}",
-              "--set", f"paths.roots=[{json.dumps(str(stack['root']))}]"]  # fmt: skip
+    config = [
+        "--set",
+        f"databuffer_address={stack['buffer_address']}",
+        "--set",
+        f"parallel.tensor_parallel={tp}",
+        "--set",
+        "torch_threads=1",
+        "--set",
+        "databuffer_wait_seconds=0",
+        "--set",
+        "data_parallel.launcher=environment",
+        "--set",
+        f"server.host={hosts[0]}",
+        "--set",
+        "server.port=0",
+        "--set",
+        f"server.port_file={port_file}",
+        "--set",
+        f"paths.roots=[{json.dumps(str(stack['root']))}]",
+    ]
     agents = []
     for node, host in enumerate(hosts):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(hosts)), "--node-rank", str(node),

@@ -124,8 +124,12 @@ def start_services(root: Path, model: str, procs: dict[str, ServiceProcess]) -> 
 
     def start(svc: str) -> str:
         if svc in ("trainer", "rollout"):  # the job's model, run folder and published weights lie under root
-            extra[svc] += ["--set", f"databuffer_address={addresses['databuffer']}",
-                           "--set", f"paths.roots=[{json.dumps(str(root))}]"]  # fmt: skip
+            extra[svc] += [
+                "--set",
+                f"databuffer_address={addresses['databuffer']}",
+                "--set",
+                f"paths.roots=[{json.dumps(str(root))}]",
+            ]
         if svc == "scheduler":  # the job names the other services: the operator allows exactly them
             peers = ", ".join(f'"{addresses[s]}"' for s in SERVICES[:-1])
             extra[svc] += ["--set", f"job_permissions.peer_addresses=[{peers}]"]

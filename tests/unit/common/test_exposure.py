@@ -19,12 +19,24 @@ def _cfg(server: ServerConfig, telemetry=None, paths=None) -> SimpleNamespace:
 
 def test_each_opening_is_named_with_its_setting(tmp_path, monkeypatch):
     monkeypatch.delenv("MESHRL_AUTH_TOKEN", raising=False)
-    open_cfg = _cfg(ServerConfig(host="0.0.0.0", port=50051), TelemetryConfig(prometheus_port=9464,
-                    prometheus_host="0.0.0.0"), PathRoots(roots=[]))  # fmt: skip
+    open_cfg = _cfg(
+        ServerConfig(host="0.0.0.0", port=50051),
+        TelemetryConfig(prometheus_port=9464, prometheus_host="0.0.0.0"),
+        PathRoots(roots=[]),
+    )
     text = "\n".join(exposure_warnings(open_cfg, "10.0.0.5:50051"))
-    for words in ("without a token", "10.0.0.5:50051", "MESHRL_AUTH_TOKEN", "server.auth.token_file",
-                  "server.require_auth", "server.host = '0.0.0.0'", "without TLS", "server.tls",
-                  "telemetry.prometheus_host", "paths.roots is empty"):  # fmt: skip
+    for words in (
+        "without a token",
+        "10.0.0.5:50051",
+        "MESHRL_AUTH_TOKEN",
+        "server.auth.token_file",
+        "server.require_auth",
+        "server.host = '0.0.0.0'",
+        "without TLS",
+        "server.tls",
+        "telemetry.prometheus_host",
+        "paths.roots is empty",
+    ):
         assert words in text, (words, text)
 
 

@@ -52,8 +52,9 @@ def test_idle_health_watchers_hold_no_thread(tmp_path):
 
 
 def _config(tmp_path) -> str:
-    return yaml.safe_dump({"job": {"name": "w"}, "model": {"path": str(tmp_path / "m")},
-                           "data": {"train": str(tmp_path / "t.jsonl")}})  # fmt: skip
+    return yaml.safe_dump(
+        {"job": {"name": "w"}, "model": {"path": str(tmp_path / "m")}, "data": {"train": str(tmp_path / "t.jsonl")}}
+    )
 
 
 def test_watch_job_streams_are_bounded_and_calls_still_answer(tmp_path):

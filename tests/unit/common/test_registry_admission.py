@@ -47,8 +47,9 @@ def test_a_reader_with_the_token_lists_only_entries_signed_with_it(namespace):
 def test_a_malformed_entry_is_skipped_not_fatal(namespace, caplog):
     registry = ReplicaRegistry(REDIS, namespace=namespace)
     registry.heartbeat(_replica("good", 50053))
-    registry.redis.hset(f"{namespace}:rollout:replica:bad", mapping={"replica_id": "bad", "address": "x:1",
-                                                                     "capacity": "lots"})  # fmt: skip
+    registry.redis.hset(
+        f"{namespace}:rollout:replica:bad", mapping={"replica_id": "bad", "address": "x:1", "capacity": "lots"}
+    )
     registry.redis.hset(f"{namespace}:rollout:replica:noport", mapping={"replica_id": "noport", "address": "h"})
     assert [r.replica_id for r in registry.list()] == ["good"]
     assert "malformed" in caplog.text and "replica:bad" in caplog.text

@@ -20,8 +20,11 @@ GRPO = builtin_workflow_text("grpo")
 
 def _config(root, **sections) -> str:
     """A job whose model and data lie under `root`/data (a folder the tests' operator lets jobs read)."""
-    cfg: dict = {"job": {"name": "p"}, "model": {"path": str(root / "data" / "model")},
-                 "data": {"train": str(root / "data" / "train.jsonl")}}  # fmt: skip
+    cfg: dict = {
+        "job": {"name": "p"},
+        "model": {"path": str(root / "data" / "model")},
+        "data": {"train": str(root / "data" / "train.jsonl")},
+    }
     for dotted, value in sections.items():
         section, _, key = dotted.partition("__")
         cfg.setdefault(section, {})
@@ -57,18 +60,27 @@ HOSTILE = [
     ({"rollout__registry__redis_url": "redis://127.0.0.9:6379/1"}, "rollout.registry.redis_url", "peer_addresses"),
     ({"weights__group_address": "0.0.0.0"}, "weights.group_address", "peer_addresses"),
     ({"services__channels__trainer__address": "127.0.0.9:1"}, "services.channels.trainer.address", "peer_addresses"),
-    ({"services__channels__trainer__auth": {"token_file": "/etc/hostname"}}, "services.channels.trainer.auth",
-     "`channels`"),
-    ({"services__channels__databuffer__auth": {"token_env": "HOME"}}, "services.channels.databuffer.auth",
-     "`channels`"),
-    ({"services__channels__rollout__tls": {"ca_file": "/etc/ssl/x.pem"}}, "services.channels.rollout.tls",
-     "`channels`"),
+    (
+        {"services__channels__trainer__auth": {"token_file": "/etc/hostname"}},
+        "services.channels.trainer.auth",
+        "`channels`",
+    ),
+    (
+        {"services__channels__databuffer__auth": {"token_env": "HOME"}},
+        "services.channels.databuffer.auth",
+        "`channels`",
+    ),
+    (
+        {"services__channels__rollout__tls": {"ca_file": "/etc/ssl/x.pem"}},
+        "services.channels.rollout.tls",
+        "`channels`",
+    ),
     ({"data__generator": "meshrl.scheduler.rundir:RunDir"}, "data.generator", "job_permissions.data_generators"),
     ({"logging__mlflow_tracking_uri": "http://127.0.0.9:5000"}, "logging.mlflow_tracking_uri", "tracking_uris"),
     ({"logging__tensorboard_dir": "/tmp/elsewhere"}, "logging.tensorboard_dir", "run root"),
     ({"model__path": "/etc"}, "model.path", "job_permissions.read_roots"),
     ({"data__eval": "/etc/passwd"}, "data.eval", "job_permissions.read_roots"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("sections, field, setting", HOSTILE, ids=[h[1] for h in HOSTILE])
@@ -87,10 +99,15 @@ def test_a_job_building_its_model_or_generating_data_writes_only_inside_the_run_
 
 @pytest.mark.parametrize(
     "override",
-    ["engine.vllm.extra_args.host=0.0.0.0", "engine.vllm.extra_args.worker_cls=os.system",
-     "engine.sglang.extra_args.trust_remote_code=true", "engine.sglang.extra_args.enable-custom-logit-processor=1",
-     "engine.transformers.attn_implementation=kernels-community/flash-attn", "engine.vllm.extra_args=x"],
-)  # fmt: skip
+    [
+        "engine.vllm.extra_args.host=0.0.0.0",
+        "engine.vllm.extra_args.worker_cls=os.system",
+        "engine.sglang.extra_args.trust_remote_code=true",
+        "engine.sglang.extra_args.enable-custom-logit-processor=1",
+        "engine.transformers.attn_implementation=kernels-community/flash-attn",
+        "engine.vllm.extra_args=x",
+    ],
+)
 def test_engine_flags_that_bind_load_code_or_trust_remote_code_are_refused(tmp_path, override):
     config = _config(tmp_path, rollout__service_overrides=[override])
     with pytest.raises(PermissionDenied, match="job_permissions.service_overrides") as info:
@@ -124,7 +141,10 @@ def test_what_the_operator_lists_is_allowed_and_channels_are_the_operators(tmp_p
 
 def test_meshrl_run_trusts_its_own_config(tmp_path):
     local = JobManager(run_root=str(tmp_path / "runs"))
-    config = _config(tmp_path, trainer__address="127.0.0.9:50051",
-                     services__channels__trainer__auth={"token_file": str(tmp_path / "mine")})  # fmt: skip
+    config = _config(
+        tmp_path,
+        trainer__address="127.0.0.9:50051",
+        services__channels__trainer__auth={"token_file": str(tmp_path / "mine")},
+    )
     record = local.create(GRPO, config, [], job_id="local")
     assert record.runner.cfg.services.channels.trainer.auth.token_file == str(tmp_path / "mine")

@@ -21,16 +21,23 @@ def _config(model, planned, addresses: dict[str, str]):
 
 def test_the_scheduler_starts_last_and_allows_only_the_clusters_services(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    args = argparse.Namespace(model=str(tmp_path / "models" / "tiny"), replicas=2, redis_url=None, timeout=30.0,
-                              max_restarts=1, job_roots=None)  # fmt: skip
+    args = argparse.Namespace(
+        model=str(tmp_path / "models" / "tiny"),
+        replicas=2,
+        redis_url=None,
+        timeout=30.0,
+        max_restarts=1,
+        job_roots=None,
+    )
     plan = _plan(args, tmp_path / ".meshrl")
     assert [[s.name for s in stage] for stage in plan.stages] == [
         ["databuffer"],
         ["trainer", "rollout-0", "rollout-1"],
         ["scheduler"],
     ]
-    addresses = {name: f"127.0.0.1:{5000 + i}" for i, name in enumerate(["databuffer", "trainer", "rollout-0",
-                                                                          "rollout-1"])}  # fmt: skip
+    addresses = {
+        name: f"127.0.0.1:{5000 + i}" for i, name in enumerate(["databuffer", "trainer", "rollout-0", "rollout-1"])
+    }
     (scheduler,) = plan.stages[-1]
     cfg = _config(SchedulerServiceConfig, scheduler, addresses)
     assert sorted(cfg.job_permissions.peer_addresses) == sorted(addresses.values())

@@ -31,10 +31,21 @@ def test_every_permission_and_the_fields_it_guards_are_documented():
 
 def test_the_settings_start_up_warnings_name_are_documented(monkeypatch):
     monkeypatch.delenv("MESHRL_AUTH_TOKEN", raising=False)
-    cfg = SimpleNamespace(server=ServerConfig(host="0.0.0.0"), paths=PathRoots(roots=[]),
-                          telemetry=TelemetryConfig(prometheus_port=9464, prometheus_host="0.0.0.0"))  # fmt: skip
+    cfg = SimpleNamespace(
+        server=ServerConfig(host="0.0.0.0"),
+        paths=PathRoots(roots=[]),
+        telemetry=TelemetryConfig(prometheus_port=9464, prometheus_host="0.0.0.0"),
+    )
     text = " ".join(exposure_warnings(cfg))
-    for setting in ("server.auth.token_file", "server.require_auth", "server.host", "server.tls",
-                    "telemetry.prometheus_host", "paths.roots", "server.max_long_streams", "weights.group_address"):  # fmt: skip
+    for setting in (
+        "server.auth.token_file",
+        "server.require_auth",
+        "server.host",
+        "server.tls",
+        "telemetry.prometheus_host",
+        "paths.roots",
+        "server.max_long_streams",
+        "weights.group_address",
+    ):
         assert setting in DOC, f"{setting} is not in docs/security.md"
     assert all(s in text for s in ("server.auth.token_file", "server.tls", "telemetry.prometheus_host", "paths.roots"))

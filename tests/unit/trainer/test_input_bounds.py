@@ -57,8 +57,9 @@ def trainer(buffer, qwen2_dir):
         with grpc.insecure_channel(running.address) as channel:
             stub = trainer_pb2_grpc.TrainerStub(channel)
             opt = pb.OptimizerConfig(lr=1e-3)
-            stub.LoadModel(pb.LoadModelRequest(role=pb.ROLE_ACTOR, model_path=str(qwen2_dir), optimizer=opt),
-                           timeout=60)  # fmt: skip
+            stub.LoadModel(
+                pb.LoadModelRequest(role=pb.ROLE_ACTOR, model_path=str(qwen2_dir), optimizer=opt), timeout=60
+            )
             buffer.put(_key("b"), make_batch(275))
             yield stub, svc
     finally:

@@ -38,8 +38,9 @@ def _plan():
 
 def test_members_with_the_token_stream_and_forged_headers_are_refused(pool):
     plan = _plan()
-    receiver = pool.submit(WeightGroup.join, plan.replica_spec("r"),
-                           options=WeightGroupOptions(local_address="127.0.0.3", secret=SECRET))  # fmt: skip
+    receiver = pool.submit(
+        WeightGroup.join, plan.replica_spec("r"), options=WeightGroupOptions(local_address="127.0.0.3", secret=SECRET)
+    )
     sender = WeightGroup.join(plan.sender, options=WeightGroupOptions(local_address="127.0.0.2", secret=SECRET))
     receiver = receiver.result(30)
     assert sender.streaming and receiver.streaming
@@ -56,8 +57,11 @@ def test_members_with_the_token_stream_and_forged_headers_are_refused(pool):
 
 def test_a_member_with_another_token_cannot_join(pool):
     plan = _plan()
-    receiver = pool.submit(WeightGroup.join, plan.replica_spec("r"),
-                           options=WeightGroupOptions(local_address="127.0.0.3", secret="another token"))  # fmt: skip
+    receiver = pool.submit(
+        WeightGroup.join,
+        plan.replica_spec("r"),
+        options=WeightGroupOptions(local_address="127.0.0.3", secret="another token"),
+    )
     with pytest.raises(Exception, match="did not connect to the weight stream"):
         WeightGroup.join(plan.sender, options=WeightGroupOptions(local_address="127.0.0.2", secret=SECRET))
     with pytest.raises(Exception, match="service token"):

@@ -45,9 +45,11 @@ class ServerConfig(StrictModel):
     port: int = pydantic.Field(0, ge=0, le=65535, description="TCP port; 0 picks a free one")
     max_workers: int = pydantic.Field(16, ge=1, description="threads serving RPCs")
     max_long_streams: int | None = pydantic.Field(
-        None, ge=1, description="most long-lived streams (WatchJob, reflection) at once, each holding a thread; "
+        None,
+        ge=1,
+        description="most long-lived streams (WatchJob, reflection) at once, each holding a thread; "
         "more are refused with RESOURCE_EXHAUSTED (default: half of max_workers, the rest stay for calls)",
-    )  # fmt: skip
+    )
     max_message_bytes: int = pydantic.Field(64 * MiB, ge=MiB, description="largest message sent or received")
     grace_seconds: float = pydantic.Field(10.0, ge=0, description="time in-flight RPCs get on SIGTERM")
     keepalive_time_ms: int = pydantic.Field(30_000, ge=1000)

@@ -200,8 +200,11 @@ class ReplicaRegistry:
         """The entry, when well-formed and (with a token) carrying the token's HMAC; None, with a warning, else."""
         data = _text(raw)
         if self.token and not hmac.compare_digest(data.get(HMAC_FIELD, ""), entry_hmac(self.token, "replica", data)):
-            log.warning("registry entry %s is not signed with this service's token: ignored (a stranger's write, "
-                        "or a replica without the token: set its server.auth)", key)  # fmt: skip
+            log.warning(
+                "registry entry %s is not signed with this service's token: ignored (a stranger's write, "
+                "or a replica without the token: set its server.auth)",
+                key,
+            )
             return None
         try:
             info = ReplicaInfo.from_mapping(data)
@@ -283,8 +286,9 @@ class ReplicaRegistry:
         except (ValueError, KeyError, TypeError) as exc:
             log.warning("registry current_weights is malformed (%s): ignored", exc)
             return None
-        if self.token and not hmac.compare_digest(str(data.get(HMAC_FIELD, "")),
-                                                  entry_hmac(self.token, "current_weights", record)):  # fmt: skip
+        if self.token and not hmac.compare_digest(
+            str(data.get(HMAC_FIELD, "")), entry_hmac(self.token, "current_weights", record)
+        ):
             log.warning("registry current_weights is not signed with this service's token: ignored")
             return None
         return weights

@@ -54,8 +54,9 @@ class ReplicaLife:
         self.registry = None
         if cfg.registry.redis_url:
             reg = cfg.registry
-            self.registry = ReplicaRegistry(reg.redis_url, namespace=reg.namespace, ttl_seconds=reg.ttl_seconds,
-                                            token=cfg.server.auth.token())  # entries signed with it  # fmt: skip
+            self.registry = ReplicaRegistry(
+                reg.redis_url, namespace=reg.namespace, ttl_seconds=reg.ttl_seconds, token=cfg.server.auth.token()
+            )  # entries signed with it
         self.heartbeat: Heartbeat | None = None
         try:  # never serve stale weights: the job's current version is loaded before the replica takes traffic
             load_initial_weights(self.replica, cfg.weights.path, self.registry)

@@ -126,8 +126,9 @@ def check_job(cfg: JobConfig, raw: dict, run_root: Path, permissions: JobPermiss
         raise _denied("data.generator", generator, "is not a data generator the operator allows", "data_generators")
     uri = cfg.logging.mlflow_tracking_uri
     if uri and uri not in permissions.tracking_uris:
-        raise _denied("logging.mlflow_tracking_uri", uri, "is a tracking store the scheduler would write to",
-                      "tracking_uris")  # fmt: skip
+        raise _denied(
+            "logging.mlflow_tracking_uri", uri, "is a tracking store the scheduler would write to", "tracking_uris"
+        )
     _check_paths(cfg, run_root.resolve(), permissions)
 
 
@@ -144,9 +145,19 @@ def _check_paths(cfg: JobConfig, run_root: Path, permissions: JobPermissions) ->
     }
     for field, path in written.items():
         if path and not _inside(path, writable):
-            raise _denied(field, path, f"is written by the job and lies outside the scheduler's run root "
-                          f"{str(run_root)!r}", "write_roots", "name a folder inside the run root")  # fmt: skip
+            raise _denied(
+                field,
+                path,
+                f"is written by the job and lies outside the scheduler's run root {str(run_root)!r}",
+                "write_roots",
+                "name a folder inside the run root",
+            )
     for field, path in (("model.path", cfg.model.path), ("data.train", cfg.data.train), ("data.eval", cfg.data.eval)):
         if path and not _inside(path, readable):
-            raise _denied(field, path, f"lies outside the run root {str(run_root)!r} and every folder the operator "
-                          "lets jobs read", "read_roots", "name a path inside the run root")  # fmt: skip
+            raise _denied(
+                field,
+                path,
+                f"lies outside the run root {str(run_root)!r} and every folder the operator lets jobs read",
+                "read_roots",
+                "name a path inside the run root",
+            )

@@ -26,11 +26,27 @@ from meshrl.scheduler.workflow.executables import ALLOW_ALL, check_executable, m
 # memory, never what runs or where it binds, reads or loads code from (an engine flag such as --host,
 # --worker-cls or --trust-remote-code, an attention kernel from the Hub, an interpreter, a root, an address).
 SAFE_ENGINE_ARGS = {
-    "sglang": ("mem_fraction_static", "chunked_prefill_size", "max_running_requests", "max_total_tokens",
-               "cuda_graph_max_bs", "disable_cuda_graph", "schedule_conservativeness", "tp_size"),
-    "vllm": ("gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
-             "kv_cache_memory_bytes", "enable_prefix_caching", "block_size", "tensor_parallel_size"),
-}  # fmt: skip
+    "sglang": (
+        "mem_fraction_static",
+        "chunked_prefill_size",
+        "max_running_requests",
+        "max_total_tokens",
+        "cuda_graph_max_bs",
+        "disable_cuda_graph",
+        "schedule_conservativeness",
+        "tp_size",
+    ),
+    "vllm": (
+        "gpu_memory_utilization",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "max_model_len",
+        "kv_cache_memory_bytes",
+        "enable_prefix_caching",
+        "block_size",
+        "tensor_parallel_size",
+    ),
+}
 SAFE_OVERRIDES = (
     *(f"engine.{engine}.extra_args.{arg}" for engine, args in SAFE_ENGINE_ARGS.items() for arg in args),
     *(f"engine.transformers.{k}" for k in ("max_admit_per_step", "max_prefill_tokens", "prefix_cache_tokens")),
@@ -91,11 +107,15 @@ class JobPolicy:
 
     @classmethod
     def operator(
-        cls, allowed_modules: Sequence[str], run_root: str | Path, permissions: JobPermissions | None = None,
+        cls,
+        allowed_modules: Sequence[str],
+        run_root: str | Path,
+        permissions: JobPermissions | None = None,
         channels: PeerChannels | None = None,
-    ) -> JobPolicy:  # fmt: skip
-        return cls(tuple(allowed_modules), Path(run_root), False, permissions or JobPermissions(),
-                   channels or PeerChannels())  # fmt: skip
+    ) -> JobPolicy:
+        return cls(
+            tuple(allowed_modules), Path(run_root), False, permissions or JobPermissions(), channels or PeerChannels()
+        )
 
     def check_infrastructure(self, cfg: JobConfig, raw: dict) -> JobConfig:
         """Operator mode: refuses infrastructure fields the operator's job_permissions do not allow, and gives

@@ -66,8 +66,11 @@ def _passes(request: pb.ComputeLogProbsRequest) -> list[dict]:
     """The request's more_passes (at most MAX_MORE_PASSES), each writing a key of its own (two passes into one
     key would lose one)."""
     if len(request.more_passes) > MAX_MORE_PASSES:
-        raise InvalidArgument(f"more_passes has {len(request.more_passes)} passes, more than {MAX_MORE_PASSES}: "
-                              "each is a forward over the whole batch; split the call", field="more_passes")  # fmt: skip
+        raise InvalidArgument(
+            f"more_passes has {len(request.more_passes)} passes, more than {MAX_MORE_PASSES}: "
+            "each is a forward over the whole batch; split the call",
+            field="more_passes",
+        )
     passes = [_pass(i, p) for i, p in enumerate(request.more_passes)]
     seen = [BatchRef.from_proto(request.output, "output")]
     for i, p in enumerate(passes):

@@ -139,8 +139,10 @@ class Rendezvous:
             return value
         body, tag = value[:-32], value[-32:]
         if len(value) < 32 or not hmac.compare_digest(tag, mac(self.secret, self.spec.group_name, key, body)):
-            raise DataLoss(f"weight group {self.spec.group_name!r}: {key} in the store is not signed with the "
-                           "service token; someone other than a member wrote the group's store")  # fmt: skip
+            raise DataLoss(
+                f"weight group {self.spec.group_name!r}: {key} in the store is not signed with the "
+                "service token; someone other than a member wrote the group's store"
+            )
         return body
 
     # ------------------------------------------------------------------------ one update
@@ -189,8 +191,10 @@ class Rendezvous:
         self, seq: int, receivers: Sequence[int], deadline: Deadline
     ) -> tuple[list[int], dict[int, str], tuple[int, ...]]:
         """(ranks that confirmed, ranks that refused -> why, ranks that did not answer in time)."""
-        answers = [self._verified(f"ack/{seq}/{r}", a)
-                   for r, a in zip(receivers, await_values(self.store, [f"ack/{seq}/{r}" for r in receivers], deadline))]  # fmt: skip
+        answers = [
+            self._verified(f"ack/{seq}/{r}", a)
+            for r, a in zip(receivers, await_values(self.store, [f"ack/{seq}/{r}" for r in receivers], deadline))
+        ]
         acked = [r for r, a in zip(receivers, answers, strict=True) if a == b"ok"]
         refused = {r: a.decode() for r, a in zip(receivers, answers, strict=True) if a is not None and a != b"ok"}
         return acked, refused, tuple(r for r, a in zip(receivers, answers, strict=True) if a is None)

@@ -155,9 +155,14 @@ class StreamOffer:
     """A member's half of the set-up: post the offer before the gloo group is made, `connect` after it."""
 
     def __init__(
-        self, store: dist.Store, rank: int, world_size: int, master_address: str, local_address: str | None,
+        self,
+        store: dist.Store,
+        rank: int,
+        world_size: int,
+        master_address: str,
+        local_address: str | None,
         secret: str | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """local_address: the address this member was told to use (None: rank 0 listens on the master
         address, a receiver dials from wherever its route leads). secret: the service token members prove."""
         self.store = store
@@ -244,12 +249,16 @@ class StreamOffer:
             proof = _read_exactly(sock, 32)
         except OSError as e:
             sock.close()
-            raise StreamRefused(f"the weight stream at {host}:{port} refused rank {self.rank} ({e}): the sender "
-                                "and this member must hold the same service token (server.auth)") from e  # fmt: skip
+            raise StreamRefused(
+                f"the weight stream at {host}:{port} refused rank {self.rank} ({e}): the sender "
+                "and this member must hold the same service token (server.auth)"
+            ) from e
         if not hmac.compare_digest(proof, mac(key, "sender", nonce, self.rank, challenge)):
             sock.close()
-            raise StreamRefused(f"the weight stream at {host}:{port} did not prove the service token: not the "
-                                "trainer of this group (or another token); no weights were read from it")  # fmt: skip
+            raise StreamRefused(
+                f"the weight stream at {host}:{port} did not prove the service token: not the "
+                "trainer of this group (or another token); no weights were read from it"
+            )
         sock.settimeout(None)
         return _Connection(_tune(sock), 0, sending=False)
 
@@ -265,8 +274,10 @@ def _listen(host: str, master_address: str, strict: bool = False) -> tuple[socke
     except OSError as e:
         sock.close()
         if strict:
-            raise StreamRefused(f"cannot bind the weight stream to {host} ({e}); a secured weight group listens "
-                                "only there: set weights.group_address to an address of the trainer's host") from e  # fmt: skip
+            raise StreamRefused(
+                f"cannot bind the weight stream to {host} ({e}); a secured weight group listens "
+                "only there: set weights.group_address to an address of the trainer's host"
+            ) from e
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.bind(("", 0))
         host = master_address

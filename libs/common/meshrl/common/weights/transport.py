@@ -97,8 +97,10 @@ class Backend:
                 self.stream = offer.connect(connect_timeout_s or op_timeout_s)
         else:
             if secret:
-                log.warning("weight group on NCCL: members are not authenticated and the weights travel in the "
-                            "clear; keep the group's network private (docs/security.md)")  # fmt: skip
+                log.warning(
+                    "weight group on NCCL: members are not authenticated and the weights travel in the "
+                    "clear; keep the group's network private (docs/security.md)"
+                )
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = timeout
             self.pg = dist.ProcessGroupNCCL(store, rank, world_size, opts)

@@ -45,11 +45,22 @@ def _plan(args, state: Path) -> Plan:
     # The scheduler starts last: its jobs may name these services and nothing else.
     peers = ", ".join(f'"{{{name}}}"' for name in ["databuffer", *(s.name for s in rest)])
     # --port 0: a free port, so several local clusters (and tests) can run side by side
-    scheduler = ["--port", "0", "--set", f"run_root={runs}", "--set", f"job_permissions.peer_addresses=[{peers}]",
-                 "--set", f"job_permissions.write_roots={json.dumps(folders)}"]  # fmt: skip
+    scheduler = [
+        "--port",
+        "0",
+        "--set",
+        f"run_root={runs}",
+        "--set",
+        f"job_permissions.peer_addresses=[{peers}]",
+        "--set",
+        f"job_permissions.write_roots={json.dumps(folders)}",
+    ]
     policy = RestartPolicy(max_restarts=args.max_restarts, start_timeout_seconds=args.timeout)
-    stages = [[PlannedService(service="databuffer", name="databuffer", args=redis)], rest,
-              [PlannedService(service="scheduler", name="scheduler", args=scheduler)]]  # fmt: skip
+    stages = [
+        [PlannedService(service="databuffer", name="databuffer", args=redis)],
+        rest,
+        [PlannedService(service="scheduler", name="scheduler", args=scheduler)],
+    ]
     return Plan(stages=stages, policy=policy)
 
 
@@ -170,9 +181,13 @@ def local_main(argv: list[str]) -> int:
         parser.add_argument("--replicas", type=int, default=1)
         parser.add_argument("--redis-url", help="use this Redis instead of an embedded one")
         parser.add_argument("--timeout", type=float, default=180.0)
-        parser.add_argument("--job-roots", action="append", metavar="FOLDER",
-                            help="folders jobs may read and write besides the run folder (repeatable; default: "
-                            "this folder and the model's parent)")  # fmt: skip
+        parser.add_argument(
+            "--job-roots",
+            action="append",
+            metavar="FOLDER",
+            help="folders jobs may read and write besides the run folder (repeatable; default: "
+            "this folder and the model's parent)",
+        )
         parser.add_argument("--max-restarts", type=int, default=5,
                             help="restarts of one service within 10 minutes before it is left down")  # fmt: skip
     args = parser.parse_args(argv[1:])
