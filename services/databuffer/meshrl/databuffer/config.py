@@ -7,6 +7,7 @@ redelivery defaults), telemetry. Read by `__main__` and by `DataBuffer` (meshrl.
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 from urllib.parse import urlsplit
 
@@ -20,6 +21,21 @@ Field = pydantic.Field
 MiB = 1 << 20
 REDIS_VALUE_LIMIT = 512 * MiB  # Redis refuses a single string value larger than this
 URL_SCHEMES = ("redis", "rediss", "unix")
+DEFAULT_BUDGET_BYTES = 8 << 30
+
+
+def host_memory_bytes() -> int | None:
+    """This host's physical memory (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def default_budget_bytes() -> int:
+    """8 GiB, or half of this host's memory when that is less (the buffer shares its host)."""
+    host = host_memory_bytes()
+    return min(DEFAULT_BUDGET_BYTES, host // 2) if host else DEFAULT_BUDGET_BYTES
 
 
 class EmbeddedRedisConfig(StrictModel):
@@ -32,6 +48,12 @@ class EmbeddedRedisConfig(StrictModel):
         "everysec", description="AOF fsync policy: 'always' survives a crash of the host with every acknowledged write"
     )
     start_timeout_seconds: float = Field(20.0, gt=0, description="time redis-server gets to start answering")
+    maxmemory_bytes: int | None = Field(
+        None,
+        ge=1 << 20,
+        description="the embedded redis-server's maxmemory (None: budget.max_bytes, a quarter more for staged chunks "
+        "and 64 MiB for Redis's own use), so Redis refuses writes before it takes the host's memory",
+    )
 
 
 class RedisConfig(StrictModel):
@@ -66,7 +88,12 @@ class RedisConfig(StrictModel):
 class BudgetConfig(StrictModel):
     """Backpressure: past these, writes get RESOURCE_EXHAUSTED; stored data is never evicted."""
 
-    max_bytes: int = Field(8 << 30, ge=1, description="bytes of batches + stream groups held at once")
+    max_bytes: int = Field(
+        default_factory=default_budget_bytes,
+        ge=1,
+        description="bytes of batches + stream groups held at once (default: 8 GiB, or half the host's memory "
+        "when that is less)",
+    )
     max_entries: int = Field(1_000_000, ge=1, description="batches + stream groups held at once")
 
 

@@ -73,13 +73,20 @@ def _safe_url(url: str) -> str:
     return url
 
 
-def open_redis(cfg: RedisConfig) -> RedisHandle:
+REDIS_BASE_BYTES = 64 << 20  # Redis's own memory besides the data (and a budget's tiny tests)
+
+
+def open_redis(cfg: RedisConfig, budget_bytes: int | None = None) -> RedisHandle:
+    """budget_bytes: the buffer's budget, which sets an embedded Redis's maxmemory (unless configured)."""
     embedded = None
     url = cfg.url
     if url is None:
         if cfg.cluster:
             raise ConfigError("redis.cluster", True, "no redis.url is set", "give the address of one cluster node")
-        embedded = EmbeddedRedis(cfg.embedded.data_dir, appendfsync=cfg.embedded.appendfsync)
+        headroom = (budget_bytes // 4 + REDIS_BASE_BYTES) if budget_bytes else 0  # staged chunks, indexes
+        maxmemory = cfg.embedded.maxmemory_bytes or (budget_bytes + headroom if budget_bytes else None)
+        extra = {"maxmemory": str(maxmemory)} if maxmemory else None
+        embedded = EmbeddedRedis(cfg.embedded.data_dir, appendfsync=cfg.embedded.appendfsync, extra=extra)
         embedded.start(cfg.embedded.start_timeout_seconds)
         url = embedded.url
     kwargs: dict[str, Any] = {

@@ -67,7 +67,7 @@ class DataBuffer:
 
     @classmethod
     def open(cls, cfg: DataBufferConfig) -> DataBuffer:
-        return cls(cfg, open_redis(cfg.redis))
+        return cls(cfg, open_redis(cfg.redis, cfg.budget.max_bytes))
 
     def close(self) -> None:
         """Stops background threads, closes Redis connections and stops an embedded Redis."""
