@@ -43,8 +43,22 @@ class PathRoots(StrictModel):
             base = Path(root).expanduser().resolve()
             if resolved == base or base in resolved.parents:
                 return str(resolved)
+        raise self._outside(path, field)
+
+    def target(self, path: str, field: str) -> str:
+        """A folder a call creates or replaces: inside a root (as `inside`) and never a root itself."""
+        resolved = self.inside(path, field)
+        if any(Path(resolved) == Path(root).expanduser().resolve() for root in self.roots or ["/"]):
+            raise PermissionDenied(
+                f"{field} {path!r} is one of this service's roots (or /): a call may create or replace a folder "
+                "inside a root, not the root itself. Fix: name a sub-folder",
+                field=field,
+            )
+        return resolved
+
+    def _outside(self, path: str, field: str) -> PermissionDenied:
         shown = path if len(path) <= 200 else path[:200] + "..."
-        raise PermissionDenied(
+        return PermissionDenied(
             f"{field} {shown!r} lies outside this service's roots {self.roots}. "
             "Fix: name a path inside one of them, or add its folder to the service's paths.roots",
             field=field,

@@ -93,10 +93,16 @@ def write_collective(path: str | Path, rank: int, write: Callable[[Path], None],
     error = None
     if rank == 0:
         try:
+            if final.exists() and not (final / COMPLETE).is_file():  # replacing it would delete someone's folder
+                raise FailedPrecondition(
+                    f"checkpoint path {final} exists and is not a checkpoint (no {COMPLETE}); a save replaces only "
+                    "an earlier checkpoint. Fix: name a new folder",
+                    field="path",
+                )
             final.parent.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir()
-        except OSError as exc:
+        except (OSError, FailedPrecondition) as exc:
             error = exc
     agree(error, "create the checkpoint directory")
     try:

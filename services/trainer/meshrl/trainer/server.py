@@ -178,7 +178,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
             raise InvalidArgument("SaveCheckpoint needs a path")
         if request.step < 0:
             raise InvalidArgument(f"step = {request.step} must be >= 0 (the training step it saves)", field="step")
-        path = self._inside(request.path, "path")
+        path = self.service.cfg.paths.target(request.path, "path")  # never a root; replaces only a checkpoint
         size = self.service.save_checkpoint(role_name(request.role), path, request.step, request.data_state)
         return pb.SaveCheckpointResponse(path=request.path, bytes=size)
 
