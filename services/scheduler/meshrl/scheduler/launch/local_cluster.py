@@ -1,12 +1,13 @@
 """`meshrl up` / `meshrl down`: a local set of independent service processes for development.
 
 `up` starts a supervisor (supervisor.py) that starts a data buffer (embedded Redis unless --redis-url),
-then a trainer, N rollout replicas and a scheduler service side by side, each its own process that
+then a trainer and N rollout replicas side by side, then a scheduler service, each its own process that
 outlives the command and is restarted on its address when it dies. The supervisor records their
 addresses in STATE_DIR/services.json; `up` adds a job-config overlay (STATE_DIR/services.yaml) that
 points a job at them:
 `meshrl submit WORKFLOW --config job.yaml --config .meshrl/services.yaml`.
-The scheduler starts last, allowing jobs to name these services and folders (--job-roots) and nothing else.
+The scheduler allows jobs to name these services and folders (--job-roots) and nothing else.
+`--token-file FILE` secures the set: every service requires that token and every channel between them sends it.
 `down` stops the supervisor, then them (SIGTERM, then SIGKILL), checking first that each pid still runs that service.
 """
 
@@ -29,6 +30,17 @@ from meshrl.scheduler.launch.supervisor import Plan, PlannedService, RestartPoli
 SUPERVISOR = "scheduler.launch.supervisor"  # runs as `python -m meshrl.scheduler.launch.supervisor`
 
 
+def _token_args(token_file: str | None) -> dict[str, list[str]]:
+    """--token-file: every service requires the token (server.auth), and every channel between them sends it."""
+    if not token_file:
+        return {"server": [], "databuffer": [], "channels": []}
+    path = str(Path(token_file).resolve())
+    server = ["--set", f"server.auth.token_file={path}", "--set", "server.require_auth=true"]
+    channels = [a for peer in ("databuffer", "trainer", "rollout")
+                for a in ("--set", f"channels.{peer}.auth.token_file={path}")]  # fmt: skip
+    return {"server": server, "databuffer": ["--set", f"databuffer.auth.token_file={path}"], "channels": channels}
+
+
 def _plan(args, state: Path) -> Plan:
     redis = ["--set", f"redis.url={args.redis_url}"] if args.redis_url else [
         "--set", f"redis.embedded.data_dir={state / 'redis'}"]  # fmt: skip
@@ -37,7 +49,9 @@ def _plan(args, state: Path) -> Plan:
     folders = [str(Path(r).resolve()) for r in args.job_roots or [Path.cwd(), Path(args.model).parent]]
     runs = str((state / "runs").resolve())
     roots = ["--set", f"paths.roots={json.dumps([runs, *folders])}"]
-    with_buffer = ["--set", "databuffer_address={databuffer}", *roots]
+    token = _token_args(args.token_file)
+    redis += token["server"]
+    with_buffer = ["--set", "databuffer_address={databuffer}", *roots, *token["server"], *token["databuffer"]]
     rest = [PlannedService(service="trainer", name="trainer", args=with_buffer)]
     for i in range(args.replicas):
         replica = [*with_buffer, "--set", f"engine.model_path={args.model}", "--set", f"replica_id=rollout-{i}"]
@@ -54,6 +68,8 @@ def _plan(args, state: Path) -> Plan:
         f"job_permissions.peer_addresses=[{peers}]",
         "--set",
         f"job_permissions.write_roots={json.dumps(folders)}",
+        *token["server"],
+        *token["channels"],
     ]
     policy = RestartPolicy(max_restarts=args.max_restarts, start_timeout_seconds=args.timeout)
     stages = [
@@ -112,6 +128,8 @@ def up(args) -> int:
     print(f"supervised: a service that exits is restarted on its address (log: {state / 'logs' / 'supervisor.log'})")
     print(f"job config overlay for these services: {state / 'services.yaml'}")
     print(f"scheduler: export MESHRL_SCHEDULER={by_name['scheduler']}")
+    if args.token_file:
+        print(f"secured: every service requires the token in {args.token_file}; pass --token-file to the CLI")
     return 0
 
 
@@ -181,6 +199,12 @@ def local_main(argv: list[str]) -> int:
         parser.add_argument("--replicas", type=int, default=1)
         parser.add_argument("--redis-url", help="use this Redis instead of an embedded one")
         parser.add_argument("--timeout", type=float, default=180.0)
+        parser.add_argument(
+            "--token-file",
+            metavar="FILE",
+            help="secure the set: every service requires the token in FILE (server.auth) and sends it to its "
+            "peers, and the weight group's members prove it; clients pass --token-file FILE",
+        )
         parser.add_argument(
             "--job-roots",
             action="append",
