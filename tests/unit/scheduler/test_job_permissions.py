@@ -148,3 +148,20 @@ def test_meshrl_run_trusts_its_own_config(tmp_path):
     )
     record = local.create(GRPO, config, [], job_id="local")
     assert record.runner.cfg.services.channels.trainer.auth.token_file == str(tmp_path / "mine")
+
+
+def test_a_workflows_reward_model_outside_the_readable_folders_is_refused(tmp_path):
+    import json
+
+    elsewhere = tmp_path / "elsewhere" / "rm"
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "config.json").write_text(json.dumps({"architectures": ["Qwen2ForSequenceClassification"]}))
+    workflow = yaml.safe_load(GRPO)
+    workflow.pop("x-policy-forward", None)
+    reward = next(n for n in workflow["nodes"] if n["node_id"] == "reward")
+    reward.update(node_type="MODEL_INFERENCE", node_role="REWARD")
+    reward["config"] = {"inputs": ["prompt_ids", "response_ids", "answer"], "model_path": str(elsewhere)}
+    jobs = _manager(tmp_path)
+    with pytest.raises(PermissionDenied, match="job_permissions.read_roots") as info:
+        jobs.create(yaml.safe_dump(workflow), _config(tmp_path), [])
+    assert "reward model" in info.value.field and jobs.jobs == {}

@@ -132,6 +132,22 @@ def check_job(cfg: JobConfig, raw: dict, run_root: Path, permissions: JobPermiss
     _check_paths(cfg, run_root.resolve(), permissions)
 
 
+def check_read_path(field: str, path: str, run_root: Path, permissions: JobPermissions) -> None:
+    """A folder the job makes a service read (a workflow's reward model): inside the run root or a read/write root."""
+    roots = [
+        run_root.resolve(),
+        *(Path(r).expanduser().resolve() for r in [*permissions.write_roots, *permissions.read_roots]),
+    ]
+    if not _inside(path, roots):
+        raise _denied(
+            field,
+            path,
+            f"lies outside the run root {str(run_root)!r} and every folder the operator lets jobs read",
+            "read_roots",
+            "name a path inside the run root",
+        )
+
+
 def _check_paths(cfg: JobConfig, run_root: Path, permissions: JobPermissions) -> None:
     """Written paths stay inside the run root or a write root; read paths inside those or a read root."""
     writable = [run_root, *(Path(r).expanduser().resolve() for r in permissions.write_roots)]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from meshrl.common.errors import InvalidArgument, NotFound, PermissionDenied
 from meshrl.scheduler.config import JobConfig, PeerChannels
-from meshrl.scheduler.job_permissions import SETTING, JobPermissions, check_job
+from meshrl.scheduler.job_permissions import SETTING, JobPermissions, check_job, check_read_path
 from meshrl.scheduler.workflow.executables import ALLOW_ALL, check_executable, module_allowed
 
 # What a submitted job's service_overrides may set on the services it launches (operator mode): sizes and
@@ -158,6 +158,11 @@ class JobPolicy:
             problem = check_executable(ref, cfg.job.allowed_modules, field, import_module=False)
             if problem is not None:
                 raise PermissionDenied(f"config field '{field}': {problem.message}. Fix: {problem.fix}", field=field)
+
+    def check_workflow_path(self, field: str, path: str | None) -> None:
+        """Operator mode: a path a workflow node makes a service read (the reward model) obeys read_roots."""
+        if self.allowed_modules is not None and path:
+            check_read_path(field, path, self.run_root, self.permissions)
 
     def check_overrides(self, cfg: JobConfig) -> None:
         """Under an operator, a job's `service_overrides` may tune the launched services (engine sizes and server

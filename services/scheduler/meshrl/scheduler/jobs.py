@@ -26,6 +26,7 @@ from meshrl.scheduler.step.agents import check_agent_job
 from meshrl.scheduler.step.dispatch import check_runnable
 from meshrl.scheduler.step.modes import plan_async
 from meshrl.scheduler.step.old_logprobs import resolve_old_logprobs
+from meshrl.scheduler.step.reward_model import reward_model_path
 from meshrl.scheduler.step.runner import JobRunner
 from meshrl.scheduler.step.temperature import check_temperatures
 from meshrl.scheduler.workflow import Workflow, load_workflow_text
@@ -117,7 +118,8 @@ class JobManager:
         self.policy.check_overrides(cfg)
         cfg = self.policy.check_infrastructure(cfg, raw)  # Ray, peers, channel secrets, paths, generator
         workflow: Workflow = load_workflow_text(workflow_text, raw, allowed_modules=cfg.job.allowed_modules)
-        check_runnable(workflow)
+        check_runnable(workflow)  # a reward-model node's settings are valid from here on
+        self.policy.check_workflow_path("reward model node config.model_path", reward_model_path(workflow.nodes))
         check_agent_job(cfg, workflow.nodes, resume=bool(resume_dir))  # multi-agent jobs: what they support
         resolve_old_logprobs(cfg, workflow.nodes)  # before anything reads it
         check_temperatures(workflow.nodes, cfg.rollout.temperature)  # one per trainer call
