@@ -12,6 +12,7 @@ built in a temporary folder). Each round costs two service start-ups, about a mi
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import subprocess
 import sys
@@ -25,7 +26,7 @@ MODES = ("sequential", "together")
 
 
 def _specs(root: Path, model: str, buffer: str) -> list[ServiceSpec]:
-    with_buffer = ["--set", f"databuffer_address={buffer}"]
+    with_buffer = ["--set", f"databuffer_address={buffer}", "--set", f"paths.roots={json.dumps([str(root)])}"]
     return [ServiceSpec("trainer", "trainer", with_buffer),
             ServiceSpec("rollout", "rollout-0", [*with_buffer, "--set", f"engine.model_path={model}"])]  # fmt: skip
 

@@ -291,11 +291,19 @@ def test_grpo_step_through_services_from_their_own_environments(envs, services, 
     redis_dir = tmp_path / "redis"
     services.start(envs["databuffer"], "databuffer", ["--set", f"redis.embedded.data_dir={redis_dir}"])
     buffer = services.wait("databuffer")
-    with_buffer = ["--set", f"databuffer_address={buffer}"]
+    folders = [str(Path(task["model"]).parent), str(tmp_path)]  # the task's model and data, the run folders
+    with_buffer = ["--set", f"databuffer_address={buffer}", "--set", f"paths.roots={json.dumps(folders)}"]
     services.start(envs["trainer"], "trainer", with_buffer)
     services.start(envs["rollout"], "rollout", [*with_buffer, "--set", f"engine.model_path={task['model']}"])
-    services.start(envs["scheduler"], "scheduler", ["--set", f"run_root={tmp_path / 'runs'}"])
-    trainer, rollout, scheduler = (services.wait(n) for n in ("trainer", "rollout", "scheduler"))
+    trainer, rollout = (services.wait(n) for n in ("trainer", "rollout"))
+    permissions = [  # the operator allows the job to name these services and read the task's folder
+        "--set",
+        f"job_permissions.peer_addresses={json.dumps([buffer, trainer, rollout])}",
+        "--set",
+        f"job_permissions.read_roots={json.dumps(folders[:1])}",
+    ]
+    services.start(envs["scheduler"], "scheduler", ["--set", f"run_root={tmp_path / 'runs'}", *permissions])
+    scheduler = services.wait("scheduler")
     print(f"four services started from their environments: {time.monotonic() - started:.1f}s")
     redis_pid = int((redis_dir / "redis.pid").read_text())  # the data buffer's embedded redis-server
 

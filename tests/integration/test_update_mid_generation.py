@@ -10,6 +10,7 @@ long batch is being generated. Three things are checked on that one batch:
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -42,7 +43,7 @@ def services(tmp_path_factory):
         buffer = launcher.start(
             [ServiceSpec("databuffer", "databuffer", ["--set", f"redis.embedded.data_dir={root}/r"])]
         )["databuffer"]
-        with_buffer = ["--set", f"databuffer_address={buffer}"]
+        with_buffer = ["--set", f"databuffer_address={buffer}", "--set", f"paths.roots={json.dumps([str(root)])}"]
         addresses = launcher.start([
             ServiceSpec("trainer", "trainer", with_buffer),
             ServiceSpec("rollout", "rollout-0", [*with_buffer, "--set", f"engine.model_path={model}"]),

@@ -3,6 +3,7 @@ bit-exactly (checksums verified against the trainer), and a replica frozen with 
 distributed update is left out within the deadline while the other one gets the version; after
 SIGCONT it is refitted before it serves again."""
 
+import json
 import os
 import shutil
 import signal
@@ -28,7 +29,12 @@ def services(tmp_path_factory):
         buffer = launcher.start(
             [ServiceSpec("databuffer", "databuffer", ["--set", f"redis.embedded.data_dir={root}/r"])]
         )
-        with_buffer = ["--set", f"databuffer_address={buffer['databuffer']}"]
+        with_buffer = [
+            "--set",
+            f"databuffer_address={buffer['databuffer']}",
+            "--set",
+            f"paths.roots={json.dumps([str(root)])}",
+        ]
         specs = [ServiceSpec("trainer", "trainer", with_buffer)] + [
             ServiceSpec("rollout", f"rollout-{i}", [*with_buffer, "--set", f"engine.model_path={model}"])
             for i in range(2)
