@@ -38,7 +38,7 @@ from meshrl.trainer.model_builder import build_small_model  # noqa: E402
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tasks", nargs="+", default=["reverse", "sort_len"], choices=list(TASKS))
+    p.add_argument("--tasks", nargs="+", default=["reverse", "sort_len", "add"], choices=list(TASKS))
     p.add_argument("--full", action="store_true", help="the issue's budget (Budget.full)")
     for name in ("sft_steps", "rl_steps", "sft_batch", "prompts_per_step", "n", "n_eval", "rl_eval_every", "seed"):
         p.add_argument(f"--{name.replace('_', '-')}", type=int)

@@ -112,8 +112,10 @@ def test_each_task_brings_its_rl_lr_unless_one_is_asked_for(tmp_path):
         raw = job_config(task, b, tmp_path / "m", tmp_path / "d", tmp_path / "r", "t", True)
         assert JobConfig(**raw).trainer.optimizer.lr == task.rl_lr
     assert TASKS["reverse"].rl_lr == 3e-4 and TASKS["sort_len"].rl_lr == 1e-4
-    # the default run: the two tasks on which TRL's own GRPO gains held out at this budget
-    assert parse([]).tasks == ["reverse", "sort_len"] and Budget().rl_steps == 300
+    # the default run: the two tasks on which TRL's own GRPO gains held out at this budget, and two-operand
+    # addition (issue 41: a task nobody tuned, with its warm-up of 400 steps and RL at 1e-4)
+    assert parse([]).tasks == ["reverse", "sort_len", "add"] and Budget().rl_steps == 300
+    assert (TASKS["add"].sft_steps, TASKS["add"].rl_lr) == (400, 1e-4)
 
 
 def test_whole_pipeline_joins_the_warm_up_and_rl_from_its_end():
