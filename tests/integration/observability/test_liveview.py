@@ -57,6 +57,7 @@ def test_live_page_updates_while_the_job_runs(browser, submitted, tmp_path):
     nodes = {row.get_attribute("data-node"): row.get_attribute("class") for row in page.query_selector_all("#nodes tr")}
     assert {"rollout", "actor_train"} <= set(nodes) and set(nodes.values()) == {"COMPLETED"}, nodes
     assert page.query_selector_all("#curves polyline") and page.query_selector_all("#waterfall rect")
+    assert page.query_selector_all("#signal polyline")  # zero-variance groups and entropy (issue 41)
     assert page.inner_text("#weights") not in ("", "-")
     shot = page.screenshot(path=str(tmp_path / "live.png"), full_page=True)
     assert _not_blank(shot)
