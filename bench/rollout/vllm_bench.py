@@ -67,7 +67,7 @@ def offline_rate(python: str, model: Path, batch, max_tokens: int, repeats: int,
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if out.returncode != 0:
         sys.exit(f"vLLM's offline engine failed:\n{out.stderr[-3000:]}")
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = json.loads(next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))[7:])
     return result["tokens"] / statistics.median(result["seconds"])
 
 

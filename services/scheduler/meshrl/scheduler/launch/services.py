@@ -57,6 +57,9 @@ def rollout_spec(
         *(["--set", "engine.transformers.device=cuda"] if cfg.rollout.gpus_per_replica >= 1 else []),
         # vLLM's "auto" dtype halves an fp32 model; the trainer's dtype is the one its log-probs are compared in
         *(["--set", f"engine.vllm.extra_args.dtype={cfg.model.dtype}"] if cfg.rollout.engine == "vllm" else []),
+        # a launched engine server's own output beside the replica's log
+        *(["--set", f"engine.{cfg.rollout.engine}.log_file={run.logs / (name + '-' + cfg.rollout.engine + '.log')}"]
+          if cfg.rollout.engine in ("vllm", "sglang") else []),
         *[a for kv in cfg.rollout.service_overrides for a in ("--set", kv)],
     ]  # fmt: skip
     return ServiceSpec("rollout", name, args, gpus=cfg.rollout.gpus_per_replica, share=colocation(cfg))
