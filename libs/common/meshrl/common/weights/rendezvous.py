@@ -124,7 +124,7 @@ class Rendezvous:
             self.store.set("closed", "1")
             keys = [f"left/{r}" for r in range(1, self.spec.world_size)]
             end = time.monotonic() + 2 * HEARTBEAT_S
-            while keys and not self.store.check(keys) and time.monotonic() < end:
+            while keys and not all(self.store.check([k]) for k in keys) and time.monotonic() < end:  # one key a check
                 time.sleep(0.005)
         except Exception:  # the store itself failed: nothing to wait for
             return
