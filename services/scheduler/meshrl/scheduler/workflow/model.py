@@ -140,4 +140,3 @@ class Workflow(pydantic.BaseModel):
             if n.node_id == node_id:
                 return n
         raise KeyError(f"workflow '{self.dag_id}' has no node '{node_id}' (nodes: {', '.join(self.node_ids)})")
-
