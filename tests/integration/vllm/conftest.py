@@ -54,7 +54,7 @@ def start_vllm(model: Path, log_dir: Path, **section) -> VLLMEngine:
             "python": vllm_python(),
             "extra_args": {"dtype": "float32", "kv_cache_memory_bytes": 64 << 20, "seed": 0},
             "log_file": str(log_dir / "vllm.log"),
-            "startup_timeout_s": 180.0,
+            "startup_timeout_s": 600.0,  # ~25 s alone; minutes on a host busy with other jobs
             **section,
         },
     )
