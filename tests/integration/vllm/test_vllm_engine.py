@@ -122,8 +122,14 @@ def test_an_update_landing_mid_generation_records_each_tokens_version(vllm_tied,
     while vllm_tied.status().generated_tokens == 0 or not vllm_tied.status().running_requests:
         time.sleep(0.01)
     time.sleep(0.1)
-    version = load(vllm_tied, tied_model, tmp_path / "w", weights_of(tied_model, zero_norm=True),
-                   pause_mode=PauseMode.IN_PLACE, flush_cache=False)  # fmt: skip
+    version = load(
+        vllm_tied,
+        tied_model,
+        tmp_path / "w",
+        weights_of(tied_model, zero_norm=True),
+        pause_mode=PauseMode.IN_PLACE,
+        flush_cache=False,
+    )
     out = running.result(timeout=120)
     assert len(out.token_ids) == 200
     first = out.weight_versions[0]

@@ -264,8 +264,10 @@ class FakeVLLM(FakeServer):
         super().__init__(**kw)
 
     def routes(self) -> dict:
-        recorded = {("GET" if p == "/version" else "POST", p): self.recorded(p)
-                    for p in ("/version", "/pause", "/resume", "/reset_prefix_cache")}  # fmt: skip
+        recorded = {
+            ("GET" if p == "/version" else "POST", p): self.recorded(p)
+            for p in ("/version", "/pause", "/resume", "/reset_prefix_cache")
+        }
         return {
             **super().routes(),
             **recorded,
@@ -303,14 +305,30 @@ class FakeVLLM(FakeServer):
                 time.sleep(self.step_s)
                 t, last = token(prompt, k), k == n - 1
                 yield {
-                    "request_id": "generate-tokens-959e008bae7c9152", "usage": None, "output_mode": "tokens",
-                    "choices": [{
-                        "index": 0, "finish_reason": "length" if last else None, "stop_reason": None,
-                        "token_ids": [t], "routed_experts": None, "sampling_mask": None,
-                        "weight_versions": [{"version": self.served, "start": 0, "end": n}] if last else None,
-                        "logprobs": {"content": [{"token_id": t, "logprob": logprob(k), "rank": 1,
-                                                  "top_logprobs": [{"token_id": t, "logprob": logprob(k), "rank": 1}]}]},
-                    }],
-                }  # fmt: skip
+                    "request_id": "generate-tokens-959e008bae7c9152",
+                    "usage": None,
+                    "output_mode": "tokens",
+                    "choices": [
+                        {
+                            "index": 0,
+                            "finish_reason": "length" if last else None,
+                            "stop_reason": None,
+                            "token_ids": [t],
+                            "routed_experts": None,
+                            "sampling_mask": None,
+                            "weight_versions": [{"version": self.served, "start": 0, "end": n}] if last else None,
+                            "logprobs": {
+                                "content": [
+                                    {
+                                        "token_id": t,
+                                        "logprob": logprob(k),
+                                        "rank": 1,
+                                        "top_logprobs": [{"token_id": t, "logprob": logprob(k), "rank": 1}],
+                                    }
+                                ]
+                            },
+                        }
+                    ],
+                }
 
         self.stream(h, events())

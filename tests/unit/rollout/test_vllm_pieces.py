@@ -14,10 +14,18 @@ from meshrl.rollout.vllm_install import check_cpu_head_size, installed_build, ve
 from meshrl.rollout.vllm_worker import WeightsRefused, check_shapes
 
 L = "model.layers.0."
-NAMES = [L + "self_attn.q_proj.weight", L + "self_attn.q_proj.bias", L + "self_attn.k_proj.weight",
-         L + "self_attn.k_proj.bias", L + "self_attn.v_proj.weight", L + "self_attn.v_proj.bias",
-         L + "mlp.gate_proj.weight", L + "mlp.up_proj.weight", L + "mlp.down_proj.weight",
-         "model.norm.weight"]  # fmt: skip
+NAMES = [
+    L + "self_attn.q_proj.weight",
+    L + "self_attn.q_proj.bias",
+    L + "self_attn.k_proj.weight",
+    L + "self_attn.k_proj.bias",
+    L + "self_attn.v_proj.weight",
+    L + "self_attn.v_proj.bias",
+    L + "mlp.gate_proj.weight",
+    L + "mlp.up_proj.weight",
+    L + "mlp.down_proj.weight",
+    "model.norm.weight",
+]
 
 
 def test_fused_projections_belong_to_one_module():

@@ -112,8 +112,8 @@ class VLLMEngine(WeightRelay, HTTPEngine):
         return "cpu" if self._cpu else "cuda"
 
     def served_version(self) -> int:
-        return parse_version(self.check(self.client.get(self.url + "/weight_info", timeout=30.0), "weight_info")
-                             .get("weight_version"))  # fmt: skip
+        reply = self.check(self.client.get(self.url + "/weight_info", timeout=30.0), "weight_info")
+        return parse_version(reply.get("weight_version"))
 
     # --- generation -------------------------------------------------------------------------------
     def generate_path(self) -> str:

