@@ -43,7 +43,20 @@ def _meshrl(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture
 def supervised(tiny_task, tmp_path):
     state = tmp_path / "state"
-    out = _meshrl("up", "--model", tiny_task["model"], "--replicas", "2", "--state-dir", str(state))
+    # the job's run folder (tmp_path/runs) is one of the roots the launched trainer and replicas may touch
+    out = _meshrl(
+        "up",
+        "--model",
+        tiny_task["model"],
+        "--replicas",
+        "2",
+        "--state-dir",
+        str(state),
+        "--job-roots",
+        str(tmp_path / "runs"),
+        "--job-roots",
+        str(Path(tiny_task["model"]).parent),
+    )
     try:
         assert out.returncode == 0, out.stdout + out.stderr
         yield state
