@@ -66,7 +66,13 @@ class HTTPEngine(Engine):
         self._model_path = config.model_path
         self._context, self._vocab, self.tokenizer = read_model_facts(config.model_path, config.context_length)
         headers = {"Authorization": f"Bearer {section.api_key}"} if section.api_key else {}
-        self.client = httpx.Client(headers=headers, timeout=httpx.Timeout(section.request_timeout_s, connect=10.0))
+        # one connection per request in flight (httpx's default pool of 100 held a batch of 1,024 samples to 100
+        # at the server at a time), and a few for control calls made meanwhile
+        limits = httpx.Limits(
+            max_connections=config.max_batch_size + 8, max_keepalive_connections=config.max_batch_size
+        )
+        timeout = httpx.Timeout(section.request_timeout_s, connect=10.0)
+        self.client = httpx.Client(headers=headers, timeout=timeout, limits=limits)
         self.process: ServerProcess | None = None
         if section.url:
             self.url = section.url.rstrip("/")
