@@ -8,7 +8,6 @@ they fail instead, so CI cannot pass without running them.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,23 +15,11 @@ import pytest
 
 from meshrl.rollout.config import EngineConfig
 from meshrl.rollout.vllm_engine import VLLMEngine
-from meshrl.rollout.vllm_install import PYTHON_ENV
 from meshrl.trainer.model_builder import build_small_model
+from tests._vllm import vllm_python
 
-ROOT = Path(__file__).resolve().parents[3]
 # CPU attention supports head sizes 32, 64, 80, ...: hidden 64 over 2 heads; one KV head (GQA)
 SHAPE = {"hidden_size": 64, "num_heads": 2, "num_kv_heads": 1, "num_layers": 2, "max_position_embeddings": 256}
-
-
-def vllm_python() -> str:
-    """The vLLM environment's interpreter, or a skip (a failure under MESHRL_REQUIRE_VLLM) naming the fix."""
-    python = os.environ.get(PYTHON_ENV) or str(ROOT / ".venv-vllm" / "bin" / "python")
-    if not Path(python).is_file():
-        why = f"no vLLM environment at {python}: run `make vllm-env` (or set {PYTHON_ENV})"
-        if os.environ.get("MESHRL_REQUIRE_VLLM") == "1":
-            pytest.fail(why)
-        pytest.skip(why)
-    return python
 
 
 @pytest.fixture(scope="session")
