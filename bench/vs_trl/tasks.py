@@ -48,32 +48,35 @@ def length_score(prompts: Sequence[str], responses: Sequence[str], answers: Sequ
     return out
 
 
-def multiply_score(prompts: Sequence[str], responses: Sequence[str], answers: Sequence[str]) -> list[float]:
-    """Partial credit for a product: digits matched right-aligned (the units digit is the easiest to get right);
-    anything but digits scores 0."""
+def _digit_scores(responses: Sequence[str], answers: Sequence[str], credit) -> list[float]:
+    """`credit(got, answer)` per response that is all digits (after stripping); anything else scores 0."""
     out = []
     for response, answer in zip(responses, answers, strict=True):
         got = response.strip()
-        if not got.isdigit():
-            out.append(0.0)
-            continue
-        out.append(_positional_credit(got[::-1], answer[::-1]) if len(got) <= len(answer) + 2 else 0.0)
+        out.append(credit(got, answer) if got.isdigit() else 0.0)
     return out
+
+
+def multiply_score(prompts: Sequence[str], responses: Sequence[str], answers: Sequence[str]) -> list[float]:
+    """Partial credit for a product: digits matched right-aligned (the units digit is the easiest to get right);
+    anything but digits scores 0."""
+
+    def credit(got: str, answer: str) -> float:
+        return _positional_credit(got[::-1], answer[::-1]) if len(got) <= len(answer) + 2 else 0.0
+
+    return _digit_scores(responses, answers, credit)
 
 
 def sum_score(prompts: Sequence[str], responses: Sequence[str], answers: Sequence[str]) -> list[float]:
     """Partial credit for a sum: digits matched right-aligned (units first, where the carries start), less
     1/len(answer) for each digit missing or extra, so stopping short costs as much as running over; anything but
     digits scores 0."""
-    out = []
-    for response, answer in zip(responses, answers, strict=True):
-        got = response.strip()
-        if not got.isdigit():
-            out.append(0.0)
-            continue
+
+    def credit(got: str, answer: str) -> float:
         hits = sum(a == b for a, b in zip(got[::-1], answer[::-1]))
-        out.append(max(0.0, (hits - abs(len(got) - len(answer))) / len(answer)))
-    return out
+        return max(0.0, (hits - abs(len(got) - len(answer))) / len(answer))
+
+    return _digit_scores(responses, answers, credit)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ weights made it.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +25,7 @@ from meshrl.api.common.v1 import weights_pb2
 from meshrl.common import batch_schema as S
 from meshrl.common import weights as W
 from meshrl.common.codec import Ragged
-from meshrl.common.errors import FailedPrecondition
+from meshrl.common.errors import FailedPrecondition, MeshrlError
 from meshrl.common.net import free_port
 from meshrl.common.weights.engine_group import EngineGroupSender
 from meshrl.rollout.types import DiskUpdate, GenerationRequest, GroupUpdate, PauseMode, SamplingParams, TornWeights
@@ -183,16 +184,18 @@ def group(engine, name):
 
 
 def send(trainer, engine, name, tensors, version):
-    """Small buckets, so fused modules (q/k/v, gate/up) arrive split across buckets."""
+    """Small buckets, so fused modules (q/k/v, gate/up) arrive split across buckets. The trainer's send must
+    succeed when the engine's update does; when the engine refuses, the trainer hears it as an error."""
     with ThreadPoolExecutor(1) as pool:
         sent = pool.submit(trainer.send, list(tensors.items()), version, bucket_bytes=6_000)
         try:
-            return engine.update_weights_from_distributed(GroupUpdate(name, version, timeout_seconds=60))
-        finally:
-            try:
+            result = engine.update_weights_from_distributed(GroupUpdate(name, version, timeout_seconds=60))
+        except MeshrlError:
+            with contextlib.suppress(Exception):
                 sent.result(timeout=60)
-            except Exception:  # noqa: BLE001 - the engine's refusal reaches the trainer as an error
-                pass
+            raise
+        sent.result(timeout=60)
+        return result
 
 
 def test_updates_over_the_weight_group_and_a_torn_one(vllm_tied, tied_model):

@@ -151,7 +151,6 @@ def check_read_path(field: str, path: str, run_root: Path, permissions: JobPermi
 def _check_paths(cfg: JobConfig, run_root: Path, permissions: JobPermissions) -> None:
     """Written paths stay inside the run root or a write root; read paths inside those or a read root."""
     writable = [run_root, *(Path(r).expanduser().resolve() for r in permissions.write_roots)]
-    readable = [*writable, *(Path(r).expanduser().resolve() for r in permissions.read_roots)]
     written = {
         "model.path": cfg.model.path if cfg.model.build is not None else None,  # built there when missing
         "data.train": cfg.data.train if cfg.data.generator else None,  # the generator writes its folder
@@ -169,11 +168,5 @@ def _check_paths(cfg: JobConfig, run_root: Path, permissions: JobPermissions) ->
                 "name a folder inside the run root",
             )
     for field, path in (("model.path", cfg.model.path), ("data.train", cfg.data.train), ("data.eval", cfg.data.eval)):
-        if path and not _inside(path, readable):
-            raise _denied(
-                field,
-                path,
-                f"lies outside the run root {str(run_root)!r} and every folder the operator lets jobs read",
-                "read_roots",
-                "name a path inside the run root",
-            )
+        if path:
+            check_read_path(field, path, run_root, permissions)
