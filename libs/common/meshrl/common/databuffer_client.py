@@ -24,14 +24,8 @@ from meshrl.api.common.v1 import keys_pb2, tensor_pb2
 from meshrl.api.databuffer.v1 import databuffer_pb2 as pb
 from meshrl.api.databuffer.v1 import databuffer_pb2_grpc as pb_grpc
 from meshrl.common.buffer_frames import split_frames
-from meshrl.common.codec import (
-    Batch,
-    batch_from_proto,
-    concat_batches,
-    decode_batch,
-    encode_batch,
-    merge_batches,
-)
+from meshrl.common.codec import Batch, batch_from_proto, decode_batch, encode_batch
+from meshrl.common.databuffer_inputs import combine_inputs, refuse_repeated
 from meshrl.common.databuffer_types import (  # noqa: F401  (re-exported: callers import them from here)
     BufferStats,
     DeliveredGroup,
@@ -59,30 +53,18 @@ DEFAULT_FRAME_BYTES = 4 * MiB
 APPEND_REQUEST_BYTES = 8 * MiB  # append_groups splits larger lists into several requests
 
 
-def _refuse_repeated(keys: Sequence[keys_pb2.BatchKey]) -> None:
-    """A key listed twice would be read twice and its rows concatenated (every column twice, trained twice)."""
-    seen: set[bytes] = set()
-    for i, key in enumerate(keys):
-        raw = key.SerializeToString(deterministic=True)
-        if raw in seen:
-            shard = f", shard {key.shard}" if key.has_shard else ""
-            raise InvalidArgument(
-                f"input batch {i} (job {key.job_id!r}, step {key.step}, node {key.node_id!r}{shard}) is listed "
-                "twice: each column must come from one batch; list each input key once",
-                field="inputs",
-            )
-        seen.add(raw)
-
-
 class DataBufferClient:
     """A channel to one data buffer service; thread-safe. `frame_bytes`: the gRPC payload frame size (the
     buffer's `limits.chunk_bytes` is its Redis value size). `direct`: move payloads to and from the service's
     Redis directly (meshrl.common.direct_path); None: through the service."""
 
     def __init__(
-        self, address: str, channel_config: ChannelConfig | None = None, frame_bytes: int = DEFAULT_FRAME_BYTES,
+        self,
+        address: str,
+        channel_config: ChannelConfig | None = None,
+        frame_bytes: int = DEFAULT_FRAME_BYTES,
         direct: DirectPathConfig | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         if frame_bytes < 4096:
             raise InvalidArgument(f"frame_bytes = {frame_bytes} is too small; use at least 4096 (default 4 MiB)")
         self.address = address
@@ -262,13 +244,15 @@ class DataBufferClient:
             if columns:
                 raise NotFound(f"columns {list(columns)} were asked for, but no input batch was given")
             return Batch()
-        _refuse_repeated(keys)
+        refuse_repeated(keys)
         opts = {"columns": columns, "missing_ok": bool(columns), "wait_seconds": wait_seconds, "timeout": timeout}
         batches: list[Batch | None] = [None] * len(keys)
         if len(keys) > 1:  # one call for the small ones (within one frame, or direct.min_bytes)
             limit = self._direct_min_bytes() if self.direct_path() is not None else self.frame_bytes
-            gets = [pb.GetBatchRequest(key=k, wait_seconds=wait_seconds, columns=columns, missing_ok=bool(columns))
-                    for k in keys]  # fmt: skip
+            gets = [
+                pb.GetBatchRequest(key=k, wait_seconds=wait_seconds, columns=columns, missing_ok=bool(columns))
+                for k in keys
+            ]
             request = pb.GetSmallBatchesRequest(gets=gets, limit_bytes=limit)
             reply = call(self._stub.GetSmallBatches, request, timeout=wait_seconds * len(keys) + timeout)
             for i, one in enumerate(reply.batches):
@@ -282,18 +266,7 @@ class DataBufferClient:
             with ThreadPoolExecutor(max_workers=min(len(rest), 8)) as pool:
                 for i, batch in zip(rest, pool.map(lambda c, i: c.run(self.get, keys[i], **opts), contexts, rest)):
                     batches[i] = batch
-        by_node: dict[tuple[str, int, str], list[tuple[int, Batch]]] = {}
-        for key, batch in zip(keys, batches):
-            by_node.setdefault((key.job_id, key.step, key.node_id), []).append(
-                (key.shard if key.has_shard else -1, batch)
-            )
-        nodes = [concat_batches([b for _, b in sorted(parts, key=lambda p: p[0])]) for parts in by_node.values()]
-        merged = merge_batches([b for b in nodes if b.columns or not columns])
-        missing = [c for c in columns if c not in merged.columns]
-        if missing:
-            names = sorted({k.node_id for k in keys})
-            raise NotFound(f"no input batch (of {names}) holds column {missing}; check the upstream nodes' outputs")
-        return merged
+        return combine_inputs(keys, batches, columns)
 
     def delete(self, key: keys_pb2.BatchKey, *, timeout: float = 30.0) -> bool:
         return call(self._stub.DeleteBatch, pb.DeleteBatchRequest(key=key), timeout=timeout).deleted
@@ -383,9 +356,16 @@ class DataBufferClient:
         reply = call(self._stub.GetStats, pb.GetStatsRequest(job_id=job_id), timeout=timeout)
         streams = [StreamStats(s.job_id, s.stream, s.consumer_group, s.length, s.pending, s.lag) for s in reply.streams]
         return BufferStats(
-            reply.batches, reply.bytes, streams, dict(reply.drops_by_reason), reply.budget_bytes, reply.budget_entries,
-            reply.get_calls, reply.get_bytes, reply.get_rows,
-        )  # fmt: skip
+            reply.batches,
+            reply.bytes,
+            streams,
+            dict(reply.drops_by_reason),
+            reply.budget_bytes,
+            reply.budget_entries,
+            reply.get_calls,
+            reply.get_bytes,
+            reply.get_rows,
+        )
 
     def close(self) -> None:
         if self._direct is not None:

@@ -51,10 +51,11 @@ class DirectPathConfig(StrictModel):
     )
     ca_file: str | None = pydantic.Field(None, description="rediss://: CA bundle that verifies Redis")
     min_bytes: int = pydantic.Field(
-        256 << 10, ge=0,
+        256 << 10,
+        ge=0,
         description="batches (and selections) smaller than this go through the service in one call: below a few "
         "hundred KiB the relay costs less than the extra Redis round trip",
-    )  # fmt: skip
+    )
     socket_timeout_seconds: float = pydantic.Field(60.0, gt=0)
     fallback: bool = pydantic.Field(
         True, description="Redis unreachable, or a service without the direct path: relay through the service"
@@ -87,8 +88,12 @@ def connect(cfg: DirectPathConfig) -> redis.Redis:
     try:
         client.ping()
     except (redis.AuthenticationError, redis.ResponseError) as exc:
-        raise ConfigError("direct.redis_url", _safe(cfg.redis_url), f"Redis refused the login ({exc})",
-                          f"check direct.username and ${cfg.password_env}") from None  # fmt: skip
+        raise ConfigError(
+            "direct.redis_url",
+            _safe(cfg.redis_url),
+            f"Redis refused the login ({exc})",
+            f"check direct.username and ${cfg.password_env}",
+        ) from None
     except TRANSIENT as exc:
         raise Unavailable(f"the data buffer's Redis at {_safe(cfg.redis_url)} is unreachable: {exc}") from None
     return client

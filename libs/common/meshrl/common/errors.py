@@ -167,8 +167,10 @@ def from_rpc_error(error: grpc.RpcError) -> MeshrlError:
     code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
     details = error.details() if hasattr(error, "details") else str(error)
     if code == grpc.StatusCode.CANCELLED and details == CHANNEL_CLOSED:
-        return Unavailable("the call was cut off: its client closed the channel (the peer's process exited, "
-                           "or the client is shutting down)")  # fmt: skip
+        return Unavailable(
+            "the call was cut off: its client closed the channel (the peer's process exited, "
+            "or the client is shutting down)"
+        )
     cls = _BY_CODE.get(code, Internal)
     trailers = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
     reason = next((str(v) for k, v in trailers or () if k == REASON_KEY), "")

@@ -114,8 +114,9 @@ def call(method: Callable[..., R], request: Any, *, timeout: float, **kwargs: An
     except ValueError as exc:
         if "closed channel" not in str(exc):
             raise
-        raise Unavailable(f"the channel was closed before the call ({exc}): the peer's process exited, "
-                          "or the client is shutting down") from None  # fmt: skip
+        raise Unavailable(
+            f"the channel was closed before the call ({exc}): the peer's process exited, or the client is shutting down"
+        ) from None
 
 
 def wait_until_serving(channel: grpc.Channel, *, timeout: float, service: str = "") -> None:

@@ -92,9 +92,11 @@ def advertised_host(cfg: ServerConfig) -> str:
     found = os.environ.get("POD_IP") or _outbound_address()
     if not found:
         raise ConfigError(
-            "server.advertise_host", None, f"bound to {cfg.host!r} and no routable address was found",
+            "server.advertise_host",
+            None,
+            f"bound to {cfg.host!r} and no routable address was found",
             "set server.advertise_host (or POD_IP) to the address peers reach this host at",
-        )  # fmt: skip
+        )
     return found
 
 

@@ -11,9 +11,14 @@ from meshrl.common.errors import InvalidArgument, ResourceExhausted
 
 
 def check_put_header(
-    header: tensor_pb2.BatchHeader, ttl_seconds: int, *, max_header_bytes: int, max_batch_bytes: int,
-    max_ttl_seconds: int, default_ttl_seconds: int,
-) -> tuple[bytes, int]:  # fmt: skip
+    header: tensor_pb2.BatchHeader,
+    ttl_seconds: int,
+    *,
+    max_header_bytes: int,
+    max_batch_bytes: int,
+    max_ttl_seconds: int,
+    default_ttl_seconds: int,
+) -> tuple[bytes, int]:
     """Validates what a put announces; returns the serialized header and the TTL in seconds."""
     size = header.ByteSize()
     if size > max_header_bytes:

@@ -36,9 +36,13 @@ _MANIFEST_FIELDS = ("gen", "n", "cb", "bytes", "h", "v")
 def fill(template: str, key: keys_pb2.BatchKey, gen: str = "", index: int = 0) -> str:
     """`template` with $job, $step, $node, $shard ('-': none), $gen and $index replaced (names hold no '$')."""
     values = {
-        "job": key.job_id, "step": str(key.step), "node": key.node_id,
-        "shard": str(key.shard) if key.has_shard else "-", "gen": gen, "index": str(index),
-    }  # fmt: skip
+        "job": key.job_id,
+        "step": str(key.step),
+        "node": key.node_id,
+        "shard": str(key.shard) if key.has_shard else "-",
+        "gen": gen,
+        "index": str(index),
+    }
     return _FIELD.sub(lambda m: values[m.group(1)], template)
 
 
@@ -60,15 +64,24 @@ class ZeroRpc:
         self.layout = self._describe().zero_rpc
 
     def put(
-        self, key: keys_pb2.BatchKey, header: tensor_pb2.BatchHeader, views: Sequence[memoryview], *,
-        ttl_seconds: int = 0, overwrite: bool = True,
-    ) -> int:  # fmt: skip
+        self,
+        key: keys_pb2.BatchKey,
+        header: tensor_pb2.BatchHeader,
+        views: Sequence[memoryview],
+        *,
+        ttl_seconds: int = 0,
+        overwrite: bool = True,
+    ) -> int:
         """Stores the batch (at most embed_max_bytes) atomically in one round trip; returns its bytes."""
         z = self.layout
         blob, ttl = check_put_header(
-            header, ttl_seconds, max_header_bytes=z.max_header_bytes, max_batch_bytes=self.max_batch_bytes,
-            max_ttl_seconds=z.max_ttl_seconds, default_ttl_seconds=z.default_ttl_seconds,
-        )  # fmt: skip
+            header,
+            ttl_seconds,
+            max_header_bytes=z.max_header_bytes,
+            max_batch_bytes=self.max_batch_bytes,
+            max_ttl_seconds=z.max_ttl_seconds,
+            default_ttl_seconds=z.default_ttl_seconds,
+        )
         ref = BatchRef.from_proto(key)
         gen, total = secrets.token_hex(8), header.total_bytes
         staging = fill(z.staging_key_template, key, gen)
@@ -88,9 +101,16 @@ class ZeroRpc:
         return total
 
     def _put_call(
-        self, key: keys_pb2.BatchKey, ref: BatchRef, gen: str, total: int, blob: bytes, ttl: int, overwrite: bool,
+        self,
+        key: keys_pb2.BatchKey,
+        ref: BatchRef,
+        gen: str,
+        total: int,
+        blob: bytes,
+        ttl: int,
+        overwrite: bool,
         rows: int,
-    ) -> list[Any]:  # fmt: skip
+    ) -> list[Any]:
         """numkeys, KEYS and ARGV of the PUT script (meshrl.databuffer.zero_rpc_scripts)."""
         z = self.layout
         keys = [*z.ledger_keys, fill(z.manifest_key_template, key), fill(z.staging_key_template, key, gen)]
