@@ -84,9 +84,13 @@ class BatchStore:
         """Validates what a put announces; returns the serialized header and the TTL in seconds."""
         limits = self.limits
         return check_put_header(
-            header, ttl_seconds, max_header_bytes=limits.max_header_bytes, max_batch_bytes=limits.max_batch_bytes,
-            max_ttl_seconds=limits.max_ttl_seconds, default_ttl_seconds=self.cfg.default_ttl_seconds,
-        )  # fmt: skip
+            header,
+            ttl_seconds,
+            max_header_bytes=limits.max_header_bytes,
+            max_batch_bytes=limits.max_batch_bytes,
+            max_ttl_seconds=limits.max_ttl_seconds,
+            default_ttl_seconds=self.cfg.default_ttl_seconds,
+        )
 
     def put(
         self,
@@ -193,9 +197,19 @@ class BatchStore:
         return received + n
 
     def _commit_manifest(
-        self, ref: BatchRef, gen: str, count: int, total: int, blob: bytes, ttl: int, overwrite: bool,
-        last: bytearray | memoryview | None, staging_ms: int, direct: bool = False, rows: int = 0,
-    ) -> None:  # fmt: skip
+        self,
+        ref: BatchRef,
+        gen: str,
+        count: int,
+        total: int,
+        blob: bytes,
+        ttl: int,
+        overwrite: bool,
+        last: bytearray | memoryview | None,
+        staging_ms: int,
+        direct: bool = False,
+        rows: int = 0,
+    ) -> None:
         """Swaps the manifest to the staged generation. The first try assumes a new key and goes in one
         pipeline with the last chunk's write and the index update: one round trip. `direct`: a client staged
         the chunks itself (meshrl.databuffer.direct), so their sizes are checked too, and the reservation

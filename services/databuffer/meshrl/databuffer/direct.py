@@ -109,9 +109,15 @@ class DirectPath:
         )
 
     def commit(
-        self, ref: BatchRef, header: tensor_pb2.BatchHeader, gen: str, chunks: int, *, ttl_seconds: int = 0,
+        self,
+        ref: BatchRef,
+        header: tensor_pb2.BatchHeader,
+        gen: str,
+        chunks: int,
+        *,
+        ttl_seconds: int = 0,
         overwrite: bool = True,
-    ) -> PutResult:  # fmt: skip
+    ) -> PutResult:
         """Commits the `chunks` values a client staged under generation `gen`; atomic, like a relayed put."""
         store = self.store
         if not GENERATION_RE.match(gen):

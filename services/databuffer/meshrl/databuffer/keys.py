@@ -42,9 +42,12 @@ class KeySpace:
         to fill, as `chunk_template` (the zero-RPC path's clients fill them)."""
         tag = f"{self.prefix}:b:$job:$step:$node:$shard"
         return {
-            "batch_tag": tag, "manifest": "{" + tag + "}:m", "staging": "{" + tag + "}:s:$gen", "value": "{" + tag + "}:v",
+            "batch_tag": tag,
+            "manifest": "{" + tag + "}:m",
+            "staging": "{" + tag + "}:s:$gen",
+            "value": "{" + tag + "}:v",
             "job_batches": "{" + f"{self.prefix}:j:$job" + "}:batches",
-        }  # fmt: skip
+        }
 
     def read_stats(self) -> str:
         """The hash counting zero-RPC gets (calls, bytes, rows): GetStats adds it to its own counts."""

@@ -153,8 +153,9 @@ class BatchReader:
         gen_b, n_b, cb_b, total_b, blob = fields[:5]
         only = fields[5] if len(fields) > 5 else None
         gen, n, cb, total = gen_b.decode(), int(n_b), int(cb_b), int(total_b)
-        chosen = select(tensor_pb2.BatchHeader.FromString(blob), columns, rows, missing_ok=missing_ok,
-                        what=f"batch {ref}")  # fmt: skip
+        chosen = select(
+            tensor_pb2.BatchHeader.FromString(blob), columns, rows, missing_ok=missing_ok, what=f"batch {ref}"
+        )
         self.counter.count(chosen.header.total_bytes, chosen.rows)
         manifest = self.keys.manifest(ref)
         embedded = len(fields) > 6  # no chunk to point at: the selection comes inline whatever its size

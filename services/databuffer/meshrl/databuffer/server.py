@@ -116,9 +116,13 @@ class DataBufferServicer:
         ref = BatchRef.from_proto(request.key)
         rows = (request.rows.begin, request.rows.end) if request.HasField("rows") else None
         stored = self.buffer.open_batch(
-            ref, wait_seconds=_remaining(context, request.wait_seconds, "wait_seconds"), columns=list(request.columns), rows=rows,
-            missing_ok=request.missing_ok, limit=limit,
-        )  # fmt: skip
+            ref,
+            wait_seconds=_remaining(context, request.wait_seconds, "wait_seconds"),
+            columns=list(request.columns),
+            rows=rows,
+            missing_ok=request.missing_ok,
+            limit=limit,
+        )
         if stored.chunks is not None and tag:
             tag_span({A.BUFFER_KEY: str(ref), A.BYTES: stored.header.total_bytes})
         return stored
@@ -136,20 +140,26 @@ class DataBufferServicer:
         checked(request)
         layout = self.buffer.direct_layout()
         return pb.DescribeDirectPathResponse(
-            chunk_key_template=layout.chunk_key_template, chunk_bytes=layout.chunk_bytes,
-            staging_ttl_ms=layout.staging_ttl_ms, max_batch_bytes=layout.max_batch_bytes,
+            chunk_key_template=layout.chunk_key_template,
+            chunk_bytes=layout.chunk_bytes,
+            staging_ttl_ms=layout.staging_ttl_ms,
+            max_batch_bytes=layout.max_batch_bytes,
             redis_hint=self.buffer.redis_hint(),
             zero_rpc=pb.ZeroRpcPath(**asdict(layout.zero_rpc)) if layout.zero_rpc else None,
-        )  # fmt: skip
+        )
 
     def CommitDirectPut(self, request: pb.CommitDirectPutRequest, context: grpc.ServicerContext) -> Any:
         request = checked(request)
         start = request.start
         ref = BatchRef.from_proto(start.key, "start.key")
         result = self.buffer.commit_direct_put(
-            ref, start.header, request.generation, request.chunks, ttl_seconds=start.ttl_seconds,
+            ref,
+            start.header,
+            request.generation,
+            request.chunks,
+            ttl_seconds=start.ttl_seconds,
             overwrite=start.overwrite,
-        )  # fmt: skip
+        )
         tag_span({A.BUFFER_KEY: str(ref), A.BYTES: result.bytes_written})
         return pb.PutBatchResponse(bytes_written=result.bytes_written, chunks=result.chunks)
 
@@ -158,15 +168,23 @@ class DataBufferServicer:
         ref = BatchRef.from_proto(request.key)
         rows = (request.rows.begin, request.rows.end) if request.HasField("rows") else None
         located = self.buffer.locate_batch(
-            ref, wait_seconds=_remaining(context, request.wait_seconds, "wait_seconds"), columns=list(request.columns),
-            rows=rows, missing_ok=request.missing_ok, inline_below=request.inline_below,
-        )  # fmt: skip
+            ref,
+            wait_seconds=_remaining(context, request.wait_seconds, "wait_seconds"),
+            columns=list(request.columns),
+            rows=rows,
+            missing_ok=request.missing_ok,
+            inline_below=request.inline_below,
+        )
         tag_span({A.BUFFER_KEY: str(ref), A.BYTES: located.header.total_bytes})
         ranges = [pb.ValueRange(key=k, first=a, last=b, whole=w) for k, a, b, w in located.ranges]
         return pb.LocateBatchResponse(
-            header=located.header, ranges=ranges, manifest_key=located.manifest_key, generation=located.generation,
-            inline=located.payload is not None, payload=located.payload or b"",
-        )  # fmt: skip
+            header=located.header,
+            ranges=ranges,
+            manifest_key=located.manifest_key,
+            generation=located.generation,
+            inline=located.payload is not None,
+            payload=located.payload or b"",
+        )
 
     def ListBatches(self, request: pb.ListBatchesRequest, context: grpc.ServicerContext) -> pb.ListBatchesResponse:
         request = checked(request)
