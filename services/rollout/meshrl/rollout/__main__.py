@@ -84,8 +84,14 @@ class ReplicaLife:
 
             self.heartbeat = Heartbeat(registry, info, cfg.registry.heartbeat_seconds)
             self.heartbeat.start()
-        log.info("rollout replica %s serving %s (%s) at %s, weights v%d", cfg.replica_id, self.engine.model_path,
-                 self.engine.name, address, self.engine.weight_version)  # fmt: skip
+        log.info(
+            "rollout replica %s serving %s (%s) at %s, weights v%d",
+            cfg.replica_id,
+            self.engine.model_path,
+            self.engine.name,
+            address,
+            self.engine.weight_version,
+        )
 
     def draining(self, running: RunningServer) -> None:
         log.info("draining: in-flight generation gets up to %.0fs", self.cfg.drain_timeout_s)

@@ -209,10 +209,13 @@ class WeightRelay(abc.ABC):
 def group_request(group: W.GroupSpec) -> dict:
     """The group as the engines' join calls take it (SGLang's /init_weights_update_group body)."""
     return {
-        "master_address": group.master_address, "master_port": group.master_port,
-        "rank_offset": group.rank_offset, "world_size": group.world_size,
-        "group_name": group.group_name, "backend": group.backend,
-    }  # fmt: skip
+        "master_address": group.master_address,
+        "master_port": group.master_port,
+        "rank_offset": group.rank_offset,
+        "world_size": group.world_size,
+        "group_name": group.group_name,
+        "backend": group.backend,
+    }
 
 
 def _tensor_files(folder: Path) -> dict[str, str]:

@@ -78,10 +78,17 @@ class SGLangEngine(WeightRelay, HTTPEngine):
         extra.setdefault("dp_size", self.section.data_parallel_size)
         extra.setdefault("max_running_requests", self.config.max_batch_size)
         cmd = [
-            python_executable(self.section.python or sys.executable), "-m", "sglang.launch_server",
-            "--model-path", self.config.model_path, "--host", self.section.host, "--port", str(port),
+            python_executable(self.section.python or sys.executable),
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            self.config.model_path,
+            "--host",
+            self.section.host,
+            "--port",
+            str(port),
             *cli_flags(extra),
-        ]  # fmt: skip
+        ]
         if self.section.api_key:
             cmd += ["--api-key", self.section.api_key]
         return ServerProcess(cmd, env=self.section.env, log_file=self.section.log_file)

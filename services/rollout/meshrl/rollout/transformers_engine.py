@@ -116,9 +116,12 @@ class TransformersEngine(Engine):
             self._require_weights_memory()
             start = time.perf_counter()
             weights = weights_pb2.DiskWeights(
-                path=update.path, version=update.version, manifest_sha256=update.manifest_sha256, delta=True,
+                path=update.path,
+                version=update.version,
+                manifest_sha256=update.manifest_sha256,
+                delta=True,
                 base_version=update.delta_base or 0,
-            )  # fmt: skip
+            )
             staged = stage_delta(self.runner.named_parameters(), weights, self.batcher.version)
             copy = lambda: apply_delta(self.runner.named_parameters(), staged)  # noqa: E731
             return self._install(update.version, start, copy, update.pause_mode, update.flush_cache)
