@@ -20,6 +20,8 @@ from meshrl.common.telemetry import TelemetryConfig
 from meshrl.rollout.limits import RequestLimits
 
 DEFAULT_PORT = 50053
+CONTROL_THREADS = 16  # server threads beyond limits.max_streams by default: weight updates, pauses, batches
+MIN_CONTROL_THREADS = 4  # the fewest an operator's server.max_workers may leave beside the streams
 
 
 class TransformersEngineConfig(StrictModel):
@@ -139,6 +141,22 @@ class RolloutConfig(StrictModel):
         default_factory=PathRoots.working_folder,
         description="roots of the weight and staging folders that calls name (default: the working directory)",
     )
+
+    @pydantic.model_validator(mode="after")
+    def _threads_for_streams(self) -> RolloutConfig:
+        """Every GenerateStream holds a server thread: the server keeps threads for the other calls beyond
+        limits.max_streams (server.max_workers follows the bound unless it is set)."""
+        need = self.limits.max_streams + MIN_CONTROL_THREADS
+        if "max_workers" not in self.server.model_fields_set:
+            self.server.max_workers = self.limits.max_streams + CONTROL_THREADS
+            self.server.model_fields_set.discard("max_workers")  # still the default: a re-check follows the bound
+        elif self.server.max_workers < need:
+            raise ValueError(
+                f"server.max_workers = {self.server.max_workers} leaves too few threads beside limits.max_streams "
+                f"= {self.limits.max_streams} (each stream holds one): raise server.max_workers to at least {need}, "
+                "lower limits.max_streams, or leave server.max_workers unset"
+            )
+        return self
 
     @property
     def effective_capacity(self) -> int:

@@ -1,5 +1,5 @@
 """Bounds on what one call may ask of a replica: samples per prompt, prompt rows, samples in all, stop
-tokens and prompt text. Checked by `RolloutReplica` before any work starts; a call past a bound is
+tokens and prompt text, and how many GenerateStream calls run at once (`meshrl.rollout.stream_slots`). Checked by `RolloutReplica` before any work starts; a call past a bound is
 RESOURCE_EXHAUSTED (too much at once) or INVALID_ARGUMENT (malformed) and changes nothing.
 """
 
@@ -17,6 +17,12 @@ class RequestLimits(StrictModel):
     max_samples: int = pydantic.Field(65536, ge=1, description="most samples (rows x n) in one GenerateBatch")
     max_stop_token_ids: int = pydantic.Field(64, ge=0, description="most extra stop token ids of one request")
     max_prompt_text_chars: int = pydantic.Field(1 << 20, ge=1, description="most characters of a text prompt")
+    max_streams: int = pydantic.Field(
+        256,
+        ge=1,
+        description="most GenerateStream calls served at once, each holding a server thread while it generates; "
+        "one more is refused with RESOURCE_EXHAUSTED (256: the scheduler's default multi-turn concurrency)",
+    )
 
     def check_batch(self, n: int, rows: int) -> None:
         if n > self.max_n:

@@ -29,6 +29,7 @@ from meshrl.common.weights import BaseMismatch, GroupSpec
 from meshrl.rollout.call_deadline import await_all, cancel_all
 from meshrl.rollout.engine import Engine
 from meshrl.rollout.limits import RequestLimits
+from meshrl.rollout.stream_slots import StreamSlots
 from meshrl.rollout.types import (
     DiskUpdate,
     FinishReason,
@@ -108,6 +109,7 @@ class RolloutReplica:
         self._user_paused = False
         self._active = 0
         self._idle = threading.Condition()
+        self.streams = StreamSlots(self.limits.max_streams, replica_id)
 
     # --- state ------------------------------------------------------------------------------
     @property
@@ -295,11 +297,12 @@ class RolloutReplica:
         if not request.prompt_ids and prompt_text:
             request.prompt_ids = self.engine.tokenize(prompt_text)
         self.engine.validate(request)
-        self._enter()
-        try:
-            yield from self.engine.stream(request)
-        finally:
-            self._leave()
+        with self.streams.held():  # at most limits.max_streams at once, each on a server thread
+            self._enter()
+            try:
+                yield from self.engine.stream(request)
+            finally:
+                self._leave()
 
     # --- weights ----------------------------------------------------------------------------------
     def _check_version(self, version: int) -> bool:
