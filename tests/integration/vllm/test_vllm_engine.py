@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -117,19 +118,20 @@ def test_the_tied_output_layer_follows_new_embeddings(vllm_tied, tied_model, tmp
 def test_an_update_landing_mid_generation_records_each_tokens_version(vllm_tied, tied_model, tmp_path):
     prompt = PROMPTS[2]
     old = greedy(vllm_tied, prompt, 200)
+    version = next(_versions) + vllm_tied.weight_version
+    zero = publish(tied_model, tmp_path / "w", version, weights_of(tied_model, zero_norm=True))  # before the request
+    streamed = threading.Event()
     running = vllm_tied.submit(
-        GenerationRequest(prompt, SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
+        GenerationRequest(prompt, SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)),
+        on_chunk=lambda chunk: chunk.token_ids and streamed.set(),
     )
-    while vllm_tied.status().generated_tokens == 0 or not vllm_tied.status().running_requests:
-        time.sleep(0.01)
-    time.sleep(0.1)
-    version = load(
-        vllm_tied,
-        tied_model,
-        tmp_path / "w",
-        weights_of(tied_model, zero_norm=True),
-        pause_mode=PauseMode.IN_PLACE,
-        flush_cache=False,
+    # the update lands once this request's first tokens arrived; a request that ended first says why
+    deadline = time.monotonic() + 60
+    while not streamed.wait(0.01):
+        assert not running.done(), f"the request ended before its first token: {running.result()}"
+        assert time.monotonic() < deadline, "no token of the request arrived in 60 s"
+    vllm_tied.update_weights_from_disk(
+        DiskUpdate(zero.path, version, zero.manifest_sha256, pause_mode=PauseMode.IN_PLACE, flush_cache=False)
     )
     out = running.result(timeout=120)
     assert len(out.token_ids) == 200
