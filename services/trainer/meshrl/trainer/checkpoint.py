@@ -83,8 +83,9 @@ def agree(error: BaseException | None, what: str) -> None:
         raise Unavailable(f"another trainer rank failed to {what}; see that rank's log")
 
 
-def write_collective(path: str | Path, rank: int, write: Callable[[Path], None], meta: dict[str, Any],
-                     data_state: bytes) -> int:  # fmt: skip
+def write_collective(
+    path: str | Path, rank: int, write: Callable[[Path], None], meta: dict[str, Any], data_state: bytes
+) -> int:
     """Every rank calls this together: `write(tmp_dir)` writes this rank's files; rank 0 adds meta.json and
     data_state.bin, then COMPLETE, and renames the directory to `path` (replacing an existing checkpoint).
     Returns the checkpoint's bytes on rank 0 (0 elsewhere)."""

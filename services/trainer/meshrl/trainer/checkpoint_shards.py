@@ -36,8 +36,12 @@ def optim_file(tp: int, pp: int, dp: int) -> str:
 
 def layout_meta(layout: Layout, state: RoleState) -> dict[str, int | bool]:
     distributed = state.optimizer is not None and opt_state.is_distributed(state.optimizer)
-    return {"tensor_parallel": layout.tensor_parallel, "pipeline_parallel": layout.pipeline_parallel,
-            "data_parallel": layout.data_parallel, "distributed_optimizer": distributed}  # fmt: skip
+    return {
+        "tensor_parallel": layout.tensor_parallel,
+        "pipeline_parallel": layout.pipeline_parallel,
+        "data_parallel": layout.data_parallel,
+        "distributed_optimizer": distributed,
+    }
 
 
 def write_rank_files(tmp: Path, state: RoleState, layout: Layout, rank: int) -> None:
@@ -155,8 +159,9 @@ def restore(reader: ShardReader, state: RoleState, layout: Layout, vocab_rows: i
     targets = local_targets(state.spec, layout, value_head=state.value_head)
     with torch.no_grad():
         for placed, name in targets:
-            part = shard(reader.weight(placed.mapping.megatron), placed.split, layout.tensor_parallel,
-                         layout.tp_rank, vocab_rows)  # fmt: skip
+            part = shard(
+                reader.weight(placed.mapping.megatron), placed.split, layout.tensor_parallel, layout.tp_rank, vocab_rows
+            )
             params[name].copy_(part.to(dtype=params[name].dtype, device=params[name].device))
     if state.optimizer is None:
         return

@@ -108,9 +108,11 @@ class TrainerConfig(StrictModel):
     )
     torch_threads: int | None = pydantic.Field(None, ge=1, description="torch CPU threads (None = torch's default)")
     single_thread_below_gflop: float = pydantic.Field(
-        1.5, ge=0, description="a CPU call whose estimated work (2 or 6 x parameters x tokens) is below this many "
+        1.5,
+        ge=0,
+        description="a CPU call whose estimated work (2 or 6 x parameters x tokens) is below this many "
         "GFLOP runs on one torch thread: waking the others costs more than they save (0: never)",
-    )  # fmt: skip
+    )
     telemetry: TelemetryConfig = pydantic.Field(default_factory=TelemetryConfig)
     paths: PathRoots = pydantic.Field(
         default_factory=PathRoots.working_folder,

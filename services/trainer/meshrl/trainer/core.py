@@ -9,7 +9,6 @@ Has no gRPC imports: `meshrl.trainer.server` converts protos and calls it; tests
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
 
@@ -29,44 +28,31 @@ from meshrl.trainer.batching import SequenceBatch, collate, plan_micro_batches, 
 from meshrl.trainer.call_threads import FORWARD, FORWARD_BACKWARD, call_flop, threads_for
 from meshrl.trainer.export import DEFAULT_BUCKET_BYTES
 from meshrl.trainer.forward import logprobs_from_logits, values_from_output
-from meshrl.trainer.hf_config import read_hf_config
-from meshrl.trainer.hf_weights import read_hf_tensors
-from meshrl.trainer.model import build_gpt_model, ensure_parallel_state, parse_dtype
-from meshrl.trainer.optim import OptimizerConfig, build_optimizer, wrap_ddp
+from meshrl.trainer.model import ensure_parallel_state
+from meshrl.trainer.optim import OptimizerConfig
 from meshrl.trainer.reward_model import REWARD_ROLE, load_reward_model
+from meshrl.trainer.role_models import build_role
 from meshrl.trainer.roles import ComputeResult, NonFiniteLoss, RoleState, TrainResult
 from meshrl.trainer.schedule import run_microbatches
-from meshrl.trainer.sharding import iter_gathered, load_sharded, local_targets, padded_rows
-from meshrl.trainer.training import needed_columns, train_role
+from meshrl.trainer.sharding import iter_gathered, local_targets, padded_rows
+from meshrl.trainer.training import check_train_inputs, needed_columns, train_role
 
 __all__ = ["ROLES", "ComputeResult", "NonFiniteLoss", "RoleState", "TrainResult", "TrainerCore"]
-
-
-def check_train_inputs(batch, lr_override: float, step_lrs: Sequence[float] = ()) -> None:
-    """Refuses a train call that would change the weights wrongly or count a step that trained nothing."""
-    if not math.isfinite(lr_override) or lr_override < 0:
-        raise InvalidArgument(
-            f"lr_override = {lr_override}: must be a finite number >= 0 (0 = the scheduled learning rate)",
-            field="lr_override",
-        )
-    bad = [lr for lr in step_lrs if not (math.isfinite(lr) and lr > 0)]
-    if bad:
-        raise InvalidArgument(f"step_lrs holds {bad[:3]}: every step's learning rate must be finite and > 0",
-                              field="step_lrs")  # fmt: skip
-    if int(batch.response_lengths.sum()) == 0:
-        raise InvalidArgument(
-            f"the batch's {len(batch)} rows have no response (loss) tokens: nothing to train on; "
-            "this call is not a training step. Fix: drop empty responses before the train node",
-            field="inputs",
-        )
 
 
 class TrainerCore:
     """Models per role on this process; see the module docstring."""
 
-    def __init__(self, *, micro_batch_tokens: int = 4096, temperature: float = 1.0, atomic_steps: bool = True,
-                 tensor_parallel: int = 1, pipeline_parallel: int = 1,
-                 single_thread_below_gflop: float = 0.0):  # fmt: skip
+    def __init__(
+        self,
+        *,
+        micro_batch_tokens: int = 4096,
+        temperature: float = 1.0,
+        atomic_steps: bool = True,
+        tensor_parallel: int = 1,
+        pipeline_parallel: int = 1,
+        single_thread_below_gflop: float = 0.0,
+    ):
         self.layout = ensure_parallel_state(tensor_parallel, pipeline_parallel)
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
@@ -107,34 +93,25 @@ class TrainerCore:
             self.roles[role] = load_reward_model(self, path, dtype=dtype, seed=seed)
             return self.roles[role]
         source = self.role(copy_from) if copy_from else None
-        if source is not None:
-            path = source.model_path
-        spec = source.spec if source is not None else read_hf_config(path)
-        torch_dtype = parse_dtype(dtype)
-        model = build_gpt_model(
-            spec, dtype=torch_dtype, value_head=role == "critic", seed=seed,
+        state = build_role(
+            role,
+            path,
+            self.layout,
+            dtype=dtype,
+            optimizer=optimizer,
+            seed=seed,
             gradient_checkpointing=gradient_checkpointing,
-        )  # fmt: skip
-        if source is not None:
-            _copy_parameters(source.model, model, keep_head=(role == "critic") != source.value_head)
-        else:
-            load_sharded(model, read_hf_tensors(path), spec, self.layout, value_head=role == "critic")
-        state = RoleState(role, str(path), spec, model, dtype, layout=self.layout)
-        state.names = {id(p): n for n, p in model.named_parameters()}
-        if role == "reference":
-            model.eval().requires_grad_(False)
-        else:
-            state.optimizer_config = optimizer or OptimizerConfig()
-            state.ddp = wrap_ddp(model, distributed=state.optimizer_config.distributed)
-            state.optimizer = build_optimizer(state.ddp, state.optimizer_config, torch_dtype)
+            source=source,
+        )
         self.roles[role] = state
         return state
 
     def role(self, role: str) -> RoleState:
         if role not in self.roles:
             loaded = ", ".join(self.roles) or "none"
-            raise FailedPrecondition(f"no model loaded for role {role!r} (loaded: {loaded}); call LoadModel first",
-                                     reason=MODEL_NOT_LOADED)  # fmt: skip
+            raise FailedPrecondition(
+                f"no model loaded for role {role!r} (loaded: {loaded}); call LoadModel first", reason=MODEL_NOT_LOADED
+            )
         return self.roles[role]
 
     # --- inference ---------------------------------------------------------------------------
@@ -266,23 +243,23 @@ class TrainerCore:
         if (cfg.policy_loss == "value") != (role == "critic"):
             raise InvalidArgument(f"policy_loss {cfg.policy_loss!r} does not fit role {role!r}; critic <-> 'value'")
         batch = sequence_batch(columns, vocab_size=state.spec.vocab_size, needed=needed_columns(cfg))
-        check_train_inputs(batch, lr_override, step_lrs)
-        if step_lrs and mini_batches not in (1, len(step_lrs)):
-            raise InvalidArgument(
-                f"mini_batches = {mini_batches} but step_lrs holds {len(step_lrs)} rates: one rate per optimizer "
-                "step; leave mini_batches unset", field="step_lrs",
-            )  # fmt: skip
-        mini_batches = len(step_lrs) or mini_batches
-        if not 1 <= mini_batches <= len(batch):
-            raise InvalidArgument(f"mini_batches = {mini_batches} must be in [1, rows = {len(batch)}]")
+        mini_batches = check_train_inputs(batch, mini_batches, lr_override, step_lrs)
         temp = self.temperature if temperature is None else temperature
         lrs = list(step_lrs) or [lr_override] * mini_batches
         with self.threads(state, batch, FORWARD_BACKWARD, steps=mini_batches):
             # steps with rates of their own (a warm-up's) are each atomic: no snapshot of the whole call
             return self._train(state, batch, cfg, temp, micro_batch_tokens, lrs, self.atomic_steps and not step_lrs)
 
-    def _train(self, state: RoleState, batch: SequenceBatch, cfg: LossConfig, temp: float,
-               micro_batch_tokens: int | None, lrs: list[float], atomic: bool) -> TrainResult:  # fmt: skip
+    def _train(
+        self,
+        state: RoleState,
+        batch: SequenceBatch,
+        cfg: LossConfig,
+        temp: float,
+        micro_batch_tokens: int | None,
+        lrs: list[float],
+        atomic: bool,
+    ) -> TrainResult:
         """pi_old in the call when the loss asks for it ('in-train'), then the optimizer steps (train_role)."""
         pi_old = None
         if cfg.old_logprobs == "in-train" and cfg.policy_loss not in ("sft", "value"):
@@ -314,11 +291,16 @@ class TrainerCore:
         part and waits for it. Returns bytes written (rank 0)."""
         state = self.role(role)
         meta = {
-            "role": role, "step": int(step), "train_steps": state.train_steps,
-            "weight_version": state.weight_version, "model_path": state.model_path, "dtype": state.dtype,
-            "architecture": state.spec.architecture, "layout": shards.layout_meta(self.layout, state),
+            "role": role,
+            "step": int(step),
+            "train_steps": state.train_steps,
+            "weight_version": state.weight_version,
+            "model_path": state.model_path,
+            "dtype": state.dtype,
+            "architecture": state.spec.architecture,
+            "layout": shards.layout_meta(self.layout, state),
             "optimizer_config": None if state.optimizer_config is None else state.optimizer_config.model_dump(),
-        }  # fmt: skip
+        }
         write = lambda tmp: shards.write_rank_files(tmp, state, self.layout, self.rank)  # noqa: E731
         return ckpt.write_collective(path, self.rank, write, meta, data_state)
 
@@ -391,17 +373,3 @@ class TrainerCore:
                 for r, s in self.roles.items()
             },
         }
-
-
-def _copy_parameters(source: torch.nn.Module, target: torch.nn.Module, *, keep_head: bool) -> None:
-    """Copies this rank's parameters of `source` into the same-layout `target` (keep_head: the target keeps
-    its own output layer, e.g. a critic's fresh value head copied from an actor)."""
-    have = dict(source.named_parameters())
-    with torch.no_grad():
-        for name, param in target.named_parameters():
-            if keep_head and name == "output_layer.weight":
-                continue
-            if name not in have or have[name].shape != param.shape:
-                raise InvalidArgument(f"cannot copy weights: the source model has no parameter {name!r} shaped like "
-                                      f"{tuple(param.shape)}; copy between roles of the same model")  # fmt: skip
-            param.copy_(have[name])

@@ -33,16 +33,30 @@ def rank_zero_store(address: str, port: int, world: int, timeout_s: float) -> di
     port 0 it binds a free one itself (read `.port`), so no other process can take the port between choosing
     and binding it. Raises ConfigError when a configured port is taken."""
     try:
-        return dist.TCPStore(address, port, world, is_master=True, timeout=datetime.timedelta(seconds=timeout_s),
-                             wait_for_workers=False)  # fmt: skip
+        return dist.TCPStore(
+            address, port, world, is_master=True, timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False
+        )
     except (RuntimeError, OSError) as exc:  # DistNetworkError is a RuntimeError
-        raise ConfigError("data_parallel.master_port", port, f"rank 0 cannot listen on {address}:{port}: {exc}",
-                          "use 0 (rank 0 picks a free port) or a port nothing else uses") from exc  # fmt: skip
+        raise ConfigError(
+            "data_parallel.master_port",
+            port,
+            f"rank 0 cannot listen on {address}:{port}: {exc}",
+            "use 0 (rank 0 picks a free port) or a port nothing else uses",
+        ) from exc
 
 
-def init_ranks(rank: int, world: int, address: str, port: int, backend: str, timeout_s: float, *,
-               local_rank: int | None = None, from_environment: bool = False,
-               store: dist.Store | None = None) -> None:  # fmt: skip
+def init_ranks(
+    rank: int,
+    world: int,
+    address: str,
+    port: int,
+    backend: str,
+    timeout_s: float,
+    *,
+    local_rank: int | None = None,
+    from_environment: bool = False,
+    store: dist.Store | None = None,
+) -> None:
     """Joins the trainer's torch.distributed world (one process per rank; with CUDA, device = local rank).
     `from_environment`: a launcher set MASTER_ADDR / MASTER_PORT (and may host the store itself, as torchrun's
     agent does), so the rendezvous is `env://`. Else rank 0 passes its `rank_zero_store` and the other ranks

@@ -45,9 +45,12 @@ def _int(env: Mapping[str, str], name: str, low: int) -> int:
     except ValueError:
         value = None
     if value is None or value < low:
-        raise ConfigError(f"environment {name}", raw, f"must be an integer >= {low}",
-                          f"start the trainer with a launcher that sets {name} (torchrun does), or set "
-                          "data_parallel.launcher=spawn")  # fmt: skip
+        raise ConfigError(
+            f"environment {name}",
+            raw,
+            f"must be an integer >= {low}",
+            f"start the trainer with a launcher that sets {name} (torchrun does), or set data_parallel.launcher=spawn",
+        )
     return value
 
 
@@ -61,15 +64,22 @@ def launched_rank(launcher: Launcher, world_size: int, env: Mapping[str, str] | 
         return None
     missing = [name for name in REQUIRED if not env.get(name)]
     if missing:
-        raise ConfigError("data_parallel.launcher", str(launcher), f"the environment lacks {', '.join(missing)}",
-                          "start every rank with torchrun (or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT), "
-                          "or use data_parallel.launcher=spawn")  # fmt: skip
+        raise ConfigError(
+            "data_parallel.launcher",
+            str(launcher),
+            f"the environment lacks {', '.join(missing)}",
+            "start every rank with torchrun (or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT), "
+            "or use data_parallel.launcher=spawn",
+        )
     world = _int(env, "WORLD_SIZE", 1)
     if world != world_size:
-        raise ConfigError("environment WORLD_SIZE", world,
-                          f"the config asks for {world_size} ranks (data_parallel.size x parallel.tensor_parallel x "
-                          "parallel.pipeline_parallel)",
-                          "start that many ranks (torchrun --nnodes x --nproc-per-node) or change the config")  # fmt: skip
+        raise ConfigError(
+            "environment WORLD_SIZE",
+            world,
+            f"the config asks for {world_size} ranks (data_parallel.size x parallel.tensor_parallel x "
+            "parallel.pipeline_parallel)",
+            "start that many ranks (torchrun --nnodes x --nproc-per-node) or change the config",
+        )
     rank = _int(env, "RANK", 0)
     if rank >= world:
         raise ConfigError("environment RANK", rank, f"must be below WORLD_SIZE={world}", "check the launcher")

@@ -46,8 +46,12 @@ class OptimizerConfig(Settings):
         if self.min_lr > self.lr:
             raise ConfigError("optimizer.min_lr", self.min_lr, f"is above lr = {self.lr}", "use 0 or a value below lr")
         if self.distributed and self.name != "adam":
-            raise ConfigError("optimizer.distributed", True, f"Megatron's distributed optimizer needs adam, not "
-                              f"{self.name!r}", "use name=adam or distributed=false")  # fmt: skip
+            raise ConfigError(
+                "optimizer.distributed",
+                True,
+                f"Megatron's distributed optimizer needs adam, not {self.name!r}",
+                "use name=adam or distributed=false",
+            )
         return self
 
 

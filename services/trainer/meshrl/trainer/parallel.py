@@ -65,9 +65,11 @@ def check_layout(world: int, tensor_parallel: int, pipeline_parallel: int) -> in
             raise ConfigError(name, value, "must be >= 1", "use 1 to disable that kind of parallelism")
     if world % (tensor_parallel * pipeline_parallel):
         raise ConfigError(
-            "parallel", f"TP={tensor_parallel} x PP={pipeline_parallel}", f"does not divide the {world} trainer ranks",
+            "parallel",
+            f"TP={tensor_parallel} x PP={pipeline_parallel}",
+            f"does not divide the {world} trainer ranks",
             "make the number of ranks a multiple of tensor_parallel * pipeline_parallel",
-        )  # fmt: skip
+        )
     return world // (tensor_parallel * pipeline_parallel)
 
 

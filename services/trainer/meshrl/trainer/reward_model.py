@@ -47,20 +47,26 @@ def read_reward_config(path: str | Path) -> RewardSpec:
     refuses anything else with the reason and the fix."""
     file = Path(path) / "config.json"
     if not file.is_file():
-        raise NotFound(f"reward model folder {str(path)!r} has no config.json; point config.model_path at a Hugging "
-                       "Face sequence-classification model folder (config.json + safetensors)")  # fmt: skip
+        raise NotFound(
+            f"reward model folder {str(path)!r} has no config.json; point config.model_path at a Hugging "
+            "Face sequence-classification model folder (config.json + safetensors)"
+        )
     try:
         config = json.loads(file.read_text())
     except json.JSONDecodeError as err:
         raise InvalidArgument(f"{file} is not valid JSON: {err}") from None
     arch = (config.get("architectures") or [None])[0]
     if not isinstance(arch, str) or not arch.endswith(_SUFFIX):
-        raise InvalidArgument(f"reward model {str(path)!r} is a {arch!r}, not a *{_SUFFIX}; a reward model is a "
-                              "sequence classifier with one label (e.g. Qwen2ForSequenceClassification, num_labels 1)")  # fmt: skip
+        raise InvalidArgument(
+            f"reward model {str(path)!r} is a {arch!r}, not a *{_SUFFIX}; a reward model is a "
+            "sequence classifier with one label (e.g. Qwen2ForSequenceClassification, num_labels 1)"
+        )
     labels = int(config.get("num_labels") or len(config.get("id2label") or {}) or 2)  # HF's default is 2 labels
     if labels != 1:
-        raise InvalidArgument(f"reward model {str(path)!r} has {labels} labels; a reward model scores with exactly "
-                              "one (save it with num_labels=1)")  # fmt: skip
+        raise InvalidArgument(
+            f"reward model {str(path)!r} has {labels} labels; a reward model scores with exactly "
+            "one (save it with num_labels=1)"
+        )
     decoder = spec_from_config({**config, "architectures": [arch[: -len(_SUFFIX)] + "ForCausalLM"]})
     pad = config.get("pad_token_id")
     return RewardSpec(dataclasses.replace(decoder, architecture=arch), None if pad is None else int(pad))
@@ -72,8 +78,10 @@ def load_reward_model(core, path: str, *, dtype: str = "float32", seed: int = 0)
     reward = read_reward_config(path)
     tensors = read_hf_tensors(path)
     if VALUE_HEAD not in tensors:
-        raise InvalidArgument(f"reward model {str(path)!r} holds no {VALUE_HEAD!r} (its classification head); "
-                              "save the trained sequence classifier, not its base model")  # fmt: skip
+        raise InvalidArgument(
+            f"reward model {str(path)!r} holds no {VALUE_HEAD!r} (its classification head); "
+            "save the trained sequence classifier, not its base model"
+        )
     model = build_gpt_model(reward.model, dtype=parse_dtype(dtype), value_head=True, seed=seed)
     load_sharded(model, tensors, reward.model, core.layout, value_head=True)
     model.eval().requires_grad_(False)
@@ -116,5 +124,9 @@ def compute_scores(core, columns: Mapping[str, object], *, micro_batch_tokens: i
             flat[torch.as_tensor(rows, device=core.device)] = scores
     if core.world > 1:  # each data-parallel replica's result rank scored some rows: sum the zero-filled parts
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-    return ComputeResult(Ragged(flat.cpu().numpy(), np.arange(len(batch) + 1, dtype=np.int64)), None,
-                         int(batch.total_lengths.sum()), len(plans))  # fmt: skip
+    return ComputeResult(
+        Ragged(flat.cpu().numpy(), np.arange(len(batch) + 1, dtype=np.int64)),
+        None,
+        int(batch.total_lengths.sum()),
+        len(plans),
+    )

@@ -47,8 +47,16 @@ def build_service(
     spawned = spawned or SpawnedRanks()
     bus = None
     if launched is not None and world > 1:
-        init_ranks(0, world, launched.master_address, launched.master_port, dp.backend, dp.start_timeout_seconds,
-                   local_rank=launched.local_rank, from_environment=True)  # fmt: skip
+        init_ranks(
+            0,
+            world,
+            launched.master_address,
+            launched.master_port,
+            dp.backend,
+            dp.start_timeout_seconds,
+            local_rank=launched.local_rank,
+            from_environment=True,
+        )
         bus = CommandBus()
     elif world > 1:
         if not spawned.procs:

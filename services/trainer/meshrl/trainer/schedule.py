@@ -21,8 +21,9 @@ from meshrl.trainer.batching import MicroBatch
 Head = Callable[[torch.Tensor, MicroBatch], tuple[torch.Tensor, Any]]
 
 
-def run_microbatches(model: torch.nn.Module, micro_batches: Sequence[MicroBatch], head: Head, *,
-                     forward_only: bool) -> list[Any]:  # fmt: skip
+def run_microbatches(
+    model: torch.nn.Module, micro_batches: Sequence[MicroBatch], head: Head, *, forward_only: bool
+) -> list[Any]:
     """Forward (and, unless forward_only, backward) of every micro-batch; returns head's extras (last stage)."""
     if not micro_batches:
         return []

@@ -75,8 +75,11 @@ def _passes(request: pb.ComputeLogProbsRequest) -> list[dict]:
     seen = [BatchRef.from_proto(request.output, "output")]
     for i, p in enumerate(passes):
         if p["output"] in seen:
-            raise InvalidArgument(f"more_passes[{i}].output is the output of an earlier pass of this call; give "
-                                  "each pass a key of its own", field=f"more_passes[{i}].output")  # fmt: skip
+            raise InvalidArgument(
+                f"more_passes[{i}].output is the output of an earlier pass of this call; give "
+                "each pass a key of its own",
+                field=f"more_passes[{i}].output",
+            )
         seen.append(p["output"])
     return passes
 
@@ -85,11 +88,17 @@ def _pass(i: int, p: pb.LogProbPass) -> dict:
     """A request's more_passes[i], as TrainerService.compute_logprobs takes it."""
     field = f"more_passes[{i}]"
     if p.role == pb.ROLE_REWARD:
-        raise InvalidArgument(f"{field}: the reward model has a score head, no log-probs; call ComputeScores for it",
-                              field=f"{field}.role")  # fmt: skip
-    return {"role": role_name(p.role, f"{field}.role"), "output": BatchRef.from_proto(p.output, f"{field}.output"),
-            "with_entropy": p.with_entropy, "output_name": p.output_name,
-            "weight_version": optional_field(p, "weight_version")}  # fmt: skip
+        raise InvalidArgument(
+            f"{field}: the reward model has a score head, no log-probs; call ComputeScores for it",
+            field=f"{field}.role",
+        )
+    return {
+        "role": role_name(p.role, f"{field}.role"),
+        "output": BatchRef.from_proto(p.output, f"{field}.output"),
+        "with_entropy": p.with_entropy,
+        "output_name": p.output_name,
+        "weight_version": optional_field(p, "weight_version"),
+    }
 
 
 class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
@@ -102,8 +111,9 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
 
     def LoadModel(self, request: pb.LoadModelRequest, context) -> pb.LoadModelResponse:
         role = role_name(request.role)
-        self.service.check_layout(request.parallel.tensor_parallel, request.parallel.pipeline_parallel,
-                                  request.parallel.data_parallel)  # fmt: skip
+        self.service.check_layout(
+            request.parallel.tensor_parallel, request.parallel.pipeline_parallel, request.parallel.data_parallel
+        )
         copy_from = role_name(request.copy_from, "copy_from") if request.copy_from else None
         info = self.service.load_model(
             role,
@@ -136,8 +146,10 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
     def ComputeScores(self, request: pb.ComputeScoresRequest, context) -> pb.ComputeResponse:
         role = role_name(request.role) if request.role else "reward"
         if role != "reward":
-            raise InvalidArgument(f"ComputeScores scores with the reward model: role {role!r} has no score head; "
-                                  "leave role unset (or ROLE_REWARD) and load the reward model under ROLE_REWARD")  # fmt: skip
+            raise InvalidArgument(
+                f"ComputeScores scores with the reward model: role {role!r} has no score head; "
+                "leave role unset (or ROLE_REWARD) and load the reward model under ROLE_REWARD"
+            )
         out = self.service.compute_scores(
             [BatchRef.from_proto(k) for k in request.inputs],
             BatchRef.from_proto(request.output),

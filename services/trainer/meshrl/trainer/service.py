@@ -1,73 +1,35 @@
 """TrainerService: the trainer's operations on data-buffer keys, over one or several data-parallel ranks.
 
 Reads input batches from the data buffer, calls `TrainerCore`, writes outputs back (rank 0), publishes
-weights. Collective operations are broadcast to the other ranks first (`dp.CommandBus`), so each
-public method here is one command. Arguments are plain JSON-able values; `server.py` converts protos
-to them. No gRPC imports.
+weights (`publication.WeightPublisher`). Collective operations are broadcast to the other ranks first
+(`dp.CommandBus`), so each public method here is one command. Arguments are plain JSON-able values;
+`server.py` converts protos to them. No gRPC imports.
 """
 
 from __future__ import annotations
 
 import base64
-import dataclasses
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from meshrl.api.common.v1 import weights_pb2
 from meshrl.common import batch_schema as S
 from meshrl.common.batch_key import BatchRef
-from meshrl.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from meshrl.common.errors import FailedPrecondition, InvalidArgument
 from meshrl.common.loss_config import LossConfig
-from meshrl.common.weights import DeltaBase, WeightGroup, delta_update, write_delta, write_version
-from meshrl.common.weights.delta import DEFAULT_MAX_FRACTION
-from meshrl.common.weights.engine_group import EngineGroupSender, join_sender
 from meshrl.trainer.config import TrainerConfig
 from meshrl.trainer.core import TrainerCore
 from meshrl.trainer.dp import CommandBus, require_ok
 from meshrl.trainer.offload import set_residency
 from meshrl.trainer.optim_config import OptimizerConfig
+from meshrl.trainer.publication import Published, WeightPublisher
 from meshrl.trainer.reward_model import REWARD_ROLE, SCORES, compute_scores
 from meshrl.trainer.rollout_gap import rollout_gap_metrics
 
-# Copied into every published version so engines can (re)load it as a Hugging Face model folder.
-MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-               "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt", "tokenizer.model")  # fmt: skip
 # What one log-prob pass sets for itself; temperature, micro_batch_tokens and the columns read are the call's.
 PASS_KEYS = ("with_entropy", "output_name", "weight_version")
-
-
-@dataclasses.dataclass
-class Published:
-    version: int
-    bytes: int
-    buckets: int
-    seconds: float
-    checksums: dict[str, str]
-    disk: weights_pb2.DiskWeights | None = None
-    backend: str = ""  # of the weight group that carried it; "" for disk
-
-
-class _Counter:
-    """Passes buckets through, counting them and their tensor bytes."""
-
-    def __init__(self, buckets: Iterable[list]) -> None:
-        self._buckets = buckets
-        self.buckets = 0
-        self.bytes = 0
-
-    def __iter__(self) -> Iterator[list]:
-        for bucket in self._buckets:
-            self.buckets += 1
-            self.bytes += sum(t.numel() * t.element_size() for _, t in bucket)
-            yield bucket
-
-
-def _model_files(model_path: str) -> dict[str, bytes]:
-    root = Path(model_path)
-    return {name: (root / name).read_bytes() for name in MODEL_FILES if (root / name).is_file()}
 
 
 def _or_default(value: Any, default: Any) -> Any:
@@ -80,8 +42,7 @@ class TrainerService:
         self.core = core
         self.buffer = buffer  # meshrl.common.databuffer_client.DataBufferClient, or None
         self.bus = bus
-        self.groups: dict[str, WeightGroup | EngineGroupSender] = {}
-        self._bases: dict[str, DeltaBase] = {}  # role -> the version published last, while deltas are asked for
+        self.publisher = WeightPublisher(cfg, core, self._start_gather)
         self.last_metrics: dict[str, float] = {}
         self._lock = threading.Lock()
         # The collective operations: rank 0 runs one and sends its name to the other ranks, which run the same.
@@ -144,9 +105,11 @@ class TrainerService:
     def check_layout(self, tensor_parallel: int = 0, pipeline_parallel: int = 0, data_parallel: int = 0) -> None:
         """Refuses a requested layout (0 = any) that differs from the one this trainer's ranks were started with."""
         have = self.core.layout
-        for name, asked, actual in (("tensor_parallel", tensor_parallel, have.tensor_parallel),
-                                    ("pipeline_parallel", pipeline_parallel, have.pipeline_parallel),
-                                    ("data_parallel", data_parallel, have.data_parallel)):  # fmt: skip
+        for name, asked, actual in (
+            ("tensor_parallel", tensor_parallel, have.tensor_parallel),
+            ("pipeline_parallel", pipeline_parallel, have.pipeline_parallel),
+            ("data_parallel", data_parallel, have.data_parallel),
+        ):
             if asked and asked != actual:
                 raise InvalidArgument(
                     f"parallel.{name} = {asked} was asked, but this trainer runs at {have.describe()}; start the "
@@ -156,15 +119,24 @@ class TrainerService:
     def load_model(self, role: str, path: str, **kwargs: Any) -> dict[str, Any]:
         return self._call("load_model", role=role, path=path, **kwargs)
 
-    def _load_model(self, role, path, dtype="float32", optimizer=None, seed=0, gradient_checkpointing=False,
-                    copy_from=None) -> dict[str, Any]:  # fmt: skip
+    def _load_model(
+        self, role, path, dtype="float32", optimizer=None, seed=0, gradient_checkpointing=False, copy_from=None
+    ) -> dict[str, Any]:
         opt = OptimizerConfig(**optimizer) if optimizer else None
         state = self.core.load_model(
-            role, path, dtype=dtype, optimizer=opt, seed=seed,
-            gradient_checkpointing=gradient_checkpointing, copy_from=copy_from,
-        )  # fmt: skip
-        return {"num_parameters": state.num_parameters, "architecture": state.spec.architecture,
-                "vocab_size": state.spec.vocab_size}  # fmt: skip
+            role,
+            path,
+            dtype=dtype,
+            optimizer=opt,
+            seed=seed,
+            gradient_checkpointing=gradient_checkpointing,
+            copy_from=copy_from,
+        )
+        return {
+            "num_parameters": state.num_parameters,
+            "architecture": state.spec.architecture,
+            "vocab_size": state.spec.vocab_size,
+        }
 
     def compute_logprobs(
         self, role: str, inputs: Sequence[BatchRef], output: BatchRef, more_passes: Sequence[dict] = (), **kwargs: Any
@@ -172,8 +144,10 @@ class TrainerService:
         """One log-prob pass over the rows of `inputs`, written to `output`, and each of `more_passes` ({role,
         output, with_entropy, output_name, weight_version}) over the same rows, read once; the reply's
         "passes" holds one reply per further pass, in order."""
-        passes = [{"role": role, **{k: kwargs.pop(k) for k in PASS_KEYS if k in kwargs}},
-                  *({k: v for k, v in p.items() if k != "output"} for p in more_passes)]  # fmt: skip
+        passes = [
+            {"role": role, **{k: kwargs.pop(k) for k in PASS_KEYS if k in kwargs}},
+            *({k: v for k, v in p.items() if k != "output"} for p in more_passes),
+        ]
         outputs = [output, *(p["output"] for p in more_passes)]
         if self.bus is not None and self.bus.world > 1:
             return self._call("compute_logprobs", inputs=list(inputs), outputs=outputs, passes=passes, **kwargs)
@@ -200,8 +174,16 @@ class TrainerService:
         replies = [reply for _, reply in results]
         return {**replies[0], "passes": replies[1:]}
 
-    def _logprobs_of(self, columns, role, with_entropy=False, temperature=None, micro_batch_tokens=None,
-                     output_name="", weight_version=None) -> tuple[dict[str, object], dict[str, Any]]:  # fmt: skip
+    def _logprobs_of(
+        self,
+        columns,
+        role,
+        with_entropy=False,
+        temperature=None,
+        micro_batch_tokens=None,
+        output_name="",
+        weight_version=None,
+    ) -> tuple[dict[str, object], dict[str, Any]]:
         """(the columns to write, the reply) of one log-prob pass of `role` over the rows read (`columns`)."""
         result = self.core.compute_logprobs(
             role,
@@ -221,11 +203,19 @@ class TrainerService:
         return out, {"tokens": result.tokens, "micro_batches": result.micro_batches, "metrics": metrics}
 
     def compute_values(
-        self, inputs: Sequence[BatchRef], output: BatchRef, micro_batch_tokens: int | None = None,
+        self,
+        inputs: Sequence[BatchRef],
+        output: BatchRef,
+        micro_batch_tokens: int | None = None,
         columns: Sequence[str] = (),
-    ) -> dict[str, Any]:  # fmt: skip
-        return self._call("compute_values", inputs=list(inputs), output=output, micro_batch_tokens=micro_batch_tokens,
-                          columns=list(columns))  # fmt: skip
+    ) -> dict[str, Any]:
+        return self._call(
+            "compute_values",
+            inputs=list(inputs),
+            output=output,
+            micro_batch_tokens=micro_batch_tokens,
+            columns=list(columns),
+        )
 
     def _compute_values(self, inputs, output, micro_batch_tokens=None, columns=()) -> dict[str, Any]:
         self.core.role("critic")
@@ -250,8 +240,19 @@ class TrainerService:
     def train_step(self, role: str, inputs: Sequence[BatchRef], loss: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
         return self._call("train_step", role=role, inputs=list(inputs), loss=loss, **kwargs)
 
-    def _train_step(self, role, inputs, loss, micro_batch_tokens=None, mini_batches=None, lr_override=None,
-                    columns=(), weight_version=None, step_lrs=(), temperature=None) -> dict[str, Any]:  # fmt: skip
+    def _train_step(
+        self,
+        role,
+        inputs,
+        loss,
+        micro_batch_tokens=None,
+        mini_batches=None,
+        lr_override=None,
+        columns=(),
+        weight_version=None,
+        step_lrs=(),
+        temperature=None,
+    ) -> dict[str, Any]:
         cfg = LossConfig(**loss)
         if mini_batches is not None and mini_batches < 1:
             raise InvalidArgument(f"mini_batches = {mini_batches} must be at least 1 (or unset)")
@@ -274,8 +275,13 @@ class TrainerService:
         if result.old_logprobs is not None and role == "actor":  # an in-train pi_old pass: the same gap metrics
             result.metrics.update(rollout_gap_metrics(columns, result.old_logprobs.values, weight_version))
         self.last_metrics = {f"{role}/{k}": v for k, v in result.metrics.items()}
-        return {"metrics": result.metrics, "tokens": result.tokens, "optimizer_steps": result.optimizer_steps,
-                "micro_batches": result.micro_batches, "step_losses": result.step_losses}  # fmt: skip
+        return {
+            "metrics": result.metrics,
+            "tokens": result.tokens,
+            "optimizer_steps": result.optimizer_steps,
+            "micro_batches": result.micro_batches,
+            "step_losses": result.step_losses,
+        }
 
     def save_checkpoint(self, role: str, path: str, step: int, data_state: bytes = b"") -> int:
         encoded = base64.b64encode(data_state).decode()
@@ -315,100 +321,16 @@ class TrainerService:
             return self.core.role(role).weight_version, self.core.checksums(role)
 
     def join_group(self, group: weights_pb2.CollectiveGroup) -> int:
-        """Joins (as rank 0, hosting the rendezvous) a weight-update group of either protocol (meshrl's own,
-        or the engines' wire for SGLang / vLLM workers); blocks until all members joined."""
-        old = self.groups.pop(group.group_name, None)
-        if old is not None:
-            old.destroy()
-        joined = join_sender(group)
-        self.groups[group.group_name] = joined
-        return joined.world_size
+        return self.publisher.join_group(group)
 
     def destroy_group(self, name: str) -> None:
-        group = self.groups.pop(name, None)
-        if group is not None:
-            group.destroy()
+        self.publisher.destroy_group(name)
 
-    def publish(self, role: str, transport: str, version: int, *, disk_root: str = "", keep_last: int = 0,
-                bucket_bytes: int = 0, group_name: str = "", delta: bool = False,
-                max_delta_fraction: float = 0.0) -> Published:  # fmt: skip
-        """Publishes the role's weights as `version`: a versioned folder under `disk_root`, or a broadcast
-        over the joined group `group_name` (every receiver confirms, else MembersUnresponsive / UpdateRefused).
-        `delta`: a delta (a folder, or over the group) against the version published last when this trainer
-        holds it and the delta is at most `max_delta_fraction` (0: 0.5) of a complete version, else a complete
-        version; either way a copy of the published version is kept as the next base. `bytes` in the result:
-        those the delta carried, else the complete version's."""
-        bucket_bytes = bucket_bytes or self.cfg.defaults.bucket_bytes
+    def publish(self, role: str, transport: str, version: int, **options: Any) -> Published:
+        """Publishes the role's weights as `version` (publication.WeightPublisher.publish takes `options`),
+        one operation at a time with the collective ones."""
         with self._lock:
-            state = self.core.role(role)
-            if not 0 <= max_delta_fraction <= 1:
-                raise InvalidArgument(f"max_delta_fraction must be in [0, 1] (0: 0.5), got {max_delta_fraction}")
-            if transport == "disk" and not disk_root:
-                raise FailedPrecondition("disk publication needs disk_root (the folder of versions)")
-            if transport != "disk" and group_name not in self.groups:
-                raise NotFound(f"no weight group {group_name!r} (joined: {sorted(self.groups)}); join it first")
-            start = time.perf_counter()
-            self._start_gather(role, 2)
-            sums = self.core.checksums(role)
-            buckets = self.core.iter_hf_buckets(role, bucket_bytes)
-            counter = _Counter(buckets)
-            disk, backend, sent = None, "", None
-            try:
-                if transport == "disk":
-                    disk = self._write_disk(role, version, counter, disk_root, keep_last, bucket_bytes, delta,
-                                            max_delta_fraction or DEFAULT_MAX_FRACTION)  # fmt: skip
-                else:
-                    group = self.groups[group_name]
-                    sent = self._send_group(role, version, counter, group, bucket_bytes, delta,
-                                            max_delta_fraction or DEFAULT_MAX_FRACTION)  # fmt: skip
-                    backend = group.spec.backend
-            finally:
-                for _ in buckets:  # on failure: finish the gather, so the other ranks are not left waiting
-                    pass
-            state.weight_version = version
-            nbytes = counter.bytes if transport == "disk" or sent is None else sent
-            return Published(version, nbytes, counter.buckets, time.perf_counter() - start, sums, disk, backend)
-
-    def _send_group(self, role: str, version: int, export: Iterable, group, bucket_bytes: int, delta: bool,
-                    max_fraction: float) -> int | None:  # fmt: skip
-        """Broadcasts `version` over `group`: as a delta against the base both sides hold when `delta` is asked
-        for, the group is meshrl's own and the delta is at most `max_fraction` of a complete version (returns
-        the delta's bytes), else complete (returns None), keeping a copy as the next base when deltas are
-        asked for. A delta refused by replicas that miss the base raises UpdateRefused; sending the same
-        version again then goes complete (the base holds it), so the scheduler refits them over the group."""
-        base = self._bases.get(role)
-        if not delta or not isinstance(group, WeightGroup):  # the engines' own wire carries complete versions
-            self._bases.pop(role, None)
-        elif base is not None and base.tensors and base.version < version:
-            wire, stats = delta_update(base, version, export, max_fraction)
-            if wire is not None:
-                group.send(wire, version, bucket_bytes=bucket_bytes)
-                return stats.delta_bytes
-            export = base.tensors.items()  # the delta would be too large: the base holds this version now
-        elif base is None or not base.holds(version):
-            base = self._bases[role] = DeltaBase()
-            export = base.record(version, export)
-        group.send(export, version, bucket_bytes=bucket_bytes)
-        return None
-
-    def _write_disk(self, role: str, version: int, export: Iterable, root: str, keep_last: int, bucket_bytes: int,
-                    delta: bool, max_fraction: float) -> weights_pb2.DiskWeights:  # fmt: skip
-        base = self._bases.get(role)
-        if not delta:
-            if base is not None and not base.holds(version):  # a refit of the base's version keeps it
-                self._bases.pop(role)
-        elif base is not None and base.tensors and base.version < version:
-            disk, _ = write_delta(root, version, base, export, keep_last, max_fraction=max_fraction)
-            if disk is not None:
-                return disk
-            export = base.tensors.items()  # the delta would be too large: the base holds this version now
-        else:
-            base = self._bases[role] = DeltaBase()
-            export = base.record(version, export)
-        model_files = _model_files(self.core.role(role).model_path)
-        pub = self.cfg.publication
-        return write_version(root, version, export, keep_last, bucket_bytes=bucket_bytes, extra_files=model_files,
-                             overwrite=True, digest=pub.digest, fsync=pub.fsync)  # fmt: skip
+            return self.publisher.publish(role, transport, version, **options)
 
     def status(self) -> dict[str, Any]:
         return {**self.core.status(), "metrics": dict(self.last_metrics)}

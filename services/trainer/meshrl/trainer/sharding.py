@@ -107,8 +107,15 @@ def local_targets(spec: ModelSpec, layout: Layout, *, value_head: bool = False) 
     return out
 
 
-def scatter_full(targets: dict[str, torch.Tensor], full: Callable[[Placed], torch.Tensor | None], spec: ModelSpec,
-                 layout: Layout, vocab_rows: int, *, value_head: bool = False) -> None:  # fmt: skip
+def scatter_full(
+    targets: dict[str, torch.Tensor],
+    full: Callable[[Placed], torch.Tensor | None],
+    spec: ModelSpec,
+    layout: Layout,
+    vocab_rows: int,
+    *,
+    value_head: bool = False,
+) -> None:
     """Copies this rank's slice of each full fused tensor (`full(placed)`, None = leave as is) into `targets`
     (local name -> tensor). Raises InvalidArgument naming a tensor that does not fit."""
     with torch.no_grad():
@@ -128,8 +135,14 @@ def scatter_full(targets: dict[str, torch.Tensor], full: Callable[[Placed], torc
             target.copy_(part.to(dtype=target.dtype, device=target.device))
 
 
-def load_sharded(model: torch.nn.Module, tensors: dict[str, torch.Tensor], spec: ModelSpec, layout: Layout, *,
-                 value_head: bool = False) -> None:  # fmt: skip
+def load_sharded(
+    model: torch.nn.Module,
+    tensors: dict[str, torch.Tensor],
+    spec: ModelSpec,
+    layout: Layout,
+    *,
+    value_head: bool = False,
+) -> None:
     """Copies this rank's slices of HF-named `tensors` into its part of the model."""
     check_hf_tensors(tensors, spec, value_head=value_head)
     params = dict(model.named_parameters())
@@ -158,8 +171,9 @@ def full_shape(m: Mapping, spec: ModelSpec, value_head: bool) -> tuple[int, ...]
     return tuple(m.fuse([torch.empty(shapes[n], device="meta") for n in m.hf]).shape)
 
 
-def iter_full(local: dict[str, torch.Tensor], spec: ModelSpec, layout: Layout, *,
-              value_head: bool = False) -> Iterator[tuple[Placed, torch.Tensor]]:  # fmt: skip
+def iter_full(
+    local: dict[str, torch.Tensor], spec: ModelSpec, layout: Layout, *, value_head: bool = False
+) -> Iterator[tuple[Placed, torch.Tensor]]:
     """Global rank 0: yields (placement, full fused tensor) of every parameter in HF order, gathered from
     `local` (this rank's tensors by local parameter name: the weights, or an optimizer state shaped like them).
     Other ranks of data-parallel replica 0 take part and yield nothing; other replicas return at once."""
@@ -187,8 +201,9 @@ def iter_full(local: dict[str, torch.Tensor], spec: ModelSpec, layout: Layout, *
             yield placed, full
 
 
-def iter_gathered(model: torch.nn.Module, spec: ModelSpec, layout: Layout, *,
-                  value_head: bool = False) -> Iterator[tuple[str, torch.Tensor]]:  # fmt: skip
+def iter_gathered(
+    model: torch.nn.Module, spec: ModelSpec, layout: Layout, *, value_head: bool = False
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Global rank 0: yields (HF name, full tensor) in HF order (see `iter_full`); a single process exports
     locally."""
     for placed, full in iter_full(dict(model.named_parameters()), spec, layout, value_head=value_head):

@@ -38,8 +38,10 @@ class SpawnedRanks:
                 proc.stdin.write(f"{port}\n".encode())
                 proc.stdin.close()
             except (BrokenPipeError, OSError) as exc:
-                raise Unavailable(f"trainer rank {rank} (pid {proc.pid}) exited during start-up (code "
-                                  f"{proc.poll()}); see its log above") from exc  # fmt: skip
+                raise Unavailable(
+                    f"trainer rank {rank} (pid {proc.pid}) exited during start-up (code "
+                    f"{proc.poll()}); see its log above"
+                ) from exc
 
     def reap(self, grace: float) -> None:
         """Waits up to `grace` seconds for the ranks to exit (after the stop command), then terminates the rest."""
@@ -59,8 +61,17 @@ def spawn_ranks(world: int, address: str, config_json: str) -> SpawnedRanks:
     env = {**os.environ, CONFIG_ENV: config_json}
     spawned = SpawnedRanks()
     for rank in range(1, world):
-        cmd = [sys.executable, "-m", "meshrl.trainer.worker", "--rank", str(rank), "--world", str(world),
-               "--master", f"{address}:{PORT_FROM_STDIN}"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "meshrl.trainer.worker",
+            "--rank",
+            str(rank),
+            "--world",
+            str(world),
+            "--master",
+            f"{address}:{PORT_FROM_STDIN}",
+        ]
         spawned.procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE))
     return spawned
 

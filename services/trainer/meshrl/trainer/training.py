@@ -3,12 +3,14 @@
 Each mini-batch's loss is normalised by its global token / sequence count, so summing micro-batch
 gradients (Megatron's schedules and DDP, summed over data-parallel ranks) gives the full-batch gradient;
 then grad clipping, the LR schedule and one Megatron optimizer step. A non-finite loss or gradient restores
-the state from before the call. Called by `meshrl.trainer.core.TrainerCore.train_step`.
+the state from before the call. Called by `meshrl.trainer.core.TrainerCore.train_step`, which first checks
+the call's arguments with `check_train_inputs`.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -16,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from meshrl.common import batch_schema as S
+from meshrl.common.errors import InvalidArgument
 from meshrl.common.loss_config import LossConfig
 from meshrl.trainer import megatron_compat
 from meshrl.trainer.batching import SequenceBatch, collate
@@ -52,6 +55,39 @@ def needed_columns(cfg: LossConfig) -> list[str]:
     return needed
 
 
+def check_train_inputs(
+    batch: SequenceBatch, mini_batches: int, lr_override: float, step_lrs: Sequence[float] = ()
+) -> int:
+    """Refuses a train call that would change the weights wrongly or count a step that trained nothing; returns
+    its number of optimizer steps (one per rate of `step_lrs` when given, else `mini_batches`)."""
+    if not math.isfinite(lr_override) or lr_override < 0:
+        raise InvalidArgument(
+            f"lr_override = {lr_override}: must be a finite number >= 0 (0 = the scheduled learning rate)",
+            field="lr_override",
+        )
+    bad = [lr for lr in step_lrs if not (math.isfinite(lr) and lr > 0)]
+    if bad:
+        raise InvalidArgument(
+            f"step_lrs holds {bad[:3]}: every step's learning rate must be finite and > 0", field="step_lrs"
+        )
+    if int(batch.response_lengths.sum()) == 0:
+        raise InvalidArgument(
+            f"the batch's {len(batch)} rows have no response (loss) tokens: nothing to train on; "
+            "this call is not a training step. Fix: drop empty responses before the train node",
+            field="inputs",
+        )
+    if step_lrs and mini_batches not in (1, len(step_lrs)):
+        raise InvalidArgument(
+            f"mini_batches = {mini_batches} but step_lrs holds {len(step_lrs)} rates: one rate per optimizer "
+            "step; leave mini_batches unset",
+            field="step_lrs",
+        )
+    mini_batches = len(step_lrs) or mini_batches
+    if not 1 <= mini_batches <= len(batch):
+        raise InvalidArgument(f"mini_batches = {mini_batches} must be in [1, rows = {len(batch)}]")
+    return mini_batches
+
+
 def train_role(
     state: RoleState,
     batch: SequenceBatch,
@@ -85,8 +121,10 @@ def train_role(
             if snapshot is not None:
                 _restore(state, snapshot)
             elif losses:
-                raise NonFiniteLoss(f"step {len(losses) + 1} of {mini_batches} in this call failed and was undone; "
-                                    f"the {len(losses)} steps before it stay applied. {e}") from e  # fmt: skip
+                raise NonFiniteLoss(
+                    f"step {len(losses) + 1} of {mini_batches} in this call failed and was undone; "
+                    f"the {len(losses)} steps before it stay applied. {e}"
+                ) from e
             raise
         losses.append(step["loss"])
         for k, v in step.items():
@@ -112,9 +150,13 @@ def _microbatch_loss(state, output, mb, cfg: LossConfig, denominator: float, tem
             cfg, mask, denominator, values=values, returns=mb.columns[S.RETURNS], old_values=col(S.VALUES)
         )
     logp, ent = logprobs_from_logits(
-        output, mb, vocab_size=state.spec.vocab_size, temperature=temperature, with_entropy=True,
+        output,
+        mb,
+        vocab_size=state.spec.vocab_size,
+        temperature=temperature,
+        with_entropy=True,
         entropy_grad=cfg.entropy_coef > 0,
-    )  # fmt: skip
+    )
     return policy_objective(
         cfg,
         mask,

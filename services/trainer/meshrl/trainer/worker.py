@@ -40,8 +40,16 @@ def serve_rank(cfg: TrainerConfig, rank: LaunchedRank, *, from_environment: bool
             exit_with_parent()
         port = read_port() if rank.master_port == 0 else rank.master_port
         dp = cfg.data_parallel
-        init_ranks(rank.rank, rank.world, rank.master_address, port, dp.backend, dp.start_timeout_seconds,
-                   local_rank=rank.local_rank, from_environment=from_environment)  # fmt: skip
+        init_ranks(
+            rank.rank,
+            rank.world,
+            rank.master_address,
+            port,
+            dp.backend,
+            dp.start_timeout_seconds,
+            local_rank=rank.local_rank,
+            from_environment=from_environment,
+        )
         bus = CommandBus()
         trainer = make_service(cfg, bus)
     gc.freeze()  # see meshrl.common.service_main: start-up's objects stay out of every collection
@@ -57,13 +65,21 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m meshrl.trainer.worker", description=__doc__.split("\n")[0])
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--world", type=int, required=True)
-    parser.add_argument("--master", required=True,
-                        help=f"HOST:PORT of rank 0's rendezvous; HOST:{PORT_FROM_STDIN} reads PORT from stdin")  # fmt: skip
+    parser.add_argument(
+        "--master",
+        required=True,
+        help=f"HOST:PORT of rank 0's rendezvous; HOST:{PORT_FROM_STDIN} reads PORT from stdin",
+    )
     args = parser.parse_args(argv)
     cfg = TrainerConfig.model_validate_json(os.environ[CONFIG_ENV])
     host, port = args.master.rsplit(":", 1)
-    rank = LaunchedRank(rank=args.rank, world=args.world, local_rank=args.rank, master_address=host,
-                        master_port=0 if port == PORT_FROM_STDIN else int(port))  # fmt: skip
+    rank = LaunchedRank(
+        rank=args.rank,
+        world=args.world,
+        local_rank=args.rank,
+        master_address=host,
+        master_port=0 if port == PORT_FROM_STDIN else int(port),
+    )
     serve_rank(cfg, rank, from_environment=False, watch_parent=True)
 
 
