@@ -73,6 +73,18 @@ def load(engine, model: Path, root: Path, tensors, **kw) -> int:
     return version
 
 
+def streaming(engine, request: GenerationRequest):
+    """Submits `request` and returns its future once its own first token arrived (a request that ended first
+    fails the test with its result)."""
+    streamed = threading.Event()
+    running = engine.submit(request, on_chunk=lambda chunk: chunk.token_ids and streamed.set())
+    deadline = time.monotonic() + 60
+    while not streamed.wait(0.01):
+        assert not running.done(), f"the request ended before its first token: {running.result()}"
+        assert time.monotonic() < deadline, "no token of the request arrived in 60 s"
+    return running
+
+
 def test_sampled_logprobs_equal_the_trainers(vllm_tied, tied_model):
     """n samples of each prompt at temperature 1, and greedy ones; seeds are not sent to the CPU build (its
     engine core dies rewinding a seeded generator), so samples differ from call to call there."""
@@ -120,16 +132,9 @@ def test_an_update_landing_mid_generation_records_each_tokens_version(vllm_tied,
     old = greedy(vllm_tied, prompt, 200)
     version = next(_versions) + vllm_tied.weight_version
     zero = publish(tied_model, tmp_path / "w", version, weights_of(tied_model, zero_norm=True))  # before the request
-    streamed = threading.Event()
-    running = vllm_tied.submit(
-        GenerationRequest(prompt, SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)),
-        on_chunk=lambda chunk: chunk.token_ids and streamed.set(),
+    running = streaming(
+        vllm_tied, GenerationRequest(prompt, SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
     )
-    # the update lands once this request's first tokens arrived; a request that ended first says why
-    deadline = time.monotonic() + 60
-    while not streamed.wait(0.01):
-        assert not running.done(), f"the request ended before its first token: {running.result()}"
-        assert time.monotonic() < deadline, "no token of the request arrived in 60 s"
     vllm_tied.update_weights_from_disk(
         DiskUpdate(zero.path, version, zero.manifest_sha256, pause_mode=PauseMode.IN_PLACE, flush_cache=False)
     )
@@ -157,9 +162,7 @@ def test_updates_landing_just_after_a_request_started_never_hang_it(vllm_tied, t
 
 
 def test_abort_pause_ends_requests_and_generation_goes_on(vllm_tied):
-    running = vllm_tied.submit(GenerationRequest(PROMPTS[0], SamplingParams(max_tokens=200, ignore_eos=True)))
-    while not vllm_tied.status().generated_tokens:
-        time.sleep(0.01)
+    running = streaming(vllm_tied, GenerationRequest(PROMPTS[0], SamplingParams(max_tokens=200, ignore_eos=True)))
     assert vllm_tied.pause(PauseMode.ABORT) == 1
     vllm_tied.continue_generation()
     out = running.result(timeout=60)
