@@ -146,15 +146,18 @@ class RunningServer:
         self.server.wait_for_termination()
 
 
-def start_server(cfg: ServerConfig, services: Sequence[Service], interceptors: Sequence[Any] = ()) -> RunningServer:
+def start_server(
+    cfg: ServerConfig, services: Sequence[Service], interceptors: Sequence[Any] = (), tokens: Sequence[str] = ()
+) -> RunningServer:
+    """`tokens`: further bearer tokens the server admits beside `cfg.auth`'s (the scheduler's submitters)."""
     chain: list[Any] = [LightCallsInterceptor(), telemetry.server_interceptor(), telemetry.rpc_metrics_interceptor()]
-    token = cfg.auth.token()
-    if cfg.require_auth or token:
-        if not token:
+    admitted = [t for t in (cfg.auth.token(), *tokens) if t]
+    if cfg.require_auth or admitted:
+        if not admitted:
             raise ConfigError(
                 "server.require_auth", True, "no token is configured", f"set {cfg.auth.token_env} or auth.token_file"
             )
-        chain.append(TokenAuthInterceptor(token))
+        chain.append(TokenAuthInterceptor(*admitted))
     chain += [LongStreamsInterceptor(cfg.max_long_streams or max(1, cfg.max_workers // 2))]
     chain += [*interceptors, ErrorMappingInterceptor()]
     server = grpc.server(

@@ -93,10 +93,11 @@ def _deny(code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
 
 
 class TokenAuthInterceptor(grpc.ServerInterceptor):
-    """Refuses calls without `authorization: Bearer <token>` (UNAUTHENTICATED), except health checks."""
+    """Refuses calls without `authorization: Bearer <token>` (UNAUTHENTICATED), except health checks; `more`:
+    further tokens admitted (the scheduler's named submitters, each one identity of `meshrl.scheduler.job_access`)."""
 
-    def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}".encode()
+    def __init__(self, token: str, *more: str) -> None:
+        self._expected = [f"Bearer {t}".encode() for t in (token, *more)]
 
     def intercept_service(self, continuation, handler_call_details):
         if handler_call_details.method.startswith(OPEN_METHODS):
@@ -104,7 +105,7 @@ class TokenAuthInterceptor(grpc.ServerInterceptor):
         presented = dict(handler_call_details.invocation_metadata or ()).get(AUTH_HEADER, "")
         if not presented:
             return _deny(grpc.StatusCode.UNAUTHENTICATED, "missing authorization token: set MESHRL_AUTH_TOKEN")
-        if not hmac.compare_digest(presented.encode(), self._expected):
+        if not any([hmac.compare_digest(presented.encode(), expected) for expected in self._expected]):
             return _deny(grpc.StatusCode.UNAUTHENTICATED, "invalid authorization token")
         return continuation(handler_call_details)
 

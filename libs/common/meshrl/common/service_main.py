@@ -42,6 +42,7 @@ class Hosted:
     started: Callable[[RunningServer], None] | None = None  # the port is bound: register, report, load
     draining: Callable[[RunningServer], None] | None = None  # stop was asked, the server still answers
     stopped: Callable[[], None] | None = None  # the server is down: release resources (also after a failed start)
+    tokens: Sequence[str] = ()  # bearer tokens admitted beside server.auth's (the scheduler's submitters)
 
 
 class StopDuringStartup(BaseException):
@@ -115,7 +116,7 @@ def run_service(name: str, cfg: Any, build: Callable[[], Hosted], *, instance: s
             telemetry.setup_telemetry(name, cfg.telemetry, instance=instance)
             set_group_secret(cfg.server.auth.token())  # what weight-group members prove to each other
             hosted = build()
-            running = start_server(cfg.server, hosted.services)
+            running = start_server(cfg.server, hosted.services, tokens=hosted.tokens)
             for warning in exposure_warnings(cfg, running.address):
                 log.warning("%s: %s", name, warning)
             if hosted.started is not None:

@@ -1,4 +1,5 @@
-"""`python -m meshrl.scheduler`: the job API server (submit, get, watch, cancel, scale)."""
+"""`python -m meshrl.scheduler`: the job API server (submit, get, watch, cancel, scale), each job acted on only
+by its submitter or an admin (`job_access`)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ def main(argv: list[str] | None = None) -> None:
         # the operator's limits, never the job's
         policy = JobPolicy.operator(cfg.allowed_modules, cfg.run_root, cfg.job_permissions, cfg.channels)
         jobs = JobManager(cfg.run_root, cfg.max_concurrent_jobs, policy, cfg.keep_finished_jobs)
-        servicer = SchedulerServicer(jobs)
+        mtls = cfg.server.tls is not None and cfg.server.tls.ca_file is not None
+        servicer = SchedulerServicer(jobs, cfg.job_access.callers(cfg.server.auth.token(), mtls))
 
         def started(_running) -> None:
             if cfg.recover_jobs:  # the runs a previous scheduler left running
@@ -31,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
                     print(f"resumed job {record.job_id} from {record.runner.run.root}", flush=True)
 
         service = Service(scheduler_pb2_grpc.add_SchedulerServicer_to_server, servicer, SERVICE_NAME)
-        return Hosted([service], started=started)
+        return Hosted([service], started=started, tokens=list(cfg.job_access.tokens().values()))
 
     run_service("scheduler", cfg, build)
 

@@ -18,6 +18,7 @@ from meshrl.common.grpc_channel import ChannelConfig
 from meshrl.common.grpc_server import ServerConfig
 from meshrl.common.loss_config import ASYNC_MIS_CAP, ASYNC_TIS_CAP, LossSection
 from meshrl.common.telemetry import TelemetryConfig
+from meshrl.scheduler.job_access import JobAccess
 from meshrl.scheduler.job_permissions import JobPermissions
 from meshrl.scheduler.trackers.config import LoggingSection
 
@@ -401,4 +402,9 @@ class SchedulerServiceConfig(StrictModel):
     channels: PeerChannels = Field(
         default_factory=PeerChannels,
         description="TLS and tokens the scheduler uses to reach every job's peers; a job may not set its own",
+    )
+    job_access: JobAccess = Field(
+        default_factory=JobAccess,
+        description="who may act on which job: named submitter tokens (each an identity, like a client "
+        "certificate's common name) act only on their own jobs; job_access.admins on every job",
     )

@@ -1,5 +1,6 @@
 """The scheduler's jobs: submit (workflow + config), run each in its own thread, follow its
-events, cancel it, scale its rollout fleet. Used by the gRPC job API and by `meshrl run`.
+events, cancel it, scale its rollout fleet. Used by the gRPC job API and by `meshrl run`; each job belongs to
+its submitter's identity, and only it or an admin may act on the job (`meshrl.scheduler.job_access`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from meshrl.common.config import deep_merge, parse_overrides
 from meshrl.common.errors import FailedPrecondition, InvalidArgument, MeshrlError, NotFound, cap_message
 from meshrl.scheduler.config import JobConfig
 from meshrl.scheduler.events import EventLog
+from meshrl.scheduler.job_access import LOCAL, Caller, record_owner, recorded_owner
 from meshrl.scheduler.job_policy import JobPolicy, check_run_id
 from meshrl.scheduler.recovery import run_with_restarts, unfinished_runs
 from meshrl.scheduler.rundir import RunDir
@@ -70,6 +72,7 @@ class JobRecord:
     resume: bool = False
     restarts: int = 0  # services restarted after one died (recovery.run_with_restarts)
     steps_lost: int = 0  # steps redone after those restarts
+    owner: str = ""  # the submitter's identity (job_access): only it or an admin may act on the job
 
     def to_proto(self) -> spb.Job:
         cfg = self.runner.cfg
@@ -107,8 +110,10 @@ class JobManager:
 
     def create(
         self, workflow_text: str, config_yaml: str, overrides: list[str], job_id: str = "", resume_dir: str = "",
-        progress: bool = False,
+        progress: bool = False, caller: Caller = LOCAL,
     ) -> JobRecord:  # fmt: skip
+        """A new job of `caller`'s (a resume: of the run folder's submitter, which only it or an admin may
+        resume)."""
         cfg, raw = build_job_config(config_yaml, overrides)
         if job_id:
             check_run_id(job_id)
@@ -126,9 +131,13 @@ class JobManager:
         if cfg.training.mode != "sync":
             plan_async(cfg.training, cfg.data.prompts_per_step, workflow.nodes)  # refused now, not at step 1
         if resume_dir:
-            run = RunDir(self.policy.resume_folder(resume_dir))
+            folder = self.policy.resume_folder(resume_dir)
+            submitter = recorded_owner(folder)
+            caller.check(submitter, "resume", f"the run in {resume_dir!r}")
+            run = RunDir(folder)
             job_id = job_id or run.root.name
         else:
+            submitter = ""
             job_id = job_id or f"{cfg.job.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
             run = RunDir(self.policy.run_folder(cfg, raw, job_id))
             run.write_config(raw, workflow_text)
@@ -145,8 +154,15 @@ class JobManager:
                     "resume after it ended"
                 )
             events = EventLog(job_id, run.events_file)
-            record = JobRecord(job_id, JobRunner(workflow, cfg, run, job_id, events, progress), events)
+            record = JobRecord(
+                job_id,
+                JobRunner(workflow, cfg, run, job_id, events, progress),
+                events,
+                owner=submitter or caller.identity,
+            )
             self.jobs[job_id] = record
+        if not submitter:  # a new run, or one from before owners were recorded: it is the caller's now
+            record_owner(run.root, record.owner)
         record.resume = bool(resume_dir)
         return record
 
@@ -186,31 +202,44 @@ class JobManager:
         record.updated_at = time.time()
         record.events.state(state, message)
 
-    def get(self, job_id: str) -> JobRecord:
+    def get(self, job_id: str, caller: Caller = LOCAL, action: str = "read") -> JobRecord:
+        """The job, if `caller` submitted it or is an admin (else PERMISSION_DENIED)."""
         record = self.jobs.get(job_id)
         if record is None:
             raise NotFound(
                 f"no job {job_id!r}; `meshrl status` lists the jobs (ended jobs beyond the newest "
                 f"{self.keep_finished} are forgotten; their run folders stay)"
             )
+        caller.check(record.owner, action, f"job {job_id!r}")
         metrics = [e.metrics for e in record.events.read(0, 0)[0] if e.WhichOneof("body") == "metrics"]
         if metrics:
             record.last_metrics = dict(metrics[-1].metrics)
         return record
 
-    def cancel(self, job_id: str) -> JobRecord:
-        record = self.get(job_id)
+    def visible(self, caller: Caller = LOCAL) -> list[JobRecord]:
+        """The jobs `caller` may see: its own, or every job for an admin."""
+        mine = [r.job_id for r in list(self.jobs.values()) if caller.admin or r.owner == caller.identity]
+        found = []
+        for job_id in mine:
+            try:
+                found.append(self.get(job_id, caller))
+            except NotFound:
+                continue  # forgotten since (an ended job beyond keep_finished)
+        return found
+
+    def cancel(self, job_id: str, caller: Caller = LOCAL) -> JobRecord:
+        record = self.get(job_id, caller, "cancel")
         if record.state in TERMINAL:
             raise FailedPrecondition(f"job {job_id} already ended ({spb.JobState.Name(record.state)})")
         record.runner.cancelled.set()
         return record
 
-    def scale(self, job_id: str, service: str, replicas: int) -> list[str]:
+    def scale(self, job_id: str, service: str, replicas: int, caller: Caller = LOCAL) -> list[str]:
+        record = self.get(job_id, caller, "scale")
         if service != "rollout":
             raise InvalidArgument(f"cannot scale {service!r}: only 'rollout' scales while a job runs")
         if replicas < 1:
             raise InvalidArgument(f"replicas = {replicas}: a job needs at least one rollout replica")
-        record = self.get(job_id)
         if record.state != spb.JOB_STATE_RUNNING:
             raise FailedPrecondition(f"job {job_id} is not running ({spb.JobState.Name(record.state)})")
         return record.runner.request_scale(replicas)
