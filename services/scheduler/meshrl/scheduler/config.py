@@ -143,6 +143,12 @@ class TrainerSection(StrictModel):
         default_factory=list, description="extra `key=value` settings of the launched trainer service"
     )
     request_timeout_seconds: float = Field(900.0, gt=0)
+    launch: Literal["local", "group"] = Field(
+        "local",
+        description="local: one bundle, ranks 1..N-1 child processes of rank 0; group: every rank a Ray actor on "
+        "its own bundle, on the node the job's plan gives it (meshrl.scheduler.launch.trainer_group; needs "
+        "services.use_ray and services.placement: disaggregated)",
+    )
 
 
 class WeightsSection(StrictModel):
@@ -343,6 +349,20 @@ class JobConfig(StrictModel):
         caps_unset = loss.tis_cap is None and loss.mis_cap is None
         if self.training.mode != "sync" and loss.old_logprobs != "rollout" and caps_unset:
             loss.tis_cap, loss.mis_cap = ASYNC_TIS_CAP, ASYNC_MIS_CAP
+        return self
+
+    @pydantic.model_validator(mode="after")
+    def _trainer_group_on_ray(self) -> JobConfig:
+        if self.trainer.launch == "group" and self.trainer.address is None:
+            s = self.services
+            if not s.use_ray or s.placement != "disaggregated":
+                raise ConfigError(
+                    "trainer.launch",
+                    "group",
+                    f"its ranks are Ray actors on their own bundles, but services.use_ray = {s.use_ray} and "
+                    f"services.placement = {s.placement!r}",
+                    "set services.use_ray: true and services.placement: disaggregated, or trainer.launch: local",
+                )
         return self
 
     @pydantic.model_validator(mode="after")

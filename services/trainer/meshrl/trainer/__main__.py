@@ -11,9 +11,11 @@ Config: `--config FILE`, `--set key=value`, MESHRL_* environment (see meshrl.tra
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 
 from meshrl.common.config import parse_service_args
+from meshrl.common.grpc_server import EXIT_WITH_PARENT_ENV
 from meshrl.common.service_main import Hosted, run_service
 from meshrl.trainer.config import TrainerConfig
 from meshrl.trainer.launched import launched_rank
@@ -35,7 +37,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if launched is not None and launched.rank > 0:
         from meshrl.trainer.worker import serve_rank
 
-        serve_rank(cfg, launched, from_environment=True, watch_parent=False)
+        # a rank a Ray actor started (MESHRL_EXIT_WITH_PARENT=1) ends with its actor, as rank 0 does
+        watch = os.environ.get(EXIT_WITH_PARENT_ENV) == "1"
+        serve_rank(cfg, launched, from_environment=True, watch_parent=watch)
         return
 
     spawned = SpawnedRanks()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import ipaddress
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,6 +169,28 @@ def create_worker_bundles(
     """
     if num_workers < 1:
         raise InvalidArgument(f"num_workers must be at least 1, got {num_workers}. Fix: pass a positive count")
+    return create_pinned_bundles(
+        [{} for _ in range(num_workers)], bundle, strategy, name=name, timeout_s=timeout_s, ordered=True
+    )
+
+
+def create_pinned_bundles(
+    pins: Sequence[Mapping[str, float]],
+    bundle: Mapping[str, float],
+    strategy: BundleStrategy | str = BundleStrategy.PACK,
+    *,
+    name: str = "",
+    timeout_s: float = 60.0,
+    ordered: bool = False,
+) -> WorkerBundles:
+    """A placement group of one `bundle` per entry of `pins`, bundle i also holding `pins[i]` (e.g. a node's
+    own resource, `{"node:10.0.0.2": 0.001}`, which pins it to that node; see `cluster_nodes`). Worker i is
+    bundle i, unless `ordered` sorts the workers by node address then GPU id. Ray must be initialised.
+
+    Raises ResourceExhausted (and removes the group) when it cannot be placed within `timeout_s`.
+    """
+    if not pins:
+        raise InvalidArgument("a placement group needs at least one bundle. Fix: pass a positive count")
     try:
         strategy = BundleStrategy(str(strategy))
     except ValueError:
@@ -176,23 +198,55 @@ def create_worker_bundles(
             f"unknown placement strategy {strategy!r}. Fix: use one of {', '.join(s.value for s in BundleStrategy)}"
         ) from None
     bundle = dict(bundle)
-    pg = placement_group([dict(bundle) for _ in range(num_workers)], strategy=strategy.value, name=name)
+    asked = [{**bundle, **pin} for pin in pins]
+    pg = placement_group(asked, strategy=strategy.value, name=name)
     start = time.monotonic()
     ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
     if not ready:
         remove_placement_group(pg)
+        shown = f"{len(pins)} x {bundle}" + (f" pinned to {[sorted(p) for p in pins]}" if any(pins) else "")
         raise ResourceExhausted(
-            f"a placement group of {num_workers} x {bundle} ({strategy.value}) could not be placed within "
+            f"a placement group of {shown} ({strategy.value}) could not be placed within "
             f"{timeout_s:g}s; the cluster has {_resources()} in {len(ray.nodes())} node(s). "
             "Fix: ask for fewer or smaller bundles, use PACK instead of STRICT_PACK, or add nodes"
         )
     try:
-        locations = _probe(pg, bundle, num_workers, max(1.0, timeout_s - (time.monotonic() - start)))
+        locations = _probe(pg, bundle, len(pins), max(1.0, timeout_s - (time.monotonic() - start)))
     except Exception:
         remove_placement_group(pg)
         raise
-    ordered = tuple(sorted(locations, key=BundleLocation.sort_key))
-    return WorkerBundles(pg, bundle, strategy, ordered)
+    if ordered:
+        locations = sorted(locations, key=BundleLocation.sort_key)
+    return WorkerBundles(pg, bundle, strategy, tuple(locations))
+
+
+@dataclass(frozen=True)
+class ClusterNode:
+    """An alive Ray node that has the planned device: its address, id, own resource (`node:<ip>`) and count."""
+
+    address: str
+    node_id: str
+    resource: str
+    devices: int
+
+    def pin(self) -> dict[str, float]:
+        """A bundle's share of the node's own resource: the bundle lands on this node."""
+        return {self.resource: 0.001}
+
+
+def cluster_nodes(device: str = "GPU") -> tuple[ClusterNode, ...]:
+    """The alive nodes with a whole `device`, ordered by address (then id): plan node i is the i-th one, as
+    `detect_cluster` counts them."""
+    nodes = []
+    for n in ray.nodes():
+        count = int(n["Resources"].get(device, 0)) if n.get("Alive") else 0
+        if count < 1:
+            continue
+        own = [k for k in n["Resources"] if k.startswith("node:") and not k.startswith("node:__")]
+        resource = f"node:{n['NodeManagerAddress']}"
+        nodes.append(ClusterNode(n["NodeManagerAddress"], n["NodeID"], resource if resource in own else own[0], count))
+    key = lambda node: (BundleLocation(0, node.node_id, node.address, ()).sort_key(), node.node_id)  # noqa: E731
+    return tuple(sorted(nodes, key=key))
 
 
 def _resources() -> dict[str, float]:

@@ -35,6 +35,11 @@ class ServiceProcess:
 
     def start(self, timeout: float) -> str:
         """Starts the process and returns the address it advertises once it serves."""
+        self.spawn()
+        return self.wait_serving(timeout)
+
+    def spawn(self) -> None:
+        """Starts the process without waiting (a trainer rank > 0 serves nothing: it joins rank 0's world)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.port_file.unlink(missing_ok=True)
         self.address_file.unlink(missing_ok=True)
@@ -47,6 +52,9 @@ class ServiceProcess:
         env[EXIT_WITH_PARENT_ENV] = "1" if self.exit_with_parent else "0"
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         log.close()
+
+    def wait_serving(self, timeout: float) -> str:
+        """The address the started process advertises once it serves; raises when it exits or times out first."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.port_file.exists():  # written after the address file

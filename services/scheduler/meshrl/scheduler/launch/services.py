@@ -1,7 +1,10 @@
 """The services of one job: launched (Ray actors or processes) or named by address, with the
 clients the step loop uses. `JobServices.open` brings them up in order (data buffer first,
 then trainer and rollout replicas, which need its address) and `close` stops what it started.
-A launched service that dies is noticed from its exit (exit_watch.py): the calls waiting on it fail at once.
+A launched service that dies is noticed from its exit (exit_watch.py; a trainer group's ranks by their actors,
+trainer_group.py): the calls waiting on it fail at once. With `trainer.launch: group` the trainer's ranks are Ray
+actors on the bundles the job's plan gives them (trainer_plan.py), and the events name each rank's node,
+bundle and devices.
 """
 
 from __future__ import annotations
@@ -10,8 +13,10 @@ import json
 import logging
 import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from meshrl.common.databuffer_client import DataBufferClient
 from meshrl.common.peers import check_peer
@@ -22,6 +27,9 @@ from meshrl.scheduler.fleet.rollout_fleet import RolloutFleet
 from meshrl.scheduler.launch.exit_watch import ExitWatch, describe_exit
 from meshrl.scheduler.launch.launcher import ProcessLauncher, RayLauncher, ServiceSpec, overlapped_trainer_threads
 from meshrl.scheduler.rundir import RunDir
+
+if TYPE_CHECKING:
+    from meshrl.scheduler.launch.trainer_group import TrainerGroup
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +117,9 @@ class JobServices:
     addresses: dict[str, str] = field(default_factory=dict)
     registry: ReplicaRegistry | None = None
     on_exit: Callable[[str], None] | None = None  # told (a sentence) when a launched service exits on its own
+    workflow: Any = None  # the job's workflow: a trainer group's ranks go where its plan puts them
+    on_event: Callable[[str], None] | None = None  # told (a sentence) where a trainer group's ranks run
+    trainer_group: TrainerGroup | None = None
     exits: dict[str, int] = field(default_factory=dict)  # name -> return code of launched services that died
     _next_replica: int = 0
     _watch: ExitWatch | None = None
@@ -136,12 +147,18 @@ class JobServices:
         self.buffer = DataBufferClient(buffer_address, channels.databuffer)
         check_peer("the data buffer", channels.databuffer, field="services.channels.databuffer", address=buffer_address)
         specs = []
-        if self.cfg.trainer.address is None:
+        grouped = self.cfg.trainer.address is None and self.cfg.trainer.launch == "group"
+        if self.cfg.trainer.address is None and not grouped:
             trainer = trainer_spec(self.cfg, self.run, "trainer", buffer_address, self.model_path, self.extra_roots)
             specs.append(replace(trainer, share=colocation(self.cfg)))
         for _ in range(self.cfg.rollout.replicas):
             specs.append(self._new_replica_spec(buffer_address))
-        started = self._launcher().start(specs) if specs else {}
+        launcher = self._launcher() if specs or grouped else None  # Ray up before the group's thread uses it
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="meshrl-group") as pool:
+            group = pool.submit(self._open_trainer_group, buffer_address) if grouped else None
+            started = launcher.start(specs) if specs else {}
+            if group is not None:
+                started["trainer"] = group.result()
         self.addresses.update(started)
         trainer_address = self.cfg.trainer.address or started["trainer"]
         self.addresses["trainer"] = trainer_address
@@ -164,13 +181,57 @@ class JobServices:
             self._watch = ExitWatch(self.launcher, self._exited).start()
         return self
 
+    def _open_trainer_group(self, buffer_address: str) -> str:
+        """The trainer as a group of Ray actors, one per rank, each on the bundle of its planned worker (no
+        workflow: bundles placed by services.placement_strategy); returns rank 0's address."""
+        from meshrl.scheduler.launch.placement import worker_bundle
+        from meshrl.scheduler.launch.trainer_group import TrainerGroup
+        from meshrl.scheduler.launch.trainer_plan import plan_trainer_ranks
+
+        cfg, t = self.cfg, self.cfg.trainer
+        world = t.data_parallel * t.tensor_parallel * t.pipeline_parallel
+        gpus = t.gpus / world
+        planned = None
+        if self.workflow is not None:
+            planned = plan_trainer_ranks(self.workflow, cfg.services.placement, world, "GPU" if gpus else "CPU")
+            self._event(planned.describe())
+        spec = trainer_spec(cfg, self.run, "trainer", buffer_address, self.model_path, self.extra_roots)
+        self.trainer_group = TrainerGroup(
+            spec.args,
+            world,
+            self.run.logs,
+            worker_bundle(1.0, gpus),
+            planned.pins() if planned else None,
+            planned.labels() if planned else None,
+            strategy=cfg.services.placement_strategy,
+            timeout=cfg.services.start_timeout_seconds,
+            on_exit=self._rank_exited,
+        )
+        address = self.trainer_group.create()
+        ranks = [p.as_dict() for p in self.trainer_group.placements]
+        self._event(f"trainer ranks: {json.dumps(ranks)}")
+        return address
+
+    def _event(self, message: str) -> None:
+        log.info(message)
+        if self.on_event is not None:
+            self.on_event(message)
+
+    def _rank_exited(self, rank: int, what: str) -> None:
+        log_path = self.trainer_group.log_path(rank) if self.trainer_group else self.run.logs / "trainer.log"
+        self.exits["trainer"] = -1
+        self._lost("trainer", f"rank {rank} {what}", log_path)
+
     def _exited(self, name: str, code: int) -> None:
+        self.exits[name] = code
+        self._lost(name, f"exited with {describe_exit(code)}", self.run.logs / (name + ".log"))
+
+    def _lost(self, name: str, what: str, log_path: Path) -> None:
         """A launched service ended without being stopped. Every step needs the trainer and the data buffer:
         the calls waiting on a dead one fail now (the trainer's too when the data buffer died: its handlers
         wait on the buffer), and the job's recovery restarts the services. A dead replica gets no more work: its
         rows go to the other replicas, and when it was the last one the step fails at once (and restarts)."""
-        self.exits[name] = code
-        message = f"{name} exited with {describe_exit(code)} (its log: {self.run.logs / (name + '.log')})"
+        message = f"{name} {what} (its log: {log_path})"
         cut = {"trainer": (self.trainer,), "databuffer": (self.trainer, self.buffer)}.get(name, ())
         if cut:
             message += "; the calls waiting on it fail now, and the job restarts its services (job.max_restarts)"
@@ -225,5 +286,7 @@ class JobServices:
                     client.close()
                 except Exception as exc:  # noqa: BLE001 - closing must go on
                     log.warning("closing %s: %s", type(client).__name__, exc)
+        if self.trainer_group is not None:
+            self.trainer_group.teardown()  # before the launcher, which may shut its Ray down
         if self.launcher is not None:
             self.launcher.stop_all()

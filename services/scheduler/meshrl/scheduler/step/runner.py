@@ -200,7 +200,13 @@ class JobRunner:
         job = self.job_inputs()
         rm_path = reward_model_path(self.workflow.nodes)  # the trainer may read it (its paths.roots)
         svc = JobServices(
-            cfg, self.run, cfg.model.path, extra_roots=(rm_path,) if rm_path else (), on_exit=self.events.log
+            cfg,
+            self.run,
+            cfg.model.path,
+            extra_roots=(rm_path,) if rm_path else (),
+            on_exit=self.events.log,
+            workflow=self.workflow,
+            on_event=self.events.log,
         )
         self.user_code = UserCode(cfg, self.workflow.nodes, self.events.log)
         summary: dict = {"job_id": self.job_id, "run_dir": str(self.run.root)}
