@@ -47,8 +47,13 @@ def cmd_run(args) -> int:
     workflow, path = _workflow_text(args.workflow)
     jobs = JobManager()
     overrides = list(args.overrides)
-    record = jobs.create(workflow, _config_text(args.config, path), overrides, resume_dir=args.resume or "",
-                         progress=not args.no_progress)  # fmt: skip
+    record = jobs.create(
+        workflow,
+        _config_text(args.config, path),
+        overrides,
+        resume_dir=args.resume or "",
+        progress=not args.no_progress,
+    )
     cfg = record.runner.cfg
     telemetry.setup_telemetry(
         "scheduler", cfg.telemetry.model_copy(update={"path": str(record.runner.run.traces / "scheduler.jsonl")})
@@ -61,8 +66,11 @@ def cmd_run(args) -> int:
             return 0
         jobs.run(record)
     except KeyboardInterrupt:
-        print(f"\ninterrupted: services stopped; resume with `meshrl run {args.workflow} --resume "
-              f"{record.runner.run.root}`", file=sys.stderr)  # fmt: skip
+        print(
+            f"\ninterrupted: services stopped; resume with `meshrl run {args.workflow} --resume "
+            f"{record.runner.run.root}`",
+            file=sys.stderr,
+        )
         return 130
     finally:
         telemetry.shutdown_telemetry()
@@ -80,8 +88,11 @@ def _scheduler_channel(args):
     from meshrl.common.config import load_config
     from meshrl.common.grpc_channel import ChannelConfig
 
-    flags = [f"tls.{k}={v}" for k, v in (("ca_file", args.tls_ca), ("cert_file", args.tls_cert),
-             ("key_file", args.tls_key)) if v] + ([f"auth.token_file={args.token_file}"] if args.token_file else [])  # fmt: skip
+    flags = [
+        f"tls.{k}={v}"
+        for k, v in (("ca_file", args.tls_ca), ("cert_file", args.tls_cert), ("key_file", args.tls_key))
+        if v
+    ] + ([f"auth.token_file={args.token_file}"] if args.token_file else [])
     return load_config(ChannelConfig, path=args.channel, overrides=flags, env_prefix="MESHRL_SCHEDULER_CHANNEL__")
 
 
@@ -98,8 +109,10 @@ def _stub(args):
 def _print_job(job) -> None:
     from meshrl.api.scheduler.v1 import scheduler_pb2 as spb
 
-    print(f"{job.job_id}  {spb.JobState.Name(job.state).removeprefix('JOB_STATE_')}  step {job.step}/{job.total_steps}"
-          f"  {job.run_dir}" + (f"\n{job.error}" if job.error else ""))  # fmt: skip
+    print(
+        f"{job.job_id}  {spb.JobState.Name(job.state).removeprefix('JOB_STATE_')}  step {job.step}/{job.total_steps}"
+        f"  {job.run_dir}" + (f"\n{job.error}" if job.error else "")
+    )
 
 
 def cmd_submit(args) -> int:
@@ -107,8 +120,12 @@ def cmd_submit(args) -> int:
     from meshrl.common.grpc_channel import call
 
     workflow, path = _workflow_text(args.workflow)
-    req = spb.SubmitJobRequest(workflow_yaml=workflow, config_yaml=_config_text(args.config, path),
-                               overrides=args.overrides, job_id=args.job_id or "")  # fmt: skip
+    req = spb.SubmitJobRequest(
+        workflow_yaml=workflow,
+        config_yaml=_config_text(args.config, path),
+        overrides=args.overrides,
+        job_id=args.job_id or "",
+    )
     _print_job(call(_stub(args).SubmitJob, req, timeout=120))
     return 0
 
@@ -133,8 +150,11 @@ def cmd_watch(args) -> int:
         kind = event.WhichOneof("body")
         if kind == "node":
             n = event.node
-            print(f"step {n.step} node {n.node_id}: {spb.NodeState.Name(n.state).removeprefix('NODE_STATE_')}"
-                  + (f" ({n.seconds:.2f}s)" if n.seconds else "") + (f"\n{n.error}" if n.error else ""))  # fmt: skip
+            print(
+                f"step {n.step} node {n.node_id}: {spb.NodeState.Name(n.state).removeprefix('NODE_STATE_')}"
+                + (f" ({n.seconds:.2f}s)" if n.seconds else "")
+                + (f"\n{n.error}" if n.error else "")
+            )
         elif kind == "metrics":
             m = event.metrics.metrics
             print(f"step {event.metrics.step}: " + " ".join(f"{k}={m[k]:.4g}" for k in sorted(m) if "/" in k))
@@ -192,8 +212,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def with_overrides(p):
-        p.add_argument("--config", action="append", default=[], help="job config YAML, repeatable: later files "
-                       "override earlier ones (default: config.yaml beside the workflow)")  # fmt: skip
+        p.add_argument(
+            "--config",
+            action="append",
+            default=[],
+            help="job config YAML, repeatable: later files "
+            "override earlier ones (default: config.yaml beside the workflow)",
+        )
         p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
 
     p = sub.add_parser("run", help="run a workflow locally in the foreground")
@@ -211,8 +236,11 @@ def build_parser() -> argparse.ArgumentParser:
         with_overrides(p)
         p.add_argument("--job-id")
         p.set_defaults(fn=fn)
-    for name, fn, helptext in (("status", cmd_status, "show jobs"), ("watch", cmd_watch, "follow a job's events"),
-                               ("cancel", cmd_cancel, "cancel a job")):  # fmt: skip
+    for name, fn, helptext in (
+        ("status", cmd_status, "show jobs"),
+        ("watch", cmd_watch, "follow a job's events"),
+        ("cancel", cmd_cancel, "cancel a job"),
+    ):
         p = sub.add_parser(name, help=helptext)
         p.add_argument("job_id", nargs="?" if name == "status" else None)
         p.set_defaults(fn=fn)

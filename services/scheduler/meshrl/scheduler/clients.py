@@ -41,30 +41,56 @@ class TrainerClient:
         wait_until_serving(self.channel, timeout=timeout)
 
     def load_model(
-        self, role: str, path: str, dtype: str, optimizer: OptimSection | None, seed: int, copy_from: str = "",
+        self,
+        role: str,
+        path: str,
+        dtype: str,
+        optimizer: OptimSection | None,
+        seed: int,
+        copy_from: str = "",
         gradient_checkpointing: bool = False,
-    ) -> tpb.LoadModelResponse:  # fmt: skip
+    ) -> tpb.LoadModelResponse:
         """`optimizer`'s set fields go to the trainer; the ones left out take the trainer's defaults."""
         opt = optimizer_proto(optimizer) if optimizer else None
-        req = tpb.LoadModelRequest(role=role_proto(role), model_path=path, dtype=tensor_pb2.DType.Value(f"DTYPE_{dtype.upper()}"),
-                                   optimizer=opt, seed=seed, gradient_checkpointing=gradient_checkpointing)  # fmt: skip
+        req = tpb.LoadModelRequest(
+            role=role_proto(role),
+            model_path=path,
+            dtype=tensor_pb2.DType.Value(f"DTYPE_{dtype.upper()}"),
+            optimizer=opt,
+            seed=seed,
+            gradient_checkpointing=gradient_checkpointing,
+        )
         if copy_from:
             req.copy_from = role_proto(copy_from)
         return call(self.stub.LoadModel, req, timeout=self.timeout)
 
     def compute_logprobs(
-        self, role: str, inputs: Sequence[keys_pb2.BatchKey], output: keys_pb2.BatchKey, name: str, entropy: bool,
-        columns: Sequence[str] = (), weight_version: int | None = None, more_passes: Sequence[tpb.LogProbPass] = (),
+        self,
+        role: str,
+        inputs: Sequence[keys_pb2.BatchKey],
+        output: keys_pb2.BatchKey,
+        name: str,
+        entropy: bool,
+        columns: Sequence[str] = (),
+        weight_version: int | None = None,
+        more_passes: Sequence[tpb.LogProbPass] = (),
         temperature: float | None = None,
-    ) -> tpb.ComputeResponse:  # fmt: skip
+    ) -> tpb.ComputeResponse:
         """`columns`: the only input columns the trainer reads (empty: every column); `weight_version`: the
         version the actor's weights are at (its reply then carries the rollout gap per version lag);
         `more_passes`: further passes over the same rows (the reply's `passes`); `temperature`: the one the
         rows were sampled at (None: the model's own distribution, 1)."""
         req = tpb.ComputeLogProbsRequest(
-            role=role_proto(role), inputs=inputs, output=output, output_name=name, with_entropy=entropy,
-            temperature=temperature, columns=columns, weight_version=weight_version, more_passes=more_passes,
-        )  # fmt: skip
+            role=role_proto(role),
+            inputs=inputs,
+            output=output,
+            output_name=name,
+            with_entropy=entropy,
+            temperature=temperature,
+            columns=columns,
+            weight_version=weight_version,
+            more_passes=more_passes,
+        )
         return call(self.stub.ComputeLogProbs, req, timeout=self.timeout)
 
     def compute_values(
@@ -77,8 +103,9 @@ class TrainerClient:
         self, inputs: Sequence[keys_pb2.BatchKey], output: keys_pb2.BatchKey, name: str, columns: Sequence[str] = ()
     ) -> tpb.ComputeResponse:
         """The reward model's score per row, written to `output` as the column `name`."""
-        req = tpb.ComputeScoresRequest(role=tpb.ROLE_REWARD, inputs=inputs, output=output, output_name=name,
-                                       columns=columns)  # fmt: skip
+        req = tpb.ComputeScoresRequest(
+            role=tpb.ROLE_REWARD, inputs=inputs, output=output, output_name=name, columns=columns
+        )
         return call(self.stub.ComputeScores, req, timeout=self.timeout)
 
     def train_step(
@@ -160,8 +187,14 @@ class RolloutClient:
     def wait_ready(self, timeout: float) -> None:
         wait_until_serving(self.channel, timeout=timeout)
 
-    def update_from_disk(self, weights: weights_pb2.DiskWeights, pause_mode: int, flush: bool, timeout: float,
-                         checksum_names: Sequence[str] = ()) -> rpb.UpdateWeightsResponse:  # fmt: skip
+    def update_from_disk(
+        self,
+        weights: weights_pb2.DiskWeights,
+        pause_mode: int,
+        flush: bool,
+        timeout: float,
+        checksum_names: Sequence[str] = (),
+    ) -> rpb.UpdateWeightsResponse:
         """Loads a published version; the reply carries the checksums of `checksum_names` taken after it."""
         req = rpb.UpdateWeightsFromDiskRequest(
             weights=weights, pause_mode=pause_mode, flush_cache=flush, checksum_names=checksum_names
@@ -171,12 +204,17 @@ class RolloutClient:
     def init_weight_group(self, group: weights_pb2.CollectiveGroup, timeout: float):
         return call(self.stub.InitWeightUpdateGroup, rpb.InitWeightUpdateGroupRequest(group=group), timeout=timeout)
 
-    def update_from_distributed(self, name: str, version: int, pause_mode: int, flush: bool, timeout: float,
-                                checksum_names: Sequence[str] = ()) -> rpb.UpdateWeightsResponse:  # fmt: skip
+    def update_from_distributed(
+        self, name: str, version: int, pause_mode: int, flush: bool, timeout: float, checksum_names: Sequence[str] = ()
+    ) -> rpb.UpdateWeightsResponse:
         req = rpb.UpdateWeightsFromDistributedRequest(
-            group_name=name, version=version, pause_mode=pause_mode, flush_cache=flush, timeout_seconds=timeout,
+            group_name=name,
+            version=version,
+            pause_mode=pause_mode,
+            flush_cache=flush,
+            timeout_seconds=timeout,
             checksum_names=checksum_names,
-        )  # fmt: skip
+        )
         return call(self.stub.UpdateWeightsFromDistributed, req, timeout=timeout + 10)
 
     def destroy_weight_group(self, name: str, timeout: float = 60.0) -> None:

@@ -29,8 +29,9 @@ class ChatTurns:
         self._cache: dict[str, tuple[str, str]] = {}
 
     def _render(self, messages: list[dict], generation_prompt: bool, tools: list[dict] | None = None) -> str:
-        return self.tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=generation_prompt,
-                                                  tokenize=False)  # fmt: skip
+        return self.tokenizer.apply_chat_template(
+            messages, tools=tools or None, add_generation_prompt=generation_prompt, tokenize=False
+        )
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))

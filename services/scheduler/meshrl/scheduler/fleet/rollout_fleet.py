@@ -43,9 +43,12 @@ class RolloutFleet:
         self.channel = channel or ChannelConfig()
         router_channel = self.channel.model_copy(update={"retry_max_attempts": 1})
         self.router = RolloutRouter(
-            addresses=addresses, databuffer=buffer, rpc_timeout_s=timeout, channel_config=router_channel,
+            addresses=addresses,
+            databuffer=buffer,
+            rpc_timeout_s=timeout,
+            channel_config=router_channel,
             allow_empty=registry is not None,
-        )  # fmt: skip
+        )
         self.router.on_behind = self._found_behind
         self._clients = {a: self._client(a) for a in addresses}
         self._stale: set[str] = set()  # missed a weight update: no traffic until refitted
@@ -94,8 +97,9 @@ class RolloutFleet:
         self.router.min_version = version
 
     def _found_behind(self, address: str) -> None:
-        log.warning("replica %s serves weights older than version %d: stale until refitted", address,
-                    self.router.min_version)  # fmt: skip
+        log.warning(
+            "replica %s serves weights older than version %d: stale until refitted", address, self.router.min_version
+        )
         with self._lock:
             if address in self._clients:
                 self._stale.add(address)
@@ -153,8 +157,9 @@ class RolloutFleet:
         for address, info in pending:
             client = self._client(address)
             try:
-                check_peer(f"rollout replica {info.replica_id}", self.channel, field=PEER_FIELD, address=address,
-                           timeout=10.0)  # fmt: skip
+                check_peer(
+                    f"rollout replica {info.replica_id}", self.channel, field=PEER_FIELD, address=address, timeout=10.0
+                )
                 client.wait_ready(10.0)
                 refit(client)  # loads the current version and verifies version and checksums
             except MeshrlError as exc:
@@ -237,9 +242,16 @@ class RolloutFleet:
         derives one per prompt row and sample)."""
         sampling = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "seed": seed}
         result = self.router.generate_batch(
-            source, batch_key(job_id, step, node_id), sampling, n=n, job_id=job_id, step=step, merge=False,
-            num_prompts=num_prompts, columns=columns,
-        )  # fmt: skip
+            source,
+            batch_key(job_id, step, node_id),
+            sampling,
+            n=n,
+            job_id=job_id,
+            step=step,
+            merge=False,
+            num_prompts=num_prompts,
+            columns=columns,
+        )
         seconds = max(result.seconds, 1e-9)
         metrics = {
             "rollout/samples": float(result.samples),

@@ -153,8 +153,9 @@ class RolloutRouter(StreamingMixin):
                 self._lock.wait(min(left, 0.5))
         return self.serving()
 
-    def _pick(self, work: int, *, session: str = "", exclude: set[str] = frozenset(), deadline: float,
-              need_room: bool = False) -> Replica:  # fmt: skip
+    def _pick(
+        self, work: int, *, session: str = "", exclude: set[str] = frozenset(), deadline: float, need_room: bool = False
+    ) -> Replica:
         """The serving replica with the least outstanding work per capacity (the session's replica if alive)."""
         with self._lock:
             while True:
@@ -256,8 +257,9 @@ class RolloutRouter(StreamingMixin):
         result.seconds = time.perf_counter() - start
         return result
 
-    def _run_range(self, c: _Chunk, base: pb.GenerateBatchRequest, output: keys_pb2.BatchKey, deadline: float,
-                   result: BatchResult) -> pb.GenerateBatchResponse:  # fmt: skip
+    def _run_range(
+        self, c: _Chunk, base: pb.GenerateBatchRequest, output: keys_pb2.BatchKey, deadline: float, result: BatchResult
+    ) -> pb.GenerateBatchResponse:
         """Rows [c.begin, c.end) on the least loaded replica; after a retryable failure, on another one."""
         work = (c.end - c.begin) * base.n
         while True:
@@ -275,8 +277,13 @@ class RolloutRouter(StreamingMixin):
                 self._release(replica, work, failed=retry)
                 if not retry or c.attempts >= self.max_attempts or time.monotonic() >= deadline:
                     raise from_rpc_error(exc) from None
-                log.warning("rows [%d, %d) failed on %s (%s): retrying elsewhere", c.begin, c.end,
-                            replica.replica_id, exc.code().name)  # fmt: skip
+                log.warning(
+                    "rows [%d, %d) failed on %s (%s): retrying elsewhere",
+                    c.begin,
+                    c.end,
+                    replica.replica_id,
+                    exc.code().name,
+                )
                 c.excluded.add(replica.replica_id)
                 with self._lock:
                     result.retries += 1
@@ -300,8 +307,12 @@ class RolloutRouter(StreamingMixin):
             self._release(replica, work, failed=True)
         if self.on_behind is not None:
             self.on_behind(replica.address)
-        log.warning("%s generated with weight version %d, the job is at %d: stale", replica.replica_id, version,
-                    self.min_version)  # fmt: skip
+        log.warning(
+            "%s generated with weight version %d, the job is at %d: stale",
+            replica.replica_id,
+            version,
+            self.min_version,
+        )
         if not [r for r in self.serving() if r.replica_id != replica.replica_id]:
             raise StaleFleet(
                 f"rollout replica {replica.replica_id} generated with weight version {version} but the job is at "

@@ -44,8 +44,13 @@ class StreamingMixin:
         deadline = time.monotonic() + (timeout or self.rpc_timeout_s)
         excluded: set[str] = set()
         attempts = 0
-        req = pb.GenerateRequest(prompt_ids=list(prompt_ids), prompt_text=prompt_text, sampling=params,
-                                 session_id=session_id, request_id=request_id)  # fmt: skip
+        req = pb.GenerateRequest(
+            prompt_ids=list(prompt_ids),
+            prompt_text=prompt_text,
+            sampling=params,
+            session_id=session_id,
+            request_id=request_id,
+        )
         while True:
             replica = self._pick(1, session=session_id, exclude=excluded, deadline=deadline)
             attempts += 1
@@ -63,9 +68,11 @@ class StreamingMixin:
                 self._behind(replica, 0, behind.version, release=False)
                 excluded.add(replica.replica_id)
                 if attempts >= self.max_attempts or time.monotonic() >= deadline:
-                    raise StaleFleet(f"rollout replica {replica.replica_id} generated with weight version "
-                                     f"{behind.version} but the job is at version {self.min_version}, and so did "
-                                     f"every replica tried ({attempts} attempts); refit the replicas") from None  # fmt: skip
+                    raise StaleFleet(
+                        f"rollout replica {replica.replica_id} generated with weight version "
+                        f"{behind.version} but the job is at version {self.min_version}, and so did "
+                        f"every replica tried ({attempts} attempts); refit the replicas"
+                    ) from None
             except grpc.RpcError as exc:
                 failed = exc.code() in RETRYABLE
                 if not failed or started or attempts >= self.max_attempts or time.monotonic() >= deadline:

@@ -206,10 +206,15 @@ class WeightPublisher:
 
         def group(offset: int) -> wpb.CollectiveGroup:
             return wpb.CollectiveGroup(
-                master_address=host, master_port=port, world_size=layout.world_size, rank_offset=offset,
-                group_name=name, backend=BACKENDS[layout.backend], timeout_seconds=timeout,
+                master_address=host,
+                master_port=port,
+                world_size=layout.world_size,
+                rank_offset=offset,
+                group_name=name,
+                backend=BACKENDS[layout.backend],
+                timeout_seconds=timeout,
                 protocol=PROTOCOLS[layout.protocol],
-            )  # fmt: skip
+            )
 
         with ThreadPoolExecutor(len(replicas) + 1) as pool:
             trainer_f = _submit(pool, self.trainer.init_weight_group, group(0), timeout + 10)
@@ -242,8 +247,12 @@ class WeightPublisher:
             return 0, missing
         nbytes, failed = self._broadcast(name, version, replicas)
         if failed and self._group_deltas and all(isinstance(e, FailedPrecondition) for e in failed.values()):
-            log.warning("weight version %d: %s refused the delta (%s); sending it complete", version,
-                        sorted(a for a in failed if a != self.trainer.address), next(iter(failed.values())))  # fmt: skip
+            log.warning(
+                "weight version %d: %s refused the delta (%s); sending it complete",
+                version,
+                sorted(a for a in failed if a != self.trainer.address),
+                next(iter(failed.values())),
+            )
             refit_bytes, failed = self._broadcast(name, version, replicas)
             nbytes += refit_bytes
         if failed:
@@ -347,8 +356,9 @@ class WeightPublisher:
             try:
                 self.refit_from_disk(replica)
             except MeshrlError as exc:
-                log.error("replica %s could not be refitted with weight version %d: %s", replica.address,
-                          self.version, exc)  # fmt: skip
+                log.error(
+                    "replica %s could not be refitted with weight version %d: %s", replica.address, self.version, exc
+                )
                 stale.append(replica.address)
         return stale
 

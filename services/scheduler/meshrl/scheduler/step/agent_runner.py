@@ -47,8 +47,10 @@ def open_agents(cfg, run, svc: JobServices, names: list[str]) -> list[Agent]:
     buffer_address, channels = svc.addresses["databuffer"], cfg.services.channels
     for name in names[1:]:
         specs = [trainer_spec(cfg, run, f"trainer-{name}", buffer_address, cfg.model.path)]
-        specs += [rollout_spec(cfg, run, f"rollout-{name}-{i}", buffer_address, cfg.model.path)
-                  for i in range(cfg.rollout.replicas)]  # fmt: skip
+        specs += [
+            rollout_spec(cfg, run, f"rollout-{name}-{i}", buffer_address, cfg.model.path)
+            for i in range(cfg.rollout.replicas)
+        ]
         started = svc.launcher.start(specs)
         svc.addresses.update(started)
         trainer = TrainerClient(started[f"trainer-{name}"], cfg.trainer.request_timeout_seconds, channels.trainer)
@@ -64,8 +66,13 @@ def publish(agent: Agent, metrics: dict[str, float], events) -> None:
     result = agent.publisher.publish(agent.fleet.clients())
     agent.fleet.expect_version(result.version)
     agent.fleet.after_publication(result.version, result.stale, events.log, who=f"agent {agent.name}: ")
-    metrics.update({f"{agent.name}/weights/version": result.version, f"{agent.name}/weights/seconds": result.seconds,
-                    f"{agent.name}/weights/stale_replicas": len(result.stale)})  # fmt: skip
+    metrics.update(
+        {
+            f"{agent.name}/weights/version": result.version,
+            f"{agent.name}/weights/seconds": result.seconds,
+            f"{agent.name}/weights/stale_replicas": len(result.stale),
+        }
+    )
 
 
 class AgentJob:
@@ -92,15 +99,27 @@ class AgentJob:
             agents = open_agents(cfg, r.run, svc, self.names)
             r.events.log(f"services up: {svc.addresses}")
             for agent in agents:
-                agent.trainer.load_model("actor", cfg.model.path, cfg.model.dtype, cfg.trainer.optimizer, cfg.job.seed,
-                                         gradient_checkpointing=cfg.trainer.gradient_checkpointing)  # fmt: skip
+                agent.trainer.load_model(
+                    "actor",
+                    cfg.model.path,
+                    cfg.model.dtype,
+                    cfg.trainer.optimizer,
+                    cfg.job.seed,
+                    gradient_checkpointing=cfg.trainer.gradient_checkpointing,
+                )
                 publish(agent, {}, r.events)
-            by_agent = {a.name: NodeHandlers(cfg, svc.buffer, a.trainer, a.fleet, job.encoder, job.sampler,
-                                             job.reward_fn, r.user_code) for a in agents}  # fmt: skip
+            by_agent = {
+                a.name: NodeHandlers(
+                    cfg, svc.buffer, a.trainer, a.fleet, job.encoder, job.sampler, job.reward_fn, r.user_code
+                )
+                for a in agents
+            }
             executor = StepExecutor(r.workflow.nodes, AgentHandlers(by_agent).handler_for, r.events)
             try:
-                with StepDeletions(svc.buffer, r.job_id) as deletions, \
-                        StepProgress(cfg.job.steps, r.step, r.show_progress) as bar:  # fmt: skip
+                with (
+                    StepDeletions(svc.buffer, r.job_id) as deletions,
+                    StepProgress(cfg.job.steps, r.step, r.show_progress) as bar,
+                ):
                     while r.step < cfg.job.steps:
                         if r.cancelled.is_set():
                             raise Cancelled(f"job {r.job_id} cancelled at step {r.step}")

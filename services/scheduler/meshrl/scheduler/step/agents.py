@@ -36,24 +36,45 @@ def agent_problems(nodes: list[Any]) -> list[Problem]:
     problems: list[Problem] = []
     for n in nodes:
         if n.node_type in MODEL_TYPES and n.agent is None:
-            problems.append(Problem(f"a multi-agent workflow (agents {agents}) needs config.agent on every ROLLOUT "
-                                    "and MODEL_* node", f"set config.agent to one of {agents}", n.node_id,
-                                    "config.agent"))  # fmt: skip
+            problems.append(
+                Problem(
+                    f"a multi-agent workflow (agents {agents}) needs config.agent on every ROLLOUT and MODEL_* node",
+                    f"set config.agent to one of {agents}",
+                    n.node_id,
+                    "config.agent",
+                )
+            )
         if n.agent is not None and n.node_type in MODEL_TYPES[1:] and n.node_role != NodeRole.ACTOR:
-            problems.append(Problem(f"agent nodes train and score the agent's actor only, not {n.node_role.value}",
-                                    "use node_role ACTOR (no reference, critic or reward model per agent: rule "
-                                    "rewards in COMPUTE REWARD nodes)", n.node_id, "node_role"))  # fmt: skip
+            problems.append(
+                Problem(
+                    f"agent nodes train and score the agent's actor only, not {n.node_role.value}",
+                    "use node_role ACTOR (no reference, critic or reward model per agent: rule "
+                    "rewards in COMPUTE REWARD nodes)",
+                    n.node_id,
+                    "node_role",
+                )
+            )
         if n.agent is not None and n.node_type == NodeType.ROLLOUT and n.executable_ref:
-            problems.append(Problem("multi-turn environments are not run in multi-agent workflows yet",
-                                    "generate single turns per agent, and hand one agent's samples to the next "
-                                    "with a COMPUTE node", n.node_id, "executable_ref"))  # fmt: skip
+            problems.append(
+                Problem(
+                    "multi-turn environments are not run in multi-agent workflows yet",
+                    "generate single turns per agent, and hand one agent's samples to the next with a COMPUTE node",
+                    n.node_id,
+                    "executable_ref",
+                )
+            )
     trained = {n.agent for n in nodes if n.node_type == NodeType.MODEL_TRAIN and n.node_role == NodeRole.ACTOR}
     for agent in agents:
         if agent not in trained:
             first = next(n.node_id for n in nodes if n.agent == agent)
-            problems.append(Problem(f"agent {agent!r} has no MODEL_TRAIN node of role ACTOR: its policy would "
-                                    "never change", f"add a MODEL_TRAIN / ACTOR node with config.agent: {agent}",
-                                    first, "config.agent"))  # fmt: skip
+            problems.append(
+                Problem(
+                    f"agent {agent!r} has no MODEL_TRAIN node of role ACTOR: its policy would never change",
+                    f"add a MODEL_TRAIN / ACTOR node with config.agent: {agent}",
+                    first,
+                    "config.agent",
+                )
+            )
     return problems
 
 
@@ -68,14 +89,23 @@ def check_agent_job(cfg: Any, nodes: list[Any], resume: bool = False) -> None:
         (bool(cfg.checkpoint.every), "checkpoints (checkpoint.every)", "set checkpoint.every: 0"),
         (resume, "resuming a run", "start a new run"),
         (cfg.trainer.address is not None, "trainer.address", "let the job start one trainer per agent"),
-        (bool(cfg.rollout.addresses) or cfg.rollout.registry.redis_url is not None,
-         "rollout.addresses / rollout.registry", "let the job start each agent's replicas"),
+        (
+            bool(cfg.rollout.addresses) or cfg.rollout.registry.redis_url is not None,
+            "rollout.addresses / rollout.registry",
+            "let the job start each agent's replicas",
+        ),
         (cfg.weights.transport != "disk", f"weights.transport = {cfg.weights.transport!r}", "use transport: disk"),
-        (bool(cfg.data.eval), "a held-out evaluation (data.eval)", "remove data.eval (each agent's reward is logged "
-         "per step)"),
-        (cfg.services.placement == "colocated", "services.placement = 'colocated'",
-         "use placement: disaggregated (each agent has its own trainer and replicas)"),
-    ]  # fmt: skip
+        (
+            bool(cfg.data.eval),
+            "a held-out evaluation (data.eval)",
+            "remove data.eval (each agent's reward is logged per step)",
+        ),
+        (
+            cfg.services.placement == "colocated",
+            "services.placement = 'colocated'",
+            "use placement: disaggregated (each agent has its own trainer and replicas)",
+        ),
+    ]
     for bad, what, fix in unsupported:
         if bad:
             raise InvalidArgument(f"a multi-agent job (agents {agents}) does not support {what}. Fix: {fix}")

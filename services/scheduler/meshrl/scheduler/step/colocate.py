@@ -81,11 +81,12 @@ def check_colocated_workflow(nodes: Sequence[Any]) -> None:
             missing = [r for r in rollouts if r not in upstream(node.node_id, set())]
             if missing:
                 raise ConfigError(
-                    "services.placement", "colocated",
+                    "services.placement",
+                    "colocated",
                     f"workflow node '{node.node_id}' (a trainer node) does not wait for ROLLOUT node(s) {missing}; "
                     "colocated replicas sleep while the trainer works and wake only after the publication",
                     f"make '{node.node_id}' depend on {missing}, or set services.placement: disaggregated",
-                )  # fmt: skip
+                )
 
 
 class Turns:
@@ -132,10 +133,12 @@ class Turns:
             self._onload_trainer()
         elif self._asleep:  # generation after training in one step: check_colocated_workflow refuses it
             raise ConfigError(
-                "services.placement", "colocated", "a ROLLOUT node asked to run while the replicas sleep "
-                "(their weights come back with the next publication)", "order the workflow's ROLLOUT nodes "
-                "before its trainer nodes",
-            )  # fmt: skip
+                "services.placement",
+                "colocated",
+                "a ROLLOUT node asked to run while the replicas sleep "
+                "(their weights come back with the next publication)",
+                "order the workflow's ROLLOUT nodes before its trainer nodes",
+            )
         self._phase = phase
 
     def sleep_replicas(self) -> None:
@@ -156,9 +159,13 @@ class Turns:
             after += reply.resident_bytes_after
             seconds += reply.seconds
         if awake:
-            self._metrics.update({"colocate/replica_rss_awake_mib": before / MIB,
-                                  "colocate/replica_rss_asleep_mib": after / MIB,
-                                  "colocate/release_seconds": seconds})  # fmt: skip
+            self._metrics.update(
+                {
+                    "colocate/replica_rss_awake_mib": before / MIB,
+                    "colocate/replica_rss_asleep_mib": after / MIB,
+                    "colocate/release_seconds": seconds,
+                }
+            )
 
     def _onload_trainer(self) -> None:
         if not self._trainer_resident:

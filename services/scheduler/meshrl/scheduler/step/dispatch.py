@@ -82,8 +82,14 @@ def runnable_problems(wf: Workflow) -> list[Problem]:
     for n in wf.nodes:
         pair = (n.node_type, n.node_role)
         if pair in PLAN_ONLY:
-            problems.append(Problem(f"{n.node_type.value} with role {n.node_role.value} is plan-only",
-                                    PLAN_ONLY[pair], n.node_id, "node_role"))  # fmt: skip
+            problems.append(
+                Problem(
+                    f"{n.node_type.value} with role {n.node_role.value} is plan-only",
+                    PLAN_ONLY[pair],
+                    n.node_id,
+                    "node_role",
+                )
+            )
             continue
         name = handler_name(n)
         if name == "user_compute":
@@ -92,14 +98,20 @@ def runnable_problems(wf: Workflow) -> list[Problem]:
         if name == "rollout" and not n.executable_ref:
             for key in EPISODE_KEYS:
                 if key in n.config:
-                    problems.append(Problem(f"config.{key} limits multi-turn episodes, but this ROLLOUT node names "
-                                            "no environment", "set executable_ref: package.module:EnvClass, or "
-                                            f"remove config.{key}", n.node_id, f"config.{key}"))  # fmt: skip
+                    problems.append(
+                        Problem(
+                            f"config.{key} limits multi-turn episodes, but this ROLLOUT node names no environment",
+                            f"set executable_ref: package.module:EnvClass, or remove config.{key}",
+                            n.node_id,
+                            f"config.{key}",
+                        )
+                    )
         for key in n.config:
             if key not in known and key != cat.CONFIG_AGENT:
                 fix = did_you_mean(key, sorted(known), f"remove it; a {n.node_type.value} node reads {sorted(known)}")
-                problems.append(Problem(f"config.{key} is read by nothing that runs this node", fix, n.node_id,
-                                        f"config.{key}"))  # fmt: skip
+                problems.append(
+                    Problem(f"config.{key} is read by nothing that runs this node", fix, n.node_id, f"config.{key}")
+                )
     return problems + reward_model_problems(wf.nodes) + agent_problems(wf.nodes)
 
 

@@ -48,8 +48,9 @@ class EpisodeLimits:
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_tokens", "max_seconds", "turn_tokens"):
             if getattr(self, name) <= 0:
-                raise InvalidArgument(f"episode limit {name} = {getattr(self, name)} must be positive",
-                                      field=f"config.{name}")  # fmt: skip
+                raise InvalidArgument(
+                    f"episode limit {name} = {getattr(self, name)} must be positive", field=f"config.{name}"
+                )
 
 
 @dataclass
@@ -84,8 +85,17 @@ class Trajectory:
 GenerateFn = Callable[..., Any]  # RolloutRouter.generate: (prompt_ids, sampling=, session_id=, timeout=) -> result
 
 
-def run_episode(pool: WorkerPool, env_ref: str, prompt: str, answer: str, generate: GenerateFn, turns: ChatTurns,
-                limits: EpisodeLimits, sampling: dict[str, Any], session_id: str) -> Trajectory:  # fmt: skip
+def run_episode(
+    pool: WorkerPool,
+    env_ref: str,
+    prompt: str,
+    answer: str,
+    generate: GenerateFn,
+    turns: ChatTurns,
+    limits: EpisodeLimits,
+    sampling: dict[str, Any],
+    session_id: str,
+) -> Trajectory:
     """One episode; never raises for the environment's failures (they end it with ENV_ERROR)."""
     deadline = time.monotonic() + limits.max_seconds
     try:
@@ -105,8 +115,17 @@ def run_episode(pool: WorkerPool, env_ref: str, prompt: str, answer: str, genera
         pool.close_object(handle)
 
 
-def _turn(pool, handle, traj: Trajectory, generate, turns: ChatTurns, limits: EpisodeLimits, sampling, session_id,
-          deadline: float) -> str:  # fmt: skip
+def _turn(
+    pool,
+    handle,
+    traj: Trajectory,
+    generate,
+    turns: ChatTurns,
+    limits: EpisodeLimits,
+    sampling,
+    session_id,
+    deadline: float,
+) -> str:
     """Runs one model turn and the environment's answer; returns why the episode ends, or "" to go on."""
     if traj.turns >= limits.max_turns:
         return MAX_TURNS
@@ -141,21 +160,43 @@ def _turn(pool, handle, traj: Trajectory, generate, turns: ChatTurns, limits: Ep
     return ""
 
 
-def run_episodes(pool: WorkerPool, env_ref: str, prompts: list[str], answers: list[str], n: int,
-                 generate: GenerateFn, turns: ChatTurns, limits: EpisodeLimits, sampling: dict[str, Any],
-                 session_prefix: str, concurrency: int = 256) -> list[Trajectory]:  # fmt: skip
+def run_episodes(
+    pool: WorkerPool,
+    env_ref: str,
+    prompts: list[str],
+    answers: list[str],
+    n: int,
+    generate: GenerateFn,
+    turns: ChatTurns,
+    limits: EpisodeLimits,
+    sampling: dict[str, Any],
+    session_prefix: str,
+    concurrency: int = 256,
+) -> list[Trajectory]:
     """n episodes per prompt, concurrently; trajectories in (prompt, sample) order."""
     jobs = [(p, k) for p in range(len(prompts)) for k in range(n)]
     with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(jobs)))) as threads:
-        return list(threads.map(
-            lambda job: run_episode(pool, env_ref, prompts[job[0]], answers[job[0]], generate, turns, limits,
-                                    sampling, f"{session_prefix}/{job[0]}/{job[1]}"),
-            jobs,
-        ))  # fmt: skip
+        return list(
+            threads.map(
+                lambda job: run_episode(
+                    pool,
+                    env_ref,
+                    prompts[job[0]],
+                    answers[job[0]],
+                    generate,
+                    turns,
+                    limits,
+                    sampling,
+                    f"{session_prefix}/{job[0]}/{job[1]}",
+                ),
+                jobs,
+            )
+        )
 
 
-def trajectory_columns(trajs: list[Trajectory], answers: Ragged, n: int, job_id: str, step: int,
-                       success_at: float = 1.0) -> tuple[dict[str, object], list[tensor_pb2.SampleMeta]]:  # fmt: skip
+def trajectory_columns(
+    trajs: list[Trajectory], answers: Ragged, n: int, job_id: str, step: int, success_at: float = 1.0
+) -> tuple[dict[str, object], list[tensor_pb2.SampleMeta]]:
     """The ROLLOUT node's output batch (one row per episode) and its per-sample metadata."""
     rows = [i // n for i in range(len(trajs))]
     rewards = np.array([t.reward for t in trajs], dtype=np.float32)
@@ -176,10 +217,18 @@ def trajectory_columns(trajs: list[Trajectory], answers: Ragged, n: int, job_id:
     for i, (row, t) in enumerate(zip(rows, trajs)):
         versions = t.model_versions() or [0]
         group = f"{job_id}/{step}/{row}"
-        samples.append(tensor_pb2.SampleMeta(
-            job_id=job_id, step=step, group_id=group, index_in_group=i % n, weight_version=min(versions),
-            max_weight_version=max(versions), finish_reason=t.finish_reason, sample_id=f"{group}/{i % n}",
-        ))  # fmt: skip
+        samples.append(
+            tensor_pb2.SampleMeta(
+                job_id=job_id,
+                step=step,
+                group_id=group,
+                index_in_group=i % n,
+                weight_version=min(versions),
+                max_weight_version=max(versions),
+                finish_reason=t.finish_reason,
+                sample_id=f"{group}/{i % n}",
+            )
+        )
     return columns, samples
 
 

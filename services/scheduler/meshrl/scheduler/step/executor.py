@@ -150,16 +150,21 @@ class StepExecutor:
         return self.run_nodes(job_id, step)[0]
 
     def run_nodes(
-        self, job_id: str, step: int, only: set[str] | None = None, given: dict[str, NodeResult] | None = None,
+        self,
+        job_id: str,
+        step: int,
+        only: set[str] | None = None,
+        given: dict[str, NodeResult] | None = None,
         version: int | None = None,
-    ) -> tuple[dict[str, float], StepContext]:  # fmt: skip
+    ) -> tuple[dict[str, float], StepContext]:
         """Runs the nodes in `only` (default: all), with `given` standing in for the results of nodes
         that ran elsewhere (the producer side of an asynchronous step); `version`: the weight version the
         step trains from (the actor's log-prob pass reports the rollout gap per version lag against it).
         Returns (metrics, context)."""
         pending = {i: n for i, n in self.nodes.items() if (only is None or i in only) and i not in (given or {})}
-        ctx = StepContext(job_id, step, results=dict(given or {}), nodes=self.nodes, version=version,
-                          scheduled=frozenset(pending))  # fmt: skip
+        ctx = StepContext(
+            job_id, step, results=dict(given or {}), nodes=self.nodes, version=version, scheduled=frozenset(pending)
+        )
         for node_id in pending:
             self.events.node(step, node_id, spb.NODE_STATE_PENDING)
         running: dict[Future, str] = {}

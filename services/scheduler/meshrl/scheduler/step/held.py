@@ -53,8 +53,9 @@ def read_held(buffer: Any, held: Held, reads: Reads, writes: Mapping[str, frozen
     return Batch({c: have[c] for c in reads.columns})
 
 
-def successor_reads(node: Any, nodes: Iterable[Any], sources: Sequence[str], writes: Mapping[str, frozenset[str]],
-                    local: Iterable[str]) -> list[str]:  # fmt: skip
+def successor_reads(
+    node: Any, nodes: Iterable[Any], sources: Sequence[str], writes: Mapping[str, frozenset[str]], local: Iterable[str]
+) -> list[str]:
     """The declared inputs of `node`'s direct successors among the `local` node ids (the scheduler's built-in
     COMPUTE nodes) that come from the batches `node` reads (`sources`: their node ids), not from `node` itself."""
     local = set(local)

@@ -140,14 +140,22 @@ class NodeHandlers:
         rows = batch.num_rows()
         sampling = {"temperature": float(c.get("temperature", r.temperature)), "top_p": float(c.get("top_p", r.top_p))}
         if S.PROMPT_INDEX not in batch.columns:
-            raise InvalidArgument(f"node '{node.node_id}' runs episodes on dataset rows: add prompt_index to its inputs "
-                                  "(a DATA_LOAD node writes it)")  # fmt: skip
+            raise InvalidArgument(
+                f"node '{node.node_id}' runs episodes on dataset rows: add prompt_index to its inputs "
+                "(a DATA_LOAD node writes it)"
+            )
         records = self.sampler.records  # the environment starts from the row's own prompt text, not its template
         prompts = [records[int(i)].prompt for i in np.asarray(batch[S.PROMPT_INDEX])]
         trajs, metrics = self.user_code.episodes(
-            node, self.fleet.router, self.encoder, prompts, [_text(batch[S.ANSWER], i) for i in range(rows)], n=n,
-            sampling=sampling, session=f"{ctx.job_id}/{ctx.step}/{node.node_id}",
-        )  # fmt: skip
+            node,
+            self.fleet.router,
+            self.encoder,
+            prompts,
+            [_text(batch[S.ANSWER], i) for i in range(rows)],
+            n=n,
+            sampling=sampling,
+            session=f"{ctx.job_id}/{ctx.step}/{node.node_id}",
+        )
         columns, samples = trajectory_columns(trajs, batch[S.ANSWER], n, ctx.job_id, ctx.step)
         key = self._key(ctx, node)
         self.buffer.put(key, columns, samples=samples)
@@ -313,8 +321,15 @@ class NodeHandlers:
             also.extend(c for c in gap_reads(node, ctx) if c not in also)
         reads = self._reads(node, ctx, also)
         reply = self.trainer.train_step(
-            role, reads.keys, loss, t.micro_batch_tokens, t.mini_batches, ctx.step, columns=reads.columns,
-            weight_version=ctx.version if gap else None, temperature=self._temperature(node, ctx),
-        )  # fmt: skip
+            role,
+            reads.keys,
+            loss,
+            t.micro_batch_tokens,
+            t.mini_batches,
+            ctx.step,
+            columns=reads.columns,
+            weight_version=ctx.version if gap else None,
+            temperature=self._temperature(node, ctx),
+        )
         prefix = "critic" if role == "critic" else "actor"
         return NodeResult([], {(gap and gap_metric(k)) or f"{prefix}/{k}": v for k, v in reply.metrics.items()})

@@ -49,9 +49,10 @@ class StepSpans:
         with self._lock:
             if step not in self._spans:
                 self._spans[step] = telemetry.tracer().start_span(
-                    A.step_span_name(step), context=otel_context.Context(),
+                    A.step_span_name(step),
+                    context=otel_context.Context(),
                     attributes={A.STEP: step, A.JOB_ID: self.job_id},
-                )  # fmt: skip
+                )
             return self._spans[step]
 
     @contextlib.contextmanager
@@ -138,15 +139,26 @@ class SyncSteps:
 class AsyncSteps(SyncSteps):
     """`training.mode: one_step_off / async`: the consumer side of each step, fed from the sample stream."""
 
-    def __init__(self, executor: StepExecutor, buffer: DataBufferClient, job_id: str, nodes: list, plan: AsyncPlan,
-                 cancelled: threading.Event, position_of: Callable[[], str] = lambda: "",
-                 last_step: int | None = None, requeue: Callable[[list[int]], None] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        executor: StepExecutor,
+        buffer: DataBufferClient,
+        job_id: str,
+        nodes: list,
+        plan: AsyncPlan,
+        cancelled: threading.Event,
+        position_of: Callable[[], str] = lambda: "",
+        last_step: int | None = None,
+        requeue: Callable[[list[int]], None] | None = None,
+    ) -> None:
         super().__init__(executor, buffer, job_id, nodes)
         self.plan = plan
         self.requeue = requeue  # stale_policy regenerate: record indexes back to the data loader
         if plan.stale_policy == "regenerate" and requeue is None:
-            raise InvalidArgument("training.stale_policy = 'regenerate' needs the job's data loader to put prompts "
-                                  "back into; this runner has none: use stale_policy: drop")  # fmt: skip
+            raise InvalidArgument(
+                "training.stale_policy = 'regenerate' needs the job's data loader to put prompts "
+                "back into; this runner has none: use stale_policy: drop"
+            )
         self.trained: Counter[str] = Counter()  # group id -> times trained (the whole run's ledger)
         self.regenerated: list[int] = []  # record indexes put back as stale, in order
         self.discarded = 0  # groups a previous attempt left in the stream, discarded at start
@@ -171,8 +183,17 @@ class AsyncSteps(SyncSteps):
         self.position = self.position_of()
         self.discarded = discard_leftovers(self.buffer, self.job_id)
         self.gate = AdmissionGate(step + 1, version, self.eta, self.stream_groups, self.round_groups, self.last_step)
-        self.producer = Producer(self.executor, self.split, self.buffer, self.job_id, self.gate, self.spans.use,
-                                 lambda: self.version, self.position_of, self.plan.data_node)  # fmt: skip
+        self.producer = Producer(
+            self.executor,
+            self.split,
+            self.buffer,
+            self.job_id,
+            self.gate,
+            self.spans.use,
+            lambda: self.version,
+            self.position_of,
+            self.plan.data_node,
+        )
         self.producer.start()
 
     def step_span(self, step: int):
@@ -190,9 +211,14 @@ class AsyncSteps(SyncSteps):
             if self.cancelled.is_set():
                 raise self._cancelled(r)
             got = self.buffer.read_groups(
-                self.job_id, STREAM, LEARNER_GROUP, "runner", max_groups=size - len(delivered) - stale,
-                block_seconds=READ_BLOCK_SECONDS, min_weight_version=0 if regenerate else floor,
-            )  # fmt: skip
+                self.job_id,
+                STREAM,
+                LEARNER_GROUP,
+                "runner",
+                max_groups=size - len(delivered) - stale,
+                block_seconds=READ_BLOCK_SECONDS,
+                min_weight_version=0 if regenerate else floor,
+            )
             old = [g for g in got.groups if g.weight_version < floor]
             if old:
                 self._regenerate(old)
@@ -206,9 +232,11 @@ class AsyncSteps(SyncSteps):
         records = [prompt_of(g.group_id) for g in groups]
         unnamed = [g.group_id for g, i in zip(groups, records) if i is None]
         if unnamed:
-            raise FailedPrecondition(f"stale groups {unnamed[:3]} do not name their prompt record, so they cannot "
-                                     "be regenerated; the producer names them when the DATA_LOAD node writes "
-                                     "prompt_index")  # fmt: skip
+            raise FailedPrecondition(
+                f"stale groups {unnamed[:3]} do not name their prompt record, so they cannot "
+                "be regenerated; the producer names them when the DATA_LOAD node writes "
+                "prompt_index"
+            )
         self.requeue(records)
         self.regenerated += records
         self.buffer.ack(self.job_id, STREAM, LEARNER_GROUP, [g.entry_id for g in groups])
@@ -233,17 +261,24 @@ class AsyncSteps(SyncSteps):
         key = rows_key(self.job_id, step)
         self.buffer.put(key, batch)
         given = {i: NodeResult([key], rewrites_rows=True) for i in self.split.producer}
-        metrics, _ = self.executor.run_nodes(self.job_id, step, only=set(self.split.consumer), given=given,
-                                             version=version)  # fmt: skip
+        metrics, _ = self.executor.run_nodes(
+            self.job_id, step, only=set(self.split.consumer), given=given, version=version
+        )
         self.buffer.ack(self.job_id, STREAM, LEARNER_GROUP, entries)
         lags = [version - g.weight_version for g in groups]
         out = {**producer_metrics, **metrics, **staleness_histogram(lags), **self._ledger(groups, batch, stale)}
-        out["async/stream_length"] = float(sum(s.length for s in self.buffer.stats(self.job_id).streams
-                                                   if s.stream == STREAM))  # fmt: skip
-        out.update({"async/rounds": float(rounds),
-                    "async/wait_seconds": waited, "async/stream_groups": float(self.gate.unconsumed),
-                    "async/stream_groups_max": float(self.gate.max_unconsumed),
-                    "async/rollout_wait_seconds": self.gate.rollout_wait})  # fmt: skip
+        out["async/stream_length"] = float(
+            sum(s.length for s in self.buffer.stats(self.job_id).streams if s.stream == STREAM)
+        )
+        out.update(
+            {
+                "async/rounds": float(rounds),
+                "async/wait_seconds": waited,
+                "async/stream_groups": float(self.gate.unconsumed),
+                "async/stream_groups_max": float(self.gate.max_unconsumed),
+                "async/rollout_wait_seconds": self.gate.rollout_wait,
+            }
+        )
         return out
 
     def _ledger(self, groups: list, batch, stale: int) -> dict[str, float]:
@@ -294,8 +329,9 @@ def discard_leftovers(buffer: DataBufferClient, job_id: str) -> int:
     that none is trained twice; returns how many. A fresh job's stream is empty."""
     discarded = 0
     while True:
-        got = buffer.read_groups(job_id, STREAM, LEARNER_GROUP, "runner", max_groups=LEFTOVER_READ,
-                                 claim_idle_seconds=LEFTOVER_CLAIM_SECONDS)  # fmt: skip
+        got = buffer.read_groups(
+            job_id, STREAM, LEARNER_GROUP, "runner", max_groups=LEFTOVER_READ, claim_idle_seconds=LEFTOVER_CLAIM_SECONDS
+        )
         if not got.groups and not got.dropped_stale:
             return discarded
         if got.groups:
@@ -303,14 +339,22 @@ def discard_leftovers(buffer: DataBufferClient, job_id: str) -> int:
         discarded += len(got.groups) + got.dropped_stale
 
 
-def make_steps(cfg: JobConfig, executor: StepExecutor, buffer: DataBufferClient, job_id: str, nodes: list,
-               cancelled: threading.Event, position_of: Callable[[], str],
-               requeue: Callable[[list[int]], None] | None = None) -> SyncSteps:  # fmt: skip
+def make_steps(
+    cfg: JobConfig,
+    executor: StepExecutor,
+    buffer: DataBufferClient,
+    job_id: str,
+    nodes: list,
+    cancelled: threading.Event,
+    position_of: Callable[[], str],
+    requeue: Callable[[list[int]], None] | None = None,
+) -> SyncSteps:
     """The step runner of `training.mode`; refuses (InvalidArgument) a DAG or bound the mode cannot run.
     `requeue` puts record indexes back to the data loader (training.stale_policy regenerate)."""
     t = cfg.training
     if t.mode == "sync":
         return SyncSteps(executor, buffer, job_id, nodes)
     plan = plan_async(t, cfg.data.prompts_per_step, nodes)
-    return AsyncSteps(executor, buffer, job_id, nodes, plan, cancelled, position_of, last_step=cfg.job.steps,
-                      requeue=requeue)  # fmt: skip
+    return AsyncSteps(
+        executor, buffer, job_id, nodes, plan, cancelled, position_of, last_step=cfg.job.steps, requeue=requeue
+    )

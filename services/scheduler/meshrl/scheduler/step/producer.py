@@ -125,8 +125,9 @@ class Producer:
             metrics, ctx = self.executor.run_nodes(self.job_id, r, only=set(self.split.generation))
         return version, start, metrics, ctx, self.position_of()
 
-    def _finish(self, r: int, version: int, start: float, metrics: dict[str, float], ctx: StepContext,
-                position: str) -> None:  # fmt: skip
+    def _finish(
+        self, r: int, version: int, start: float, metrics: dict[str, float], ctx: StepContext, position: str
+    ) -> None:
         """The rest of round r's producer nodes, then its groups into the stream and the gate told."""
         if self.gate.error is not None:
             return  # an earlier round failed: the job stops

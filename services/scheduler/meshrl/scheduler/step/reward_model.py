@@ -62,20 +62,36 @@ def reward_model_problems(nodes: list[Any]) -> list[Problem]:
         except pydantic.ValidationError as err:
             for e in err.errors():
                 field = ".".join(str(p) for p in e["loc"])
-                problems.append(Problem(f"config.{field}: {e['msg']}", "set config.model_path to a Hugging Face "
-                                        "sequence-classifier folder; score_weight and rule_weight are numbers",
-                                        node.node_id, f"config.{field}"))  # fmt: skip
+                problems.append(
+                    Problem(
+                        f"config.{field}: {e['msg']}",
+                        "set config.model_path to a Hugging Face "
+                        "sequence-classifier folder; score_weight and rule_weight are numbers",
+                        node.node_id,
+                        f"config.{field}",
+                    )
+                )
             continue
         if not (Path(cfg.path) / "config.json").is_file():
-            problems.append(Problem(f"config.model_path {cfg.model_path!r} has no config.json",
-                                    "point it at a Hugging Face sequence-classifier folder (config.json + "
-                                    "safetensors, num_labels 1)", node.node_id, "config.model_path"))  # fmt: skip
+            problems.append(
+                Problem(
+                    f"config.model_path {cfg.model_path!r} has no config.json",
+                    "point it at a Hugging Face sequence-classifier folder (config.json + safetensors, num_labels 1)",
+                    node.node_id,
+                    "config.model_path",
+                )
+            )
         paths[node.node_id] = cfg.path
     if len(set(paths.values())) > 1:
         first, *_ = paths
-        problems.append(Problem(f"reward-model nodes name different models {sorted(set(paths.values()))}",
-                                "the trainer holds one reward model: give every MODEL_INFERENCE/REWARD node the "
-                                "same config.model_path", first, "config.model_path"))  # fmt: skip
+        problems.append(
+            Problem(
+                f"reward-model nodes name different models {sorted(set(paths.values()))}",
+                "the trainer holds one reward model: give every MODEL_INFERENCE/REWARD node the same config.model_path",
+                first,
+                "config.model_path",
+            )
+        )
     return problems
 
 
@@ -118,11 +134,15 @@ def score_node(handlers, node: Any, ctx) -> tuple[list, dict[str, float]]:
     handlers.buffer.put(key, {S.REWARDS: rewards, S.ACCURACY: correct, S.RM_SCORES: scores})
     metrics = {f"{node.node_id}/{k}": v for k, v in reply.metrics.items()}
     rows = len(scores)
-    metrics.update({"reward/mean": float(rewards.mean()) if rows else 0.0,
-                    "reward/std": float(rewards.std()) if rows else 0.0,
-                    "reward/accuracy": float(correct.mean()) if rows else 0.0,
-                    "reward/model_score_mean": float(scores.mean()) if rows else 0.0,
-                    "reward/failed_groups": float(failed)})  # fmt: skip
+    metrics.update(
+        {
+            "reward/mean": float(rewards.mean()) if rows else 0.0,
+            "reward/std": float(rewards.std()) if rows else 0.0,
+            "reward/accuracy": float(correct.mean()) if rows else 0.0,
+            "reward/model_score_mean": float(scores.mean()) if rows else 0.0,
+            "reward/failed_groups": float(failed),
+        }
+    )
     if rule is not None:
         metrics["reward/rule_mean"] = float(rule.mean()) if rows else 0.0
     return [key], metrics

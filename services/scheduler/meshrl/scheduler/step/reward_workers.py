@@ -26,8 +26,9 @@ class GroupScores:
     retries: int = 0
 
 
-def _one_group(pool: WorkerPool, ref: str, group: int, prompts, responses, answers, retries: int,
-               report: Callable[[str], None]) -> tuple[list[float] | None, int]:  # fmt: skip
+def _one_group(
+    pool: WorkerPool, ref: str, group: int, prompts, responses, answers, retries: int, report: Callable[[str], None]
+) -> tuple[list[float] | None, int]:
     tries = 0
     while True:
         try:
@@ -45,13 +46,23 @@ def _one_group(pool: WorkerPool, ref: str, group: int, prompts, responses, answe
                 return None, tries - 1
 
 
-def score_groups(pool: WorkerPool, ref: str, prompts: Sequence[str], responses: Sequence[str],
-                 answers: Sequence[str], groups: np.ndarray, *, retries: int,
-                 report: Callable[[str], None]) -> GroupScores:  # fmt: skip
+def score_groups(
+    pool: WorkerPool,
+    ref: str,
+    prompts: Sequence[str],
+    responses: Sequence[str],
+    answers: Sequence[str],
+    groups: np.ndarray,
+    *,
+    retries: int,
+    report: Callable[[str], None],
+) -> GroupScores:
     """Rewards of every row, one worker call per group (rows of equal `groups` value), groups concurrently."""
     if not (len(prompts) == len(responses) == len(answers) == len(groups)):
-        raise InvalidArgument(f"reward batch sizes differ: {len(prompts)} prompts, {len(responses)} responses, "
-                              f"{len(answers)} answers, {len(groups)} group indices")  # fmt: skip
+        raise InvalidArgument(
+            f"reward batch sizes differ: {len(prompts)} prompts, {len(responses)} responses, "
+            f"{len(answers)} answers, {len(groups)} group indices"
+        )
     rewards = np.zeros(len(responses), dtype=np.float32)
     members: dict[int, list[int]] = {}
     for row, g in enumerate(np.asarray(groups).tolist()):
@@ -60,8 +71,20 @@ def score_groups(pool: WorkerPool, ref: str, prompts: Sequence[str], responses: 
 
     def run(item: tuple[int, list[int]]):
         g, rows = item
-        return g, rows, _one_group(pool, ref, g, [prompts[r] for r in rows], [responses[r] for r in rows],
-                                   [answers[r] for r in rows], retries, report)  # fmt: skip
+        return (
+            g,
+            rows,
+            _one_group(
+                pool,
+                ref,
+                g,
+                [prompts[r] for r in rows],
+                [responses[r] for r in rows],
+                [answers[r] for r in rows],
+                retries,
+                report,
+            ),
+        )
 
     with ThreadPoolExecutor(max_workers=max(1, min(len(members), 2 * len(pool.pids())))) as threads:
         for g, rows, (values, tries) in threads.map(run, members.items()):

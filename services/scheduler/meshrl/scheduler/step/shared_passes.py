@@ -43,10 +43,11 @@ def call_group(node: Any, ctx: StepContext) -> list[Any]:
         return [node]
     deps = set(node.dependencies)
     return [
-        n for i, n in ctx.nodes.items()
-        if n is node or (i in ctx.scheduled and _logprob_node(n) and set(n.dependencies) == deps
-                         and n.agent == node.agent)
-    ]  # fmt: skip
+        n
+        for i, n in ctx.nodes.items()
+        if n is node
+        or (i in ctx.scheduled and _logprob_node(n) and set(n.dependencies) == deps and n.agent == node.agent)
+    ]
 
 
 @dataclass(frozen=True)
@@ -83,14 +84,26 @@ def _call(trainer: TrainerClient, passes: list[_Pass], version: int | None, temp
     first = passes[0]
     reads = _union([p.reads for p in passes])
     more = [
-        tpb.LogProbPass(role=role_proto(p.role), output=p.key, with_entropy=p.role == "actor", output_name=p.name,
-                        weight_version=version if p.gap else None)
+        tpb.LogProbPass(
+            role=role_proto(p.role),
+            output=p.key,
+            with_entropy=p.role == "actor",
+            output_name=p.name,
+            weight_version=version if p.gap else None,
+        )
         for p in passes[1:]
-    ]  # fmt: skip
+    ]
     return trainer.compute_logprobs(
-        first.role, reads.keys, first.key, first.name, entropy=first.role == "actor", columns=reads.columns,
-        weight_version=version if first.gap else None, more_passes=more, temperature=temperature,
-    )  # fmt: skip
+        first.role,
+        reads.keys,
+        first.key,
+        first.name,
+        entropy=first.role == "actor",
+        columns=reads.columns,
+        weight_version=version if first.gap else None,
+        more_passes=more,
+        temperature=temperature,
+    )
 
 
 def run_passes(

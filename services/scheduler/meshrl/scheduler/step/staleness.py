@@ -20,8 +20,15 @@ class AdmissionGate:
     the rounds admitted and not yet appended, leave room for `round_groups` more (at most `stream_groups`).
     With eta = 0 every round waits for the step before it: exactly the synchronous order."""
 
-    def __init__(self, first_round: int, first_version: int, eta: int, stream_groups: int, round_groups: int,
-                 last_round: int | None = None):  # fmt: skip
+    def __init__(
+        self,
+        first_round: int,
+        first_version: int,
+        eta: int,
+        stream_groups: int,
+        round_groups: int,
+        last_round: int | None = None,
+    ):
         self.first_round = first_round
         self.last_round = last_round  # the job's last step: no round past it (None: unbounded)
         self.first_version = first_version
@@ -71,8 +78,9 @@ class AdmissionGate:
                 self.last_round += 1
             self._cond.notify_all()
 
-    def produced(self, r: int, groups: int, metrics: dict[str, float], rollout_seconds: float,
-                 position: str = "") -> None:  # fmt: skip
+    def produced(
+        self, r: int, groups: int, metrics: dict[str, float], rollout_seconds: float, position: str = ""
+    ) -> None:
         with self._cond:
             self.reserved.discard(r)
             self.positions[r] = position

@@ -47,8 +47,9 @@ class UserCode:
     # -- rewards -----------------------------------------------------------------------------
     def score(self, ref: str, prompts, responses, answers, groups: np.ndarray) -> GroupScores:
         a = self.cfg.algorithm
-        return score_groups(self.rewards, ref, prompts, responses, answers, groups, retries=a.reward_retries,
-                            report=self.log)  # fmt: skip
+        return score_groups(
+            self.rewards, ref, prompts, responses, answers, groups, retries=a.reward_retries, report=self.log
+        )
 
     # -- episodes ----------------------------------------------------------------------------
     def limits(self, node: Any, turn_tokens: int | None = None) -> EpisodeLimits:
@@ -60,28 +61,57 @@ class UserCode:
             turn_tokens=turn_tokens or int(c.get("max_tokens", self.cfg.rollout.max_tokens)),
         )
 
-    def episodes(self, node: Any, router: Any, encoder: Any, prompts: list[str], answers: list[str], *, n: int,
-                 sampling: dict[str, Any], session: str, limits: EpisodeLimits | None = None,
-                 ) -> tuple[list[Trajectory], dict[str, float]]:  # fmt: skip
+    def episodes(
+        self,
+        node: Any,
+        router: Any,
+        encoder: Any,
+        prompts: list[str],
+        answers: list[str],
+        *,
+        n: int,
+        sampling: dict[str, Any],
+        session: str,
+        limits: EpisodeLimits | None = None,
+    ) -> tuple[list[Trajectory], dict[str, float]]:
         """n episodes per prompt of `node`'s environment; environment errors are reported in one line."""
         started = time.monotonic()
-        trajs = run_episodes(self.environments, node.executable_ref, prompts, answers, n, router.generate,
-                             self.turns(encoder), limits or self.limits(node), sampling, session,
-                             concurrency=self.cfg.rollout.max_batch_size)  # fmt: skip
+        trajs = run_episodes(
+            self.environments,
+            node.executable_ref,
+            prompts,
+            answers,
+            n,
+            router.generate,
+            self.turns(encoder),
+            limits or self.limits(node),
+            sampling,
+            session,
+            concurrency=self.cfg.rollout.max_batch_size,
+        )
         failed = [t for t in trajs if t.end == ENV_ERROR]
         if failed:
             first = failed[0].error.splitlines()[0] if failed[0].error else ""
-            self.log(f"{session}: {len(failed)} of {len(trajs)} episodes ended by an environment error (reward 0); "
-                     f"first: {first}")  # fmt: skip
+            self.log(
+                f"{session}: {len(failed)} of {len(trajs)} episodes ended by an environment error (reward 0); "
+                f"first: {first}"
+            )
         return trajs, episode_metrics(trajs, time.monotonic() - started)
 
     def evaluate_episodes(self, router: Any, encoder: Any, records: list[Any], session: str) -> dict[str, float]:
         """Held-out success: one greedy episode per record; success = the episode's reward reaches 1."""
         limits = self.limits(self.env_node, self.cfg.eval.max_tokens)
         trajs, metrics = self.episodes(
-            self.env_node, router, encoder, [x.prompt for x in records], [x.answer for x in records], n=1,
-            sampling={"temperature": 0.0, "top_p": 1.0}, session=session, limits=limits,
-        )  # fmt: skip
+            self.env_node,
+            router,
+            encoder,
+            [x.prompt for x in records],
+            [x.answer for x in records],
+            n=1,
+            sampling={"temperature": 0.0, "top_p": 1.0},
+            session=session,
+            limits=limits,
+        )
         rewards = np.array([t.reward for t in trajs], dtype=np.float64)
         return {
             "eval/accuracy": float((rewards >= 1.0).mean()) if len(rewards) else 0.0,

@@ -71,17 +71,30 @@ def call_plan(cfg: Any, steps: int) -> list[range]:
 
 def schedule_for(cfg: Any, steps: int) -> LrSchedule:
     return LrSchedule(
-        peak=cfg.lr, total_steps=max(steps, 1), warmup_steps=round(cfg.warmup_ratio * steps),
-        decay=cfg.schedule, min_lr=cfg.min_lr,
-    )  # fmt: skip
+        peak=cfg.lr,
+        total_steps=max(steps, 1),
+        warmup_steps=round(cfg.warmup_ratio * steps),
+        decay=cfg.schedule,
+        min_lr=cfg.min_lr,
+    )
 
 
 class SupervisedWarmup:
     """Runs the phase; `trainer` is a TrainerClient, `buffer` a DataBufferClient (the same calls)."""
 
-    def __init__(self, job_id: str, cfg: Any, trainer: Any, buffer: Any, encoder: PromptEncoder, *,
-                 micro_batch_tokens: int, shuffle_seed: int, log: Callable[[str], None] = print,
-                 evaluate: Callable[[], dict[str, float]] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        job_id: str,
+        cfg: Any,
+        trainer: Any,
+        buffer: Any,
+        encoder: PromptEncoder,
+        *,
+        micro_batch_tokens: int,
+        shuffle_seed: int,
+        log: Callable[[str], None] = print,
+        evaluate: Callable[[], dict[str, float]] | None = None,
+    ) -> None:
         self.job_id, self.cfg, self.trainer, self.buffer, self.encoder = job_id, cfg, trainer, buffer, encoder
         self.evaluate = evaluate  # held-out accuracy of the actor as it is now (eval_accuracy_every)
         self.micro_batch_tokens = micro_batch_tokens
@@ -90,10 +103,13 @@ class SupervisedWarmup:
 
     def _put_pairs(self, key, records: list[Record]) -> None:
         targets = [r.response if r.response is not None else r.answer for r in records]
-        self.buffer.put(key, {
-            S.PROMPT_IDS: Ragged.from_rows([self.encoder.encode_prompt(r.prompt) for r in records], dtype=np.int32),
-            S.RESPONSE_IDS: Ragged.from_rows([self.encoder.encode_response(t) for t in targets], dtype=np.int32),
-        })  # fmt: skip
+        self.buffer.put(
+            key,
+            {
+                S.PROMPT_IDS: Ragged.from_rows([self.encoder.encode_prompt(r.prompt) for r in records], dtype=np.int32),
+                S.RESPONSE_IDS: Ragged.from_rows([self.encoder.encode_response(t) for t in targets], dtype=np.int32),
+            },
+        )
 
     def heldout_loss(self, records: list[Record], step: int) -> float:
         """Mean negative log-likelihood per response token of the held-out pairs under the actor."""
@@ -155,13 +171,27 @@ class SupervisedWarmup:
         reply = self.trainer.train_step("actor", [key], sft, self.micro_batch_tokens, len(call), call[0], step_lrs=lrs)
         return list(reply.step_losses)
 
-    def _record(self, result: WarmupResult, i: int, steps: int, lr: float, seconds: float, loss: float,
-                heldout: list[Record], curve_file: Path | None) -> None:  # fmt: skip
+    def _record(
+        self,
+        result: WarmupResult,
+        i: int,
+        steps: int,
+        lr: float,
+        seconds: float,
+        loss: float,
+        heldout: list[Record],
+        curve_file: Path | None,
+    ) -> None:
         """Step i's point on the curve (with the held-out loss every eval_every steps and at the end) and its log."""
         cfg = self.cfg
         result.train_loss = loss
-        point = {"step": i + 1, "samples": (i + 1) * cfg.batch_size, "seconds": seconds, "lr": lr,
-                 "loss": result.train_loss}  # fmt: skip
+        point = {
+            "step": i + 1,
+            "samples": (i + 1) * cfg.batch_size,
+            "seconds": seconds,
+            "lr": lr,
+            "loss": result.train_loss,
+        }
         last = i == steps - 1
         if heldout and ((cfg.eval_every and (i + 1) % cfg.eval_every == 0) or last):
             point["heldout_loss"] = result.heldout_loss = self.heldout_loss(heldout, i + 1)

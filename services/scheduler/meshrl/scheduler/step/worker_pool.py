@@ -191,8 +191,9 @@ class WorkerPool:
         return Handle(index, generation, key), tools
 
     def method(self, handle: Handle, name: str, args: tuple = (), timeout: float | None = None) -> Any:
-        return self._send(handle.worker, ("method", handle.key, name, args), timeout, f"environment.{name}",
-                          handle.generation)  # fmt: skip
+        return self._send(
+            handle.worker, ("method", handle.key, name, args), timeout, f"environment.{name}", handle.generation
+        )
 
     def close_object(self, handle: Handle) -> None:
         try:

@@ -188,8 +188,15 @@ def _png_bars(ax, lay, colors: dict, critical: set[str]) -> None:
         width = max(node.duration_ns / 1e9, total_s / 1500)
         crit = node.span_id in critical
         color = ERROR_COLOR if node.record.is_error else colors[node.lane]
-        ax.barh(y, width, left=left, height=0.8, color=color, edgecolor=CRITICAL_COLOR if crit else "white",
-                linewidth=2.0 if crit else 0.4)  # fmt: skip
+        ax.barh(
+            y,
+            width,
+            left=left,
+            height=0.8,
+            color=color,
+            edgecolor=CRITICAL_COLOR if crit else "white",
+            linewidth=2.0 if crit else 0.4,
+        )
         if width > char_s * min(len(node.name), 8):
             chars = int(width / char_s)
             text = node.name if len(node.name) <= chars else node.name[: max(1, chars - 1)] + "…"
@@ -211,8 +218,10 @@ def _png_axes(ax, lay, trace: Trace) -> None:
     ax.set_xlim(0, lay.total_ns / 1e9 * 1.01)
     ax.set_xlabel("seconds from the first span")
     ax.set_title(f"{trace.main_root.name} — {format_duration(trace.duration_ns)} — trace {trace.trace_id}", loc="left")
-    legend = [Patch(facecolor="#cccccc", edgecolor=CRITICAL_COLOR, linewidth=2.0, label="critical path"),
-              Patch(facecolor=ERROR_COLOR, label="error")]  # fmt: skip
+    legend = [
+        Patch(facecolor="#cccccc", edgecolor=CRITICAL_COLOR, linewidth=2.0, label="critical path"),
+        Patch(facecolor=ERROR_COLOR, label="error"),
+    ]
     ax.legend(handles=legend, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, fontsize=8, frameon=False)
 
 

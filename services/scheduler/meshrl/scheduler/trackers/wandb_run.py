@@ -17,9 +17,14 @@ class WandbTracker:
         Path(directory).mkdir(parents=True, exist_ok=True)
         settings = wandb.Settings(silent=True, console="off", x_disable_stats=True, x_disable_meta=True)
         self.run = wandb.init(
-            project=project, dir=str(directory), mode=mode, name=run_name, config=config, settings=settings,
+            project=project,
+            dir=str(directory),
+            mode=mode,
+            name=run_name,
+            config=config,
+            settings=settings,
             reinit="create_new",
-        )  # fmt: skip
+        )
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.run.log(metrics, step=step)

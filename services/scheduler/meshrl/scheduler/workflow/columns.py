@@ -16,8 +16,16 @@ from meshrl.scheduler.workflow.model import Node, NodeRole, NodeType
 GENERATED = (S.RESPONSE_IDS, S.ROLLOUT_LOGPROBS, S.RESPONSE_VERSIONS, S.GROUP_INDEX)
 DATA_LOAD_OUTPUTS = (S.PROMPT_IDS, S.ANSWER, S.PROMPT_INDEX)
 # What a ROLLOUT node with an environment writes: one row per episode (meshrl.scheduler.step.episodes).
-EPISODE_OUTPUTS = (S.PROMPT_IDS, S.ANSWER, *GENERATED, S.LOSS_MASK, S.REWARDS, S.ACCURACY, S.EPISODE_TURNS,
-                   S.EPISODE_END)  # fmt: skip
+EPISODE_OUTPUTS = (
+    S.PROMPT_IDS,
+    S.ANSWER,
+    *GENERATED,
+    S.LOSS_MASK,
+    S.REWARDS,
+    S.ACCURACY,
+    S.EPISODE_TURNS,
+    S.EPISODE_END,
+)
 
 
 def declared(node: Node, key: str) -> list[str] | None:
