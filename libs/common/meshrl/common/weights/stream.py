@@ -15,7 +15,8 @@ alike: the stream is used only when every member offered it (a member started wi
 Receivers then connect to rank 0, which sends each a fresh challenge; a receiver answers with its rank and
 an HMAC over the challenge, and rank 0 answers with its own, so each side knows the other holds the key
 before a byte of weights moves; rank 0 accepts one connection per receiver within the join deadline (one
-deadline for them all, however many strangers call). The key is the service token (`secret`) when the
+deadline for them all, however many strangers call), greeting every caller at once (stream_admission.py: a
+silent or slow caller never delays the others). The key is the service token (`secret`) when the
 process has one: then a stranger who reads the group's store can neither take a receiver's place nor pose
 as the sender, the stream is required (no gloo fallback) and binds only its address. Without a token the
 key is the nonce in the store, which keeps strangers out only where the store is private.
@@ -32,9 +33,7 @@ import hmac
 import os
 import queue
 import socket
-import struct
 import threading
-import time
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -42,11 +41,9 @@ import torch
 import torch.distributed as dist
 
 from meshrl.common.weight_group_secret import mac
+from meshrl.common.weights.stream_admission import CHALLENGE_BYTES, HELLO, Admission
 
-_HELLO = struct.Struct("<q32s")  # rank, HMAC over the challenge
-CHALLENGE_BYTES = 32
 SOCKET_BUFFER_BYTES = 8 << 20  # loopback and LAN: large buffers keep both threads busy
-HELLO_TIMEOUT_S = 5.0  # a connection that does not say who it is in time is dropped
 
 
 class StreamRefused(OSError):
@@ -203,51 +200,20 @@ class StreamOffer:
     def _accept(self, key: bytes, nonce: str, timeout_s: float) -> list[_Connection]:
         """One proven connection per receiver, all within `timeout_s` (strangers are hung up on)."""
         assert self._listener is not None
-        deadline = time.monotonic() + timeout_s
-        peers: dict[int, socket.socket] = {}
+        admission = Admission(self._listener, key, nonce, self.world_size)
         try:
-            while len(peers) < self.world_size - 1:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError("the join deadline passed")
-                self._listener.settimeout(left)
-                sock, _ = self._listener.accept()  # a timeout here ends the set-up
-                rank = self._greet(sock, key, nonce, min(left, HELLO_TIMEOUT_S))
-                if rank is None or rank in peers:
-                    sock.close()  # not a member of this group (or a duplicate): ignore it
-                    continue
-                sock.settimeout(None)
-                peers[rank] = _tune(sock)
+            peers = admission.run(timeout_s)
         except OSError as e:
-            for sock in peers.values():
-                sock.close()
-            missing = sorted(set(range(1, self.world_size)) - set(peers))
+            missing = sorted(set(range(1, self.world_size)) - set(admission.peers))
             raise OSError(f"ranks {missing} did not connect to the weight stream within {timeout_s:.1f}s ({e})") from e
-        return [_Connection(peers[r], r, sending=True) for r in sorted(peers)]
-
-    def _greet(self, sock: socket.socket, key: bytes, nonce: str, timeout_s: float) -> int | None:
-        """Rank 0's side of the handshake: the caller's rank once it proved the key (and rank 0 proved it
-        back), else None."""
-        try:
-            sock.settimeout(timeout_s)
-            challenge = os.urandom(CHALLENGE_BYTES)
-            sock.sendall(challenge)
-            rank, proof = _HELLO.unpack(_read_exactly(sock, _HELLO.size))
-            if not 0 < rank < self.world_size or not hmac.compare_digest(
-                proof, mac(key, "member", nonce, rank, challenge)
-            ):
-                return None
-            sock.sendall(mac(key, "sender", nonce, rank, challenge))
-            return rank
-        except OSError:  # a caller that hung up or never spoke: not a member
-            return None
+        return [_Connection(_tune(peers[r]), r, sending=True) for r in sorted(peers)]
 
     def _dial(self, host: str, port: int, key: bytes, nonce: str, timeout_s: float) -> _Connection:
         source = (self.local_address, 0) if self.local_address else None
         sock = socket.create_connection((host, port), timeout=timeout_s, source_address=source)
         try:
             challenge = _read_exactly(sock, CHALLENGE_BYTES)
-            sock.sendall(_HELLO.pack(self.rank, mac(key, "member", nonce, self.rank, challenge)))
+            sock.sendall(HELLO.pack(self.rank, mac(key, "member", nonce, self.rank, challenge)))
             proof = _read_exactly(sock, 32)
         except OSError as e:
             sock.close()
