@@ -13,12 +13,9 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
-from meshrl.api.common.v1 import keys_pb2, tensor_pb2
 from meshrl.common import batch_schema as S
 from meshrl.common import telemetry
 from meshrl.common.codec import Batch, Ragged
@@ -29,6 +26,7 @@ from meshrl.common.weights import BaseMismatch, GroupSpec
 from meshrl.rollout.call_deadline import await_all, cancel_all
 from meshrl.rollout.engine import Engine
 from meshrl.rollout.limits import RequestLimits
+from meshrl.rollout.prompt_batch import BatchJob, BatchStats, batch_output, batch_requests, batch_stats
 from meshrl.rollout.stream_slots import StreamSlots
 from meshrl.rollout.types import (
     DiskUpdate,
@@ -37,7 +35,6 @@ from meshrl.rollout.types import (
     GenerationResult,
     GroupUpdate,
     PauseMode,
-    SamplingParams,
     TokenChunk,
     TornWeights,
     WeightUpdateResult,
@@ -45,32 +42,6 @@ from meshrl.rollout.types import (
 
 log = logging.getLogger(__name__)
 MAX_ABORT_RETRIES = 100
-
-
-@dataclass
-class BatchJob:
-    """GenerateBatch in domain terms: prompts [row_begin, row_end) of `input`, n samples each."""
-
-    input: keys_pb2.BatchKey
-    output: keys_pb2.BatchKey
-    sampling: SamplingParams
-    n: int = 1
-    job_id: str = ""
-    step: int = 0
-    row_begin: int = 0
-    row_end: int = 0  # both 0 = every prompt
-    columns: tuple[str, ...] = ()  # input columns copied into each sample row (prompt_ids always read); () = all
-    alive: Callable[[], bool] | None = None  # False once the caller cancelled or its deadline passed
-
-
-@dataclass
-class BatchStats:
-    samples: int
-    prompt_tokens: int
-    generated_tokens: int
-    seconds: float
-    min_weight_version: int
-    max_weight_version: int
 
 
 @dataclass
@@ -89,16 +60,17 @@ class ReplicaStatus:
     weight_ranks: int = 1
 
 
-def sample_seed(seed: int | None, row: int, index: int) -> int | None:
-    """A distinct, reproducible seed per (prompt row, sample index), independent of how rows are split."""
-    if seed is None:
-        return None
-    return (int(seed) * 1_000_003 + row * 7919 + index) & 0x7FFF_FFFF_FFFF_FFFF
-
-
 class RolloutReplica:
-    def __init__(self, engine: Engine, *, replica_id: str, capacity: int, databuffer=None, buffer_wait_s: float = 30.0,
-                 limits: RequestLimits | None = None):  # fmt: skip
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        replica_id: str,
+        capacity: int,
+        databuffer=None,
+        buffer_wait_s: float = 30.0,
+        limits: RequestLimits | None = None,
+    ):
         self.engine = engine
         self.limits = limits or RequestLimits()
         self.replica_id = replica_id
@@ -212,24 +184,16 @@ class RolloutReplica:
                 prompts: Ragged = batch[S.PROMPT_IDS]
                 if not isinstance(prompts, Ragged):
                     raise InvalidArgument(f"input column '{S.PROMPT_IDS}' must be ragged int32 token ids")
-                requests = [
-                    GenerationRequest(
-                        prompt_ids=prompts.row(row - job.row_begin).tolist(),  # the batch holds only our rows
-                        sampling=job.sampling.with_seed(sample_seed(job.sampling.seed, row, k)),
-                        request_id=f"{job.job_id}/{job.step}/{row}/{k}",
-                    )
-                    for row in rows
-                    for k in range(job.n)
-                ]
+                requests = batch_requests(job, prompts, rows)
                 for i, r in enumerate(requests):
                     try:
                         self.engine.validate(r)
                     except InvalidArgument as exc:
                         raise InvalidArgument(f"prompt row {rows[i // job.n]}: {exc.message}") from None
                 results = self._run(requests, job.alive)
-                out, samples = self._output(batch, job, rows, results)
+                out, samples = batch_output(batch, job, rows, results)
                 self.databuffer.put(job.output, out, samples=samples, overwrite=True)
-                stats = self._stats(results, time.perf_counter() - start)
+                stats = batch_stats(results, time.perf_counter() - start)
                 span.set_attribute(A.REQUESTS, len(requests))
                 span.set_attribute(A.TOKENS, stats.generated_tokens)
                 telemetry.metrics().record_tokens(
@@ -251,44 +215,6 @@ class RolloutReplica:
         rows = None if begin == end == 0 else (begin, end)
         batch = self.databuffer.get(job.input, columns=columns, rows=rows, wait_seconds=self.buffer_wait_s)
         return batch, list(range(begin, begin + batch.num_rows()))
-
-    def _output(
-        self, batch: Batch, job: BatchJob, rows: list[int], results: list[GenerationResult]
-    ) -> tuple[dict[str, object], list[tensor_pb2.SampleMeta]]:
-        source_rows = [row for row in rows for _ in range(job.n)]
-        local = [row - job.row_begin for row in source_rows]  # `batch` holds only rows [row_begin, row_end)
-        out: dict[str, object] = dict(batch.take(local).columns)  # prompt_ids, answer, ... per sample
-        out[S.RESPONSE_IDS] = Ragged.from_rows([r.token_ids for r in results], dtype=np.int32)
-        out[S.ROLLOUT_LOGPROBS] = Ragged.from_rows([r.logprobs for r in results], dtype=np.float32)
-        out[S.RESPONSE_VERSIONS] = Ragged.from_rows([r.weight_versions for r in results], dtype=np.int32)
-        out[S.GROUP_INDEX] = np.asarray(source_rows, dtype=np.int64)
-        samples = []
-        for i, (row, result) in enumerate(zip(source_rows, results)):
-            group_id = f"{job.job_id}/{job.step}/{row}"
-            samples.append(
-                tensor_pb2.SampleMeta(
-                    job_id=job.job_id,
-                    step=job.step,
-                    group_id=group_id,
-                    index_in_group=i % job.n,
-                    weight_version=result.min_version,
-                    max_weight_version=result.max_version,
-                    finish_reason=int(result.finish_reason),
-                    sample_id=f"{group_id}/{i % job.n}",
-                )
-            )
-        return out, samples
-
-    @staticmethod
-    def _stats(results: list[GenerationResult], seconds: float) -> BatchStats:
-        return BatchStats(
-            samples=len(results),
-            prompt_tokens=sum(len(r.prompt_ids) for r in results),
-            generated_tokens=sum(len(r.token_ids) for r in results),
-            seconds=seconds,
-            min_weight_version=min((r.min_version for r in results), default=0),
-            max_weight_version=max((r.max_version for r in results), default=0),
-        )
 
     def stream(self, request: GenerationRequest, prompt_text: str = "") -> Iterator[TokenChunk]:
         """Streams one response (interactive / multi-turn); `prompt_text` is tokenized when no ids are given."""
