@@ -45,8 +45,12 @@ class SubmitterToken(StrictModel):
         if self.token_file is not None:
             path = Path(self.token_file)
             if not path.is_file():
-                raise ConfigError(f"{field}.token_file", self.token_file, "the file does not exist",
-                                  "mount the submitter's token there")  # fmt: skip
+                raise ConfigError(
+                    f"{field}.token_file",
+                    self.token_file,
+                    "the file does not exist",
+                    "mount the submitter's token there",
+                )
             token = path.read_text().strip()
         else:
             token = os.environ.get(self.token_env or "", "").strip()
@@ -87,9 +91,12 @@ class JobAccess(StrictModel):
         seen: dict[str, str] = {}
         for name, token in tokens.items():
             if token in seen:
-                raise ConfigError(f"job_access.submitters.{name}", "(a token)",
-                                  f"it is the same token as submitter {seen[token]!r}",
-                                  "give every submitter a token of its own")  # fmt: skip
+                raise ConfigError(
+                    f"job_access.submitters.{name}",
+                    "(a token)",
+                    f"it is the same token as submitter {seen[token]!r}",
+                    "give every submitter a token of its own",
+                )
             seen[token] = name
         return tokens
 
@@ -97,8 +104,12 @@ class JobAccess(StrictModel):
         """How the scheduler's server names its callers; `client_certificates`: its TLS requires them."""
         tokens = self.tokens()
         if server_token is not None and server_token in tokens.values():
-            raise ConfigError("job_access.submitters", "(a token)", "a submitter's token is server.auth's token",
-                              "give submitters tokens other than the scheduler's own")  # fmt: skip
+            raise ConfigError(
+                "job_access.submitters",
+                "(a token)",
+                "a submitter's token is server.auth's token",
+                "give submitters tokens other than the scheduler's own",
+            )
         return Callers(tokens, frozenset(self.admins), server_token, client_certificates)
 
 
@@ -129,8 +140,13 @@ class Callers:
     scheduler's own token (the operator); on a scheduler without authentication every caller is anonymous
     and, as nothing tells callers apart, may act on every job."""
 
-    def __init__(self, tokens: Mapping[str, str] | None = None, admins: frozenset[str] = frozenset({OPERATOR}),
-                 server_token: str | None = None, client_certificates: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        tokens: Mapping[str, str] | None = None,
+        admins: frozenset[str] = frozenset({OPERATOR}),
+        server_token: str | None = None,
+        client_certificates: bool = False,
+    ) -> None:
         self._bearers = [(f"Bearer {t}".encode(), name) for name, t in (tokens or {}).items()]
         self._server = f"Bearer {server_token}".encode() if server_token else None
         self.admins = admins
