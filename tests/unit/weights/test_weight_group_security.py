@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from _weights_workers import equal, make_tensors, zeros_like
 
-from meshrl.common.errors import DataLoss, InvalidArgument
+from meshrl.common.errors import DataLoss, InvalidArgument, PermissionDenied
 from meshrl.common.net import free_port
 from meshrl.common.weight_group_secret import mac
 from meshrl.common.weights import GroupPlan, InPlaceSink, WeightGroup, WeightGroupOptions
@@ -62,9 +62,9 @@ def test_a_member_with_another_token_cannot_join(pool):
         plan.replica_spec("r"),
         options=WeightGroupOptions(local_address="127.0.0.3", secret="another token"),
     )
-    with pytest.raises(Exception, match="did not connect to the weight stream"):
+    with pytest.raises(PermissionDenied, match=r"ranks \[1\] did not prove the service token"):
         WeightGroup.join(plan.sender, options=WeightGroupOptions(local_address="127.0.0.2", secret=SECRET))
-    with pytest.raises(Exception, match="service token"):
+    with pytest.raises(PermissionDenied, match="do not share the service token.*refused \\[1\\]"):
         receiver.result(30)
 
 

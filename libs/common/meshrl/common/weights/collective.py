@@ -22,7 +22,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.distributed as dist
 
 from meshrl.api.common.v1 import weights_pb2
 from meshrl.common.errors import Aborted, DataLoss, DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
@@ -106,7 +105,7 @@ class WeightGroup:
         op_timeout = self.options.op_timeout_s or s.timeout_s
         try:
             self._backend = Backend(
-                s.backend, dist.PrefixStore("pg/", self._rdv.store), self.rank, s.world_size, self.device,
+                s.backend, self._rdv.backend_store(), self.rank, s.world_size, self.device,
                 op_timeout, s.master_address, self.options.local_address,
                 stream=self.options.cpu_wire == "stream", connect_timeout_s=max(deadline.remaining(), 1.0),
                 secret=self.options.secret,

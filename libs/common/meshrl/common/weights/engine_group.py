@@ -22,11 +22,13 @@ import torch.distributed as dist
 
 from meshrl.api.common.v1 import weights_pb2
 from meshrl.common.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
+from meshrl.common.weight_group_secret import group_secret
 
 from . import dtypes
 from .buckets import DEFAULT_BUCKET_BYTES, Export, as_buckets, bucket_specs
 from .errors import MembersUnresponsive, UpdateOutcome, UpdateRefused
 from .group_plan import GroupSpec
+from .store_host import host_store
 from .transport import Deadline
 
 POLL_S = 0.02
@@ -84,10 +86,16 @@ class EngineGroupSender:
         self.world_size = spec.world_size
         self.broken = False
         self._seq = 0
-        self.store = dist.TCPStore(
-            spec.master_address, spec.master_port, spec.world_size, True,
-            timedelta(seconds=spec.timeout_s), wait_for_workers=False, multi_tenant=True,
-        )  # fmt: skip
+        # on the group's address only (strictly so when this process has a service token); the engines'
+        # workers join unauthenticated: docs/security.md says what stays open
+        self.store = host_store(
+            spec.master_address,
+            spec.master_port,
+            spec.world_size,
+            spec.timeout_s,
+            strict=bool(group_secret()),
+            multi_tenant=True,
+        )
         self.pg = engine_process_group(spec.backend, self.store, 0, spec.world_size, spec.group_name, spec.timeout_s)
 
     @classmethod

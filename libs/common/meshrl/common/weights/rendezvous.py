@@ -15,7 +15,12 @@ through here, under `meshrl/weights/<group>/`:
   left/<rank>                this receiver's heartbeat stopped (the sender waits briefly for these)
 so after a failed step the sender can name the members that stopped instead of guessing, and no
 receiver writes to a store that is gone (torch prints a "Broken pipe" trace for that).
+  admit/challenge            rank 0's fresh challenge; with a service token each member's joined/<rank> is
+                             its HMAC over it (a member without the token is named at once, before any
+                             backend is made)
+  pg/...                     the keys of the group's gloo / NCCL backend (sealed with the token: sealed_store.py)
 A finished update's keys are deleted in the background, on a connection of their own.
+Rank 0 hosts the store on the group's address only (store_host.py).
 With a service token (`secret`) the headers and acknowledgements carry an HMAC of it over their key and
 value: the store has no authentication, and a stranger who reaches it must not make receivers allocate what
 a forged header says or the sender believe a forged acknowledgement.
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -33,11 +39,13 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from meshrl.common.errors import DataLoss, DeadlineExceeded, Unavailable
+from meshrl.common.errors import DataLoss, DeadlineExceeded, PermissionDenied, Unavailable
 from meshrl.common.weight_group_secret import mac
 
 from .errors import MembersUnresponsive, UpdateOutcome
 from .group_plan import GroupSpec
+from .sealed_store import SealedStore
+from .store_host import host_store
 from .transport import CollectiveFailed, Deadline, await_keys, await_values
 
 log = logging.getLogger(__name__)
@@ -53,6 +61,7 @@ class Rendezvous:
         self.spec = spec
         self.rank = rank
         self.secret = secret
+        self._challenge = b""  # rank 0's admission challenge (with a service token)
         self._stop = threading.Event()
         self._beater: threading.Thread | None = None
         self._janitor: ThreadPoolExecutor | None = None
@@ -62,9 +71,10 @@ class Rendezvous:
     def _connect(self, host: bool, timeout_s: float) -> dist.PrefixStore:
         s = self.spec
         try:
-            tcp = dist.TCPStore(
-                s.master_address, s.master_port, None, host, timedelta(seconds=timeout_s), wait_for_workers=False
-            )
+            if host:
+                tcp = host_store(s.master_address, s.master_port, None, timeout_s, strict=bool(self.secret))
+            else:
+                tcp = dist.TCPStore(s.master_address, s.master_port, None, False, timedelta(seconds=timeout_s))
         except Exception as e:
             where = f"{s.master_address}:{s.master_port}"
             if host:
@@ -74,17 +84,78 @@ class Rendezvous:
             raise DeadlineExceeded(f"rank {self.rank} could not reach the trainer's store at {where} ({e})") from e
         return dist.PrefixStore(f"{STORE_PREFIX}{s.group_name}/", tcp)
 
+    def backend_store(self) -> dist.Store:
+        """The store the group's gloo / NCCL backend is built over: sealed with the service token when set."""
+        store = dist.PrefixStore("pg/", self.store)
+        return SealedStore(store, self.secret, self.spec.group_name) if self.secret else store
+
     # ------------------------------------------------------------------------ membership
     def join(self, deadline: Deadline) -> None:
-        """Announces this rank and waits for every other; raises MembersUnresponsive naming the missing."""
-        self.store.set(f"joined/{self.rank}", "1")
-        missing = await_keys(self.store, [f"joined/{r}" for r in range(self.spec.world_size)], deadline)
+        """Announces this rank and waits for every other; raises MembersUnresponsive naming the missing.
+        With a service token each member proves it over rank 0's fresh challenge, and rank 0 refuses
+        (PermissionDenied, naming the ranks) a group whose members did not prove it."""
+        self.store.set(f"joined/{self.rank}", self._admission(deadline))
+        keys = [f"joined/{r}" for r in range(self.spec.world_size)]
+        missing = await_keys(self.store, keys, deadline)
         if missing:
             ranks = tuple(int(k.split("/")[1]) for k in missing)
             raise MembersUnresponsive(
                 f"weight group {self.spec.group_name!r}: ranks {list(ranks)} did not join within {deadline.seconds:.1f}s",
                 UpdateOutcome(version=-1, unresponsive=ranks),
             )
+        if self.secret:
+            self._admit(deadline)
+
+    def _admit(self, deadline: Deadline) -> None:
+        """Rank 0 checks every member's proof and posts its verdict (its own proof, or the refused ranks);
+        the members wait for it, so each side knows the other holds the token before a backend is made."""
+        admitted = mac(self.secret, self.spec.group_name, "admitted", self._challenge)
+        fix = "give the trainer and every replica the same server.auth token"
+        if self.rank == 0:
+            ranks = range(1, self.spec.world_size)
+            proofs = zip(ranks, self.store.multi_get([f"joined/{r}" for r in ranks]), strict=True)
+            bad = [r for r, p in proofs if not hmac.compare_digest(p, self._proof(r, self._challenge))]
+            self.store.set("admit/verdict", f"refused {bad}".encode() if bad else admitted)
+            if bad:
+                raise PermissionDenied(
+                    f"weight group {self.spec.group_name!r}: ranks {bad} did not prove the service token "
+                    f"(another token, or not members of this group); {fix}"
+                )
+            return
+        verdict = await_values(self.store, ["admit/verdict"], deadline)[0]
+        if verdict is None:
+            raise MembersUnresponsive(
+                f"weight group {self.spec.group_name!r}: the trainer gave no admission verdict within "
+                f"{deadline.seconds:.1f}s",
+                UpdateOutcome(version=-1, unresponsive=(0,)),
+            )
+        if not hmac.compare_digest(verdict, admitted):
+            why = verdict.decode(errors="replace")[:80] if verdict.startswith(b"refused") else "no proof"
+            raise PermissionDenied(
+                f"weight group {self.spec.group_name!r}: rank {self.rank} and the trainer do not share the "
+                f"service token (the trainer's verdict: {why}); no weights were received; {fix}"
+            )
+
+    def _admission(self, deadline: Deadline) -> bytes:
+        """What this rank leaves as joined/<rank>: with a service token, rank 0 posts a fresh challenge and
+        every other rank its HMAC over it."""
+        if not self.secret:
+            return b"1"
+        if self.rank == 0:
+            self._challenge = os.urandom(32)
+            self.store.set("admit/challenge", self._challenge)
+            return b"1"
+        challenge = self._challenge = await_values(self.store, ["admit/challenge"], deadline)[0] or b""
+        if not challenge:
+            raise MembersUnresponsive(
+                f"weight group {self.spec.group_name!r}: the trainer posted no admission challenge within "
+                f"{deadline.seconds:.1f}s",
+                UpdateOutcome(version=-1, unresponsive=(0,)),
+            )
+        return self._proof(self.rank, challenge)
+
+    def _proof(self, rank: int, challenge: bytes) -> bytes:
+        return mac(self.secret, self.spec.group_name, "joined", rank, challenge)
 
     def start_heartbeat(self) -> None:
         self._beater = threading.Thread(target=self._heartbeat, name="weights-heartbeat", daemon=True)
