@@ -28,8 +28,9 @@ REQUEST = pb.GenerateRequest(prompt_ids=[1, 2, 3], sampling=pb.SamplingParams(ma
 @pytest.fixture()
 def served(model_dir, new_engine):
     """A replica that serves at most 2 streams, behind a server of 2 + 4 threads."""
-    replica = RolloutReplica(new_engine(model_dir, max_batch_size=4), replica_id="r", capacity=4,
-                             limits=RequestLimits(max_streams=2))  # fmt: skip
+    replica = RolloutReplica(
+        new_engine(model_dir, max_batch_size=4), replica_id="r", capacity=4, limits=RequestLimits(max_streams=2)
+    )
     replica.mark_serving()
     running = start_server(ServerConfig(port=0, max_workers=6), [service(replica)])
     channel = open_channel(running.address)

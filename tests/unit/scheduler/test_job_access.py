@@ -27,8 +27,13 @@ DENIED = grpc.StatusCode.PERMISSION_DENIED
 
 def _config(tmp_path) -> str:
     """A job that ends at once when run (its model folder does not exist), without starting any service."""
-    return yaml.safe_dump({"job": {"name": "f", "max_restarts": 0}, "model": {"path": str(tmp_path / "none")},
-                           "data": {"train": str(tmp_path / "t.jsonl")}})  # fmt: skip
+    return yaml.safe_dump(
+        {
+            "job": {"name": "f", "max_restarts": 0},
+            "model": {"path": str(tmp_path / "none")},
+            "data": {"train": str(tmp_path / "t.jsonl")},
+        }
+    )
 
 
 def _token(tmp_path, name: str) -> str:
@@ -73,8 +78,12 @@ def test_one_submitter_cannot_act_on_anothers_job(api, tmp_path):
     )
     assert recorded_owner(tmp_path / "runs" / "a1") == "alice" == jobs.jobs["a1"].owner
     bob = stubs["bob"]
-    _denied(lambda: bob.GetJob(spb.GetJobRequest(job_id="a1"), timeout=10), "'bob' may not read job 'a1'",
-            "submitted by 'alice'", "job_access.admins")  # fmt: skip
+    _denied(
+        lambda: bob.GetJob(spb.GetJobRequest(job_id="a1"), timeout=10),
+        "'bob' may not read job 'a1'",
+        "submitted by 'alice'",
+        "job_access.admins",
+    )
     _denied(lambda: next(bob.WatchJob(spb.WatchJobRequest(job_id="a1"), timeout=10)), "may not watch")
     _denied(lambda: bob.CancelJob(spb.CancelJobRequest(job_id="a1"), timeout=10), "may not cancel")
     scale = spb.ScaleServiceRequest(job_id="a1", service="rollout", replicas=2)
@@ -114,17 +123,20 @@ def test_only_the_submitter_or_an_admin_resumes_a_run(api, tmp_path):
     bob = servicer.callers.caller("bob")
     with pytest.raises(PermissionDenied, match="may not resume"):
         jobs.create(GRPO, _config(tmp_path), [], job_id="b3", resume_dir=folder, caller=bob)
-    again = jobs.create(GRPO, _config(tmp_path), [], job_id="a4", resume_dir=folder,
-                        caller=servicer.callers.caller("alice"))  # fmt: skip
+    again = jobs.create(
+        GRPO, _config(tmp_path), [], job_id="a4", resume_dir=folder, caller=servicer.callers.caller("alice")
+    )
     assert again.owner == "alice"
     unrecorded = tmp_path / "runs" / "a3" / OWNER_FILE
     unrecorded.unlink()  # a run folder from before owners were recorded: only admins resume it
     jobs.run(again)
     with pytest.raises(PermissionDenied, match="unrecorded submitter"):
-        jobs.create(GRPO, _config(tmp_path), [], job_id="a5", resume_dir=folder,
-                    caller=servicer.callers.caller("alice"))  # fmt: skip
-    operator = jobs.create(GRPO, _config(tmp_path), [], job_id="o5", resume_dir=folder,
-                           caller=servicer.callers.caller("operator"))  # fmt: skip
+        jobs.create(
+            GRPO, _config(tmp_path), [], job_id="a5", resume_dir=folder, caller=servicer.callers.caller("alice")
+        )
+    operator = jobs.create(
+        GRPO, _config(tmp_path), [], job_id="o5", resume_dir=folder, caller=servicer.callers.caller("operator")
+    )
     assert operator.owner == "operator" == recorded_owner(folder)
 
 
@@ -147,8 +159,11 @@ def test_client_certificates_are_identities(tmp_path):
         request = spb.SubmitJobRequest(workflow_name="grpo", config_yaml=_config(tmp_path), job_id="c1")
         stubs["carol"].SubmitJob(request, timeout=30)
         assert jobs.jobs["c1"].owner == "cert:carol"
-        _denied(lambda: stubs["dave"].CancelJob(spb.CancelJobRequest(job_id="c1"), timeout=10),
-                "'cert:dave' may not cancel job 'c1'", "'cert:carol'")  # fmt: skip
+        _denied(
+            lambda: stubs["dave"].CancelJob(spb.CancelJobRequest(job_id="c1"), timeout=10),
+            "'cert:dave' may not cancel job 'c1'",
+            "'cert:carol'",
+        )
         assert stubs["ops"].GetJob(spb.GetJobRequest(job_id="c1"), timeout=10).job_id == "c1"
         assert stubs["carol"].GetJob(spb.GetJobRequest(job_id="c1"), timeout=10).job_id == "c1"
     finally:
