@@ -48,3 +48,5 @@ def test_a_secured_config_says_nothing(tmp_path, monkeypatch):
     assert exposure_warnings(_cfg(secured, TelemetryConfig(prometheus_port=9464))) == []
     monkeypatch.setenv("MESHRL_AUTH_TOKEN", "from-the-environment")
     assert exposure_warnings(_cfg(ServerConfig(host="127.0.0.2"))) == []
+    monkeypatch.delenv("MESHRL_AUTH_TOKEN")
+    assert exposure_warnings(_cfg(ServerConfig(host="127.0.0.2")), more_tokens=True) == []  # submitters' tokens

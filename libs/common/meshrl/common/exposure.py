@@ -14,9 +14,10 @@ from meshrl.common.errors import MeshrlError
 from meshrl.common.grpc_server import WILDCARDS
 
 
-def exposure_warnings(cfg: Any, address: str | None = None) -> list[str]:
+def exposure_warnings(cfg: Any, address: str | None = None, more_tokens: bool = False) -> list[str]:
     """The warnings for a service config with `server` (ServerConfig) and optionally `telemetry` and `paths`;
-    `address`: where it serves (default: server.host and server.port)."""
+    `address`: where it serves (default: server.host and server.port); `more_tokens`: the server admits tokens
+    besides server.auth's (the scheduler's submitters), so it requires one."""
     server = cfg.server
     address = address or f"{server.host}:{server.port}"
     out = []
@@ -24,7 +25,7 @@ def exposure_warnings(cfg: Any, address: str | None = None) -> list[str]:
         token = server.auth.token()
     except MeshrlError:
         token = None  # a missing token file fails the start on its own, naming the file
-    if not token and not server.require_auth:
+    if not token and not server.require_auth and not more_tokens:
         out.append(
             f"serving without a token: any process that reaches {address} may call "
             f"every RPC. Set the environment variable {server.auth.token_env} (server.auth.token_env) or "

@@ -117,7 +117,7 @@ def run_service(name: str, cfg: Any, build: Callable[[], Hosted], *, instance: s
             set_group_secret(cfg.server.auth.token())  # what weight-group members prove to each other
             hosted = build()
             running = start_server(cfg.server, hosted.services, tokens=hosted.tokens)
-            for warning in exposure_warnings(cfg, running.address):
+            for warning in exposure_warnings(cfg, running.address, more_tokens=bool(hosted.tokens)):
                 log.warning("%s: %s", name, warning)
             if hosted.started is not None:
                 hosted.started(running)
