@@ -57,7 +57,7 @@ def run_with_restarts(record, resume: bool) -> dict:
     limit = runner.cfg.job.max_restarts
     while True:
         try:
-            return runner.run_job(resume=resume)
+            return _with_restarts(record, runner.run_job(resume=resume))
         except Exception as exc:
             if not restartable(exc) or record.restarts >= limit or runner.cancelled.is_set():
                 raise
@@ -75,6 +75,16 @@ def run_with_restarts(record, resume: bool) -> dict:
                 runner.run.truncate_after(0)  # a fresh start: the curves restart with it
             resume = True
             time.sleep(runner.cfg.job.restart_backoff_seconds)
+
+
+def _with_restarts(record, summary: dict) -> dict:
+    """The job's summary (and its summary.json) with the restarts it took and the steps they redid."""
+    if record.restarts:
+        summary.update(restarts=record.restarts, steps_lost=record.steps_lost)
+        path = record.runner.run.summary_file
+        if path.exists():
+            path.write_text(json.dumps({**json.loads(path.read_text()), **summary}, indent=2))
+    return summary
 
 
 def _last_state(events_file: Path) -> str | None:
