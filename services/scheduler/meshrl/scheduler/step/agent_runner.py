@@ -20,6 +20,7 @@ from meshrl.scheduler.launch.services import JobServices, rollout_spec, trainer_
 from meshrl.scheduler.step.agents import AgentHandlers, agents_of
 from meshrl.scheduler.step.deletions import StepDeletions
 from meshrl.scheduler.step.executor import StepExecutor
+from meshrl.scheduler.step.job_inputs import prepare_job, read_job_inputs
 from meshrl.scheduler.step.nodes import NodeHandlers
 from meshrl.scheduler.step.pipeline import StepSpans
 from meshrl.scheduler.step.progress import StepProgress
@@ -87,8 +88,8 @@ class AgentJob:
         r, cfg = self.r, self.r.cfg
         if resume:
             raise InvalidArgument("a multi-agent job saves no checkpoints, so it cannot resume; start a new run")
-        r.prepare()
-        job = r.job_inputs()
+        prepare_job(r.workflow, cfg, r.events.log)
+        job = read_job_inputs(cfg)
         svc = JobServices(cfg, r.run, cfg.model.path)
         r.user_code = UserCode(cfg, r.workflow.nodes, r.events.log)
         r.trackers = open_trackers(cfg.logging, r.run.root, r.job_id, cfg.model_dump(mode="json"))

@@ -13,36 +13,29 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
 
 from meshrl.common import telemetry
-from meshrl.common.errors import (
-    Cancelled,
-    InvalidArgument,
-    MeshrlError,
-)
+from meshrl.common.errors import Cancelled, InvalidArgument, MeshrlError
 from meshrl.common.telemetry import attributes as A
 from meshrl.scheduler.config import JobConfig
 from meshrl.scheduler.events import EventLog
 from meshrl.scheduler.fleet.weight_sync import WeightPublisher
 from meshrl.scheduler.launch.services import JobServices
-from meshrl.scheduler.launch.trainer_layout import apply_trainer_layout
 from meshrl.scheduler.report import write_report
 from meshrl.scheduler.rundir import RunDir
 from meshrl.scheduler.step.agent_runner import AgentJob
 from meshrl.scheduler.step.agents import agents_of
-from meshrl.scheduler.step.colocate import Turns, check_colocated_workflow
+from meshrl.scheduler.step.colocate import Turns
 from meshrl.scheduler.step.data import DataPosition, PromptEncoder, PromptSampler, load_records
 from meshrl.scheduler.step.deletions import StepDeletions
 from meshrl.scheduler.step.evaluation import evaluate
 from meshrl.scheduler.step.executor import StepExecutor
 from meshrl.scheduler.step.fleet_changes import FleetChanges
+from meshrl.scheduler.step.job_inputs import JobInputs, prepare_job, read_job_inputs
 from meshrl.scheduler.step.nodes import NodeHandlers
 from meshrl.scheduler.step.pipeline import SyncSteps, make_steps
 from meshrl.scheduler.step.progress import StepProgress
@@ -51,7 +44,6 @@ from meshrl.scheduler.step.rewards import resolve_reward
 from meshrl.scheduler.step.user_code import UserCode
 from meshrl.scheduler.step.warmup import SupervisedWarmup, heldout_pairs
 from meshrl.scheduler.trackers import Trackers, open_trackers
-from meshrl.scheduler.workflow import resolve_executable
 
 log = logging.getLogger(__name__)
 
@@ -68,16 +60,6 @@ class JobState:
     @classmethod
     def read(cls, path: Path) -> JobState:
         return cls(**json.loads((path / "job_state.json").read_text()))
-
-
-class _JobInputs(NamedTuple):
-    """What a job reads before its services start: the data, the prompt encoder and sampler, the reward."""
-
-    records: list
-    eval_records: list
-    encoder: PromptEncoder
-    sampler: PromptSampler
-    reward_fn: Any
 
 
 class JobRunner:
@@ -98,33 +80,7 @@ class JobRunner:
         self.roles = sorted(
             {str(n.node_role).lower() for n in workflow.nodes if str(n.node_role) in ("ACTOR", "REFERENCE", "CRITIC")}
             | {"actor"}
-        )  # noqa: E501
-
-    # -- preparation ---------------------------------------------------------------------
-    def prepare(self) -> None:
-        apply_trainer_layout(self.workflow, self.cfg.trainer)
-        if self.cfg.services.placement == "colocated":
-            check_colocated_workflow(self.workflow.nodes)
-        # Services (Ray actors included) may run in another working directory: use absolute paths.
-        self.cfg.model.path = str(Path(self.cfg.model.path).resolve())
-        for field in ("train", "eval"):
-            if getattr(self.cfg.data, field):
-                setattr(self.cfg.data, field, str(Path(getattr(self.cfg.data, field)).resolve()))
-        model = Path(self.cfg.model.path)
-        if not (model / "config.json").exists():
-            if self.cfg.model.build is None:
-                raise InvalidArgument(f"model.path {model} has no config.json; point it at a Hugging Face folder")
-            args = [a for k, v in self.cfg.model.build.items() for a in (f"--{k.replace('_', '-')}", str(v))]
-            self.events.log(f"building a small model in {model}")
-            subprocess.run([sys.executable, "-m", "meshrl.trainer.model_builder", str(model), *args], check=True)
-        d = self.cfg.data
-        missing = [p for p in (d.train, d.eval) if p and not Path(p).exists()]
-        if missing:
-            if not d.generator:
-                raise InvalidArgument(f"data files {missing} do not exist and data.generator is not set")
-            resolve_executable(d.generator, self.cfg.job.allowed_modules, "data.generator")(
-                str(Path(d.train).parent), self.cfg.job.seed
-            )
+        )
 
     # -- checkpoints ---------------------------------------------------------------------
     def save_checkpoint(self, svc: JobServices, publisher: WeightPublisher, sampler: PromptSampler) -> None:
@@ -152,7 +108,7 @@ class JobRunner:
         return True
 
     # -- phases --------------------------------------------------------------------------
-    def warmup(self, svc: JobServices, job: _JobInputs, publisher: WeightPublisher) -> None:
+    def warmup(self, svc: JobServices, job: JobInputs, publisher: WeightPublisher) -> None:
         cfg = self.cfg
         mbt, seed = cfg.trainer.micro_batch_tokens, cfg.data.shuffle_seed
 
@@ -160,9 +116,17 @@ class JobRunner:
             self._serve_trainer_weights(svc, publisher)
             return self._evaluate(svc, job.encoder, job.eval_records, job.reward_fn)
 
-        phase = SupervisedWarmup(self.job_id, cfg.warmup, svc.trainer, svc.buffer, job.encoder, log=self.events.log,
-                                 micro_batch_tokens=mbt, shuffle_seed=seed,
-                                 evaluate=accuracy if job.eval_records else None)  # fmt: skip
+        phase = SupervisedWarmup(
+            self.job_id,
+            cfg.warmup,
+            svc.trainer,
+            svc.buffer,
+            job.encoder,
+            log=self.events.log,
+            micro_batch_tokens=mbt,
+            shuffle_seed=seed,
+            evaluate=accuracy if job.eval_records else None,
+        )
         phase.run(job.records, heldout_pairs(cfg.data), self.run.root / "warmup.jsonl")
         phase.hand_over(cfg.model.path, cfg.model.dtype, cfg.trainer.optimizer, cfg.job.seed)
         if "reference" in self.roles:
@@ -185,8 +149,9 @@ class JobRunner:
             session = f"{self.job_id}/{self.step}/eval"
             metrics = self.user_code.evaluate_episodes(svc.fleet.router, encoder, eval_records, session)
         else:
-            metrics = evaluate(self.job_id, self.step, eval_records, encoder, svc.buffer, svc.fleet, reward_fn,
-                               max_tokens)  # fmt: skip
+            metrics = evaluate(
+                self.job_id, self.step, eval_records, encoder, svc.buffer, svc.fleet, reward_fn, max_tokens
+            )
         return metrics
 
     # -- the job -------------------------------------------------------------------------
@@ -196,8 +161,8 @@ class JobRunner:
         if agents_of(self.workflow.nodes):  # one trainer and fleet per agent (step/agent_runner.py)
             return AgentJob(self).run(resume)
         cfg = self.cfg
-        self.prepare()
-        job = self.job_inputs()
+        prepare_job(self.workflow, cfg, self.events.log)
+        job = read_job_inputs(cfg)
         rm_path = reward_model_path(self.workflow.nodes)  # the trainer may read it (its paths.roots)
         svc = JobServices(
             cfg,
@@ -229,17 +194,7 @@ class JobRunner:
             summary["seconds"] = round(time.monotonic() - started, 1)
             self.shut_down(svc, summary)
 
-    def job_inputs(self) -> _JobInputs:
-        """The data, prompt encoder and sampler, and reward a job reads before its services start."""
-        d = self.cfg.data
-        records = load_records(d.train, d.prompt_key, d.answer_key, d.response_key)
-        eval_records = load_records(d.eval, d.prompt_key, d.answer_key)[: self.cfg.eval.max_prompts] if d.eval else []
-        return _JobInputs(
-            records, eval_records, PromptEncoder(self.cfg.model.path, d.apply_chat_template, d.system_prompt),
-            PromptSampler(records, d.shuffle_seed), resolve_reward(self.cfg.algorithm.reward, self.cfg.job.allowed_modules),
-        )  # fmt: skip
-
-    def _bring_up(self, svc: JobServices, job: _JobInputs, resume: bool) -> tuple[WeightPublisher, bool]:
+    def _bring_up(self, svc: JobServices, job: JobInputs, resume: bool) -> tuple[WeightPublisher, bool]:
         """Services up, models loaded, a checkpoint restored or the warm-up run, and the replicas serving
         exactly the trainer's weights. Returns the publisher and whether a checkpoint was restored."""
         cfg = self.cfg
@@ -251,8 +206,14 @@ class JobRunner:
             self.turns.sleep_replicas()
         for role in self.roles:
             opt = cfg.trainer.critic_optimizer if role == "critic" else cfg.trainer.optimizer
-            svc.trainer.load_model(role, cfg.model.path, cfg.model.dtype, opt, cfg.job.seed,
-                                   gradient_checkpointing=cfg.trainer.gradient_checkpointing)  # fmt: skip
+            svc.trainer.load_model(
+                role,
+                cfg.model.path,
+                cfg.model.dtype,
+                opt,
+                cfg.job.seed,
+                gradient_checkpointing=cfg.trainer.gradient_checkpointing,
+            )
         load_reward_model(svc.trainer, self.workflow.nodes, cfg.model.dtype, cfg.job.seed)
         publisher = WeightPublisher(svc.trainer, cfg.weights, str(self.run.weights))
         resumed = resume and self.restore(svc, publisher, job.sampler)
@@ -269,7 +230,7 @@ class JobRunner:
         publisher.version = max([publisher.version, *served, *self.run.published_versions()])
         svc.fleet.expect_version(self._publish(svc, publisher).version)
 
-    def _run_steps(self, svc: JobServices, job: _JobInputs, publisher: WeightPublisher) -> None:
+    def _run_steps(self, svc: JobServices, job: JobInputs, publisher: WeightPublisher) -> None:
         """The training steps up to job.steps: scaling and registry changes between steps, evaluation and
         checkpoints at their intervals."""
         cfg = self.cfg
@@ -278,13 +239,22 @@ class JobRunner:
         )
         handler_for = self.turns.wrap(handlers.handler_for) if self.turns else handlers.handler_for
         executor = StepExecutor(self.workflow.nodes, handler_for, self.events)
-        steps = self._steps = make_steps(cfg, executor, svc.buffer, self.job_id, self.workflow.nodes,
-                                         self.cancelled, lambda: job.sampler.position.to_json(),
-                                         requeue=job.sampler.put_back)  # fmt: skip
+        steps = self._steps = make_steps(
+            cfg,
+            executor,
+            svc.buffer,
+            self.job_id,
+            self.workflow.nodes,
+            self.cancelled,
+            lambda: job.sampler.position.to_json(),
+            requeue=job.sampler.put_back,
+        )
         steps.start(self.step, publisher.version)
         # the last step's batches are gone before the job reports its end (StepDeletions.__exit__)
-        with StepDeletions(svc.buffer, self.job_id) as deletions, \
-                StepProgress(cfg.job.steps, self.step, self.show_progress) as bar:  # fmt: skip
+        with (
+            StepDeletions(svc.buffer, self.job_id) as deletions,
+            StepProgress(cfg.job.steps, self.step, self.show_progress) as bar,
+        ):
             while self.step < cfg.job.steps:
                 if self.cancelled.is_set():
                     raise Cancelled(f"job {self.job_id} cancelled at step {self.step}")
@@ -324,7 +294,7 @@ class JobRunner:
     def run_eval_only(self, checkpoint: str | None = None) -> dict[str, float]:
         """`meshrl run --val-only`: evaluates the model (or a checkpoint's actor) on the held-out set."""
         cfg = self.cfg
-        self.prepare()
+        prepare_job(self.workflow, cfg, self.events.log)
         if not cfg.data.eval:
             raise InvalidArgument("--val-only needs data.eval: a held-out set to evaluate")
         records = load_records(cfg.data.eval, cfg.data.prompt_key, cfg.data.answer_key)[: cfg.eval.max_prompts]
@@ -375,9 +345,15 @@ class JobRunner:
                 svc.fleet.expect_version(result.version)  # first version (restarted) is still refused
             svc.fleet.after_publication(result.version, result.stale, self.events.log)
             metrics.update(deletions.delete(self.step))
-        metrics.update({"weights/version": result.version, "weights/seconds": result.seconds,
-                        "weights/bytes": result.bytes, "weights/stale_replicas": len(result.stale),
-                        "weights/nccl": float(result.backend == "nccl")})  # fmt: skip
+        metrics.update(
+            {
+                "weights/version": result.version,
+                "weights/seconds": result.seconds,
+                "weights/bytes": result.bytes,
+                "weights/stale_replicas": len(result.stale),
+                "weights/nccl": float(result.backend == "nccl"),
+            }
+        )
         metrics["time/step"] = time.perf_counter() - start
         steps.finish_step(metrics)
         self.log_step(metrics)
