@@ -1,6 +1,6 @@
 """Trainer ranks as Ray actors across a two-node Ray cluster (`ray start --head` on 127.0.0.2, a worker on
-127.0.0.3, CPU bundles, token auth): a TP=2 group with one rank on each node serves the same log-probs as one
-process before and after an SGD step (within 1e-5), and `meshrl run` with `trainer.launch: group` places the
+127.0.0.3, CPU bundles, token auth): a TP=2 group and a DP=2 group with one rank on each node serve the same
+log-probs as one process before and after an SGD step (within 1e-5), and `meshrl run` with `trainer.launch: group` places the
 ranks where `meshrl plan` with the same inputs puts them, as its events record."""
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ def _env(cluster) -> dict[str, str]:
     return {**os.environ, **cluster[1], "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
 
 
-def test_tp2_with_one_rank_per_node_matches_one_process(cluster, model, tmp_path):
+@pytest.mark.parametrize("tp,dp", [(2, 1), (1, 2)], ids=["tp2", "dp2"])
+def test_one_rank_per_node_matches_one_process(cluster, model, tmp_path, tp, dp):
     from meshrl.trainer.core import TrainerCore
     from meshrl.trainer.losses import LossConfig
     from meshrl.trainer.optim import OptimizerConfig
@@ -70,8 +71,8 @@ def test_tp2_with_one_rank_per_node_matches_one_process(cluster, model, tmp_path
             model,
             buffer_address,
             str(tmp_path),
-            "2",
-            "1",
+            str(tp),
+            str(dp),
             str(out),
         ]
         done = subprocess.run(command, capture_output=True, text=True, timeout=400, env=_env(cluster), cwd=ROOT)
