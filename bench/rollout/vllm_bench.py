@@ -86,39 +86,52 @@ def rl_step_seconds(engine: str, steps: int, work: Path) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--prompts", type=int, default=256)
+    ap.add_argument("--prompts", type=int, default=256, help="requests per batch")
+    ap.add_argument("--samples", type=int, default=8, help="samples per prompt of the grouped batch (RL's shape)")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rl-steps", type=int, default=6, help="0 = skip the whole-step comparison")
     args = ap.parse_args()
     python = vllm_python()
-    batch = prompts(args.prompts)
+    groups = max(1, args.prompts // args.samples)
+    shapes = {
+        f"{args.prompts} distinct prompts": prompts(args.prompts),
+        f"{groups} prompts x {args.samples} samples": [p for p in prompts(groups) for _ in range(args.samples)],
+    }
+    rates: dict[str, dict[str, float]] = {name: {} for name in shapes}
     with tempfile.TemporaryDirectory(prefix="meshrl-bench-vllm-") as tmp:
         work = Path(tmp)
         model = build_small_model(work / "model", hidden_size=64, num_heads=2, num_kv_heads=1, seed=0)
-        offline = offline_rate(python, model, batch, args.max_tokens, args.repeats, work)
+        for name, batch in shapes.items():
+            rates[name]["offline"] = offline_rate(python, model, batch, args.max_tokens, args.repeats, work)
         section = {"python": python, "extra_args": {"dtype": "float32"}, "log_file": str(work / "vllm.log")}
-        adapter = VLLMEngine(EngineConfig(kind="vllm", model_path=str(model), max_batch_size=args.prompts,
-                                          vllm=section))  # fmt: skip
+        config = EngineConfig(kind="vllm", model_path=str(model), max_batch_size=args.prompts, vllm=section)
+        adapter = VLLMEngine(config)
         try:
-            served = engine_rate(adapter, batch, args.max_tokens, args.repeats)
+            for name, batch in shapes.items():
+                rates[name]["adapter"] = engine_rate(adapter, batch, args.max_tokens, args.repeats)
         finally:
             adapter.shutdown()
         hf = TransformersEngine(EngineConfig(model_path=str(model), max_batch_size=args.prompts))
         try:
-            local = engine_rate(hf, batch, args.max_tokens, args.repeats)
+            for name, batch in shapes.items():
+                rates[name]["transformers"] = engine_rate(hf, batch, args.max_tokens, args.repeats)
         finally:
             hf.shutdown()
-        print(f"{args.prompts} prompts x {args.max_tokens} tokens, median of {args.repeats}; tokens/s:")
-        print(f"  vLLM offline LLM.generate   {offline:9.0f}")
-        print(f"  meshrl vLLM adapter         {served:9.0f}   adapter / offline = {served / offline:.2f}")
-        print(f"  transformers engine         {local:9.0f}   vLLM adapter / transformers = {served / local:.2f}")
+        for name, rate in rates.items():
+            served, offline, local = rate["adapter"], rate["offline"], rate["transformers"]
+            print(f"{name} x {args.max_tokens} tokens, median of {args.repeats}; tokens/s:")
+            print(f"  vLLM offline LLM.generate   {offline:9.0f}")
+            print(f"  meshrl vLLM adapter         {served:9.0f}   adapter / offline = {served / offline:.2f}")
+            print(f"  transformers engine         {local:9.0f}   vLLM adapter / transformers = {served / local:.2f}")
         if args.rl_steps:
             runs = ROOT / "runs" / f"bench-vllm-{os.getpid()}"  # under the repository's run root
             seconds = {e: rl_step_seconds(e, args.rl_steps, runs) for e in ("transformers", "vllm")}
             print(f"RL step of the default example (128 prompts x 8 samples), median of {args.rl_steps - 1} steps:")
-            print(f"  transformers {seconds['transformers']:.2f} s   vllm {seconds['vllm']:.2f} s   "
-                  f"vllm / transformers = {seconds['vllm'] / seconds['transformers']:.2f}")  # fmt: skip
+            print(
+                f"  transformers {seconds['transformers']:.2f} s   vllm {seconds['vllm']:.2f} s   "
+                f"vllm / transformers = {seconds['vllm'] / seconds['transformers']:.2f}"
+            )
 
 
 if __name__ == "__main__":

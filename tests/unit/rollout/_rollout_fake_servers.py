@@ -261,6 +261,7 @@ class FakeVLLM(FakeServer):
     def __init__(self, **kw: Any) -> None:
         self.asleep: set[str] = set()
         self.served = VLLM_RECORDED["/weight_info"]["weight_version"]
+        self.honour_n = True  # False: answer sample 0 only (a stream that ends before every sample finished)
         super().__init__(**kw)
 
     def routes(self) -> dict:
@@ -296,39 +297,53 @@ class FakeVLLM(FakeServer):
         self.reply(h, 200, VLLM_RECORDED["/wake_up (some tags)" if self.asleep else "/wake_up (all)"])
 
     def completions(self, h, body) -> None:
-        """/inference/v1/generate streamed as recorded: one token per chunk, the version spans on the last."""
+        """/inference/v1/generate streamed as recorded from 0.32: with n > 1 the samples' chunks interleave, each
+        naming its sample (`index`); a sample's first token comes alone, then `stream_interval` tokens per chunk;
+        its last chunk carries the version spans. Sample i's k-th token is token(prompt, k) + i."""
         prompt = body["token_ids"]
-        n = body["sampling_params"]["max_tokens"]
+        params = body["sampling_params"]
+        n, samples = params["max_tokens"], params.get("n", 1) if self.honour_n else 1
+        interval = params.get("stream_interval", 1)
+
+        def chunk(i: int, ks: list[int]) -> dict:
+            ids = [(token(prompt, k) + i) % 200 for k in ks]
+            last = ks[-1] == n - 1
+            return {
+                "request_id": "generate-tokens-959e008bae7c9152",
+                "usage": None,
+                "output_mode": "tokens",
+                "choices": [
+                    {
+                        "index": i,
+                        "finish_reason": "length" if last else None,
+                        "stop_reason": None,
+                        "token_ids": ids,
+                        "routed_experts": None,
+                        "sampling_mask": None,
+                        "weight_versions": [{"version": self.served, "start": 0, "end": n}] if last else None,
+                        "logprobs": {
+                            "content": [
+                                {
+                                    "token_id": t,
+                                    "logprob": logprob(k),
+                                    "rank": 1,
+                                    "top_logprobs": [{"token_id": t, "logprob": logprob(k), "rank": 1}],
+                                }
+                                for t, k in zip(ids, ks, strict=True)
+                            ]
+                        },
+                    }
+                ],
+            }
 
         def events():
+            held: dict[int, list[int]] = {i: [] for i in range(samples)}
             for k in range(n):
                 time.sleep(self.step_s)
-                t, last = token(prompt, k), k == n - 1
-                yield {
-                    "request_id": "generate-tokens-959e008bae7c9152",
-                    "usage": None,
-                    "output_mode": "tokens",
-                    "choices": [
-                        {
-                            "index": 0,
-                            "finish_reason": "length" if last else None,
-                            "stop_reason": None,
-                            "token_ids": [t],
-                            "routed_experts": None,
-                            "sampling_mask": None,
-                            "weight_versions": [{"version": self.served, "start": 0, "end": n}] if last else None,
-                            "logprobs": {
-                                "content": [
-                                    {
-                                        "token_id": t,
-                                        "logprob": logprob(k),
-                                        "rank": 1,
-                                        "top_logprobs": [{"token_id": t, "logprob": logprob(k), "rank": 1}],
-                                    }
-                                ]
-                            },
-                        }
-                    ],
-                }
+                for i in range(samples):
+                    held[i].append(k)
+                    if k == 0 or len(held[i]) >= interval or k == n - 1:
+                        yield chunk(i, held[i])
+                        held[i] = []
 
         self.stream(h, events())

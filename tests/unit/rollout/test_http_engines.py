@@ -168,3 +168,49 @@ def test_server_flags():
         check_known_flags({"tp_sise": 2}, ["tp_size", "mem_fraction_static"], "sglang")
     with pytest.raises(InvalidArgument, match="flag name"):
         cli_flags({"bad key!": 1})
+
+
+def test_vllm_samples_of_a_prompt_share_one_request(vllm):
+    """A batch's samples of one prompt go as one request with n (recorded 0.32 stream: interleaved samples,
+    chunks of stream_interval tokens); each sample still gets its own tokens, log-probs and versions."""
+    fake, engine = vllm
+    sampling = SamplingParams(max_tokens=20, ignore_eos=True)
+    requests = [GenerationRequest([7, 8], sampling) for _ in range(3)] + [GenerationRequest([9], sampling)]
+    results = engine.generate(requests, timeout=30)
+    for i, result in enumerate(results[:3]):
+        ids, lps = expected([7, 8], 20)
+        assert result.token_ids == [(t + i) % 200 for t in ids] and result.logprobs == pytest.approx(lps)
+        assert result.weight_versions == [0] * 20 and result.finish_reason == FinishReason.LENGTH
+    assert results[3].token_ids == expected([9], 20)[0]
+    calls = fake.calls("/inference/v1/generate")
+    assert sorted(c["sampling_params"]["n"] for c in calls) == [1, 3]
+    assert all(c["sampling_params"]["stream_interval"] == 16 for c in calls)  # nobody reads these live
+
+
+def test_vllm_a_request_read_live_streams_every_token(vllm):
+    fake, engine = vllm
+    chunks = list(engine.stream(GenerationRequest([7, 8], SamplingParams(max_tokens=4, ignore_eos=True))))
+    assert [c.token_ids for c in chunks[:4]] == [[t] for t in expected([7, 8], 4)[0]]
+    assert "stream_interval" not in fake.calls("/inference/v1/generate")[0]["sampling_params"]
+
+
+def test_vllm_samples_a_shared_request_did_not_finish_go_on_alone(vllm):
+    """A server that answers only the first sample of a shared request: the others are generated on their own."""
+    fake, engine = vllm
+    fake.honour_n = False
+    results = engine.generate([GenerationRequest([7, 8], SamplingParams(max_tokens=6)) for _ in range(3)], timeout=30)
+    assert all(r.token_ids == expected([7, 8], 6)[0] and r.finish_reason == FinishReason.LENGTH for r in results)
+    assert [c["sampling_params"]["n"] for c in fake.calls("/inference/v1/generate")] == [3, 1, 1]
+
+
+def test_vllm_cancelling_one_shared_sample_leaves_the_others(vllm):
+    fake, engine = vllm
+    requests = [GenerationRequest([7, 8], SamplingParams(max_tokens=60, ignore_eos=True)) for _ in range(3)]
+    futures = engine.submit_many(requests)
+    deadline = time.monotonic() + 10
+    while not fake.calls("/inference/v1/generate") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.cancel(requests[1].request_id)
+    results = [f.result(timeout=30) for f in futures]
+    assert [r.finish_reason for r in results] == [FinishReason.LENGTH, FinishReason.ABORT, FinishReason.LENGTH]
+    assert len(results[0].token_ids) == len(results[2].token_ids) == 60 and len(results[1].token_ids) < 60

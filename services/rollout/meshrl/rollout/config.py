@@ -61,6 +61,18 @@ class HTTPEngineConfig(StrictModel):
     startup_timeout_s: float = pydantic.Field(900.0, gt=0, description="wait this long for the server's health")
     request_timeout_s: float = pydantic.Field(600.0, gt=0, description="deadline of one generate request")
     log_file: str | None = pydantic.Field(None, description="where the launched server's output goes")
+    samples_per_request: int = pydantic.Field(
+        16,
+        ge=1,
+        description="vLLM: the samples of one prompt in a batch go as one request asking for this many at most "
+        "(fewer requests for the server to parse and stream); 1 = a request per sample. SGLang: always 1",
+    )
+    stream_interval: int = pydantic.Field(
+        16,
+        ge=1,
+        description="vLLM: tokens per streamed event of a batch request (its last event carries every token's "
+        "weight version); a request streamed to a client gets each token as it is made",
+    )
     tensor_parallel_size: int = pydantic.Field(
         1,
         ge=1,

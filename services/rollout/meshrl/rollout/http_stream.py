@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from meshrl.common.errors import InvalidArgument, Unavailable
+import httpx
+
+from meshrl.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from meshrl.rollout.types import FinishReason, SamplingParams
 
 
@@ -23,6 +25,7 @@ class Event:
     version: int | None = None
     finish: FinishReason | None = None
     all_versions: list[int] | None = None  # the engine's version of every token of the response (its last event)
+    index: int = 0  # which sample of a request that asked for several
 
 
 @dataclass
@@ -56,6 +59,24 @@ def with_max_tokens(sampling: SamplingParams, max_tokens: int) -> SamplingParams
         return sampling
     values = {f: getattr(sampling, f) for f in SamplingParams.field_names()}
     return SamplingParams(**{**values, "max_tokens": max(1, max_tokens)})
+
+
+def checked(reply: httpx.Response, refusal: str) -> dict[str, Any]:
+    """The JSON body of a server's reply; {"success": false} or an HTTP error becomes a typed error whose
+    message starts with `refusal` and gives the server's reason."""
+    try:
+        body = reply.json() if reply.content else {}
+    except ValueError:
+        body = {"message": reply.text}
+    if not isinstance(body, dict):
+        body = {"result": body}
+    if reply.status_code >= 400 or body.get("success") is False:
+        message = body.get("message") or body.get("detail") or body.get("error") or reply.text
+        cls = InvalidArgument if reply.status_code in (400, 422) else FailedPrecondition
+        if reply.status_code >= 500:
+            cls = Unavailable
+        raise cls(f"{refusal}: {message}")
+    return body
 
 
 def sse_payloads(lines: Iterator[str]) -> Iterator[dict[str, Any]]:

