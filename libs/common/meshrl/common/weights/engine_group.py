@@ -8,10 +8,16 @@ tells its engine to receive them; the trainer broadcasts each tensor, in list or
 store prefixed by the group name, torch's backend per device), so both ends meet. `EngineGroupSender`
 (trainer rank 0, `join`/`send`/`destroy` like WeightGroup) and `EngineGroupReader` (the adapters)
 share the store keys below. Used by the trainer service and the SGLang / vLLM adapters.
+
+With a service token (the process's `group_secret`, the same on trainer and replicas) the bucket specs and
+the adapters' confirmations carry an HMAC of it: a stranger who reaches the store cannot make an adapter
+receive tensors of its choosing nor the trainer count a forged confirmation. The engines' workers join the
+group itself unauthenticated (their protocols give no hook): docs/security.md says what stays open.
 """
 
 from __future__ import annotations
 
+import hmac
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -21,8 +27,8 @@ import torch
 import torch.distributed as dist
 
 from meshrl.api.common.v1 import weights_pb2
-from meshrl.common.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
-from meshrl.common.weight_group_secret import group_secret
+from meshrl.common.errors import DataLoss, DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
+from meshrl.common.weight_group_secret import group_secret, mac
 
 from . import dtypes
 from .buckets import DEFAULT_BUCKET_BYTES, Export, as_buckets, bucket_specs
@@ -36,6 +42,44 @@ POLL_S = 0.02
 
 def _key(group: str, seq: int, what: str) -> str:
     return f"meshrl-engine/{group}/{seq}/{what}"
+
+
+def _signed(key: str, value: bytes, secret: str | None) -> bytes:
+    """`value` with the service token's HMAC over its key appended (nothing to append without a token)."""
+    return value + mac(secret, key, value) if secret else value
+
+
+def _verified(key: str, value: bytes, secret: str | None) -> bytes:
+    """What the trainer or an adapter signed; DataLoss when the value does not carry the token's HMAC."""
+    if not secret:
+        return value
+    body, tag = value[:-32], value[-32:]
+    if len(value) < 32 or not hmac.compare_digest(tag, mac(secret, key, body)):
+        raise DataLoss(
+            f"{key} in the weight group's store is not signed with the service token: someone other than the "
+            "trainer or a replica wrote the group's store (or they hold different server.auth tokens)"
+        )
+    return body
+
+
+def _confirmations(text: str, seq_key: str, secret: str | None) -> dict[int, tuple[int, str]]:
+    """The adapters' signed confirmation lines of one update: rank offset -> (ranks, "ok" or the refusal);
+    unsigned or malformed lines are ignored, the first line of an offset counts."""
+    found: dict[int, tuple[int, str]] = {}
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) != 4 or not parts[0].isdigit() or not parts[1].isdigit():
+            continue
+        try:
+            status = bytes.fromhex(parts[2]).decode(errors="replace")
+            tag = bytes.fromhex(parts[3])
+        except ValueError:
+            continue
+        offset, ranks = int(parts[0]), int(parts[1])
+        if secret and not hmac.compare_digest(tag, mac(secret, seq_key, offset, ranks, status)):
+            continue
+        found.setdefault(offset, (ranks, status))
+    return found
 
 
 def first_device(backend: str) -> str:
@@ -86,6 +130,7 @@ class EngineGroupSender:
         self.world_size = spec.world_size
         self.broken = False
         self._seq = 0
+        self.secret = group_secret()
         # on the group's address only (strictly so when this process has a service token); the engines'
         # workers join unauthenticated: docs/security.md says what stays open
         self.store = host_store(
@@ -93,7 +138,7 @@ class EngineGroupSender:
             spec.master_port,
             spec.world_size,
             spec.timeout_s,
-            strict=bool(group_secret()),
+            strict=bool(self.secret),
             multi_tenant=True,
         )
         self.pg = engine_process_group(spec.backend, self.store, 0, spec.world_size, spec.group_name, spec.timeout_s)
@@ -127,7 +172,8 @@ class EngineGroupSender:
         try:
             for index, bucket in enumerate(as_buckets(tensors, bucket_bytes or DEFAULT_BUCKET_BYTES)):
                 meta = weights_pb2.WeightBucketMeta(version=version, bucket_index=index, tensors=bucket_specs(bucket))
-                self.store.set(_key(g, seq, f"bucket/{index}"), meta.SerializeToString())
+                key = _key(g, seq, f"bucket/{index}")
+                self.store.set(key, _signed(key, meta.SerializeToString(), self.secret))
                 wire = [t.detach().to(self.device).contiguous() for _, t in bucket]
                 broadcast_all(self.pg, wire, Deadline(op, f"update {version}: bucket {index}"))
                 count = index + 1
@@ -135,28 +181,32 @@ class EngineGroupSender:
             self.broken = True
             raise MembersUnresponsive(f"update {version}: {e}", UpdateOutcome(version)) from e
         end = weights_pb2.WeightBucketMeta(version=version, bucket_index=count, num_buckets=count)
-        self.store.set(_key(g, seq, "end"), end.SerializeToString())
+        self.store.set(_key(g, seq, "end"), _signed(_key(g, seq, "end"), end.SerializeToString(), self.secret))
         return self._await_acks(seq, version)
 
     def _await_acks(self, seq: int, version: int) -> UpdateOutcome:
         deadline = Deadline(self.spec.timeout_s, f"update {version}: confirmations")
         receivers = self.world_size - 1
-        key = _key(self.spec.group_name, seq, "confirmed_ranks")
-        while self.store.add(key, 0) < receivers:
+        key = _key(self.spec.group_name, seq, "confirmations")
+        while True:
+            text = self.store.get(key).decode(errors="replace") if self.store.check([key]) else ""
+            found = _confirmations(text, key, self.secret)
+            confirmed = sum(ranks for ranks, _ in found.values())
+            if confirmed >= receivers:
+                break
             if deadline.expired():
                 self.broken = True
                 raise MembersUnresponsive(
-                    f"{deadline.what}: {self.store.add(key, 0)} of {receivers} engine ranks confirmed within "
+                    f"{deadline.what}: {confirmed} of {receivers} engine ranks confirmed within "
                     f"{deadline.seconds:.1f}s; re-create the group without the silent replicas",
                     UpdateOutcome(version),
                 )
             time.sleep(POLL_S)
-        refused_key = _key(self.spec.group_name, seq, "refused")
-        if self.store.check([refused_key]):
-            text = self.store.get(refused_key).decode()
-            refused = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
-            outcome = UpdateOutcome(version, refused={int(k): v for k, v in refused.items()})
-            raise UpdateRefused(f"update {version}: refused by engine ranks {sorted(outcome.refused)}: {text}", outcome)
+        refused = {offset: status for offset, (_, status) in found.items() if status != "ok"}
+        if refused:
+            outcome = UpdateOutcome(version, refused=refused)
+            lines = "; ".join(f"{offset}: {why}" for offset, why in sorted(refused.items()))
+            raise UpdateRefused(f"update {version}: refused by engine ranks {sorted(refused)}: {lines}", outcome)
         return UpdateOutcome(version, acked=tuple(range(1, self.world_size)))
 
     def destroy(self) -> None:
@@ -178,6 +228,7 @@ class EngineGroupReader:
         self.spec = spec
         self.ranks = ranks
         self._seq = 0
+        self.secret = group_secret()
         try:
             self.store = dist.TCPStore(
                 spec.master_address, spec.master_port, spec.world_size, False, timedelta(seconds=spec.timeout_s)
@@ -195,9 +246,11 @@ class EngineGroupReader:
             bucket, end = _key(g, seq, f"bucket/{index}"), _key(g, seq, "end")
             while True:
                 if self.store.check([bucket]):
-                    meta = weights_pb2.WeightBucketMeta.FromString(self.store.get(bucket))
+                    signed = _verified(bucket, self.store.get(bucket), self.secret)
+                    meta = weights_pb2.WeightBucketMeta.FromString(signed)
                     break
                 if self.store.check([end]):
+                    _verified(end, self.store.get(end), self.secret)
                     return
                 if deadline.expired():
                     raise DeadlineExceeded(f"{deadline.what}: bucket {index} was not announced in time")
@@ -209,10 +262,10 @@ class EngineGroupReader:
 
     def confirm(self, error: Exception | None = None) -> None:
         """Counts this replica's ranks as done (with its refusal, if any) for the current update."""
-        g, seq = self.spec.group_name, self._seq
-        if error is not None:
-            self.store.append(_key(g, seq, "refused"), f"{self.spec.rank_offset}:{error}\n")
-        self.store.add(_key(g, seq, "confirmed_ranks"), self.ranks)
+        key = _key(self.spec.group_name, self._seq, "confirmations")
+        offset, status = self.spec.rank_offset, "ok" if error is None else f"{type(error).__name__}: {error}"[:2000]
+        tag = mac(self.secret, key, offset, self.ranks, status).hex() if self.secret else ""
+        self.store.append(key, f"{offset}|{self.ranks}|{status.encode().hex()}|{tag}\n")
 
 
 def join_sender(spec: GroupSpec | weights_pb2.CollectiveGroup, **kwargs):
