@@ -16,6 +16,8 @@ from meshrl.common.errors import ConfigError, PermissionDenied
 from meshrl.common.grpc_server import ServerConfig, Service, start_server
 from meshrl.common.security import AuthConfig, TLSConfig, channel_credentials, token_client_interceptor
 from meshrl.scheduler.job_access import OWNER_FILE, JobAccess, recorded_owner
+from meshrl.scheduler.job_permissions import JobPermissions
+from meshrl.scheduler.job_policy import JobPolicy
 from meshrl.scheduler.jobs import JobManager
 from meshrl.scheduler.server import SchedulerServicer
 from meshrl.scheduler.workflow import builtin_workflow_text
@@ -250,3 +252,23 @@ def test_the_scheduler_service_admits_its_submitters_tokens(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+def test_a_new_run_cannot_take_another_submitters_folder(tmp_path):
+    policy = JobPolicy.operator(["meshrl"], tmp_path / "runs", JobPermissions(read_roots=[str(tmp_path)]))
+    jobs = JobManager(policy=policy, keep_finished=0)  # the scheduler service's policy
+    access = JobAccess()
+    callers = access.callers(None, client_certificates=True)  # identities from certificates
+    alice, bob = callers.caller("cert:alice"), callers.caller("cert:bob")
+    ended = jobs.create(GRPO, _config(tmp_path), [], job_id="a6", caller=alice)
+    jobs.run(ended)
+    assert "a6" not in jobs.jobs  # forgotten; its folder stays
+    with pytest.raises(PermissionDenied, match="'cert:bob' may not write into the run folder .*a6"):
+        jobs.create(GRPO, _config(tmp_path), [], job_id="a6", caller=bob)
+    nested = yaml.safe_load(_config(tmp_path))
+    nested["job"]["run_root"] = "a6"  # a folder inside alice's run
+    with pytest.raises(PermissionDenied, match="may not write into the run folder"):
+        jobs.create(GRPO, yaml.safe_dump(nested), [], job_id="b6", caller=bob)
+    assert recorded_owner(tmp_path / "runs" / "a6") == "cert:alice"
+    again = jobs.create(GRPO, _config(tmp_path), [], job_id="a6", caller=alice)  # its submitter may
+    assert again.owner == "cert:alice"

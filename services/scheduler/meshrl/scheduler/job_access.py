@@ -171,6 +171,19 @@ class Callers:
         return Caller(ANONYMOUS)  # no credentials on a secured scheduler (its interceptor refuses such calls)
 
 
+def check_folder(folder: Path, run_root: Path, caller: Caller) -> None:
+    """Refuses (PERMISSION_DENIED) a new run in `folder` when it is, or lies inside, the run folder of another
+    submitter (an ended job's folder that a job id or job.run_root names again)."""
+    folder, root = Path(folder).resolve(), Path(run_root).resolve()
+    below = [folder, *folder.parents] if folder.is_relative_to(root) else [folder]
+    for path in below:
+        owner = recorded_owner(path)
+        if owner:
+            caller.check(owner, "write into", f"the run folder {str(path)!r}")
+        if path == root:
+            return
+
+
 def record_owner(folder: Path, identity: str) -> None:
     """Writes the submitter's identity into a new run folder."""
     (Path(folder) / OWNER_FILE).write_text(identity + "\n")

@@ -20,7 +20,7 @@ from meshrl.common.config import deep_merge, parse_overrides
 from meshrl.common.errors import FailedPrecondition, InvalidArgument, MeshrlError, NotFound, cap_message
 from meshrl.scheduler.config import JobConfig
 from meshrl.scheduler.events import EventLog
-from meshrl.scheduler.job_access import LOCAL, Caller, record_owner, recorded_owner
+from meshrl.scheduler.job_access import LOCAL, Caller, check_folder, record_owner, recorded_owner
 from meshrl.scheduler.job_policy import JobPolicy, check_run_id
 from meshrl.scheduler.recovery import run_with_restarts, unfinished_runs
 from meshrl.scheduler.rundir import RunDir
@@ -139,7 +139,9 @@ class JobManager:
         else:
             submitter = ""
             job_id = job_id or f"{cfg.job.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
-            run = RunDir(self.policy.run_folder(cfg, raw, job_id))
+            folder = self.policy.run_folder(cfg, raw, job_id)
+            check_folder(folder, self.run_root, caller)  # not into another submitter's run
+            run = RunDir(folder)
             run.write_config(raw, workflow_text)
         with self.lock:
             if job_id in self.jobs:
