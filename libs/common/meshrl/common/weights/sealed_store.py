@@ -6,7 +6,7 @@ receive the model), or read gloo's addresses; sealed, it reads ciphertext, and w
 
 The cipher: HMAC-SHA256 in counter mode over a fresh 16-byte nonce (a keystream), then HMAC-SHA256 over the key,
 nonce and ciphertext (encrypt-then-MAC), with keys derived from the token and the group's name. Counters
-(`add`) stay in the clear: the store adds them itself. Used by `collective.py` when a secret is set.
+(`add`) stay in the clear: the store adds them itself. Built by `Rendezvous.backend_store` (rendezvous.py) when a secret is set.
 """
 
 from __future__ import annotations

@@ -98,8 +98,9 @@ class Backend:
         else:
             if secret:
                 log.warning(
-                    "weight group on NCCL: members are not authenticated and the weights travel in the "
-                    "clear; keep the group's network private (docs/security.md)"
+                    "weight group on NCCL: its members proved the service token and NCCL's unique id is sealed "
+                    "in the store, but NCCL carries the weights unencrypted; keep the group's network private "
+                    "(docs/security.md)"
                 )
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = timeout
