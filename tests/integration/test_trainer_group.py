@@ -1,6 +1,7 @@
 """A trainer group on a local Ray instance: TP=2 ranks as two Ray actors on their own bundles, started with
-the trainer's environment launcher; a rank killed under it is reported at once, the group is recreated and
-serves again, teardown leaves no rank process; bundles that cannot be placed fail naming them."""
+the trainer's environment launcher; a rank killed under it is reported at once (and named when the group is
+asked), the group is recreated and serves again, teardown leaves no rank process; bundles that cannot be placed
+fail naming them."""
 
 from __future__ import annotations
 
@@ -85,9 +86,10 @@ def test_group_lifecycle_reports_a_dead_rank_and_recreates(local_ray, model):
         os.kill(first[1], signal.SIGKILL)
         assert reported.wait(60), "the killed rank was not reported"
         assert lost[0][0] == 1 and "signal SIGKILL" in lost[0][1]
+        assert group.lost_rank(30).startswith("rank 1 on ") and group.lost_rank(30).endswith("has ended")
 
         client = TrainerClient(group.recreate(), timeout=60)
-        assert client.status().tensor_parallel_size == 2
+        assert client.status().tensor_parallel_size == 2 and group.lost_rank(30) is None
         assert set(group.pids).isdisjoint(first) and not any(_running(pid) for pid in first)
         assert len(lost) == 1  # the planned teardown of the first group reported nothing
         client.load_model("actor", path, "float32", OptimSection(), 0)  # both ranks answer rank 0's commands

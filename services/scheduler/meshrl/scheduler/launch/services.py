@@ -25,6 +25,7 @@ from meshrl.scheduler.clients import TrainerClient
 from meshrl.scheduler.config import JobConfig
 from meshrl.scheduler.fleet.rollout_fleet import RolloutFleet
 from meshrl.scheduler.launch.exit_watch import ExitWatch, describe_exit
+from meshrl.scheduler.launch.group_client import GroupTrainerClient
 from meshrl.scheduler.launch.launcher import ProcessLauncher, RayLauncher, ServiceSpec, overlapped_trainer_threads
 from meshrl.scheduler.rundir import RunDir
 
@@ -112,7 +113,7 @@ class JobServices:
     extra_roots: tuple[str, ...] = ()  # folders outside the run the services may read (a checkpoint to evaluate)
     launcher: RayLauncher | ProcessLauncher | None = None
     buffer: DataBufferClient | None = None
-    trainer: TrainerClient | None = None
+    trainer: TrainerClient | GroupTrainerClient | None = None
     fleet: RolloutFleet | None = None
     addresses: dict[str, str] = field(default_factory=dict)
     registry: ReplicaRegistry | None = None
@@ -163,6 +164,8 @@ class JobServices:
         trainer_address = self.cfg.trainer.address or started["trainer"]
         self.addresses["trainer"] = trainer_address
         self.trainer = TrainerClient(trainer_address, self.cfg.trainer.request_timeout_seconds, channels.trainer)
+        if self.trainer_group is not None:  # an internal error while a rank is gone fails as Unavailable
+            self.trainer = GroupTrainerClient(self.trainer, self.trainer_group)
         check_peer("the trainer", channels.trainer, field="services.channels.trainer", address=trainer_address)
         self.trainer.wait_ready(s.start_timeout_seconds)
         replicas = [a for n, a in started.items() if n.startswith("rollout-")] + list(self.cfg.rollout.addresses)

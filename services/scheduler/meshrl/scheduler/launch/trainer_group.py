@@ -108,6 +108,9 @@ class _TrainerRankImpl:
         """Rank 0: the address it advertises once every rank joined and it serves."""
         return self.proc.wait_serving(timeout)
 
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.alive()
+
     def wait_exit(self) -> int:
         self.started.wait()
         return self.proc.proc.wait()
@@ -241,6 +244,28 @@ class TrainerGroup:
                 if self.on_exit is not None:
                     self.on_exit(self._exits[ready[0]], what)
                 return  # the group is lost: the others follow rank 0 or its collectives; one report says why
+
+    def lost_rank(self, timeout: float = 10.0) -> str | None:
+        """'rank R on ADDR ...' for the first rank whose process has ended or whose actor does not answer within
+        `timeout` (lost with its node), else None. Asked when a call fails in a way a dead peer would explain."""
+        ray = self.ray
+        asked = {a.alive.remote(): r for r, a in enumerate(self.actors)}
+        ready, late = ray.wait(list(asked), num_returns=len(asked), timeout=timeout)
+        for ref in ready:
+            try:
+                if ray.get(ref):
+                    continue
+                what = "has ended"
+            except ray.exceptions.RayError as exc:
+                what = f"lost its Ray actor: {type(exc).__name__}"
+            rank = asked[ref]
+            return (
+                f"rank {rank} on {self.placements[rank].node_ip} {what}" if self.placements else f"rank {rank} {what}"
+            )
+        if late:
+            rank = asked[late[0]]
+            return f"rank {rank} did not answer within {timeout:g}s (its node is gone or unreachable)"
+        return None
 
     def teardown(self, grace: float = 10.0) -> None:
         """Stops rank 0 (it stops the other ranks), then the others, kills the actors and releases the bundles.
