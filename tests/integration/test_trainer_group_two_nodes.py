@@ -1,14 +1,17 @@
 """Trainer ranks as Ray actors across a two-node Ray cluster (`ray start --head` on 127.0.0.2, a worker on
 127.0.0.3, CPU bundles, token auth): a TP=2 group and a DP=2 group with one rank on each node serve the same
-log-probs as one process before and after an SGD step (within 1e-5), and `meshrl run` with `trainer.launch: group` places the
-ranks where `meshrl plan` with the same inputs puts them, as its events record."""
+log-probs as one process before and after an SGD step (within 1e-5); `meshrl run` with `trainer.launch: group`
+places the ranks where `meshrl plan` with the same inputs puts them, as its events record, and recovers without
+a person from a killed rank and from the loss of the node its ranks run on."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -20,19 +23,26 @@ from meshrl.common.databuffer_client import DataBufferClient
 from meshrl.scheduler.launch.launcher import ProcessLauncher, ServiceSpec
 from meshrl.scheduler.planning.plan_cli import plan_main
 from tests.integration.test_trainer_parallel import LOSS, MICRO, SGD, make_batch
-from tests.integration.test_two_node_ray import HEAD, WORKER, _start_cluster, _stop
+from tests.integration.test_two_node_ray import HEAD, WORKER, _pids_of, _start_cluster, _stop
 
 pytestmark = [pytest.mark.multihost, pytest.mark.timeout(600)]
 ROOT = Path(__file__).resolve().parents[2]
 CPUS_PER_NODE = 4  # what `_start_cluster` gives each node
+STEPS, PROMPTS, N = 5, 2, 2
+# The head declares a silent node dead after ~3 s instead of Ray's default ~30 s.
+FAST_DEATH = {
+    "RAY_health_check_period_ms": "1000",
+    "RAY_health_check_timeout_ms": "1000",
+    "RAY_health_check_failure_threshold": "3",
+}
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": os.urandom(16).hex()}
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": os.urandom(16).hex(), **FAST_DEATH}
     temp_dir, head = _start_cluster(env)
     try:
-        yield head, {k: env[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_TMPDIR")}
+        yield head, {k: env[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_TMPDIR")}, temp_dir
     finally:
         _stop(temp_dir, head)
 
@@ -92,45 +102,66 @@ def test_one_rank_per_node_matches_one_process(cluster, model, tmp_path, tp, dp)
     np.testing.assert_allclose(np.array(got["after"]), after, atol=1e-5, rtol=0)
 
 
-def test_meshrl_run_places_the_ranks_where_meshrl_plan_puts_them(cluster, model, tmp_path):
-    rows = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(16)]
-    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = {
-        "job": {"name": "group", "steps": 1, "run_root": str(tmp_path / "runs")},
-        "model": {"path": model},
-        "data": {"train": str(tmp_path / "train.jsonl"), "prompts_per_step": 2},
-        "rollout": {"replicas": 1, "n": 2, "max_tokens": 4},
-        "eval": {"every": 0},
-        "trainer": {
-            "optimizer": {"lr": 1e-3},
-            "tensor_parallel": 2,
-            "launch": "group",
-            "service_overrides": ["torch_threads=1"],
-        },
-        "services": {"use_ray": True, "ray_address": cluster[0]},
-    }
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(cfg))
-    command = [
-        sys.executable,
-        "-m",
-        "meshrl.scheduler.cli",
-        "run",
-        "grpo",
-        "--config",
-        str(tmp_path / "job.yaml"),
-        "--no-progress",
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=480, env=_env(cluster), cwd=ROOT)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    (run,) = (tmp_path / "runs").iterdir()
-    logs = [json.loads(line).get("log", "") for line in (run / "events.jsonl").read_text().splitlines()]
-    recorded = json.loads(next(e for e in logs if e.startswith("trainer ranks: "))[len("trainer ranks: ") :])
-    assert next(e for e in logs if e.startswith("plan: ")).startswith(
-        f"plan: workflow 'grpo' on 2 node(s) x {CPUS_PER_NODE} CPU (n0={HEAD}, n1={WORKER})"
-    )
+def _children() -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        out.setdefault(ppid, []).append(int(proc.name))
+    return out
 
+
+def _kill(pids: list[int]) -> list[int]:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
+def _kill_node(temp_dir: Path, address: str) -> list[int]:
+    """SIGKILLs what runs on the node at `address`, as if it lost power: its Ray processes (they name this
+    cluster's temp dir and it) and everything they started (Ray's workers rename themselves, so they are found
+    as the raylet's children; the trainer ranks as the workers')."""
+    roots = [pid for pid in _pids_of(str(temp_dir)) if pid in _pids_of(address)]
+    children, pids = _children(), []
+    while roots:
+        pids.append(roots.pop())
+        roots.extend(children.get(pids[-1], []))
+    return _kill(pids)
+
+
+def _rank_pids(run_root: Path, rank: int) -> list[int]:
+    """The trainer processes of this test's runs (their roots name the run folder) started as `rank`."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"meshrl.trainer" in cmdline and str(run_root).encode() in cmdline and f"RANK={rank}".encode() in environ:
+            pids.append(int(proc.name))
+    return pids
+
+
+def _events(runs: Path) -> list[str]:
+    files = list(runs.glob("*/events.jsonl"))
+    lines = files[0].read_text().splitlines() if files else []
+    return [json.loads(line).get("log", "") for line in lines if line.endswith("}")]
+
+
+def _planned_ranks(tmp_path: Path, world: int) -> list[tuple[str, str]]:
+    """(worker, node address) of ranks 0..world-1 as `meshrl plan --json` prints them for the job's inputs."""
     args = [
-        "grpo",
+        "dapo",
         "--config",
         str(tmp_path / "job.yaml"),
         "--nodes",
@@ -147,8 +178,96 @@ def test_meshrl_run_places_the_ranks_where_meshrl_plan_puts_them(cluster, model,
     plan = json.loads(printed.read_text())
     actor = next(m for m in plan["models"] if m["key"] == "actor")
     per_node = plan["cluster"]["workers_per_node"]
-    planned = [(f"n{w // per_node}:{w % per_node}", (HEAD, WORKER)[w // per_node]) for w in actor["workers"][:2]]
-    assert [(r["worker"], r["node"]) for r in recorded] == planned
-    assert [r["rank"] for r in recorded] == [0, 1] and len({r["bundle"] for r in recorded}) == 2
-    step = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
-    assert step["weights/version"] >= 1 and step["rollout/samples"] == 4
+    return [(f"n{w // per_node}:{w % per_node}", (HEAD, WORKER)[w // per_node]) for w in actor["workers"][:world]]
+
+
+def test_a_run_places_ranks_by_the_plan_and_recovers_a_lost_rank_and_a_lost_node(cluster, model, tmp_path, capsys):
+    """Last in this file: it takes the worker node down. `meshrl run` (DAPO, TP=2 group) places its ranks where
+    `meshrl plan` puts them (the worker node, 127.0.0.3). After checkpoint 1, rank 1's process is SIGKILLed:
+    rank 0's collective fails (gloo, INTERNAL), the group's client names the dead rank (Unavailable), the job
+    restarts, a new group starts where the plan says and the job resumes from step 1. After checkpoint 3 the
+    worker node dies (every process of it): the job restarts again, the new plan puts the group on the head, and
+    the job resumes from step 3 and finishes. Every step trained once with all its samples."""
+    runs = tmp_path / "runs"
+    rows = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(16)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = {
+        "job": {
+            "name": "recover",
+            "steps": STEPS,
+            "run_root": str(runs),
+            "max_restarts": 2,
+            "restart_backoff_seconds": 0.5,
+        },
+        "model": {"path": model},
+        "data": {"train": str(tmp_path / "train.jsonl"), "prompts_per_step": PROMPTS},
+        "rollout": {"replicas": 1, "n": N, "max_tokens": 4},
+        "eval": {"every": 0},
+        "checkpoint": {"every": 1},
+        "trainer": {
+            "optimizer": {"lr": 1e-3},
+            "tensor_parallel": 2,
+            "launch": "group",
+            "service_overrides": ["torch_threads=1"],
+            "request_timeout_seconds": 120,
+        },
+        "services": {"use_ray": True, "ray_address": cluster[0], "start_timeout_seconds": 120},
+    }
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(cfg))
+    command = [
+        sys.executable,
+        "-m",
+        "meshrl.scheduler.cli",
+        "run",
+        "dapo",
+        "--config",
+        str(tmp_path / "job.yaml"),
+        "--no-progress",
+    ]
+    out = open(tmp_path / "run.out", "w")  # noqa: SIM115 - the job's output, read after it ends
+    job = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=_env(cluster), cwd=ROOT)
+    rank_killed: list[int] = []
+    node_killed: list[int] = []
+    deadline = time.monotonic() + 480
+    try:
+        while job.poll() is None and time.monotonic() < deadline and not node_killed:
+            if not rank_killed and list(runs.glob("*/checkpoints/step_000001/COMPLETE")):
+                rank_killed = _kill(_rank_pids(runs, 1))
+            groups = sum(e.startswith("trainer ranks: ") for e in _events(runs))
+            if rank_killed and groups >= 2 and list(runs.glob("*/checkpoints/step_000003/COMPLETE")):
+                node_killed = _kill_node(cluster[2], WORKER)
+            time.sleep(0.05)
+        job.wait(timeout=max(deadline - time.monotonic(), 1))
+    finally:
+        if job.poll() is None:
+            job.kill()
+        out.close()
+    output = (tmp_path / "run.out").read_text()
+    assert len(rank_killed) == 1 and node_killed, f"killed {rank_killed} then {node_killed}\n" + output[-3000:]
+    assert job.returncode == 0, output[-4000:]
+
+    logs = _events(runs)
+    placed = [json.loads(e[len("trainer ranks: ") :]) for e in logs if e.startswith("trainer ranks: ")]
+    plans = [e for e in logs if e.startswith("plan: ")]
+    lost = [e for e in logs if e.startswith("trainer rank ")]
+    restarts = [e for e in logs if e.startswith("restart ")]
+    with capsys.disabled():
+        print(
+            f"\nrecovery: {len(node_killed)} processes of the node killed; losses {[e[:90] for e in lost]}; "
+            f"restarts {[e[:60] for e in restarts]}"
+        )
+    assert plans[0].startswith(f"plan: workflow 'dapo' on 2 node(s) x {CPUS_PER_NODE} CPU (n0={HEAD}, n1={WORKER})")
+    assert [(r["worker"], r["node"]) for r in placed[0]] == _planned_ranks(tmp_path, 2)  # the plan is what runs
+    assert [r["rank"] for r in placed[0]] == [0, 1] and len({r["bundle"] for r in placed[0]}) == 2
+    assert {r["node"] for r in placed[0]} == {r["node"] for r in placed[1]} == {WORKER}
+    assert lost[0].startswith("trainer rank 1 on 127.0.0.3 exited with signal SIGKILL")
+    assert plans[-1].startswith(f"plan: workflow 'dapo' on 1 node(s) x {CPUS_PER_NODE} CPU (n0={HEAD})")
+    assert len(placed) == 3 and {r["node"] for r in placed[2]} == {HEAD}  # the new plan on the node left
+    assert [r[: len("restart 1/2")] for r in restarts] == ["restart 1/2", "restart 2/2"]
+    assert "resuming from step 1" in restarts[0] and "resuming from step 3" in restarts[1]
+    (run,) = runs.iterdir()
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    assert [s["step"] for s in steps] == list(range(1, STEPS + 1))  # every step once, none lost or repeated
+    assert all(s["rollout/samples"] == PROMPTS * N for s in steps)
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["steps"], summary["restarts"]) == (STEPS, 2)
