@@ -72,6 +72,18 @@ class JobConfig(StrictModel):
         return self
 
     @pydantic.model_validator(mode="after")
+    def _cpu_placement_of_launched_services(self) -> JobConfig:
+        if self.services.cpu_placement is not None and self.trainer.launch == "group" and not self.trainer.address:
+            raise ConfigError(
+                "services.cpu_placement",
+                self.services.cpu_placement.model_dump(exclude_none=True),
+                "pins the trainer process this host launches, but trainer.launch = 'group' places its ranks as "
+                "Ray actors on bundles of their own",
+                "set trainer.launch: local, or drop services.cpu_placement",
+            )
+        return self
+
+    @pydantic.model_validator(mode="after")
     def _colocated_fits(self) -> JobConfig:
         if self.services.placement == "colocated":
             problem = colocated_problem(self)

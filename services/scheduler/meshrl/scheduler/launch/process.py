@@ -16,6 +16,7 @@ from pathlib import Path
 
 from meshrl.common.errors import DeadlineExceeded, Unavailable
 from meshrl.common.grpc_server import EXIT_WITH_PARENT_ENV
+from meshrl.scheduler.launch.cpu_placement import CPU_CORES_ENV, parse_cores
 
 
 class ServiceProcess:
@@ -52,6 +53,8 @@ class ServiceProcess:
         env[EXIT_WITH_PARENT_ENV] = "1" if self.exit_with_parent else "0"
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         log.close()
+        if self.env.get(CPU_CORES_ENV):  # before the interpreter starts its first thread: every thread stays there
+            os.sched_setaffinity(self.proc.pid, parse_cores(self.env[CPU_CORES_ENV]))
 
     def wait_serving(self, timeout: float) -> str:
         """The address the started process advertises once it serves; raises when it exits or times out first."""

@@ -24,6 +24,7 @@ from meshrl.common.registry import ReplicaRegistry
 from meshrl.scheduler.clients import TrainerClient
 from meshrl.scheduler.config import JobConfig
 from meshrl.scheduler.fleet.rollout_fleet import RolloutFleet
+from meshrl.scheduler.launch.cpu_placement import CpuSets, cpu_sets, placed
 from meshrl.scheduler.launch.exit_watch import ExitWatch, describe_exit
 from meshrl.scheduler.launch.group_client import GroupTrainerClient
 from meshrl.scheduler.launch.launcher import ProcessLauncher, RayLauncher, ServiceSpec, overlapped_trainer_threads
@@ -96,7 +97,7 @@ def thread_split_args(cfg: JobConfig) -> list[str]:
     """training.split_threads in the overlapped modes (eta > 0: at eta 0 nothing overlaps, and the run stays the
     sync run exactly): the CPU trainer's torch_threads, so that it and the job's replicas on this host get
     disjoint cores (set before service_overrides, which win)."""
-    overlapped = cfg.training.staleness > 0 and cfg.training.split_threads
+    overlapped = cfg.training.staleness > 0 and cfg.training.split_threads and not cfg.services.cpu_placement
     if not overlapped or cfg.trainer.gpus or cfg.rollout.gpus_per_replica:
         return []
     t = cfg.trainer
@@ -121,6 +122,7 @@ class JobServices:
     workflow: Any = None  # the job's workflow: a trainer group's ranks go where its plan puts them
     on_event: Callable[[str], None] | None = None  # told (a sentence) where a trainer group's ranks run
     trainer_group: TrainerGroup | None = None
+    cpu_sets: CpuSets | None = None  # the cores of each launched service under services.cpu_placement
     exits: dict[str, int] = field(default_factory=dict)  # name -> return code of launched services that died
     _next_replica: int = 0
     _watch: ExitWatch | None = None
@@ -151,7 +153,7 @@ class JobServices:
         grouped = self.cfg.trainer.address is None and self.cfg.trainer.launch == "group"
         if self.cfg.trainer.address is None and not grouped:
             trainer = trainer_spec(self.cfg, self.run, "trainer", buffer_address, self.model_path, self.extra_roots)
-            specs.append(replace(trainer, share=colocation(self.cfg)))
+            specs.append(self._placed(replace(trainer, share=colocation(self.cfg))))
         for _ in range(self.cfg.rollout.replicas):
             specs.append(self._new_replica_spec(buffer_address))
         launcher = self._launcher() if specs or grouped else None  # Ray up before the group's thread uses it
@@ -258,7 +260,18 @@ class JobServices:
     def _new_replica_spec(self, buffer_address: str) -> ServiceSpec:
         name = f"rollout-{self._next_replica}"
         self._next_replica += 1
-        return rollout_spec(self.cfg, self.run, name, buffer_address, self.model_path, self.extra_roots)
+        return self._placed(rollout_spec(self.cfg, self.run, name, buffer_address, self.model_path, self.extra_roots))
+
+    def _placed(self, spec: ServiceSpec) -> ServiceSpec:
+        """The spec on its own cores under services.cpu_placement (launch/cpu_placement.py), else as it is."""
+        if self.cfg.services.cpu_placement is None:
+            return spec
+        if self.cpu_sets is None:
+            self.cpu_sets = cpu_sets(self.cfg.services.cpu_placement, self.cfg.rollout.replicas)
+            self._event(f"CPU placement: {json.dumps(self.cpu_sets.as_dict())}")
+        t = self.cfg.trainer
+        ranks = t.data_parallel * t.tensor_parallel * t.pipeline_parallel
+        return placed(spec, self.cpu_sets, self.cfg.rollout.engine, ranks)
 
     def add_replicas(self, count: int) -> list[str]:
         """Starts `count` replicas; they are not given traffic until the caller refits them."""

@@ -1,5 +1,5 @@
 """`meshrl plan WORKFLOW --nodes N --gpus-per-node G`: print how a workflow would be split and placed,
-without starting anything. The `meshrl` CLI (cli.py) calls `plan_main(argv)`; `add_plan_arguments` and
+without starting anything (and, under services.cpu_placement, each launched service's cores on this host). The `meshrl` CLI (cli.py) calls `plan_main(argv)`; `add_plan_arguments` and
 `run_plan` let it mount the command as a subparser instead.
 """
 
@@ -11,8 +11,12 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
+import pydantic
+
 from meshrl.common.config import deep_merge, parse_overrides, read_yaml
 from meshrl.common.errors import MeshrlError
+from meshrl.scheduler.config.cpu_placement import CpuPlacement
+from meshrl.scheduler.launch.cpu_placement import CpuSets, cpu_sets
 from meshrl.scheduler.launch.trainer_layout import apply_trainer_layout, trainer_section
 from meshrl.scheduler.planning.apportion import ClusterSpec
 from meshrl.scheduler.planning.plan_render import render_plan
@@ -86,8 +90,30 @@ def run_plan(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         costs=costs,
     )
     plan = plan_workflow(workflow, cluster, options)
-    stdout.write(json.dumps(plan.to_dict(), indent=2) + "\n" if args.json else render_plan(plan))
+    cores = host_cpu_sets(config)
+    if args.json:
+        out = plan.to_dict() if cores is None else {**plan.to_dict(), "cpu_placement": cores.as_dict()}
+        stdout.write(json.dumps(out, indent=2) + "\n")
+    else:
+        stdout.write(render_plan(plan))
+        if cores is not None:
+            stdout.write(f"CPU placement on this host (services.cpu_placement):\n{cores.describe()}\n")
     return 0
+
+
+def host_cpu_sets(config: dict) -> CpuSets | None:
+    """The cores `meshrl run` would give each launched service on this host (None without
+    services.cpu_placement), checked by the same rules as the job config's."""
+    raw = (config.get("services") or {}).get("cpu_placement")
+    if raw is None:
+        return None
+    try:
+        placement = CpuPlacement(**raw)
+    except pydantic.ValidationError as exc:
+        error = exc.errors()[0]
+        where = "".join(f"services.cpu_placement.{'.'.join(map(str, error['loc']))}: " for _ in error["loc"][:1])
+        raise PlanError(where + error["msg"].removeprefix("Value error, ")) from None
+    return cpu_sets(placement, int((config.get("rollout") or {}).get("replicas", 1)))
 
 
 def plan_main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
