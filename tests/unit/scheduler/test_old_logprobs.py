@@ -40,12 +40,14 @@ def test_the_train_node_reads_rollout_logprobs_only_when_the_loss_uses_them():
     assert ratio_reads({}) == [] and ratio_reads({"old_logprobs": "recompute", "tis_cap": 0}) == []
     assert ratio_reads({"old_logprobs": "rollout"}) == [S.ROLLOUT_LOGPROBS]
     assert ratio_reads({"tis_cap": 2.0}) == ratio_reads({"mis_cap": 5.0}) == [S.ROLLOUT_LOGPROBS]
+    # no pass: pi_old from the rollout's log-probs and each token's version
+    assert ratio_reads({"old_logprobs": "interpolated"}) == [S.ROLLOUT_LOGPROBS, S.RESPONSE_VERSIONS]
 
 
 def test_old_logprobs_the_loss_would_ignore_are_refused_at_creation():
     workflow = load_workflow_text(RECOMPUTING, {})
     resolve_old_logprobs(job("algorithm.loss.old_logprobs=recompute"), workflow.nodes)  # it reads them
-    for source in ("rollout", "in-train"):
+    for source in ("rollout", "in-train", "interpolated"):
         with pytest.raises(InvalidArgument, match="'actor_train' declares 'old_logprobs'.*drop old_logprobs"):
             resolve_old_logprobs(job(f"algorithm.loss.old_logprobs={source}"), workflow.nodes)
 

@@ -63,13 +63,16 @@ class LossConfig(Settings):
         "0 = off (with tis_cap too: weights truncated at tis_cap, tokens above mis_cap masked)",
     )
     value_clip: float = Field(0.2, ge=0, description="critic: clip of value updates around the old values; 0 = off")
-    old_logprobs: Literal["recompute", "rollout", "in-train"] = Field(
+    old_logprobs: Literal["recompute", "rollout", "in-train", "interpolated"] = Field(
         "recompute",
         description="pi_old of the ratio: 'recompute' reads old_logprobs (a trainer forward pass before the "
         "update, written by a workflow node); 'in-train' computes the same pass inside the train call, before "
         "its first update, so no column travels; 'rollout' reads the engine's own rollout_logprobs and needs no "
         "pass (exact when the engine's numerics are the trainer's; on stale samples the clip then bounds "
-        "pi / pi_behaviour and no importance weight can correct them)",
+        "pi / pi_behaviour and no importance weight can correct them); 'interpolated' needs no pass either: "
+        "log pi_old = log pi_rollout + a * (log pi - log pi_rollout) per token, a = lag / (lag + 1) with lag the "
+        "trainer's weight version minus the token's (AReaL's proximal approximation; the rollout's own "
+        "log-probs on fresh tokens)",
     )
 
     @pydantic.model_validator(mode="before")

@@ -149,6 +149,20 @@ def masked_is_weights(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor
     return torch.where(ratio <= cap, ratio, torch.zeros_like(ratio)).detach()
 
 
+def interpolated_proximal(
+    logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, versions: torch.Tensor, weight_version: int
+) -> torch.Tensor:
+    """Decoupled PPO's proximal log-probs without a forward pass (old_logprobs = 'interpolated', AReaL's
+    approximation): log pi_prox = log pi_behaviour + a * (log pi_theta - log pi_behaviour), detached, with
+    a = (v_prox - v_behaviour) / (v_theta - v_behaviour) = lag / (lag + 1) per token, taking the proximal policy
+    at the trainer's `weight_version` (v_prox) and the policy being trained as the next version (v_theta).
+    `versions` [B, T]: the version that generated each token; a token 0 versions old gets its rollout log-prob
+    (exact on-policy), and the older a token, the nearer its pi_prox is to the current policy's."""
+    lag = (float(weight_version) - versions).clamp(min=0.0)
+    alpha = lag / (lag + 1.0)
+    return (rollout_logprobs + alpha * (logprobs.detach() - rollout_logprobs)).detach()
+
+
 def importance_weights(cfg: LossConfig, old: torch.Tensor, rollout: torch.Tensor) -> torch.Tensor:
     """Decoupled PPO's behaviour correction: the PPO ratio is taken against the proximal policy (`old`, the
     trainer's log-probs before the update) and each token's loss is weighted by pi_old / pi_behaviour (the

@@ -23,7 +23,7 @@ from meshrl.common.loss_config import LossConfig
 from meshrl.trainer import megatron_compat
 from meshrl.trainer.batching import SequenceBatch, collate
 from meshrl.trainer.forward import logprobs_from_logits, values_from_output
-from meshrl.trainer.losses import loss_denominator, policy_objective, value_objective
+from meshrl.trainer.losses import interpolated_proximal, loss_denominator, policy_objective, value_objective
 from meshrl.trainer.optim import lr_at, set_lr
 from meshrl.trainer.roles import NonFiniteLoss, RoleState, TrainResult
 from meshrl.trainer.schedule import run_microbatches
@@ -50,8 +50,10 @@ def needed_columns(cfg: LossConfig) -> list[str]:
     needed = [] if cfg.policy_loss == "sft" else [S.ADVANTAGES]
     if cfg.kl_coef:
         needed.append(S.REF_LOGPROBS)
-    if (cfg.tis_cap or cfg.mis_cap or cfg.old_logprobs == "rollout") and cfg.policy_loss != "sft":
+    if (cfg.tis_cap or cfg.mis_cap or cfg.old_logprobs in ("rollout", "interpolated")) and cfg.policy_loss != "sft":
         needed.append(S.ROLLOUT_LOGPROBS)
+    if cfg.old_logprobs == "interpolated" and cfg.policy_loss != "sft":
+        needed.append(S.RESPONSE_VERSIONS)
     return needed
 
 
@@ -157,12 +159,15 @@ def _microbatch_loss(state, output, mb, cfg: LossConfig, denominator: float, tem
         with_entropy=True,
         entropy_grad=cfg.entropy_coef > 0,
     )
+    old = col(S.ROLLOUT_LOGPROBS if cfg.old_logprobs == "rollout" else S.OLD_LOGPROBS)
+    if cfg.old_logprobs == "interpolated" and cfg.policy_loss != "sft":  # no pass: from the versions
+        old = interpolated_proximal(logp, col(S.ROLLOUT_LOGPROBS), col(S.RESPONSE_VERSIONS), state.weight_version)
     return policy_objective(
         cfg,
         mask,
         denominator,
         logprobs=logp,
-        old_logprobs=col(S.ROLLOUT_LOGPROBS if cfg.old_logprobs == "rollout" else S.OLD_LOGPROBS),
+        old_logprobs=old,
         advantages=col(S.ADVANTAGES),
         ref_logprobs=col(S.REF_LOGPROBS),
         rollout_logprobs=col(S.ROLLOUT_LOGPROBS),

@@ -8,7 +8,8 @@ forward pass before the update); 'in-train' makes the same pass inside the train
 through the data buffer; 'rollout' reads the engine's own `rollout_logprobs` and needs no pass at all, which
 saves a forward pass over every sample per step — exact for on-policy samples, but on stale samples (one_step_off,
 async) pi_old is then the behaviour policy and no importance weight can correct it, so those modes resolve an
-unset choice to 'in-train'. The trainer owns the setting's meaning (`meshrl.trainer.losses.LossConfig`).
+unset choice to 'in-train'; 'interpolated' needs no pass either and approximates the in-train pass per token
+from `rollout_logprobs`, the current policy and `response_versions` (AReaL's proximal approximation). The trainer owns the setting's meaning (`meshrl.trainer.losses.LossConfig`).
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ from meshrl.scheduler.workflow.columns import declared
 def ratio_reads(loss: Mapping[str, Any]) -> list[str]:
     """Columns the actor's train step needs besides its declared inputs: the rollout's log-probs, when the
     loss corrects against them (tis_cap / mis_cap) or takes pi_old from them."""
-    uses_rollout = loss.get("tis_cap") or loss.get("mis_cap") or loss.get("old_logprobs") == "rollout"
-    return [S.ROLLOUT_LOGPROBS] if uses_rollout else []
+    source = loss.get("old_logprobs")
+    uses_rollout = loss.get("tis_cap") or loss.get("mis_cap") or source in ("rollout", "interpolated")
+    versions = [S.RESPONSE_VERSIONS] if source == "interpolated" else []
+    return [S.ROLLOUT_LOGPROBS, *versions] if uses_rollout else []
 
 
 def _trains_actor(node: Any) -> bool:
@@ -54,7 +57,10 @@ def resolve_old_logprobs(cfg: Any, nodes: list[Any]) -> None:
         on_policy = cfg.training.mode == "sync" and not (loss.tis_cap or loss.mis_cap)
         loss.old_logprobs = "recompute" if readers else "rollout" if on_policy else "in-train"
     if loss.old_logprobs != "recompute" and readers:
-        source = S.ROLLOUT_LOGPROBS if loss.old_logprobs == "rollout" else "the train call's own forward pass"
+        source = {
+            "rollout": S.ROLLOUT_LOGPROBS,
+            "interpolated": f"{S.ROLLOUT_LOGPROBS} and the current policy by version lag",
+        }.get(loss.old_logprobs, "the train call's own forward pass")
         raise InvalidArgument(
             f"node {readers[0].node_id!r} declares {S.OLD_LOGPROBS!r} as an input, but algorithm.loss.old_logprobs "
             f"= {loss.old_logprobs!r} takes pi_old from {source}. Fix: drop {S.OLD_LOGPROBS} from its inputs "

@@ -31,6 +31,7 @@ class OldLogProbs(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OLD_LOG_PROBS_RECOMPUTE: _ClassVar[OldLogProbs]
     OLD_LOG_PROBS_ROLLOUT: _ClassVar[OldLogProbs]
     OLD_LOG_PROBS_IN_TRAIN: _ClassVar[OldLogProbs]
+    OLD_LOG_PROBS_INTERPOLATED: _ClassVar[OldLogProbs]
 
 class PolicyLoss(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -66,6 +67,7 @@ OLD_LOG_PROBS_UNSPECIFIED: OldLogProbs
 OLD_LOG_PROBS_RECOMPUTE: OldLogProbs
 OLD_LOG_PROBS_ROLLOUT: OldLogProbs
 OLD_LOG_PROBS_IN_TRAIN: OldLogProbs
+OLD_LOG_PROBS_INTERPOLATED: OldLogProbs
 POLICY_LOSS_UNSPECIFIED: PolicyLoss
 POLICY_LOSS_PPO: PolicyLoss
 POLICY_LOSS_GSPO: PolicyLoss
