@@ -31,7 +31,7 @@ from meshrl.common.codec import Ragged
 from meshrl.common.errors import DataLoss, InvalidArgument
 from meshrl.common.weights import write_version
 from meshrl.rollout.config import EngineConfig, TransformersEngineConfig
-from meshrl.rollout.engine import create_engine
+from meshrl.rollout.engine_factory import create_engine
 from meshrl.rollout.types import DiskUpdate, GenerationRequest, PauseMode, SamplingParams
 from meshrl.scheduler.step import advantages as adv
 from meshrl.scheduler.step.data import PromptEncoder, PromptSampler, load_records

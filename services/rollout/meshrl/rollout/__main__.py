@@ -16,7 +16,7 @@ from meshrl.common.grpc_server import RunningServer
 from meshrl.common.registry import Heartbeat, ReplicaRegistry
 from meshrl.common.service_main import Hosted, run_service
 from meshrl.rollout.config import RolloutConfig
-from meshrl.rollout.engine import create_engine
+from meshrl.rollout.engine_factory import create_engine
 from meshrl.rollout.initial_weights import load_initial_weights
 from meshrl.rollout.replica import RolloutReplica
 from meshrl.rollout.server import service

@@ -1,7 +1,7 @@
 """The engine interface every generation backend implements (transformers, SGLang, vLLM).
 
 The replica core (`meshrl.rollout.replica`) holds one Engine and calls only these methods;
-`create_engine` picks the implementation from the engine config. Request validation that
+`engine_factory.create_engine` picks the implementation from the engine config. Request validation that
 does not depend on the backend (empty prompt, token ids outside the vocabulary, prompt longer
 than the context) lives here so every engine refuses bad input the same way.
 """
@@ -206,20 +206,3 @@ class Engine(abc.ABC):
                 f"the prompt has {len(prompt)} tokens but the model's context holds {self.context_length} "
                 f"(prompt + response); shorten the prompt to at most {self.context_length - 1} tokens"
             )
-
-
-def create_engine(config) -> Engine:
-    """The engine named by `config.kind` (a meshrl.rollout.config.EngineConfig), loaded and ready."""
-    if config.kind == "transformers":
-        from meshrl.rollout.transformers_engine import TransformersEngine
-
-        return TransformersEngine(config)
-    if config.kind == "sglang":
-        from meshrl.rollout.sglang_engine import SGLangEngine
-
-        return SGLangEngine(config)
-    if config.kind == "vllm":
-        from meshrl.rollout.vllm_engine import VLLMEngine
-
-        return VLLMEngine(config)
-    raise InvalidArgument(f"engine.kind = {config.kind!r}: use transformers, sglang or vllm")

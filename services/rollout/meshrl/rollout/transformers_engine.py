@@ -1,6 +1,6 @@
 """The embedded default engine: a `transformers` model on CPU or GPU, decoded with continuous batching.
 
-Built by `create_engine` for engine.kind = "transformers". Generation goes through the
+Built by `engine_factory.create_engine` for engine.kind = "transformers". Generation goes through the
 `ContinuousBatcher`; weight updates (disk or collective) are received and verified by
 `meshrl.common.weights`, then copied into the live parameters between two decoding steps.
 """
