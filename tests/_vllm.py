@@ -12,6 +12,7 @@ import pytest
 from meshrl.rollout.vllm_install import PYTHON_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
+GROUP_TOKEN = "vllm-tests-service-token"  # the service token a test server's worker extension holds
 
 
 def vllm_python() -> str:

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from meshrl.common.weight_group_secret import SECRET_ENV
 from meshrl.rollout.config import EngineConfig
 from meshrl.rollout.vllm_engine import VLLMEngine
 from meshrl.trainer.model_builder import build_small_model
-from tests._vllm import vllm_python
+from tests._vllm import GROUP_TOKEN, vllm_python
 
 # CPU attention supports head sizes 32, 64, 80, ...: hidden 64 over 2 heads; one KV head (GQA)
 SHAPE = {"hidden_size": 64, "num_heads": 2, "num_kv_heads": 1, "num_layers": 2, "max_position_embeddings": 256}
@@ -57,6 +58,8 @@ def vllm_tied(tied_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 @pytest.fixture(scope="module")
 def vllm_untied(untied_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMEngine]:
-    engine = start_vllm(untied_model, tmp_path_factory.mktemp("vllm-log"))
+    """This server's worker extension holds the service token GROUP_TOKEN (as a launched server of a secured
+    replica does), for the sealed weight group's test."""
+    engine = start_vllm(untied_model, tmp_path_factory.mktemp("vllm-log"), env={SECRET_ENV: GROUP_TOKEN})
     yield engine
     engine.shutdown()

@@ -24,12 +24,14 @@ from safetensors.torch import load_file
 
 from meshrl.api.common.v1 import weights_pb2
 from meshrl.common import batch_schema as S
+from meshrl.common import weight_group_secret
 from meshrl.common import weights as W
 from meshrl.common.codec import Ragged
 from meshrl.common.errors import FailedPrecondition, MeshrlError
 from meshrl.common.net import free_port
 from meshrl.common.weights.engine_group import EngineGroupSender
 from meshrl.rollout.types import DiskUpdate, GenerationRequest, GroupUpdate, PauseMode, SamplingParams, TornWeights
+from tests._vllm import GROUP_TOKEN
 
 PROMPTS = [[5, 6, 7], [40, 41], [100, 3, 9, 12]]
 _versions = itertools.count(1)
@@ -180,8 +182,8 @@ def test_a_refused_load_keeps_the_server_and_the_served_weights(vllm_tied, tied_
     assert greedy(vllm_tied, PROMPTS[0]) == before
 
 
-def group(engine, name):
-    spec = W.GroupSpec("127.0.0.1", free_port(), 2, 0, name, "gloo", 60.0, "engine")
+def group(engine, name, sealed=False, timeout_s=60.0):
+    spec = W.GroupSpec("127.0.0.1", free_port(), 2, 0, name, "gloo", timeout_s, "engine", sealed)
     with ThreadPoolExecutor(1) as pool:
         trainer = pool.submit(EngineGroupSender.join, spec)
         assert engine.init_weight_update_group(W.GroupSpec(**{**spec.__dict__, "rank_offset": 1})) == 1
@@ -245,3 +247,25 @@ def test_an_untied_model_loads_and_matches_the_trainer(vllm_untied, untied_model
     result = engine.generate([GenerationRequest(PROMPTS[1], SamplingParams(max_tokens=10, seed=3))])[0]
     want = trainer_logprobs(untied_model, [PROMPTS[1]], [result.token_ids])
     assert np.abs(np.asarray(result.logprobs) - want).max() < 1e-4
+
+
+def test_a_sealed_weight_group_carries_updates_and_refuses_another_token(vllm_untied, untied_model, monkeypatch):
+    """The untied model's server holds the service token (SECRET_ENV): with a sealed group the worker extension
+    and the trainer build their backend over the sealed store. A trainer with another token cannot form the
+    group with it: both ends refuse what the other sealed, promptly, and the server stays up."""
+    monkeypatch.setattr(weight_group_secret, "_secret", GROUP_TOKEN)
+    trainer = group(vllm_untied, "vllm-sealed", sealed=True)
+    try:
+        version = vllm_untied.weight_version + 1
+        send(trainer, vllm_untied, "vllm-sealed", weights_of(untied_model, zero_norm=True), version)
+        assert greedy(vllm_untied, PROMPTS[0]) == [0] * 12
+        send(trainer, vllm_untied, "vllm-sealed", weights_of(untied_model), version + 1)
+        assert 0 not in greedy(vllm_untied, PROMPTS[0])
+    finally:
+        vllm_untied.destroy_weight_update_group("vllm-sealed")
+        trainer.destroy()
+    monkeypatch.setattr(weight_group_secret, "_secret", "another token")
+    start = time.monotonic()
+    with pytest.raises(MeshrlError):
+        group(vllm_untied, "vllm-stranger", sealed=True, timeout_s=20.0)
+    assert time.monotonic() - start < 60 and vllm_untied.health()

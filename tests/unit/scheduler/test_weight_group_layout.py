@@ -43,3 +43,10 @@ def test_deltas_only_to_a_group_whose_every_replica_applies_them():
     relayed = group_layout(on, "cuda:0", [status("sglang", "cuda", 2), status("transformers", "cuda:1")])
     assert relayed.protocol == "meshrl" and not relayed.deltas  # the SGLang adapter refuses every delta
     assert not group_layout(on, "cuda:0", [status("vllm", "cuda")]).deltas  # the engines' own wire: complete
+
+
+def test_an_engine_group_is_sealed_only_when_every_replica_is_a_vllm_server():
+    """meshrl's vLLM worker extension seals its group's store; SGLang's workers build theirs themselves."""
+    assert group_layout(WeightsSection(), "cpu", [status("vllm", "cpu", 2), status("vllm", "cpu")]).sealed
+    assert not group_layout(WeightsSection(), "cuda:0", [status("vllm", "cuda"), status("sglang", "cuda")]).sealed
+    assert not group_layout(WeightsSection(), "cpu", [status("transformers", "cpu")]).sealed  # meshrl's protocol

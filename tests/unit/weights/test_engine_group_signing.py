@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from meshrl.common.errors import DataLoss
+from meshrl.common.errors import DataLoss, FailedPrecondition, InvalidArgument
 from meshrl.common.net import free_port
 from meshrl.common.weight_group_secret import mac, set_group_secret
 from meshrl.common.weights import GroupSpec, dtypes
@@ -23,6 +23,7 @@ from meshrl.common.weights.engine_group import (
     _key,
     broadcast_all,
     engine_process_group,
+    sealed_for,
 )
 from meshrl.common.weights.errors import MembersUnresponsive
 from meshrl.common.weights.transport import Deadline
@@ -123,3 +124,20 @@ def test_confirmation_lines_count_once_and_only_when_signed():
     )
     assert _confirmations(text, key, SECRET) == {1: (2, "ok"), 3: (1, "refused: bad shape")}
     assert set(_confirmations(text, key, None)) == {1, 3, 4}  # without a token nothing is signed
+
+
+def test_a_sealed_engine_group_builds_its_backend_over_the_sealed_store():
+    """GroupSpec.sealed (every engine rank is meshrl's vLLM worker): the backend's values are sealed; without a
+    token the group is refused with the setting to fix; only the engine protocol can ask for it; the flag
+    travels in the CollectiveGroup message."""
+    store = dist.HashStore()
+    assert sealed_for(store, SECRET, "g", sealed=False) is store
+    sealed = sealed_for(store, SECRET, "g", sealed=True)
+    sealed.set("addr", b"127.0.0.1:5000")
+    assert sealed.get("addr") == b"127.0.0.1:5000" and b"127.0.0.1" not in store.get("addr")
+    with pytest.raises(FailedPrecondition, match="holds no service token.*server.auth"):
+        sealed_for(store, None, "g", sealed=True)
+    with pytest.raises(InvalidArgument, match="sealed applies to protocol engine"):
+        GroupSpec("127.0.0.1", 5000, 2, 0, "g", "gloo", 10.0, "meshrl", sealed=True)
+    spec = GroupSpec("127.0.0.1", 5000, 2, 1, "g", "gloo", 10.0, "engine", sealed=True)
+    assert GroupSpec.from_proto(spec.to_proto()) == spec

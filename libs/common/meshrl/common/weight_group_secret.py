@@ -4,6 +4,8 @@ sender and receivers leave in the group's store (headers, acknowledgements).
 
 `meshrl.common.service_main.run_service` sets it from `server.auth` (so a trainer and its replicas must share
 one token); `meshrl.common.weights.WeightGroupOptions.secret` defaults to it. Torch-free: every service sets it.
+A vLLM server that a replica launches gets it in its environment (SECRET_ENV), so that meshrl's worker extension
+inside it can seal its weight group (engine_group.sealed_for); set it there yourself for a server you start.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 
+SECRET_ENV = "MESHRL_WEIGHT_GROUP_SECRET"
 _secret: str | None = None
 
 

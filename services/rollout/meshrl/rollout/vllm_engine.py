@@ -27,6 +27,7 @@ from typing import Any
 from meshrl.api.common.v1 import weights_pb2
 from meshrl.common import weights as W
 from meshrl.common.errors import DataLoss, FailedPrecondition
+from meshrl.common.weight_group_secret import SECRET_ENV, group_secret
 from meshrl.common.weights.engine_group import dtype_name
 from meshrl.rollout.config import EngineConfig
 from meshrl.rollout.http_engine import HTTPEngine
@@ -80,6 +81,8 @@ class VLLMEngine(WeightRelay, HTTPEngine):
         extra.setdefault("data_parallel_size", self.section.data_parallel_size)
         extra.setdefault("enable_scale_out", True)  # /inference/v1/generate
         env = {"VLLM_SERVER_DEV_MODE": "1"}
+        if group_secret():
+            env[SECRET_ENV] = group_secret()  # the worker extension seals its weight groups with it
         if build.cpu:
             check_cpu_head_size(self.config.model_path)
             extra.setdefault("enforce_eager", True)
@@ -247,7 +250,7 @@ class VLLMEngine(WeightRelay, HTTPEngine):
 
     # --- native distributed update (every vLLM worker is one rank of the weight group) --------------
     def native_join(self, group: W.GroupSpec) -> None:
-        spec = {**group_request(group), "timeout_s": group.timeout_s}
+        spec = {**group_request(group), "timeout_s": group.timeout_s, "sealed": group.sealed}
         ranks = self.rpc("meshrl_join_group", spec, timeout=group.timeout_s)
         if len(ranks) != self.weight_ranks:
             raise FailedPrecondition(

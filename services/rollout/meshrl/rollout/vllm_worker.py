@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -114,8 +115,10 @@ class MeshrlWorkerExtension:
     @reported
     def meshrl_join_group(self, group_json: str) -> int:
         """Joins the group as rank rank_offset + this worker's rank (engine_group.py builds it the way
-        the engines do, standalone next to vLLM's own groups); blocks until every rank joined."""
-        from meshrl.common.weights.engine_group import engine_process_group
+        the engines do, standalone next to vLLM's own groups; over the store sealed with the service token in
+        SECRET_ENV when the group is sealed); blocks until every rank joined."""
+        from meshrl.common.weight_group_secret import SECRET_ENV
+        from meshrl.common.weights.engine_group import engine_process_group, sealed_for
 
         g = json.loads(group_json)
         rank = int(g["rank_offset"]) + int(getattr(self, "rank", 0))
@@ -124,7 +127,9 @@ class MeshrlWorkerExtension:
             timedelta(seconds=float(g["timeout_s"])),
         )  # fmt: skip
         groups = self.__dict__.setdefault("_meshrl_groups", {})
-        pg = engine_process_group(g["backend"], store, rank, int(g["world_size"]), g["group_name"], g["timeout_s"])
+        backend_store = sealed_for(store, os.environ.get(SECRET_ENV) or None, g["group_name"], bool(g.get("sealed")))
+        world = int(g["world_size"])
+        pg = engine_process_group(g["backend"], backend_store, rank, world, g["group_name"], g["timeout_s"])
         groups[g["group_name"]] = (pg, store, float(g["timeout_s"]))
         return rank
 

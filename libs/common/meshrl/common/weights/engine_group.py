@@ -11,8 +11,10 @@ share the store keys below. Used by the trainer service and the SGLang / vLLM ad
 
 With a service token (the process's `group_secret`, the same on trainer and replicas) the bucket specs and
 the adapters' confirmations carry an HMAC of it: a stranger who reaches the store cannot make an adapter
-receive tensors of its choosing nor the trainer count a forged confirmation. The engines' workers join the
-group itself unauthenticated (their protocols give no hook): docs/security.md says what stays open.
+receive tensors of its choosing nor the trainer count a forged confirmation. A sealed group (`GroupSpec.sealed`:
+every engine rank is meshrl's vLLM worker, which builds its backend with `sealed_for` too) also seals what the
+backend keeps in the store, so a stranger can neither read NCCL's id or gloo's addresses nor pose as a rank.
+SGLang's workers build their backend themselves and join unauthenticated: docs/security.md says what stays open.
 """
 
 from __future__ import annotations
@@ -28,12 +30,13 @@ import torch.distributed as dist
 
 from meshrl.api.common.v1 import weights_pb2
 from meshrl.common.errors import DataLoss, DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
-from meshrl.common.weight_group_secret import group_secret, mac
+from meshrl.common.weight_group_secret import SECRET_ENV, group_secret, mac
 
 from . import dtypes
 from .buckets import DEFAULT_BUCKET_BYTES, Export, as_buckets, bucket_specs
 from .errors import MembersUnresponsive, UpdateOutcome, UpdateRefused
 from .group_plan import GroupSpec
+from .sealed_store import SealedStore
 from .store_host import host_store
 from .transport import Deadline
 
@@ -104,6 +107,20 @@ def engine_process_group(
     return dist.ProcessGroupNCCL(per_device, rank, world_size, opts)
 
 
+def sealed_for(store: dist.Store, secret: str | None, group_name: str, sealed: bool) -> dist.Store:
+    """The store an engine group's backend is built over: sealed with the service token (sealed_store.py) when
+    the group is (GroupSpec.sealed: every engine rank is meshrl's vLLM worker), else the store itself. A sealed
+    group without a token is refused: its ranks could not agree."""
+    if not sealed:
+        return store
+    if not secret:
+        raise FailedPrecondition(
+            f"weight group {group_name!r} is sealed but this process holds no service token; give the trainer "
+            f"and every replica the same server.auth token (a vLLM server you start yourself: set {SECRET_ENV})"
+        )
+    return SealedStore(store, secret, group_name)
+
+
 def broadcast_all(pg, tensors: list[torch.Tensor], deadline: Deadline) -> None:
     """One broadcast per tensor from rank 0, as the engines' receivers call them, within `deadline`."""
     opts = dist.BroadcastOptions()
@@ -141,7 +158,8 @@ class EngineGroupSender:
             strict=bool(self.secret),
             multi_tenant=True,
         )
-        self.pg = engine_process_group(spec.backend, self.store, 0, spec.world_size, spec.group_name, spec.timeout_s)
+        store = sealed_for(self.store, self.secret, spec.group_name, spec.sealed)
+        self.pg = engine_process_group(spec.backend, store, 0, spec.world_size, spec.group_name, spec.timeout_s)
 
     @classmethod
     def join(cls, spec: GroupSpec | weights_pb2.CollectiveGroup) -> EngineGroupSender:

@@ -37,6 +37,7 @@ class GroupSpec:
     backend: str = "gloo"
     timeout_s: float = 60.0
     protocol: str = "meshrl"
+    sealed: bool = False  # protocol "engine": every engine rank seals the backend's store (meshrl's vLLM worker)
 
     def __post_init__(self) -> None:
         if not self.master_address:
@@ -53,6 +54,11 @@ class GroupSpec:
             raise InvalidArgument(f"CollectiveGroup.protocol {self.protocol!r} is not one of {PROTOCOLS}")
         if not self.group_name:
             raise InvalidArgument("CollectiveGroup.group_name is empty; name the group (a fresh name per re-creation)")
+        if self.sealed and self.protocol != "engine":
+            raise InvalidArgument(
+                "CollectiveGroup.sealed applies to protocol engine; the meshrl protocol seals its store whenever "
+                "the services hold a token"
+            )
         if not self.timeout_s > 0:
             raise InvalidArgument(f"CollectiveGroup.timeout_seconds {self.timeout_s} must be > 0")
 
@@ -67,6 +73,7 @@ class GroupSpec:
             backend=backend_name(msg.backend),
             timeout_s=msg.timeout_seconds or 60.0,
             protocol=protocol_name(msg.protocol),
+            sealed=msg.sealed,
         )
 
     def to_proto(self) -> weights_pb2.CollectiveGroup:
@@ -79,6 +86,7 @@ class GroupSpec:
             backend=codes.BACKENDS[self.backend],
             timeout_seconds=self.timeout_s,
             protocol=codes.PROTOCOLS[self.protocol],
+            sealed=self.sealed,
         )
 
 

@@ -46,14 +46,16 @@ class PublishResult:
 
 @dataclass(frozen=True)
 class GroupLayout:
-    """One weight group: backend, protocol, each replica's first rank, the world size (trainer = rank 0), and
-    whether its updates go as deltas (weights.delta, and every replica applies them)."""
+    """One weight group: backend, protocol, each replica's first rank, the world size (trainer = rank 0),
+    whether its updates go as deltas (weights.delta, and every replica applies them), and whether an engine
+    group's store is sealed (every replica a vLLM server, whose ranks are meshrl's worker extension)."""
 
     backend: str
     protocol: str
     offsets: tuple[int, ...]
     world_size: int
     deltas: bool = False
+    sealed: bool = False
 
 
 def group_layout(cfg: WeightsSection, trainer_device: str, replicas: list[rpb.RolloutStatus]) -> GroupLayout:
@@ -70,7 +72,8 @@ def group_layout(cfg: WeightsSection, trainer_device: str, replicas: list[rpb.Ro
     ranks = [max(1, s.weight_ranks) if protocol == "engine" else 1 for s in replicas]
     offsets = tuple(1 + sum(ranks[:i]) for i in range(len(ranks)))
     deltas = cfg.delta and protocol == "meshrl" and not any(s.engine in NATIVE_ENGINES for s in replicas)
-    return GroupLayout(backend, protocol, offsets, 1 + sum(ranks), deltas)
+    sealed = protocol == "engine" and all(s.engine == "vllm" for s in replicas)
+    return GroupLayout(backend, protocol, offsets, 1 + sum(ranks), deltas, sealed)
 
 
 def _submit(pool: ThreadPoolExecutor, fn, *args):
@@ -214,6 +217,7 @@ class WeightPublisher:
                 backend=BACKENDS[layout.backend],
                 timeout_seconds=timeout,
                 protocol=PROTOCOLS[layout.protocol],
+                sealed=layout.sealed,
             )
 
         with ThreadPoolExecutor(len(replicas) + 1) as pool:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from meshrl.api.common.v1 import tensor_pb2 as meshrl_dot_common_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1emeshrl/common/v1/weights.proto\x12\x10meshrl.common.v1\x1a\x1dmeshrl/common/v1/tensor.proto\"\x9a\x01\n\x0b\x44iskWeights\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x17\n\x0fmanifest_sha256\x18\x03 \x01(\t\x12\x19\n\x11local_staging_dir\x18\x04 \x01(\t\x12\r\n\x05\x64\x65lta\x18\x05 \x01(\x08\x12\x14\n\x0c\x62\x61se_version\x18\x06 \x01(\x03\x12\x13\n\x0b\x64\x65lta_bytes\x18\x07 \x01(\x03\"\xf7\x01\n\x0f\x43ollectiveGroup\x12\x16\n\x0emaster_address\x18\x01 \x01(\t\x12\x13\n\x0bmaster_port\x18\x02 \x01(\x05\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\x13\n\x0brank_offset\x18\x04 \x01(\x05\x12\x12\n\ngroup_name\x18\x05 \x01(\t\x12.\n\x07\x62\x61\x63kend\x18\x06 \x01(\x0e\x32\x1d.meshrl.common.v1.CommBackend\x12\x17\n\x0ftimeout_seconds\x18\x07 \x01(\x01\x12\x31\n\x08protocol\x18\x08 \x01(\x0e\x32\x1f.meshrl.common.v1.GroupProtocol\"}\n\x10WeightBucketMeta\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x14\n\x0c\x62ucket_index\x18\x02 \x01(\x05\x12\x13\n\x0bnum_buckets\x18\x03 \x01(\x05\x12-\n\x07tensors\x18\x04 \x03(\x0b\x32\x1c.meshrl.common.v1.TensorSpec\"\x90\x01\n\x0fWeightChecksums\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12=\n\x06sha256\x18\x02 \x03(\x0b\x32-.meshrl.common.v1.WeightChecksums.Sha256Entry\x1a-\n\x0bSha256Entry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"o\n\x07Metrics\x12\x35\n\x06values\x18\x01 \x03(\x0b\x32%.meshrl.common.v1.Metrics.ValuesEntry\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01*p\n\x0fWeightTransport\x12 \n\x1cWEIGHT_TRANSPORT_UNSPECIFIED\x10\x00\x12\x19\n\x15WEIGHT_TRANSPORT_DISK\x10\x01\x12 \n\x1cWEIGHT_TRANSPORT_DISTRIBUTED\x10\x02*Y\n\x0b\x43ommBackend\x12\x1c\n\x18\x43OMM_BACKEND_UNSPECIFIED\x10\x00\x12\x15\n\x11\x43OMM_BACKEND_GLOO\x10\x01\x12\x15\n\x11\x43OMM_BACKEND_NCCL\x10\x02*e\n\rGroupProtocol\x12\x1e\n\x1aGROUP_PROTOCOL_UNSPECIFIED\x10\x00\x12\x19\n\x15GROUP_PROTOCOL_MESHRL\x10\x01\x12\x19\n\x15GROUP_PROTOCOL_ENGINE\x10\x02*V\n\tPauseMode\x12\x1a\n\x16PAUSE_MODE_UNSPECIFIED\x10\x00\x12\x14\n\x10PAUSE_MODE_ABORT\x10\x01\x12\x17\n\x13PAUSE_MODE_IN_PLACE\x10\x02*\x99\x01\n\x10\x43\x61\x63heFlushPolicy\x12\"\n\x1e\x43\x41\x43HE_FLUSH_POLICY_UNSPECIFIED\x10\x00\x12#\n\x1f\x43\x41\x43HE_FLUSH_POLICY_EVERY_UPDATE\x10\x01\x12\x1e\n\x1a\x43\x41\x43HE_FLUSH_POLICY_EVERY_N\x10\x02\x12\x1c\n\x18\x43\x41\x43HE_FLUSH_POLICY_NEVER\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1emeshrl/common/v1/weights.proto\x12\x10meshrl.common.v1\x1a\x1dmeshrl/common/v1/tensor.proto\"\x9a\x01\n\x0b\x44iskWeights\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x17\n\x0fmanifest_sha256\x18\x03 \x01(\t\x12\x19\n\x11local_staging_dir\x18\x04 \x01(\t\x12\r\n\x05\x64\x65lta\x18\x05 \x01(\x08\x12\x14\n\x0c\x62\x61se_version\x18\x06 \x01(\x03\x12\x13\n\x0b\x64\x65lta_bytes\x18\x07 \x01(\x03\"\x87\x02\n\x0f\x43ollectiveGroup\x12\x16\n\x0emaster_address\x18\x01 \x01(\t\x12\x13\n\x0bmaster_port\x18\x02 \x01(\x05\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\x13\n\x0brank_offset\x18\x04 \x01(\x05\x12\x12\n\ngroup_name\x18\x05 \x01(\t\x12.\n\x07\x62\x61\x63kend\x18\x06 \x01(\x0e\x32\x1d.meshrl.common.v1.CommBackend\x12\x17\n\x0ftimeout_seconds\x18\x07 \x01(\x01\x12\x31\n\x08protocol\x18\x08 \x01(\x0e\x32\x1f.meshrl.common.v1.GroupProtocol\x12\x0e\n\x06sealed\x18\t \x01(\x08\"}\n\x10WeightBucketMeta\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x14\n\x0c\x62ucket_index\x18\x02 \x01(\x05\x12\x13\n\x0bnum_buckets\x18\x03 \x01(\x05\x12-\n\x07tensors\x18\x04 \x03(\x0b\x32\x1c.meshrl.common.v1.TensorSpec\"\x90\x01\n\x0fWeightChecksums\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12=\n\x06sha256\x18\x02 \x03(\x0b\x32-.meshrl.common.v1.WeightChecksums.Sha256Entry\x1a-\n\x0bSha256Entry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"o\n\x07Metrics\x12\x35\n\x06values\x18\x01 \x03(\x0b\x32%.meshrl.common.v1.Metrics.ValuesEntry\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01*p\n\x0fWeightTransport\x12 \n\x1cWEIGHT_TRANSPORT_UNSPECIFIED\x10\x00\x12\x19\n\x15WEIGHT_TRANSPORT_DISK\x10\x01\x12 \n\x1cWEIGHT_TRANSPORT_DISTRIBUTED\x10\x02*Y\n\x0b\x43ommBackend\x12\x1c\n\x18\x43OMM_BACKEND_UNSPECIFIED\x10\x00\x12\x15\n\x11\x43OMM_BACKEND_GLOO\x10\x01\x12\x15\n\x11\x43OMM_BACKEND_NCCL\x10\x02*e\n\rGroupProtocol\x12\x1e\n\x1aGROUP_PROTOCOL_UNSPECIFIED\x10\x00\x12\x19\n\x15GROUP_PROTOCOL_MESHRL\x10\x01\x12\x19\n\x15GROUP_PROTOCOL_ENGINE\x10\x02*V\n\tPauseMode\x12\x1a\n\x16PAUSE_MODE_UNSPECIFIED\x10\x00\x12\x14\n\x10PAUSE_MODE_ABORT\x10\x01\x12\x17\n\x13PAUSE_MODE_IN_PLACE\x10\x02*\x99\x01\n\x10\x43\x61\x63heFlushPolicy\x12\"\n\x1e\x43\x41\x43HE_FLUSH_POLICY_UNSPECIFIED\x10\x00\x12#\n\x1f\x43\x41\x43HE_FLUSH_POLICY_EVERY_UPDATE\x10\x01\x12\x1e\n\x1a\x43\x41\x43HE_FLUSH_POLICY_EVERY_N\x10\x02\x12\x1c\n\x18\x43\x41\x43HE_FLUSH_POLICY_NEVER\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,28 +36,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WEIGHTCHECKSUMS_SHA256ENTRY']._serialized_options = b'8\001'
   _globals['_METRICS_VALUESENTRY']._loaded_options = None
   _globals['_METRICS_VALUESENTRY']._serialized_options = b'8\001'
-  _globals['_WEIGHTTRANSPORT']._serialized_start=877
-  _globals['_WEIGHTTRANSPORT']._serialized_end=989
-  _globals['_COMMBACKEND']._serialized_start=991
-  _globals['_COMMBACKEND']._serialized_end=1080
-  _globals['_GROUPPROTOCOL']._serialized_start=1082
-  _globals['_GROUPPROTOCOL']._serialized_end=1183
-  _globals['_PAUSEMODE']._serialized_start=1185
-  _globals['_PAUSEMODE']._serialized_end=1271
-  _globals['_CACHEFLUSHPOLICY']._serialized_start=1274
-  _globals['_CACHEFLUSHPOLICY']._serialized_end=1427
+  _globals['_WEIGHTTRANSPORT']._serialized_start=893
+  _globals['_WEIGHTTRANSPORT']._serialized_end=1005
+  _globals['_COMMBACKEND']._serialized_start=1007
+  _globals['_COMMBACKEND']._serialized_end=1096
+  _globals['_GROUPPROTOCOL']._serialized_start=1098
+  _globals['_GROUPPROTOCOL']._serialized_end=1199
+  _globals['_PAUSEMODE']._serialized_start=1201
+  _globals['_PAUSEMODE']._serialized_end=1287
+  _globals['_CACHEFLUSHPOLICY']._serialized_start=1290
+  _globals['_CACHEFLUSHPOLICY']._serialized_end=1443
   _globals['_DISKWEIGHTS']._serialized_start=84
   _globals['_DISKWEIGHTS']._serialized_end=238
   _globals['_COLLECTIVEGROUP']._serialized_start=241
-  _globals['_COLLECTIVEGROUP']._serialized_end=488
-  _globals['_WEIGHTBUCKETMETA']._serialized_start=490
-  _globals['_WEIGHTBUCKETMETA']._serialized_end=615
-  _globals['_WEIGHTCHECKSUMS']._serialized_start=618
-  _globals['_WEIGHTCHECKSUMS']._serialized_end=762
-  _globals['_WEIGHTCHECKSUMS_SHA256ENTRY']._serialized_start=717
-  _globals['_WEIGHTCHECKSUMS_SHA256ENTRY']._serialized_end=762
-  _globals['_METRICS']._serialized_start=764
-  _globals['_METRICS']._serialized_end=875
-  _globals['_METRICS_VALUESENTRY']._serialized_start=830
-  _globals['_METRICS_VALUESENTRY']._serialized_end=875
+  _globals['_COLLECTIVEGROUP']._serialized_end=504
+  _globals['_WEIGHTBUCKETMETA']._serialized_start=506
+  _globals['_WEIGHTBUCKETMETA']._serialized_end=631
+  _globals['_WEIGHTCHECKSUMS']._serialized_start=634
+  _globals['_WEIGHTCHECKSUMS']._serialized_end=778
+  _globals['_WEIGHTCHECKSUMS_SHA256ENTRY']._serialized_start=733
+  _globals['_WEIGHTCHECKSUMS_SHA256ENTRY']._serialized_end=778
+  _globals['_METRICS']._serialized_start=780
+  _globals['_METRICS']._serialized_end=891
+  _globals['_METRICS_VALUESENTRY']._serialized_start=846
+  _globals['_METRICS_VALUESENTRY']._serialized_end=891
 # @@protoc_insertion_point(module_scope)

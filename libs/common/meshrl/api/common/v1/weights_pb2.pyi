@@ -74,7 +74,7 @@ class DiskWeights(_message.Message):
     def __init__(self, path: _Optional[str] = ..., version: _Optional[int] = ..., manifest_sha256: _Optional[str] = ..., local_staging_dir: _Optional[str] = ..., delta: _Optional[bool] = ..., base_version: _Optional[int] = ..., delta_bytes: _Optional[int] = ...) -> None: ...
 
 class CollectiveGroup(_message.Message):
-    __slots__ = ("master_address", "master_port", "world_size", "rank_offset", "group_name", "backend", "timeout_seconds", "protocol")
+    __slots__ = ("master_address", "master_port", "world_size", "rank_offset", "group_name", "backend", "timeout_seconds", "protocol", "sealed")
     MASTER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -83,6 +83,7 @@ class CollectiveGroup(_message.Message):
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_FIELD_NUMBER: _ClassVar[int]
+    SEALED_FIELD_NUMBER: _ClassVar[int]
     master_address: str
     master_port: int
     world_size: int
@@ -91,7 +92,8 @@ class CollectiveGroup(_message.Message):
     backend: CommBackend
     timeout_seconds: float
     protocol: GroupProtocol
-    def __init__(self, master_address: _Optional[str] = ..., master_port: _Optional[int] = ..., world_size: _Optional[int] = ..., rank_offset: _Optional[int] = ..., group_name: _Optional[str] = ..., backend: _Optional[_Union[CommBackend, str]] = ..., timeout_seconds: _Optional[float] = ..., protocol: _Optional[_Union[GroupProtocol, str]] = ...) -> None: ...
+    sealed: bool
+    def __init__(self, master_address: _Optional[str] = ..., master_port: _Optional[int] = ..., world_size: _Optional[int] = ..., rank_offset: _Optional[int] = ..., group_name: _Optional[str] = ..., backend: _Optional[_Union[CommBackend, str]] = ..., timeout_seconds: _Optional[float] = ..., protocol: _Optional[_Union[GroupProtocol, str]] = ..., sealed: _Optional[bool] = ...) -> None: ...
 
 class WeightBucketMeta(_message.Message):
     __slots__ = ("version", "bucket_index", "num_buckets", "tensors")
