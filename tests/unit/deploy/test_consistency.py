@@ -124,14 +124,15 @@ def test_config_files_follow_the_port_table(ports, svc):
 
 
 def _service_config_model(svc: str) -> type[pydantic.BaseModel]:
-    """The pydantic model `python -m meshrl.<svc>` loads: the one in meshrl.<svc>.config with a `server` field."""
+    """The pydantic model `python -m meshrl.<svc>` loads: the one meshrl.<svc>.config (a module or a package)
+    defines or exports with a `server` field."""
     module = importlib.import_module(f"meshrl.{svc}.config")
     models = [
         obj
         for obj in vars(module).values()
         if isinstance(obj, type)
         and issubclass(obj, pydantic.BaseModel)
-        and obj.__module__ == module.__name__
+        and (obj.__module__ == module.__name__ or obj.__module__.startswith(module.__name__ + "."))
         and "server" in obj.model_fields
     ]
     assert len(models) == 1, f"meshrl.{svc}.config should define one service config with a `server` field: {models}"
