@@ -10,6 +10,9 @@ literal one. Rules:
   - `$${` writes a literal `${`;
   - the values substituted into one workflow are bounded in total size (a small file cannot copy a large
     config value a million times).
+Why not OmegaConf's interpolation: a workflow is untrusted input, and these rules (typed whole-value
+substitution, YAML-scalar defaults, the size bound, a Problem naming the node and field) are checked here in one
+pass; OmegaConf would resolve lazily, without a bound, and with resolvers a file could name.
 """
 
 from __future__ import annotations
