@@ -12,7 +12,8 @@ literal one. Rules:
     config value a million times).
 Why not OmegaConf's interpolation: a workflow is untrusted input, and these rules (typed whole-value
 substitution, YAML-scalar defaults, the size bound, a Problem naming the node and field) are checked here in one
-pass; OmegaConf would resolve lazily, without a bound, and with resolvers a file could name.
+pass; OmegaConf resolves lazily and without a bound, and its built-in `oc.env` resolver would let a workflow
+file read the scheduler's environment (its secrets).
 """
 
 from __future__ import annotations
