@@ -187,7 +187,8 @@ def test_a_run_places_ranks_by_the_plan_and_recovers_a_lost_rank_and_a_lost_node
     rank 0's collective fails (gloo, INTERNAL), the group's client names the dead rank (Unavailable), the job
     restarts, a new group starts where the plan says and the job resumes from step 1. After checkpoint 3 the
     worker node dies (every process of it): the job restarts again, the new plan puts the group on the head, and
-    the job resumes from step 3 and finishes. Every step trained once with all its samples."""
+    the job resumes from step 3 and finishes. Every step trained once with all its samples, and the curves equal
+    the same job's on one node without a failure."""
     runs = tmp_path / "runs"
     rows = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(16)]
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -198,14 +199,16 @@ def test_a_run_places_ranks_by_the_plan_and_recovers_a_lost_rank_and_a_lost_node
             "run_root": str(runs),
             "max_restarts": 2,
             "restart_backoff_seconds": 0.5,
+            "allowed_modules": ["meshrl", "tests.integration"],
         },
+        "algorithm": {"reward": "tests.integration._digits_reward:digit_share"},  # a signal on a random model
         "model": {"path": model},
         "data": {"train": str(tmp_path / "train.jsonl"), "prompts_per_step": PROMPTS},
         "rollout": {"replicas": 1, "n": N, "max_tokens": 4},
         "eval": {"every": 0},
         "checkpoint": {"every": 1},
         "trainer": {
-            "optimizer": {"lr": 1e-3},
+            "optimizer": {"lr": 3e-2},
             "tensor_parallel": 2,
             "launch": "group",
             "service_overrides": ["torch_threads=1"],
@@ -271,3 +274,21 @@ def test_a_run_places_ranks_by_the_plan_and_recovers_a_lost_rank_and_a_lost_node
     assert all(s["rollout/samples"] == PROMPTS * N for s in steps)
     summary = json.loads((run / "summary.json").read_text())
     assert (summary["steps"], summary["restarts"]) == (STEPS, 2)
+
+    # The same job on one node (its ranks spawned by rank 0, no Ray, no restart) trains the same samples the same
+    # way: the recovered run redid its lost steps exactly.
+    cfg["job"]["run_root"] = str(tmp_path / "one-node")
+    cfg["trainer"]["launch"], cfg["services"] = "local", {"use_ray": False}
+    (tmp_path / "one-node.yaml").write_text(yaml.safe_dump(cfg))
+    command[command.index(str(tmp_path / "job.yaml"))] = str(tmp_path / "one-node.yaml")
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=_env(cluster), cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (one,) = (tmp_path / "one-node").iterdir()
+    alone = [json.loads(line) for line in (one / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    curves = {
+        k: ([s[k] for s in steps], [s[k] for s in alone]) for k in ("reward/mean", "actor/grad_norm", "actor/entropy")
+    }
+    with capsys.disabled():
+        print(f"recovered run vs one node, reward/mean: {curves['reward/mean']}")
+    for key, (recovered, one_node) in curves.items():
+        np.testing.assert_allclose(recovered, one_node, atol=1e-5, rtol=0, err_msg=key)
