@@ -4,11 +4,13 @@ measured side by side in one run on the same prompts and model (issue 38's figur
 1. Generated tokens/s: vLLM's offline `LLM.generate` (a subprocess in the vLLM environment), meshrl's
    vLLM adapter (a launched vLLM server driven over HTTP, what a rollout replica runs), and the transformers
    engine in this process. Ratios: adapter / offline (the adapter's overhead, target >= 0.9) and
-   vLLM adapter / transformers engine. Every request generates exactly --max-tokens tokens (ignore_eos).
+   vLLM adapter / transformers engine. Every request generates exactly --max-tokens tokens (ignore_eos). Two
+   batch shapes: --prompts distinct prompts, and RL's shape (--prompts / --samples prompts, --samples each).
 2. A whole RL step (--rl-steps > 0): the default example for --rl-steps steps on each engine
    (examples/countdown with examples/countdown/vllm.yaml's model, heads of 32, for both), median step time.
 
-Run: .venv/bin/python bench/rollout/vllm_bench.py [--prompts 256] [--max-tokens 32] [--repeats 3] [--rl-steps 6]
+Run: .venv/bin/python bench/rollout/vllm_bench.py [--prompts 256] [--samples 8] [--max-tokens 32] [--repeats 3]
+     [--rl-steps 6]
 Needs the vLLM environment (`make vllm-env`; its interpreter from MESHRL_VLLM_PYTHON or .venv-vllm).
 """
 
@@ -71,14 +73,15 @@ def offline_rate(python: str, model: Path, batch, max_tokens: int, repeats: int,
     return result["tokens"] / statistics.median(result["seconds"])
 
 
-def rl_step_seconds(engine: str, steps: int, work: Path) -> float:
+def rl_step_seconds(engine: str, steps: int, work: Path, python: str) -> float:
     """Median step time of the default example on `engine` (the first step, which warms up, left out)."""
     configs = ["--config", "examples/countdown/config.yaml", "--config", "examples/countdown/vllm.yaml"]
-    sets = ["--set", f"rollout.engine={engine}", "--set", f"job.steps={steps}", "--set", "eval.every=0",
-            "--set", f"job.run_root={work / engine}"]  # fmt: skip
-    cmd = [sys.executable, "-m", "meshrl.scheduler.cli", "run", "examples/countdown/workflow.yaml", *configs, *sets,
-           "--no-progress"]  # fmt: skip
-    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True, timeout=1800)
+    sets = ["--set", f"rollout.engine={engine}", "--set", f"job.steps={steps}", "--set", "eval.every=0"]
+    sets += ["--set", f"job.run_root={work / engine}"]
+    run = ["run", "examples/countdown/workflow.yaml", *configs, *sets, "--no-progress"]
+    cmd = [sys.executable, "-m", "meshrl.scheduler.cli", *run]
+    env = {**os.environ, PYTHON_ENV: python}  # the replica launches its vLLM server with this interpreter
+    subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True, text=True, timeout=1800)
     metrics = next((work / engine).glob("*/metrics.jsonl")).read_text().splitlines()
     times = [json.loads(line)["time/step"] for line in metrics if "time/step" in line]
     return statistics.median(times[1:] or times)
@@ -126,7 +129,7 @@ def main() -> None:
             print(f"  transformers engine         {local:9.0f}   vLLM adapter / transformers = {served / local:.2f}")
         if args.rl_steps:
             runs = ROOT / "runs" / f"bench-vllm-{os.getpid()}"  # under the repository's run root
-            seconds = {e: rl_step_seconds(e, args.rl_steps, runs) for e in ("transformers", "vllm")}
+            seconds = {e: rl_step_seconds(e, args.rl_steps, runs, python) for e in ("transformers", "vllm")}
             print(f"RL step of the default example (128 prompts x 8 samples), median of {args.rl_steps - 1} steps:")
             print(
                 f"  transformers {seconds['transformers']:.2f} s   vllm {seconds['vllm']:.2f} s   "
