@@ -21,6 +21,9 @@ Field = pydantic.Field
 # takes pi_old from no rollout) gets these (bench/async: without a correction they fall behind sync).
 ASYNC_TIS_CAP = 2.0
 ASYNC_MIS_CAP = 4.0
+# and, unless it sets lag_lr_scale, this step size scaled by staleness (bench/async/README.md: the correction
+# that kept staleness 1 near sync's accuracy where the caps alone did not)
+ASYNC_LAG_LR_SCALE = 1.0
 
 
 class LossConfig(Settings):
@@ -33,7 +36,7 @@ class LossConfig(Settings):
     - old_logprobs: 'recompute' when the workflow has an actor old-log-prob node, else 'rollout' in sync mode
       without tis_cap / mis_cap, else 'in-train';
     - tis_cap / mis_cap in one_step_off and async modes (old_logprobs not 'rollout', neither cap set):
-      ASYNC_TIS_CAP and ASYNC_MIS_CAP.
+      ASYNC_TIS_CAP and ASYNC_MIS_CAP; lag_lr_scale in those modes (unset): ASYNC_LAG_LR_SCALE.
     """
 
     section: ClassVar[str] = "loss"
@@ -61,6 +64,13 @@ class LossConfig(Settings):
         ge=0,
         description="masked importance sampling: tokens whose pi_old / pi_rollout exceeds it leave the loss; "
         "0 = off (with tis_cap too: weights truncated at tis_cap, tokens above mis_cap masked)",
+    )
+    lag_lr_scale: float = Field(
+        0.0,
+        ge=0,
+        description="step size scaled by staleness: each optimizer step's learning rate times 1 / (1 + c * lag), "
+        "lag the mean version lag of its mini-batch's tokens (the trainer's weight version minus "
+        "response_versions), c this value; 0 = off",
     )
     value_clip: float = Field(0.2, ge=0, description="critic: clip of value updates around the old values; 0 = off")
     old_logprobs: Literal["recompute", "rollout", "in-train", "interpolated"] = Field(

@@ -52,9 +52,20 @@ def needed_columns(cfg: LossConfig) -> list[str]:
         needed.append(S.REF_LOGPROBS)
     if (cfg.tis_cap or cfg.mis_cap or cfg.old_logprobs in ("rollout", "interpolated")) and cfg.policy_loss != "sft":
         needed.append(S.ROLLOUT_LOGPROBS)
-    if cfg.old_logprobs == "interpolated" and cfg.policy_loss != "sft":
+    if (cfg.old_logprobs == "interpolated" or cfg.lag_lr_scale) and cfg.policy_loss != "sft":
         needed.append(S.RESPONSE_VERSIONS)
     return needed
+
+
+def lag_step_scale(cfg: LossConfig, batch: SequenceBatch, rows: Sequence[int], weight_version: int) -> float:
+    """The factor of one optimizer step's learning rate under lag_lr_scale c: 1 / (1 + c * mean lag of the
+    tokens of `rows`), lag = weight_version - the version that generated the token (at least 0); 1 when off."""
+    versions = batch.token_columns.get(S.RESPONSE_VERSIONS)
+    if not cfg.lag_lr_scale or versions is None or cfg.policy_loss in ("sft", "value"):
+        return 1.0
+    lags = np.concatenate([np.asarray(versions.row(int(r)), np.float64) for r in rows])
+    lag = float(np.clip(weight_version - lags, 0.0, None).mean()) if lags.size else 0.0
+    return 1.0 / (1.0 + cfg.lag_lr_scale * lag)
 
 
 def check_train_inputs(
@@ -214,6 +225,7 @@ def _one_step(state, batch, chunk, cfg, plan, device, temperature, lr_override) 
             "and lower the learning rate"
         )
     lr = lr_override if lr_override > 0 else lr_at(state.optimizer_config, state.train_steps)
+    lr *= lag_step_scale(cfg, batch, chunk, state.weight_version)
     set_lr(state.optimizer, lr)
     with megatron_compat.cpu_devices():
         state.optimizer.step()

@@ -25,11 +25,12 @@ from meshrl.scheduler.workflow.columns import declared
 
 def ratio_reads(loss: Mapping[str, Any]) -> list[str]:
     """Columns the actor's train step needs besides its declared inputs: the rollout's log-probs, when the
-    loss corrects against them (tis_cap / mis_cap) or takes pi_old from them."""
+    loss corrects against them (tis_cap / mis_cap) or takes pi_old from them, and the tokens' versions when
+    pi_old or the step size follows their lag (interpolated, lag_lr_scale)."""
     source = loss.get("old_logprobs")
     uses_rollout = loss.get("tis_cap") or loss.get("mis_cap") or source in ("rollout", "interpolated")
-    versions = [S.RESPONSE_VERSIONS] if source == "interpolated" else []
-    return [S.ROLLOUT_LOGPROBS, *versions] if uses_rollout else []
+    versions = [S.RESPONSE_VERSIONS] if source == "interpolated" or loss.get("lag_lr_scale") else []
+    return [S.ROLLOUT_LOGPROBS, *versions] if uses_rollout else versions
 
 
 def _trains_actor(node: Any) -> bool:

@@ -255,7 +255,7 @@ class PassResult(_message.Message):
     def __init__(self, tokens: _Optional[int] = ..., micro_batches: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class LossConfig(_message.Message):
-    __slots__ = ("policy_loss", "clip_low", "clip_high", "dual_clip", "aggregation", "kl_coef", "kl_estimator", "entropy_coef", "tis_cap", "value_clip", "mis_cap", "old_logprobs")
+    __slots__ = ("policy_loss", "clip_low", "clip_high", "dual_clip", "aggregation", "kl_coef", "kl_estimator", "entropy_coef", "tis_cap", "value_clip", "mis_cap", "old_logprobs", "lag_lr_scale")
     POLICY_LOSS_FIELD_NUMBER: _ClassVar[int]
     CLIP_LOW_FIELD_NUMBER: _ClassVar[int]
     CLIP_HIGH_FIELD_NUMBER: _ClassVar[int]
@@ -268,6 +268,7 @@ class LossConfig(_message.Message):
     VALUE_CLIP_FIELD_NUMBER: _ClassVar[int]
     MIS_CAP_FIELD_NUMBER: _ClassVar[int]
     OLD_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    LAG_LR_SCALE_FIELD_NUMBER: _ClassVar[int]
     policy_loss: PolicyLoss
     clip_low: float
     clip_high: float
@@ -280,7 +281,8 @@ class LossConfig(_message.Message):
     value_clip: float
     mis_cap: float
     old_logprobs: OldLogProbs
-    def __init__(self, policy_loss: _Optional[_Union[PolicyLoss, str]] = ..., clip_low: _Optional[float] = ..., clip_high: _Optional[float] = ..., dual_clip: _Optional[float] = ..., aggregation: _Optional[_Union[LossAggregation, str]] = ..., kl_coef: _Optional[float] = ..., kl_estimator: _Optional[_Union[KlEstimator, str]] = ..., entropy_coef: _Optional[float] = ..., tis_cap: _Optional[float] = ..., value_clip: _Optional[float] = ..., mis_cap: _Optional[float] = ..., old_logprobs: _Optional[_Union[OldLogProbs, str]] = ...) -> None: ...
+    lag_lr_scale: float
+    def __init__(self, policy_loss: _Optional[_Union[PolicyLoss, str]] = ..., clip_low: _Optional[float] = ..., clip_high: _Optional[float] = ..., dual_clip: _Optional[float] = ..., aggregation: _Optional[_Union[LossAggregation, str]] = ..., kl_coef: _Optional[float] = ..., kl_estimator: _Optional[_Union[KlEstimator, str]] = ..., entropy_coef: _Optional[float] = ..., tis_cap: _Optional[float] = ..., value_clip: _Optional[float] = ..., mis_cap: _Optional[float] = ..., old_logprobs: _Optional[_Union[OldLogProbs, str]] = ..., lag_lr_scale: _Optional[float] = ...) -> None: ...
 
 class TrainStepRequest(_message.Message):
     __slots__ = ("role", "inputs", "loss", "micro_batch_tokens", "mini_batches", "global_step", "lr_override", "columns", "weight_version", "step_lrs", "temperature")
