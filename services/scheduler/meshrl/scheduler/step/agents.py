@@ -18,6 +18,7 @@ from typing import Any
 from meshrl.common.errors import InvalidArgument
 from meshrl.scheduler.step.executor import NodeResult, StepContext
 from meshrl.scheduler.workflow import NodeRole, NodeType, Problem
+from meshrl.scheduler.workflow.model import Node
 
 MODEL_TYPES = (NodeType.ROLLOUT, NodeType.MODEL_INFERENCE, NodeType.MODEL_TRAIN)
 
@@ -119,7 +120,7 @@ class AgentHandlers:
         self.by_agent = dict(by_agent)
         self.default = next(iter(self.by_agent.values()))
 
-    def handler_for(self, node: Any) -> Callable[[Any, StepContext], NodeResult]:
+    def handler_for(self, node: Node) -> Callable[[Any, StepContext], NodeResult]:
         handlers = self.by_agent[node.agent] if node.agent is not None else self.default
         handler = handlers.handler_for(node)
         if node.agent is None:

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from meshrl.common.errors import ConfigError
 from meshrl.scheduler.step.executor import NodeResult, StepContext
-from meshrl.scheduler.workflow.model import NodeRole, NodeType
+from meshrl.scheduler.workflow.model import Node, NodeRole, NodeType
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class TrainerLike(Protocol):
     def onload(self) -> Any: ...
 
 
-def node_phase(node: Any) -> Phase | None:
+def node_phase(node: Node) -> Phase | None:
     """The phase a node runs in: ROLLOUT generates, a trainer role's forward or train step trains, the
     scheduler's own nodes (data load, rewards, advantages, barriers) run in either."""
     kind, role = NodeType(str(node.node_type)), NodeRole(str(node.node_role))
@@ -226,7 +226,7 @@ class Turns:
     def wrap(self, handler_for: Callable[[Any], Callable[[Any, StepContext], NodeResult]]):
         """The executor's `handler_for`, with every node run in its phase (`node_phase`)."""
 
-        def wrapped_for(node: Any) -> Callable[[Any, StepContext], NodeResult]:
+        def wrapped_for(node: Node) -> Callable[[Any, StepContext], NodeResult]:
             handler, phase = handler_for(node), node_phase(node)
             if phase is None:
                 return handler

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from meshrl.api.common.v1 import keys_pb2
 from meshrl.scheduler.workflow import compute_catalog as cat
 from meshrl.scheduler.workflow.columns import declared
+from meshrl.scheduler.workflow.model import Node
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class Reads:
 
 
 def plan_reads(
-    node: Any, keys: Sequence[keys_pb2.BatchKey], writes: Mapping[str, frozenset[str]], also: Sequence[str] = ()
+    node: Node, keys: Sequence[keys_pb2.BatchKey], writes: Mapping[str, frozenset[str]], also: Sequence[str] = ()
 ) -> Reads:
     """The reads of `node` from the upstream `keys` (nearest first, as `StepContext.input_keys` gives them).
     `writes`: {node_id: columns it writes}; `also`: columns read besides the declared inputs (a row filter

@@ -20,7 +20,7 @@ import traceback
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from opentelemetry.trace import Status, StatusCode
 
@@ -30,14 +30,10 @@ from meshrl.common import telemetry
 from meshrl.common.telemetry import attributes as A
 from meshrl.scheduler.events import EventLog
 from meshrl.scheduler.inline import run_inline
+from meshrl.scheduler.workflow.model import Node
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-class NodeLike(Protocol):
-    node_id: str
-    dependencies: list[str]
 
 
 @dataclass
@@ -126,7 +122,7 @@ class StepExecutor:
         for pool in pools:
             pool.shutdown(wait=True)
 
-    def _run_node(self, node: Any, ctx: StepContext) -> NodeResult:
+    def _run_node(self, node: Node, ctx: StepContext) -> NodeResult:
         attrs = {A.NODE_ID: node.node_id, A.NODE_TYPE: str(node.node_type), A.NODE_ROLE: str(node.node_role)}
         with telemetry.tracer().start_as_current_span(
             A.node_span_name(node.node_id), attributes=attrs, record_exception=False, set_status_on_exception=False

@@ -16,6 +16,7 @@ from meshrl.common.codec import Batch
 from meshrl.scheduler.step.columns import Reads, column_reads
 from meshrl.scheduler.workflow import compute_catalog as cat
 from meshrl.scheduler.workflow.columns import declared
+from meshrl.scheduler.workflow.model import Node
 
 Held = dict[str, dict[str, Any]]  # {node_id: {column: array or Ragged}}, whole rows of that node's batch(es)
 
@@ -54,7 +55,11 @@ def read_held(buffer: Any, held: Held, reads: Reads, writes: Mapping[str, frozen
 
 
 def successor_reads(
-    node: Any, nodes: Iterable[Any], sources: Sequence[str], writes: Mapping[str, frozenset[str]], local: Iterable[str]
+    node: Node,
+    nodes: Iterable[Node],
+    sources: Sequence[str],
+    writes: Mapping[str, frozenset[str]],
+    local: Iterable[str],
 ) -> list[str]:
     """The declared inputs of `node`'s direct successors among the `local` node ids (the scheduler's built-in
     COMPUTE nodes) that come from the batches `node` reads (`sources`: their node ids), not from `node` itself."""

@@ -6,18 +6,17 @@ the metrics it returns. Called by `NodeHandlers.inference` (step/nodes.py).
 
 from __future__ import annotations
 
-from typing import Any
-
 from meshrl.common import batch_schema as S
 from meshrl.scheduler.step.columns import column_reads
 from meshrl.scheduler.step.executor import StepContext
 from meshrl.scheduler.workflow.columns import node_outputs
+from meshrl.scheduler.workflow.model import Node
 
 GAP_READS = (S.ROLLOUT_LOGPROBS, S.RESPONSE_VERSIONS)  # besides the pass's own old_logprobs
 TRAINER_PREFIX = "logprob_gap_lag"  # the trainer's metric names: logprob_gap_lag<k>
 
 
-def gap_reads(node: Any, ctx: StepContext) -> tuple[str, ...]:
+def gap_reads(node: Node, ctx: StepContext) -> tuple[str, ...]:
     """The columns `node` (the actor's old log-prob pass) reads besides its inputs to report the gap: both when
     upstream batches write them, or when its rows are an asynchronous step's (one batch of the sample stream,
     which carries every generated column); none when no upstream node writes them (no gap to report)."""

@@ -14,6 +14,7 @@ from typing import Any
 from meshrl.common.errors import InvalidArgument
 from meshrl.scheduler.step.nodes import enum_name
 from meshrl.scheduler.workflow import NodeType
+from meshrl.scheduler.workflow.model import Node
 
 TRAINER_TYPES = (NodeType.MODEL_INFERENCE, NodeType.MODEL_TRAIN)
 
@@ -33,7 +34,7 @@ class Split:
         return self.producer - self.generation
 
 
-def _type(node: Any) -> NodeType:
+def _type(node: Node) -> NodeType:
     return NodeType(enum_name(node.node_type))
 
 

@@ -37,6 +37,7 @@ from meshrl.scheduler.step.user_code import UserCode
 from meshrl.scheduler.workflow import compute_catalog as cat
 from meshrl.scheduler.workflow import resolve_executable
 from meshrl.scheduler.workflow.columns import declared, node_outputs
+from meshrl.scheduler.workflow.model import Node
 
 
 def enum_name(value: Any) -> str:
@@ -82,21 +83,21 @@ class NodeHandlers:
         self.user_code = user_code  # worker pools for rewards and environments (None: all in-process)
         check_dispatch_table()
 
-    def handler_for(self, node: Any) -> Callable[[Any, StepContext], NodeResult]:
+    def handler_for(self, node: Node) -> Callable[[Any, StepContext], NodeResult]:
         """The handler of `node` by the dispatch table (checked against the workflow validator's table)."""
         return getattr(self, handler_name(node))
 
-    def barrier(self, node: Any, ctx: StepContext) -> NodeResult:
+    def barrier(self, node: Node, ctx: StepContext) -> NodeResult:
         return NodeResult()
 
-    def _executable(self, node: Any) -> Callable:
+    def _executable(self, node: Node) -> Callable:
         return resolve_executable(node.executable_ref, self.cfg.job.allowed_modules, node.node_id)
 
-    def _key(self, ctx: StepContext, node: Any):
+    def _key(self, ctx: StepContext, node: Node):
         return batch_key(ctx.job_id, ctx.step, node.node_id)
 
     # -- DATA_LOAD -----------------------------------------------------------------------
-    def data_load(self, node: Any, ctx: StepContext) -> NodeResult:
+    def data_load(self, node: Node, ctx: StepContext) -> NodeResult:
         records = self.sampler.next_batch(int(node.config.get("prompts_per_step", self.cfg.data.prompts_per_step)))
         prompt_ids = [self.encoder.encode_prompt(r.prompt) for r in records]
         columns = {
@@ -109,7 +110,7 @@ class NodeHandlers:
         return NodeResult([key], {"data/prompts": len(records), "buffer/bytes_written": nbytes}, rows=len(records))
 
     # -- ROLLOUT -------------------------------------------------------------------------
-    def rollout(self, node: Any, ctx: StepContext) -> NodeResult:
+    def rollout(self, node: Node, ctx: StepContext) -> NodeResult:
         if node.executable_ref:
             return self.episodes(node, ctx)
         (source,) = ctx.input_keys(node.node_id)[:1]
@@ -130,7 +131,7 @@ class NodeHandlers:
         )
         return NodeResult(keys, metrics, rewrites_rows=True)  # one row per sample from here on
 
-    def episodes(self, node: Any, ctx: StepContext) -> NodeResult:
+    def episodes(self, node: Node, ctx: StepContext) -> NodeResult:
         """A ROLLOUT node with an environment: n multi-turn episodes per prompt (step/episodes.py)."""
         if self.user_code is None or self.user_code.environments is None:
             raise InvalidArgument(f"node '{node.node_id}' names an environment but the job has no environment workers")
@@ -164,15 +165,15 @@ class NodeHandlers:
         return NodeResult([key], metrics, rewrites_rows=True)
 
     # -- COMPUTE -------------------------------------------------------------------------
-    def _reads(self, node: Any, ctx: StepContext, also: Sequence[str] = ()) -> Reads:
+    def _reads(self, node: Node, ctx: StepContext, also: Sequence[str] = ()) -> Reads:
         """The upstream batches and columns `node` reads (its declared inputs: step/columns.py)."""
         return plan_reads(node, ctx.input_keys(node.node_id), node_outputs(ctx.nodes.values()), also)
 
-    def _read(self, node: Any, ctx: StepContext, also: Sequence[str] = ()) -> Batch:
+    def _read(self, node: Node, ctx: StepContext, also: Sequence[str] = ()) -> Batch:
         reads = self._reads(node, ctx, also)
         return self.buffer.get_many(reads.keys, columns=reads.columns)
 
-    def _read_held(self, node: Any, ctx: StepContext, also: Sequence[str] = ()) -> Batch:
+    def _read_held(self, node: Node, ctx: StepContext, also: Sequence[str] = ()) -> Batch:
         """A built-in COMPUTE node's read: held columns of this step first (step/held.py), and in the same call
         what its built-in successor needs from the same batches."""
         writes = node_outputs(ctx.nodes.values())
@@ -184,7 +185,7 @@ class NodeHandlers:
             reads = self._reads(node, ctx, [*also, *ahead])
         return read_held(self.buffer, ctx.held, reads, writes)
 
-    def rule_rewards(self, node: Any, ctx: StepContext, also: Sequence[str] = ()) -> tuple[Batch, np.ndarray, int]:
+    def rule_rewards(self, node: Node, ctx: StepContext, also: Sequence[str] = ()) -> tuple[Batch, np.ndarray, int]:
         """(the rows read, their rule rewards float32 [N], failed groups): the node's executable_ref or
         algorithm.reward, in worker processes per group when algorithm.reward_workers is set."""
         apart = self.user_code is not None and self.user_code.rewards is not None
@@ -200,7 +201,7 @@ class NodeHandlers:
             return batch, scored.rewards, len(scored.failed_groups)
         return batch, np.asarray(score(fn or self.reward_fn, prompts, responses, answers), dtype=np.float32), 0
 
-    def reward(self, node: Any, ctx: StepContext) -> NodeResult:
+    def reward(self, node: Node, ctx: StepContext) -> NodeResult:
         batch, rewards, failed = self.rule_rewards(node, ctx)
         rows = batch.num_rows()
         correct = (rewards >= 1.0).astype(np.float32)
@@ -220,7 +221,7 @@ class NodeHandlers:
             },
         )
 
-    def advantage(self, node: Any, ctx: StepContext) -> NodeResult:
+    def advantage(self, node: Node, ctx: StepContext) -> NodeResult:
         batch = self._read_held(node, ctx)
         estimator = node.config.get("estimator", self.cfg.algorithm.advantage)
         rewards = np.asarray(batch[S.REWARDS], dtype=np.float32)
@@ -257,7 +258,7 @@ class NodeHandlers:
             stats["reward/zero_variance_groups"] = adv.zero_variance_share(rewards, np.asarray(batch[S.GROUP_INDEX]))
         return NodeResult([key], stats if values.size else {})
 
-    def dynamic_sampling(self, node: Any, ctx: StepContext) -> NodeResult:
+    def dynamic_sampling(self, node: Node, ctx: StepContext) -> NodeResult:
         """DAPO: keep only groups whose rewards differ (others carry no gradient); rewrites all rows, so it
         reads (and passes on) its declared outputs too, or every column when it declares none."""
         outputs = declared(node, cat.CONFIG_OUTPUTS)
@@ -275,7 +276,7 @@ class NodeHandlers:
         self.buffer.put(key, kept.columns, samples=kept.samples)
         return NodeResult([key], {"dynamic_sampling/kept_fraction": len(keep) / max(1, len(rewards))}, True)
 
-    def user_compute(self, node: Any, ctx: StepContext) -> NodeResult:
+    def user_compute(self, node: Node, ctx: StepContext) -> NodeResult:
         """A user COMPUTE node: `fn(batch: Batch, config: dict) -> dict[str, array | Ragged]` of new columns."""
         fn = self._executable(node)
         batch = self._read(node, ctx)
@@ -286,12 +287,12 @@ class NodeHandlers:
         return NodeResult([key])
 
     # -- MODEL_* -------------------------------------------------------------------------
-    def reward_model(self, node: Any, ctx: StepContext) -> NodeResult:
+    def reward_model(self, node: Node, ctx: StepContext) -> NodeResult:
         """MODEL_INFERENCE / REWARD: the trainer's reward model scores the rows (step/reward_model.py)."""
         keys, metrics = score_node(self, node, ctx)
         return NodeResult(keys, metrics)
 
-    def inference(self, node: Any, ctx: StepContext) -> NodeResult:
+    def inference(self, node: Node, ctx: StepContext) -> NodeResult:
         if enum_name(node.node_role).lower() == "critic":
             key = self._key(ctx, node)
             reads = self._reads(node, ctx)
@@ -302,11 +303,11 @@ class NodeHandlers:
         temp = self._temperature(node, ctx)
         return ctx.once(call, lambda: run_passes(self.trainer, group, ctx, self._reads, temp))[node.node_id]
 
-    def _temperature(self, node: Any, ctx: StepContext) -> float | None:
+    def _temperature(self, node: Node, ctx: StepContext) -> float | None:
         """The temperature the rows of `node` were sampled at (step/temperature.py)."""
         return sampling_temperature(node, ctx.nodes.values(), self.cfg.rollout.temperature)
 
-    def train(self, node: Any, ctx: StepContext) -> NodeResult:
+    def train(self, node: Node, ctx: StepContext) -> NodeResult:
         role = enum_name(node.node_role).lower()
         loss = self.cfg.algorithm.loss.model_dump()
         if role == "critic":

@@ -21,6 +21,7 @@ from meshrl.common import batch_schema as S
 from meshrl.common.batch_key import batch_key
 from meshrl.common.config import StrictModel
 from meshrl.scheduler.workflow import NodeRole, NodeType, Problem
+from meshrl.scheduler.workflow.model import Node
 
 REWARD_MODEL_KEYS = frozenset({"model_path", "score_weight", "rule_weight"})
 
@@ -42,11 +43,11 @@ class RewardModelConfig(StrictModel):
         return str(Path(self.model_path).expanduser().resolve())
 
 
-def is_reward_model(node: Any) -> bool:
+def is_reward_model(node: Node) -> bool:
     return node.node_type == NodeType.MODEL_INFERENCE and node.node_role == NodeRole.REWARD
 
 
-def node_settings(node: Any) -> RewardModelConfig:
+def node_settings(node: Node) -> RewardModelConfig:
     """The node's reward-model settings (its config without the declarations every node may carry)."""
     return RewardModelConfig(**{k: v for k, v in node.config.items() if k in REWARD_MODEL_KEYS})
 
@@ -118,7 +119,7 @@ def combine(scores: np.ndarray, rule: np.ndarray | None, cfg: RewardModelConfig)
     return rewards.astype(np.float32), correct.astype(np.float32)
 
 
-def score_node(handlers, node: Any, ctx) -> tuple[list, dict[str, float]]:
+def score_node(handlers, node: Node, ctx) -> tuple[list, dict[str, float]]:
     """Runs one reward-model node: the trainer scores the rows into a scratch batch of the step, the node reads
     the scores back, mixes in the rule and writes (rewards, accuracy, rm_scores) under its own key."""
     cfg = node_settings(node)

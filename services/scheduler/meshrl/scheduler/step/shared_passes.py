@@ -25,19 +25,20 @@ from meshrl.scheduler.step.columns import Reads
 from meshrl.scheduler.step.dispatch import handler_name
 from meshrl.scheduler.step.executor import NodeResult, StepContext
 from meshrl.scheduler.step.logprob_gap import gap_metric, gap_reads
+from meshrl.scheduler.workflow.model import Node
 
 ReadsOf = Callable[[Any, StepContext, list[str]], Reads]
 
 
-def role_of(node: Any) -> str:
+def role_of(node: Node) -> str:
     return str(getattr(node.node_role, "value", node.node_role)).lower()
 
 
-def _logprob_node(node: Any) -> bool:
+def _logprob_node(node: Node) -> bool:
     return handler_name(node) == "inference" and role_of(node) != "critic"
 
 
-def call_group(node: Any, ctx: StepContext) -> list[Any]:
+def call_group(node: Node, ctx: StepContext) -> list[Any]:
     """The nodes whose passes go in one call with `node`'s, in workflow order (just `node` when none)."""
     if not _logprob_node(node):
         return [node]
@@ -52,7 +53,7 @@ def call_group(node: Any, ctx: StepContext) -> list[Any]:
 
 @dataclass(frozen=True)
 class _Pass:
-    node: Any
+    node: Node
     role: str
     key: keys_pb2.BatchKey
     name: str
@@ -60,7 +61,7 @@ class _Pass:
     reads: Reads
 
 
-def _plan(node: Any, ctx: StepContext, reads_of: ReadsOf) -> _Pass:
+def _plan(node: Node, ctx: StepContext, reads_of: ReadsOf) -> _Pass:
     role = role_of(node)
     name = node.config.get("output_name", S.OLD_LOGPROBS if role == "actor" else S.REF_LOGPROBS)
     gap = role == "actor" and name == S.OLD_LOGPROBS and ctx.version is not None

@@ -12,11 +12,12 @@ from typing import Any
 
 from meshrl.common.errors import InvalidArgument
 from meshrl.scheduler.workflow import NodeType
+from meshrl.scheduler.workflow.model import Node
 
 GREEDY_LOGPROBS = 1.0  # a greedy engine (temperature 0) reports log_softmax of the raw logits
 
 
-def _rollout_ancestors(node: Any, by_id: dict[str, Any]) -> list[Any]:
+def _rollout_ancestors(node: Node, by_id: dict[str, Any]) -> list[Any]:
     """The ROLLOUT nodes `node` depends on, directly or through other nodes, in workflow order."""
     seen: set[str] = set()
     todo = list(node.dependencies)
@@ -29,13 +30,13 @@ def _rollout_ancestors(node: Any, by_id: dict[str, Any]) -> list[Any]:
     return [n for i, n in by_id.items() if i in seen and n.node_type == NodeType.ROLLOUT]
 
 
-def sampled_at(node: Any, default: float) -> float:
+def sampled_at(node: Node, default: float) -> float:
     """The temperature whose log-probs a ROLLOUT node's engine reports (its config's, else `default`)."""
     temperature = float(node.config.get("temperature", default))
     return temperature if temperature > 0 else GREEDY_LOGPROBS
 
 
-def sampling_temperature(node: Any, nodes: Iterable[Any], default: float) -> float | None:
+def sampling_temperature(node: Node, nodes: Iterable[Node], default: float) -> float | None:
     """The temperature of the rows `node` reads: its upstream ROLLOUT nodes' (None when it has none, e.g. a
     supervised node: the trainer then uses the model's own distribution). `default`: `rollout.temperature`."""
     by_id = {n.node_id: n for n in nodes}
@@ -50,7 +51,7 @@ def sampling_temperature(node: Any, nodes: Iterable[Any], default: float) -> flo
     return next(iter(temps.values()), None)
 
 
-def check_temperatures(nodes: Iterable[Any], default: float) -> None:
+def check_temperatures(nodes: Iterable[Node], default: float) -> None:
     """Refuses, when a job is created, a model node whose rows come from rollouts at different temperatures."""
     nodes = list(nodes)
     for node in nodes:

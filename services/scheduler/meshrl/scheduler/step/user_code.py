@@ -20,6 +20,7 @@ from meshrl.scheduler.step.episodes import ENV_ERROR, EpisodeLimits, Trajectory,
 from meshrl.scheduler.step.reward_workers import GroupScores, score_groups
 from meshrl.scheduler.step.worker_pool import WorkerPool
 from meshrl.scheduler.workflow import NodeType
+from meshrl.scheduler.workflow.model import Node
 
 
 def environment_node(nodes: Sequence[Any]) -> Any | None:
@@ -52,7 +53,7 @@ class UserCode:
         )
 
     # -- episodes ----------------------------------------------------------------------------
-    def limits(self, node: Any, turn_tokens: int | None = None) -> EpisodeLimits:
+    def limits(self, node: Node, turn_tokens: int | None = None) -> EpisodeLimits:
         c = node.config
         return EpisodeLimits(
             max_turns=int(c.get("max_turns", EpisodeLimits.max_turns)),
@@ -63,7 +64,7 @@ class UserCode:
 
     def episodes(
         self,
-        node: Any,
+        node: Node,
         router: Any,
         encoder: Any,
         prompts: list[str],
