@@ -65,12 +65,14 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             alive=context.is_active,
         )
         s = self.replica.generate_batch(job)
-        tag_span({
-            A.REPLICA: self.replica.replica_id,
-            A.REQUESTS: s.samples,
-            A.TOKENS: s.generated_tokens,
-            A.WEIGHT_VERSION: s.max_weight_version,
-        })  # fmt: skip
+        tag_span(
+            {
+                A.REPLICA: self.replica.replica_id,
+                A.REQUESTS: s.samples,
+                A.TOKENS: s.generated_tokens,
+                A.WEIGHT_VERSION: s.max_weight_version,
+            }
+        )
         return pb.GenerateBatchResponse(
             samples=s.samples,
             prompt_tokens=s.prompt_tokens,
@@ -108,10 +110,14 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         w = request.weights
         staging = self.roots.inside(w.local_staging_dir, "weights.local_staging_dir") if w.local_staging_dir else ""
         update = DiskUpdate(
-            self.roots.inside(w.path, "weights.path"), w.version, manifest_sha256=w.manifest_sha256,
-            staging_dir=staging, pause_mode=pause_mode(request.pause_mode), flush_cache=request.flush_cache,
+            self.roots.inside(w.path, "weights.path"),
+            w.version,
+            manifest_sha256=w.manifest_sha256,
+            staging_dir=staging,
+            pause_mode=pause_mode(request.pause_mode),
+            flush_cache=request.flush_cache,
             delta_base=w.base_version if w.delta else None,
-        )  # fmt: skip
+        )
         r = self.replica.update_weights_from_disk(update)
         return self._applied(r, "disk", request.checksum_names)
 
@@ -121,22 +127,27 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
 
     def UpdateWeightsFromDistributed(self, request: pb.UpdateWeightsFromDistributedRequest, context):
         update = GroupUpdate(
-            request.group_name or "weight_update_group", request.version, pause_mode=pause_mode(request.pause_mode),
-            flush_cache=request.flush_cache, timeout_seconds=request.timeout_seconds or 120.0,
-        )  # fmt: skip
+            request.group_name or "weight_update_group",
+            request.version,
+            pause_mode=pause_mode(request.pause_mode),
+            flush_cache=request.flush_cache,
+            timeout_seconds=request.timeout_seconds or 120.0,
+        )
         r = self.replica.update_weights_from_distributed(update)
         return self._applied(r, "distributed", request.checksum_names)
 
     def _applied(self, r: WeightUpdateResult, transport: str, checksum_names) -> pb.UpdateWeightsResponse:
         """The reply to a weight update, with the checksums of `checksum_names` (and the version they were
         taken at) when asked for; the server span gets the version, bytes and apply time."""
-        tag_span({
-            A.REPLICA: self.replica.replica_id,
-            A.TRANSPORT: transport,
-            A.WEIGHT_VERSION: r.version,
-            A.BYTES: r.bytes,
-            A.APPLY_SECONDS: r.seconds,
-        })  # fmt: skip
+        tag_span(
+            {
+                A.REPLICA: self.replica.replica_id,
+                A.TRANSPORT: transport,
+                A.WEIGHT_VERSION: r.version,
+                A.BYTES: r.bytes,
+                A.APPLY_SECONDS: r.seconds,
+            }
+        )
         reply = pb.UpdateWeightsResponse(
             version=r.version, seconds=r.seconds, bytes=r.bytes, pause_seconds=r.pause_seconds
         )
@@ -189,8 +200,12 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
 
 def _memory_reply(c: MemoryChange) -> pb.MemoryResponse:
     tag_span({A.BYTES: c.resident_before - c.resident_after})
-    return pb.MemoryResponse(released=c.released, resident_bytes_before=c.resident_before,
-                             resident_bytes_after=c.resident_after, seconds=c.seconds)  # fmt: skip
+    return pb.MemoryResponse(
+        released=c.released,
+        resident_bytes_before=c.resident_before,
+        resident_bytes_after=c.resident_after,
+        seconds=c.seconds,
+    )
 
 
 def service(replica: RolloutReplica, roots: PathRoots | None = None) -> Service:

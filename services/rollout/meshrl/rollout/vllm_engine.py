@@ -89,11 +89,21 @@ class VLLMEngine(WeightRelay, HTTPEngine):
             extra.setdefault("kv_cache_memory_bytes", CPU_KV_CACHE_BYTES)
             env.update(CPU_ENV)
         cmd = [
-            python, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", self.config.model_path, "--host", self.section.host, "--port", str(port),
-            "--served-model-name", SERVED_NAME, "--worker-extension-cls", WORKER_EXTENSION,
+            python,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            self.config.model_path,
+            "--host",
+            self.section.host,
+            "--port",
+            str(port),
+            "--served-model-name",
+            SERVED_NAME,
+            "--worker-extension-cls",
+            WORKER_EXTENSION,
             *cli_flags(extra),
-        ]  # fmt: skip
+        ]
         if self.section.api_key:
             cmd += ["--api-key", self.section.api_key]
         return ServerProcess(cmd, env={**env, **self.section.env}, log_file=self.section.log_file)

@@ -123,9 +123,12 @@ class MeshrlWorkerExtension:
         g = json.loads(group_json)
         rank = int(g["rank_offset"]) + int(getattr(self, "rank", 0))
         store = torch.distributed.TCPStore(
-            g["master_address"], int(g["master_port"]), int(g["world_size"]), False,
+            g["master_address"],
+            int(g["master_port"]),
+            int(g["world_size"]),
+            False,
             timedelta(seconds=float(g["timeout_s"])),
-        )  # fmt: skip
+        )
         groups = self.__dict__.setdefault("_meshrl_groups", {})
         backend_store = sealed_for(store, os.environ.get(SECRET_ENV) or None, g["group_name"], bool(g.get("sealed")))
         world = int(g["world_size"])

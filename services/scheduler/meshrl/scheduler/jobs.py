@@ -109,9 +109,15 @@ class JobManager:
         self.lock = threading.Lock()
 
     def create(
-        self, workflow_text: str, config_yaml: str, overrides: list[str], job_id: str = "", resume_dir: str = "",
-        progress: bool = False, caller: Caller = LOCAL,
-    ) -> JobRecord:  # fmt: skip
+        self,
+        workflow_text: str,
+        config_yaml: str,
+        overrides: list[str],
+        job_id: str = "",
+        resume_dir: str = "",
+        progress: bool = False,
+        caller: Caller = LOCAL,
+    ) -> JobRecord:
         """A new job of `caller`'s (a resume: of the run folder's submitter, which only it or an admin may
         resume)."""
         cfg, raw = build_job_config(config_yaml, overrides)

@@ -105,11 +105,18 @@ class WeightGroup:
         op_timeout = self.options.op_timeout_s or s.timeout_s
         try:
             self._backend = Backend(
-                s.backend, self._rdv.backend_store(), self.rank, s.world_size, self.device,
-                op_timeout, s.master_address, self.options.local_address,
-                stream=self.options.cpu_wire == "stream", connect_timeout_s=max(deadline.remaining(), 1.0),
+                s.backend,
+                self._rdv.backend_store(),
+                self.rank,
+                s.world_size,
+                self.device,
+                op_timeout,
+                s.master_address,
+                self.options.local_address,
+                stream=self.options.cpu_wire == "stream",
+                connect_timeout_s=max(deadline.remaining(), 1.0),
                 secret=self.options.secret,
-            )  # fmt: skip
+            )
         except Exception as e:
             raise DeadlineExceeded(f"{deadline.what}: creating the {s.backend} backend failed ({e})") from e
 

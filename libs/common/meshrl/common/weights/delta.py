@@ -106,9 +106,17 @@ def encode_delta(base: DeltaBase, version: int, tensors: Iterable) -> tuple[list
                     seen.add(name)
                 for name, new, n, blob, digest in pool.map(lambda p: job(*p), bucket):
                     entries.append(
-                        DeltaEntry(name, new.dtype, tuple(new.shape), digest, n, offset, offset + len(blob),
-                                   sha256_hex(blob) if n else "")
-                    )  # fmt: skip
+                        DeltaEntry(
+                            name,
+                            new.dtype,
+                            tuple(new.shape),
+                            digest,
+                            n,
+                            offset,
+                            offset + len(blob),
+                            sha256_hex(blob) if n else "",
+                        )
+                    )
                     blobs.append(blob)
                     offset += len(blob)
                     changed += n
@@ -169,9 +177,13 @@ def write_delta(
     gc_versions(root, keep_last)
     path = os.path.join(root, delta_dir_name(version))
     return weights_pb2.DiskWeights(
-        path=path, version=version, manifest_sha256=sha256_hex(raw), delta=True, base_version=manifest.base_version,
+        path=path,
+        version=version,
+        manifest_sha256=sha256_hex(raw),
+        delta=True,
+        base_version=manifest.base_version,
         delta_bytes=stats.delta_bytes,
-    ), stats  # fmt: skip
+    ), stats
 
 
 def read_delta_manifest(path: str, expected_manifest_sha256: str | None = None) -> tuple[DeltaManifest, str]:

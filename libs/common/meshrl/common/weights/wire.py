@@ -154,8 +154,9 @@ def encode_header(kind: int, meta: weights_pb2.WeightBucketMeta, payload: int, t
     """A bucket's header as the store carries it (see header_bytes)."""
     version, meta_bytes = meta.version, b""
     if version:
-        meta = weights_pb2.WeightBucketMeta(bucket_index=meta.bucket_index, tensors=meta.tensors,
-                                            num_buckets=meta.num_buckets)  # fmt: skip
+        meta = weights_pb2.WeightBucketMeta(
+            bucket_index=meta.bucket_index, tensors=meta.tensors, num_buckets=meta.num_buckets
+        )
     meta_bytes = meta.SerializeToString()
     return header_bytes(kind, version, meta_bytes, payload, threshold)
 

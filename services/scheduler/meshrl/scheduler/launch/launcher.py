@@ -186,10 +186,18 @@ class RayLauncher:
                 worker = 0 if shared else i
                 log_path = str(self.logs / f"{spec.name}.log")
                 actor = launch_pinned(
-                    self.actor_cls, bundles, worker, spec.service, spec.args, log_path, child_env(spec.env),
+                    self.actor_cls,
+                    bundles,
+                    worker,
+                    spec.service,
+                    spec.args,
+                    log_path,
+                    child_env(spec.env),
                     list(bundles.locations[worker].gpu_ids),
-                    name=f"meshrl-{spec.name}-{os.getpid()}", num_cpus=cpus, num_gpus=gpus,
-                )  # fmt: skip
+                    name=f"meshrl-{spec.name}-{os.getpid()}",
+                    num_cpus=cpus,
+                    num_gpus=gpus,
+                )
                 self.actors[spec.name] = actor
                 self.bundles[spec.name] = (bundles.placement_group.id.hex(), bundles.locations[worker])
                 pending[spec.name] = actor.start.remote(self.timeout)

@@ -36,14 +36,18 @@ def _token_args(token_file: str | None) -> dict[str, list[str]]:
         return {"server": [], "databuffer": [], "channels": []}
     path = str(Path(token_file).resolve())
     server = ["--set", f"server.auth.token_file={path}", "--set", "server.require_auth=true"]
-    channels = [a for peer in ("databuffer", "trainer", "rollout")
-                for a in ("--set", f"channels.{peer}.auth.token_file={path}")]  # fmt: skip
+    channels = [
+        a for peer in ("databuffer", "trainer", "rollout") for a in ("--set", f"channels.{peer}.auth.token_file={path}")
+    ]
     return {"server": server, "databuffer": ["--set", f"databuffer.auth.token_file={path}"], "channels": channels}
 
 
 def _plan(args, state: Path) -> Plan:
-    redis = ["--set", f"redis.url={args.redis_url}"] if args.redis_url else [
-        "--set", f"redis.embedded.data_dir={state / 'redis'}"]  # fmt: skip
+    redis = (
+        ["--set", f"redis.url={args.redis_url}"]
+        if args.redis_url
+        else ["--set", f"redis.embedded.data_dir={state / 'redis'}"]
+    )
     # Jobs may read and write the run folders and --job-roots (default: this folder and the model's parent),
     # and the trainer and replicas may touch only those (meshrl.scheduler.job_permissions, paths.roots).
     folders = [str(Path(r).resolve()) for r in args.job_roots or [Path.cwd(), Path(args.model).parent]]
@@ -86,8 +90,12 @@ def _start_supervisor(state: Path, plan: Plan, timeout: float) -> list[dict]:
     (state / "start_failed").unlink(missing_ok=True)
     (state / "plan.json").write_text(plan.model_dump_json(indent=2))
     with open(state / "logs" / "supervisor.out", "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", f"meshrl.{SUPERVISOR}", str(state)], stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", f"meshrl.{SUPERVISOR}", str(state)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     (state / "supervisor.json").write_text(json.dumps({"name": "supervisor", "service": SUPERVISOR, "pid": proc.pid}))
     deadline = time.monotonic() + 2 * timeout  # two stages, each within `timeout`
     try:
@@ -212,8 +220,12 @@ def local_main(argv: list[str]) -> int:
             help="folders jobs may read and write besides the run folder (repeatable; default: "
             "this folder and the model's parent)",
         )
-        parser.add_argument("--max-restarts", type=int, default=5,
-                            help="restarts of one service within 10 minutes before it is left down")  # fmt: skip
+        parser.add_argument(
+            "--max-restarts",
+            type=int,
+            default=5,
+            help="restarts of one service within 10 minutes before it is left down",
+        )
     args = parser.parse_args(argv[1:])
     if argv[0] == "up" and (args.max_restarts < 0 or args.replicas < 0):
         parser.error("--max-restarts and --replicas must be >= 0")

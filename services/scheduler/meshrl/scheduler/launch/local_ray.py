@@ -42,8 +42,12 @@ def init_local_ray(ray: Any, attempts: int = 2, pause_seconds: float = 2.0, **kw
                     "overloaded. Fix: run the job again when it is less busy, or set services.use_ray: false to "
                     "start the services as plain local processes"
                 ) from None
-            log.warning("Ray's local node did not start (attempt %d of %d, %d processes it left stopped): "
-                        "retrying", attempt, attempts, killed)  # fmt: skip
+            log.warning(
+                "Ray's local node did not start (attempt %d of %d, %d processes it left stopped): retrying",
+                attempt,
+                attempts,
+                killed,
+            )
             time.sleep(pause_seconds)
 
 

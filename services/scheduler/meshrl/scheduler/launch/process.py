@@ -46,8 +46,17 @@ class ServiceProcess:
         self.address_file.unlink(missing_ok=True)
         # A free port unless the caller chose one; the service reports it through the port file.
         port = [] if "--port" in self.args or any(a.startswith("server.port=") for a in self.args) else ["--port", "0"]
-        cmd = [sys.executable, "-m", f"meshrl.{self.service}", *port, *self.args,
-               "--set", f"server.port_file={self.port_file}", "--set", f"server.address_file={self.address_file}"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            f"meshrl.{self.service}",
+            *port,
+            *self.args,
+            "--set",
+            f"server.port_file={self.port_file}",
+            "--set",
+            f"server.address_file={self.address_file}",
+        ]
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
         env[EXIT_WITH_PARENT_ENV] = "1" if self.exit_with_parent else "0"

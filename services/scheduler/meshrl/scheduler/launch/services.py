@@ -57,21 +57,29 @@ def rollout_spec(
 ) -> ServiceSpec:
     args = [
         *roots_args(run, model_path, extra_roots),
-        "--set", f"engine.kind={cfg.rollout.engine}",
-        "--set", f"engine.model_path={model_path}",
-        "--set", f"engine.max_batch_size={cfg.rollout.max_batch_size}",
-        "--set", f"databuffer_address={buffer_address}",
-        "--set", f"replica_id={name}",
+        "--set",
+        f"engine.kind={cfg.rollout.engine}",
+        "--set",
+        f"engine.model_path={model_path}",
+        "--set",
+        f"engine.max_batch_size={cfg.rollout.max_batch_size}",
+        "--set",
+        f"databuffer_address={buffer_address}",
+        "--set",
+        f"replica_id={name}",
         *telemetry_args(cfg, run, name),
         # Its bundle's GPU is the only one it sees (CUDA_VISIBLE_DEVICES): the transformers engine uses it.
         *(["--set", "engine.transformers.device=cuda"] if cfg.rollout.gpus_per_replica >= 1 else []),
         # vLLM's "auto" dtype halves an fp32 model; the trainer's dtype is the one its log-probs are compared in
         *(["--set", f"engine.vllm.extra_args.dtype={cfg.model.dtype}"] if cfg.rollout.engine == "vllm" else []),
         # a launched engine server's own output beside the replica's log
-        *(["--set", f"engine.{cfg.rollout.engine}.log_file={run.logs / (name + '-' + cfg.rollout.engine + '.log')}"]
-          if cfg.rollout.engine in ("vllm", "sglang") else []),
+        *(
+            ["--set", f"engine.{cfg.rollout.engine}.log_file={run.logs / (name + '-' + cfg.rollout.engine + '.log')}"]
+            if cfg.rollout.engine in ("vllm", "sglang")
+            else []
+        ),
         *[a for kv in cfg.rollout.service_overrides for a in ("--set", kv)],
-    ]  # fmt: skip
+    ]
     return ServiceSpec("rollout", name, args, gpus=cfg.rollout.gpus_per_replica, share=colocation(cfg))
 
 
@@ -84,12 +92,20 @@ def trainer_spec(
     cfg: JobConfig, run: RunDir, name: str, buffer_address: str, model_path: str, extra_roots: tuple[str, ...] = ()
 ) -> ServiceSpec:
     t = cfg.trainer
-    args = [*roots_args(run, model_path, extra_roots), "--set", f"databuffer_address={buffer_address}",
-            "--set", f"data_parallel.size={t.data_parallel}",
-            "--set", f"parallel.tensor_parallel={t.tensor_parallel}",
-            "--set", f"parallel.pipeline_parallel={t.pipeline_parallel}",
-            *telemetry_args(cfg, run, name), *thread_split_args(cfg),
-            *[a for kv in t.service_overrides for a in ("--set", kv)]]  # fmt: skip
+    args = [
+        *roots_args(run, model_path, extra_roots),
+        "--set",
+        f"databuffer_address={buffer_address}",
+        "--set",
+        f"data_parallel.size={t.data_parallel}",
+        "--set",
+        f"parallel.tensor_parallel={t.tensor_parallel}",
+        "--set",
+        f"parallel.pipeline_parallel={t.pipeline_parallel}",
+        *telemetry_args(cfg, run, name),
+        *thread_split_args(cfg),
+        *[a for kv in t.service_overrides for a in ("--set", kv)],
+    ]
     return ServiceSpec("trainer", name, args, gpus=t.gpus)
 
 
@@ -141,8 +157,11 @@ class JobServices:
         s = self.cfg.services
         buffer_address = s.databuffer
         if buffer_address is None:
-            redis = ["--set", f"redis.url={s.redis_url}"] if s.redis_url else [
-                "--set", f"redis.embedded.data_dir={self.run.root / 'redis'}"]  # fmt: skip
+            redis = (
+                ["--set", f"redis.url={s.redis_url}"]
+                if s.redis_url
+                else ["--set", f"redis.embedded.data_dir={self.run.root / 'redis'}"]
+            )
             spec = ServiceSpec("databuffer", "databuffer", [*redis, *telemetry_args(self.cfg, self.run, "databuffer")])
             buffer_address = self._launcher().start([spec])["databuffer"]
         self.addresses["databuffer"] = buffer_address
@@ -290,8 +309,11 @@ class JobServices:
     def shared_bundle(self) -> str:
         """Where colocated services run: each one's placement group, bundle index and GPU ids (Ray launcher)."""
         placed = getattr(self.launcher, "bundles", {})
-        return ", ".join(f"{name}: group {pg[:8]} bundle {loc.bundle_index} GPUs {list(loc.gpu_ids)}"
-                         for name, (pg, loc) in placed.items() if name != "databuffer")  # fmt: skip
+        return ", ".join(
+            f"{name}: group {pg[:8]} bundle {loc.bundle_index} GPUs {list(loc.gpu_ids)}"
+            for name, (pg, loc) in placed.items()
+            if name != "databuffer"
+        )
 
     def close(self) -> None:
         if self._watch is not None:

@@ -65,8 +65,14 @@ class Supervised:
     given_up: bool = False
 
     def entry(self) -> dict:
-        return {"name": self.planned.name, "service": self.planned.service, "address": self.address,
-                "pid": self.proc.pid, "restarts": self.restarts, "up": not self.given_up}  # fmt: skip
+        return {
+            "name": self.planned.name,
+            "service": self.planned.service,
+            "address": self.address,
+            "pid": self.proc.pid,
+            "restarts": self.restarts,
+            "up": not self.given_up,
+        }
 
 
 def _fill(arg: str, addresses: dict[str, str]) -> str:
@@ -132,8 +138,10 @@ class Supervisor:
             m.recent.popleft()
         if len(m.recent) >= policy.max_restarts:
             m.given_up = True
-            self.log(f"{m.planned.name} exited (code {code}); {len(m.recent)} restarts within "
-                     f"{policy.window_seconds:.0f}s: left down (see logs/{m.planned.name}.log)")  # fmt: skip
+            self.log(
+                f"{m.planned.name} exited (code {code}); {len(m.recent)} restarts within "
+                f"{policy.window_seconds:.0f}s: left down (see logs/{m.planned.name}.log)"
+            )
             self._write_record()
             return
         delay = min(policy.backoff_seconds * 2 ** len(m.recent), policy.max_backoff_seconds)

@@ -18,19 +18,22 @@ TRAINER_ROLES = ("ACTOR", "REFERENCE", "CRITIC")
 
 def check_trainer_layout(workflow, trainer: TrainerSection) -> None:
     """Raises ConfigError naming the node whose layout differs from the job config's trainer section."""
-    launched = {cat.CONFIG_TP: ("tensor_parallel", trainer.tensor_parallel),
-                cat.CONFIG_PP: ("pipeline_parallel", trainer.pipeline_parallel)}  # fmt: skip
+    launched = {
+        cat.CONFIG_TP: ("tensor_parallel", trainer.tensor_parallel),
+        cat.CONFIG_PP: ("pipeline_parallel", trainer.pipeline_parallel),
+    }
     for node in workflow.nodes:
         if getattr(node.node_role, "value", node.node_role) not in TRAINER_ROLES:
             continue
         for key, (field, value) in launched.items():
             if key in node.config and int(node.config[key]) != value:
                 raise ConfigError(
-                    f"trainer.{field}", value,
+                    f"trainer.{field}",
+                    value,
                     f"workflow node '{node.node_id}' sets config.{key} = {node.config[key]}, but the trainer is "
                     f"launched with {field} = {value}",
                     f"set trainer.{field}={node.config[key]} in the job config, or change or drop the node's {key}",
-                )  # fmt: skip
+                )
 
 
 def apply_trainer_layout(workflow, trainer: TrainerSection) -> None:

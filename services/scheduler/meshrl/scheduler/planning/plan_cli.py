@@ -41,26 +41,40 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     devices.add_argument("--gpus-per-node", type=int, help="GPUs per machine (default 8)")
     devices.add_argument("--cpus-per-node", type=int, help="CPU worker slots per machine, for clusters without GPUs")
     parser.add_argument(
-        "--placement", choices=[p.value for p in Placement], default=None,
+        "--placement",
+        choices=[p.value for p in Placement],
+        default=None,
         help="colocated: every model on every device; disaggregated: rollout and trainer models on separate devices "
         "(default: the job config's services.placement, which `meshrl run` launches; else colocated)",
-    )  # fmt: skip
+    )
     parser.add_argument("--strategy", choices=[s.value for s in Strategy], default=Strategy.PARAM_AWARE.value)
     parser.add_argument(
-        "--param-counts", nargs="+", action="extend", default=[], metavar="MODEL=N",
+        "--param-counts",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="MODEL=N",
         help="parameters per model or role, e.g. actor=7B reference=7B critic=1.5B (rollout defaults to actor)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--cost", nargs="+", action="extend", default=[], metavar="KIND=X",
+        "--cost",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="KIND=X",
         help="relative cost per parameter of forward / train / rollout nodes (default "
-        + ", ".join(f"{k}={v:g}" for k, v in DEFAULT_COSTS.items()) + ")",
-    )  # fmt: skip
+        + ", ".join(f"{k}={v:g}" for k, v in DEFAULT_COSTS.items())
+        + ")",
+    )
     parser.add_argument("--config", metavar="FILE", help="job config YAML that ${config...} references read")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument(
-        "--allow-module", action="append", default=None, metavar="PREFIX",
+        "--allow-module",
+        action="append",
+        default=None,
+        metavar="PREFIX",
         help="module prefix executable_refs may import from (repeatable; '*' for any)",
-    )  # fmt: skip
+    )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
