@@ -48,8 +48,11 @@ def generation(model_dir: Path, device: str) -> None:
         with torch.no_grad():
             want = hf.generate(ids, max_new_tokens=n, do_sample=False, min_new_tokens=n)[0, len(prompt) :].tolist()
         same = sum(a == b for a, b in zip(tokens, want))
-        check(f"transformers engine generates on {device}", len(tokens) == n and same >= n // 2,
-              f"{n} tokens in {seconds:.2f}s, {same}/{n} equal to transformers' greedy ({dtype})")  # fmt: skip
+        check(
+            f"transformers engine generates on {device}",
+            len(tokens) == n and same >= n // 2,
+            f"{n} tokens in {seconds:.2f}s, {same}/{n} equal to transformers' greedy ({dtype})",
+        )
     finally:
         engine.shutdown()
 
@@ -95,9 +98,12 @@ def colocated_publication(device: str, mib: int) -> None:
     proc.join(60)
     nbytes = sum(t.numel() * t.element_size() for t in named.values())
     how = "CUDA IPC" if device.startswith("cuda") else "shared memory"
-    check(f"colocated publication via {how}", sums == tensor_checksums(named, sorted(named)),
-          f"{nbytes / 2**20:.0f} MiB, replica copy {nbytes / seconds_copy / 1e9:.1f} GB/s, "
-          f"hand-off + copy + hash {nbytes / total / 1e9:.2f} GB/s")  # fmt: skip
+    check(
+        f"colocated publication via {how}",
+        sums == tensor_checksums(named, sorted(named)),
+        f"{nbytes / 2**20:.0f} MiB, replica copy {nbytes / seconds_copy / 1e9:.1f} GB/s, "
+        f"hand-off + copy + hash {nbytes / total / 1e9:.2f} GB/s",
+    )
 
 
 def _engine_rank(port: int, backend: str, out) -> None:
@@ -137,8 +143,11 @@ def engine_group(backend: str) -> None:
     got = out.get(timeout=120)
     proc.join(60)
     sender.destroy()
-    check(f"engine weight group over {backend} (2 ranks)", got == float(x.double().sum()),
-          f"4 MiB in {time.perf_counter() - start:.3f}s")  # fmt: skip
+    check(
+        f"engine weight group over {backend} (2 ranks)",
+        got == float(x.double().sum()),
+        f"4 MiB in {time.perf_counter() - start:.3f}s",
+    )
 
 
 def main() -> None:

@@ -32,8 +32,12 @@ def batch(vocab: int) -> dict:
     responses = Ragged.from_rows([rng.integers(0, vocab, 9) for _ in range(4)], np.int32)
     adv = np.repeat(rng.normal(size=4), responses.lengths()).astype(np.float32)
     old = Ragged(np.full(int(responses.offsets[-1]), -5.6, np.float32), responses.offsets)
-    return {"prompt_ids": prompts, "response_ids": responses, "advantages": Ragged(adv, responses.offsets),
-            "old_logprobs": old}  # fmt: skip
+    return {
+        "prompt_ids": prompts,
+        "response_ids": responses,
+        "advantages": Ragged(adv, responses.offsets),
+        "old_logprobs": old,
+    }
 
 
 def hf_logprobs(model_dir: str, columns: dict) -> np.ndarray:
@@ -82,8 +86,10 @@ def main() -> None:
     check("bf16 log-probs near fp32", float(np.abs(bf16 - fp32).max()) < 0.2, f"{np.abs(bf16 - fp32).max():.2e}")
     param = next(p for p in state.model.parameters() if p.ndim == 2)
     master = getattr(param, "main_param", None)
-    check("bf16 params, fp32 master weights", param.dtype == torch.bfloat16 and master is not None
-          and master.dtype == torch.float32)  # fmt: skip
+    check(
+        "bf16 params, fp32 master weights",
+        param.dtype == torch.bfloat16 and master is not None and master.dtype == torch.float32,
+    )
     before = master.detach().clone()
     metrics = core.train_step("actor", columns, LossConfig()).metrics
     moved = float((master - before).abs().max())

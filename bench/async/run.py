@@ -117,8 +117,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def job_yaml(a: argparse.Namespace, mode: str, run_root: Path, seed: int = 0) -> str:
     cfg = yaml.safe_load((EXAMPLE / "config.yaml").read_text())
-    cfg["job"].update(name=f"bench-{mode.replace('_', '-')}-s{seed}", steps=a.steps, run_root=str(run_root),
-                      seed=seed)  # fmt: skip
+    cfg["job"].update(name=f"bench-{mode.replace('_', '-')}-s{seed}", steps=a.steps, run_root=str(run_root), seed=seed)
     cfg["data"]["shuffle_seed"] = seed
     for section, field in (("model", "path"), ("data", "train"), ("data", "eval")):
         cfg[section][field] = str(ROOT / cfg[section][field])  # shared by every mode: built once
@@ -245,21 +244,29 @@ def print_table(a: argparse.Namespace, results: dict[str, dict], seed: int) -> d
     """One seed's table; returns per mode its ratio to sync's time, final and final - sync's final."""
     target = results["sync"]["final"]
     base = seconds_to(results["sync"], target)
-    print(f"\nseed {seed}: {a.steps} RL steps per mode, evaluation every {a.eval_every}; "
-          f"target: sync's final accuracy {target:.3f}")  # fmt: skip
+    print(
+        f"\nseed {seed}: {a.steps} RL steps per mode, evaluation every {a.eval_every}; "
+        f"target: sync's final accuracy {target:.3f}"
+    )
     head = f"{'mode':<14}{'to target s':>12}{'x sync':>8}{'RL s':>8}{'step s':>8}{'host busy':>11}{'trainer idle':>14}"
     print(head + f"{'rollout idle':>14}{'final acc':>11}  staleness (groups by lag), dropped, stream max / bound")
     summary = {}
     for mode, r in results.items():
         t = seconds_to(r, target)
         ratio = t / base if t is not None and base else None
-        print(f"{mode:<14}{(f'{t:.1f}' if t is not None else 'never'):>12}{(f'{ratio:.2f}' if ratio else '-'):>8}"
-              f"{r['rl_seconds']:>8.1f}{r['step_seconds']:>8.2f}{busy_text(r['host_busy']):>11}"
-              f"{r['trainer_idle']:>14.2f}{r['rollout_idle']:>14.2f}"
-              f"{r['final']:>11.3f}  {r['staleness'] or '-'}, {r['dropped']:.0f}, {r['stream_max']:.0f} / "
-              f"{r['stream_bound']:.0f}")  # fmt: skip
-        summary[mode] = {"ratio": ratio, "final": r["final"], "delta": r["final"] - target,
-                         "step_ratio": r["step_seconds"] / results["sync"]["step_seconds"]}  # fmt: skip
+        print(
+            f"{mode:<14}{(f'{t:.1f}' if t is not None else 'never'):>12}{(f'{ratio:.2f}' if ratio else '-'):>8}"
+            f"{r['rl_seconds']:>8.1f}{r['step_seconds']:>8.2f}{busy_text(r['host_busy']):>11}"
+            f"{r['trainer_idle']:>14.2f}{r['rollout_idle']:>14.2f}"
+            f"{r['final']:>11.3f}  {r['staleness'] or '-'}, {r['dropped']:.0f}, {r['stream_max']:.0f} / "
+            f"{r['stream_bound']:.0f}"
+        )
+        summary[mode] = {
+            "ratio": ratio,
+            "final": r["final"],
+            "delta": r["final"] - target,
+            "step_ratio": r["step_seconds"] / results["sync"]["step_seconds"],
+        }
     names = ("rollout", "reward", "trainer", "publish", "wait", "handoff", "produce")
     print(f"{'mode':<14}{'median s per step:':>20}" + "".join(f"{n:>9}" for n in names))
     for mode, r in results.items():
@@ -304,16 +311,20 @@ def print_summary(per_seed: dict[int, dict[str, dict]]) -> None:
         rows = [per_seed[s][mode] for s in seeds]
         ratios = [r["ratio"] for r in rows]
         deltas = [r["delta"] for r in rows]
-        print(f"{mode:<14}{spread(ratios):>26}{spread([r['step_ratio'] for r in rows]):>22}"
-              f"{spread([r['final'] for r in rows], '{:.3f}'):>24}{spread(deltas, '{:+.3f}'):>26}")  # fmt: skip
+        print(
+            f"{mode:<14}{spread(ratios):>26}{spread([r['step_ratio'] for r in rows]):>22}"
+            f"{spread([r['final'] for r in rows], '{:.3f}'):>24}{spread(deltas, '{:+.3f}'):>26}"
+        )
         if mode != "sync":
             # a seed on which the mode never reached sync's final counts as missing the time target
             met = all(r is not None for r in ratios) and statistics.mean(ratios) <= 0.7
             met = met and statistics.mean(deltas) >= -0.05
             verdict.append((mode, met))
     best = [m for m, ok in verdict if ok]
-    print(f"target (mean x sync <= 0.70 with every seed reaching sync's final, mean final >= sync - 0.05): "
-          f"{'met by ' + ', '.join(best) if best else 'missed'}")  # fmt: skip
+    print(
+        f"target (mean x sync <= 0.70 with every seed reaching sync's final, mean final >= sync - 0.05): "
+        f"{'met by ' + ', '.join(best) if best else 'missed'}"
+    )
 
 
 def earlier_sync(path: str, seeds: list[int]) -> dict[int, dict]:

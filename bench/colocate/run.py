@@ -103,7 +103,7 @@ def run_placement(a: argparse.Namespace, placement: str, run_root: Path) -> dict
             k: statistics.median(series(k))
             for k in sorted({k for m in steps for k in m})
             if k.startswith("time/") or k == "weights/seconds"
-        },  # fmt: skip
+        },
     }
 
 
@@ -127,22 +127,30 @@ def main(argv=None) -> int:
         curve = "  ".join(f"{s}:{acc:.3f}" for s, acc in r["evals"])
         print(f"{placement:<15}{r['rl_seconds']:>8.1f}{r['step_seconds']:>8.2f}  {curve}")
     for placement, r in results.items():
-        parts = ", ".join(f"{k.replace('time/', '').replace('weights/seconds', 'publish')} {v:.2f}"
-                          for k, v in r["median_seconds"].items())  # fmt: skip
+        parts = ", ".join(
+            f"{k.replace('time/', '').replace('weights/seconds', 'publish')} {v:.2f}"
+            for k, v in r["median_seconds"].items()
+        )
         print(f"{placement:<15}median s per step: {parts}")
     if len(results) == 2:
         d, c = results["disaggregated"], results["colocated"]
-        print(f"colocated / disaggregated RL wall-clock: {c['rl_seconds'] / d['rl_seconds']:.2f}x; final accuracy "
-              f"{c['evals'][-1][1]:.3f} vs {d['evals'][-1][1]:.3f}")  # fmt: skip
+        print(
+            f"colocated / disaggregated RL wall-clock: {c['rl_seconds'] / d['rl_seconds']:.2f}x; final accuracy "
+            f"{c['evals'][-1][1]:.3f} vs {d['evals'][-1][1]:.3f}"
+        )
     c = results.get("colocated")
     if c:
         drop = [w - s for w, s in zip(c["rss_awake_mib"], c["rss_asleep_mib"], strict=True)]
-        print(f"colocated replica RSS per step (median MiB): awake {_median(c['rss_awake_mib'])}, asleep "
-              f"{_median(c['rss_asleep_mib'])}, drop {_median(drop)} (min {min(drop, default=0):.1f}, max "
-              f"{max(drop, default=0):.1f})")  # fmt: skip
-        print(f"release s (median) {statistics.median(c['release_seconds'] or [0]):.3f}, resume s "
-              f"{statistics.median(c['resume_seconds'] or [0]):.3f}, trainer offloaded MiB "
-              f"{_median(c['offloaded_mib'])}; {c['bundle']}")  # fmt: skip
+        print(
+            f"colocated replica RSS per step (median MiB): awake {_median(c['rss_awake_mib'])}, asleep "
+            f"{_median(c['rss_asleep_mib'])}, drop {_median(drop)} (min {min(drop, default=0):.1f}, max "
+            f"{max(drop, default=0):.1f})"
+        )
+        print(
+            f"release s (median) {statistics.median(c['release_seconds'] or [0]):.3f}, resume s "
+            f"{statistics.median(c['resume_seconds'] or [0]):.3f}, trainer offloaded MiB "
+            f"{_median(c['offloaded_mib'])}; {c['bundle']}"
+        )
     if a.out:
         Path(a.out).write_text(json.dumps(results, indent=1))
     return 0

@@ -156,9 +156,11 @@ def main() -> None:
                 flush=True,
             )
             raw_s, rpc_s = statistics.median(p + g for p, g in times["raw"]), statistics.median(rpc)
-            print(f"{'':>8}   one control RPC {rpc_s * 1e3:.2f} ms, raw put+get {raw_s * 1e3:.2f} ms: a design with "
-                  f"one service call per put and per get reaches at most {raw_s / (raw_s + 2 * rpc_s):.2f}"
-                  f"{' (the direct path makes none at this size)' if size_mib * MiB <= embed else ''}")  # fmt: skip
+            print(
+                f"{'':>8}   one control RPC {rpc_s * 1e3:.2f} ms, raw put+get {raw_s * 1e3:.2f} ms: a design with "
+                f"one service call per put and per get reaches at most {raw_s / (raw_s + 2 * rpc_s):.2f}"
+                f"{' (the direct path makes none at this size)' if size_mib * MiB <= embed else ''}"
+            )
             del data, view
     finally:
         for client in clients.values():

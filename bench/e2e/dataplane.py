@@ -142,9 +142,13 @@ def print_traffic(traffic: dict[int, dict], steps: list[int]) -> dict[str, float
         return {}
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
     ratio = med["read_bytes"] / med["needed_bytes"] if med["needed_bytes"] else float("nan")
-    print("\ndata plane per step (medians): RPCs (server spans, every service) "
-          f"{med['rpcs']:.0f}, of them data buffer {med['buffer_rpcs']:.0f}")  # fmt: skip
-    print(f"  bytes read from the buffer {med['read_bytes']:.0f} / bytes the declared inputs need "
-          f"{med['needed_bytes']:.0f} = {ratio:.2f}   target <= 1.2")  # fmt: skip
+    print(
+        "\ndata plane per step (medians): RPCs (server spans, every service) "
+        f"{med['rpcs']:.0f}, of them data buffer {med['buffer_rpcs']:.0f}"
+    )
+    print(
+        f"  bytes read from the buffer {med['read_bytes']:.0f} / bytes the declared inputs need "
+        f"{med['needed_bytes']:.0f} = {ratio:.2f}   target <= 1.2"
+    )
     print(f"  scheduler's own bulk bytes (its gets + puts) {med['scheduler_bulk_bytes']:.0f}")
     return {**med, "read_over_needed": ratio}

@@ -42,8 +42,17 @@ from meshrl.trainer.optim import OptimizerConfig
 
 PHASES = ("data_load", "rollout", "reward", "advantage", "old_logprob", "ref_logprob", "actor_train", "weights")
 # Files copied beside every published version (what the trainer service copies: engines reload a model folder).
-MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-               "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt", "tokenizer.model")  # fmt: skip
+MODEL_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+)
 
 
 @dataclass
@@ -114,9 +123,14 @@ class InProcessLoop:
         t0 = time.perf_counter()
         if s.weights == "disk":
             disk = write_version(
-                s.weights_root, version, self.core.iter_hf_buckets("actor", s.bucket_bytes), s.keep_last,
-                bucket_bytes=s.bucket_bytes, extra_files=self.extra_files, overwrite=True,
-            )  # fmt: skip
+                s.weights_root,
+                version,
+                self.core.iter_hf_buckets("actor", s.bucket_bytes),
+                s.keep_last,
+                bucket_bytes=s.bucket_bytes,
+                extra_files=self.extra_files,
+                overwrite=True,
+            )
             t1 = time.perf_counter()
             self.engine.update_weights_from_disk(DiskUpdate(disk.path, version, manifest_sha256=disk.manifest_sha256))
         else:

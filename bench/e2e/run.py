@@ -66,9 +66,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--weights", choices=("disk", "memory"), default="disk", help="in-process weight publication")
     p.add_argument("--telemetry", default="file", choices=("file", "none"), help="the job's trace exporter")
     p.add_argument(
-        "--trainer-threads", type=int, default=1,
+        "--trainer-threads",
+        type=int,
+        default=1,
         help="torch threads of the trainer on both sides (0: the services' default, one per core)",
-    )  # fmt: skip
+    )
     p.add_argument("--workdir", default=None, help="keep the model, data and run folder here (default: a temp dir)")
     p.add_argument("--json-out", default=None, help="also write every measurement here")
     return p.parse_args(argv)
@@ -155,9 +157,17 @@ SERVER = {
     "rollout": ("rollout-0", ("Rollout/GenerateBatch",)),
     "old+ref_logprob": ("trainer", ("Trainer/ComputeLogProbs",)),
     "actor_train": ("trainer", ("Trainer/TrainStep",)),
-    "weights": (None, ("Trainer/PublishWeights", "Trainer/GetWeightChecksums", "Rollout/UpdateWeightsFromDisk",
-                       "Rollout/GetStatus", "Rollout/GetWeightChecksums")),
-}  # fmt: skip
+    "weights": (
+        None,
+        (
+            "Trainer/PublishWeights",
+            "Trainer/GetWeightChecksums",
+            "Rollout/UpdateWeightsFromDisk",
+            "Rollout/GetStatus",
+            "Rollout/GetWeightChecksums",
+        ),
+    ),
+}
 
 
 def read_spans(traces: Path) -> list[tuple[str, str, str, float, float]]:
@@ -260,18 +270,23 @@ def print_cpu(svc: list[dict], inp: list[dict]) -> None:
     """CPU and wall seconds per step: each service process vs. the in-process phases it stands for."""
     groups = [  # (process, service nodes, in-process phases)
         ("rollout-0", ["time/rollout"], ["rollout"]),
-        ("trainer", ["time/old_logprob", "time/ref_logprob", "time/actor_train", "weights/seconds"],
-         ["old_logprob", "ref_logprob", "actor_train", "weights"]),
+        (
+            "trainer",
+            ["time/old_logprob", "time/ref_logprob", "time/actor_train", "weights/seconds"],
+            ["old_logprob", "ref_logprob", "actor_train", "weights"],
+        ),
         ("scheduler", ["time/data_load", "time/reward", "time/advantage"], ["data_load", "reward", "advantage"]),
         ("databuffer", [], []),
-    ]  # fmt: skip
+    ]
     print("\nper process (medians, s/step): CPU and wall of its nodes, vs. the in-process phases it stands for")
     print(f"  {'process':<12}{'CPU':>8}{'wall':>8}    {'in-process phases':<40}{'CPU':>8}{'wall':>8}")
     for proc, nodes, phases in groups:
         s_wall = sum(median(svc, k) for k in nodes)
         i_cpu, i_wall = sum(median(inp, f"cpu/{p}") for p in phases), sum(median(inp, p) for p in phases)
-        print(f"  {proc:<12}{median(svc, f'cpu/{proc}'):8.3f}{s_wall:8.3f}    {'+'.join(phases) or '-':<40}"
-              f"{i_cpu:8.3f}{i_wall:8.3f}")  # fmt: skip
+        print(
+            f"  {proc:<12}{median(svc, f'cpu/{proc}'):8.3f}{s_wall:8.3f}    {'+'.join(phases) or '-':<40}"
+            f"{i_cpu:8.3f}{i_wall:8.3f}"
+        )
     print("  (trainer wall adds old and ref although they overlap; the scheduler runs reward/advantage meanwhile)")
 
 
@@ -311,15 +326,23 @@ def measure(a: argparse.Namespace, root: Path) -> dict:
     load_start = os.getloadavg()
     task = make_task(root, a.hidden, a.layers)
     settings = LoopSettings(
-        model=task["model"], train=task["train"], weights_root=str(root / "inprocess-weights"),
-        prompts_per_step=a.prompts, n=a.n, max_tokens=a.max_tokens, lr=a.lr, weights=a.weights,
-    )  # fmt: skip
+        model=task["model"],
+        train=task["train"],
+        weights_root=str(root / "inprocess-weights"),
+        prompts_per_step=a.prompts,
+        n=a.n,
+        max_tokens=a.max_tokens,
+        lr=a.lr,
+        weights=a.weights,
+    )
     if a.trainer_threads > 0:
         settings.trainer_threads = a.trainer_threads
         os.environ["MESHRL_TORCH_THREADS"] = str(a.trainer_threads)  # the trainer service's torch_threads field
     loop = InProcessLoop(settings)
-    print(f"in-process set-up {loop.setup_seconds:.1f}s; engine threads {loop.engine_threads}, "
-          f"trainer threads {settings.trainer_threads}")  # fmt: skip
+    print(
+        f"in-process set-up {loop.setup_seconds:.1f}s; engine threads {loop.engine_threads}, "
+        f"trainer threads {settings.trainer_threads}"
+    )
 
     inp_steps: list[dict] = []
     jobs = JobManager()
@@ -373,13 +396,18 @@ def measure(a: argparse.Namespace, root: Path) -> dict:
     svc, inp = svc_steps[a.warmup :], inp_steps[a.warmup :]
 
     mode = "Ray actors (use_ray: true)" if a.use_ray else "plain processes (use_ray: false)"
-    print(f"\nGRPO step, {a.prompts} prompts x n={a.n}, max {a.max_tokens} tokens, model hidden {a.hidden} x "
-          f"{a.layers} layers; services as {mode}; in-process weights by {a.weights}; medians of {len(svc)} steps "
-          f"after {a.warmup} warm-up; modes alternate step by step")  # fmt: skip
+    print(
+        f"\nGRPO step, {a.prompts} prompts x n={a.n}, max {a.max_tokens} tokens, model hidden {a.hidden} x "
+        f"{a.layers} layers; services as {mode}; in-process weights by {a.weights}; medians of {len(svc)} steps "
+        f"after {a.warmup} warm-up; modes alternate step by step"
+    )
     print_table(svc, inp)
     start = startup_seconds(record)
-    print("\nstart-up, not in step time (s): " + ", ".join(f"{k} {v:.2f}" for k, v in start.items())
-          + f"; in-process set-up {loop.setup_seconds:.2f}; whole job with both modes {job_seconds:.1f}")  # fmt: skip
+    print(
+        "\nstart-up, not in step time (s): "
+        + ", ".join(f"{k} {v:.2f}" for k, v in start.items())
+        + f"; in-process set-up {loop.setup_seconds:.2f}; whole job with both modes {job_seconds:.1f}"
+    )
     print_cpu(svc, inp)
     spans = [s for s in read_spans(runner.run.traces) if not probe.covers(s[3])]  # not the bench's own reads
     if spans:
@@ -390,11 +418,21 @@ def measure(a: argparse.Namespace, root: Path) -> dict:
     stale = [m["step"] for m in svc_steps if m.get("weights/stale_replicas")]
     if stale:
         print(f"\nWARNING: the replica refused the weights at steps {stale}; the service 'weights' row is not valid")
-    print(f"\nload average (1, 5, 15 min) at start {tuple(round(x, 2) for x in load_start)}, "
-          f"at end {tuple(round(x, 2) for x in load_end)}; {os.cpu_count()} cores")  # fmt: skip
-    out = {"args": vars(a), "service_steps": svc_steps, "inprocess_steps": inp_steps, "startup": start,
-           "inprocess_setup": loop.setup_seconds, "load_start": load_start, "load_end": load_end,
-           "dataplane": dataplane, "traffic": traffic}  # fmt: skip
+    print(
+        f"\nload average (1, 5, 15 min) at start {tuple(round(x, 2) for x in load_start)}, "
+        f"at end {tuple(round(x, 2) for x in load_end)}; {os.cpu_count()} cores"
+    )
+    out = {
+        "args": vars(a),
+        "service_steps": svc_steps,
+        "inprocess_steps": inp_steps,
+        "startup": start,
+        "inprocess_setup": loop.setup_seconds,
+        "load_start": load_start,
+        "load_end": load_end,
+        "dataplane": dataplane,
+        "traffic": traffic,
+    }
     if a.json_out:
         Path(a.json_out).write_text(json.dumps(out, indent=1, default=float))
     return out

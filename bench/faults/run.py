@@ -110,12 +110,17 @@ def faults(steps: int) -> list[Fault]:
     return [
         Fault("trainer kill -9 mid-step", "actor_train", at[0], lambda run, _: _kill(service_pids(run, "trainer"))),
         Fault("replica kill -9 mid-generation", "rollout", at[1], lambda run, _: _kill(service_pids(run, "rollout"))),
-        Fault("redis kill -9 mid-step", "reward", at[2],
-              lambda run, _: _kill([c for p in service_pids(run, "databuffer") for c in child_pids(p, "redis-server")])),
-        Fault("data buffer kill -9 mid-step", "advantage", at[3],
-              lambda run, _: _kill(service_pids(run, "databuffer"))),
+        Fault(
+            "redis kill -9 mid-step",
+            "reward",
+            at[2],
+            lambda run, _: _kill([c for p in service_pids(run, "databuffer") for c in child_pids(p, "redis-server")]),
+        ),
+        Fault(
+            "data buffer kill -9 mid-step", "advantage", at[3], lambda run, _: _kill(service_pids(run, "databuffer"))
+        ),
         Fault("scheduler kill -9 mid-step", "actor_train", at[4], lambda run, proc: _kill([proc.pid])),
-    ]  # fmt: skip
+    ]
 
 
 def _scheduler(a: argparse.Namespace, root: Path, config: Path, job_id: str, recover: bool) -> subprocess.Popen:
@@ -183,8 +188,14 @@ def _figures(a: argparse.Namespace, run: Path, code: int, seconds: float) -> dic
         if line.strip():
             by_step[json.loads(line)["step"]] = json.loads(line)
     evals = [by_step[s] for s in sorted(by_step)]
-    return {"succeeded": code == 0, "seconds": seconds, "lost": lost, "evals": evals,
-            "final": evals[-1]["eval/accuracy"], "prompts": int(evals[-1]["eval/prompts"])}  # fmt: skip
+    return {
+        "succeeded": code == 0,
+        "seconds": seconds,
+        "lost": lost,
+        "evals": evals,
+        "final": evals[-1]["eval/accuracy"],
+        "prompts": int(evals[-1]["eval/prompts"]),
+    }
 
 
 def print_report(a: argparse.Namespace, calm: dict, hit: dict, plan: list[Fault]) -> None:

@@ -54,10 +54,14 @@ def timed(fn) -> float:
 
 def start_replica(rid: str, model: Path, buffer: str, namespace: str, threads: int | None, logs: Path, batch: int):
     args = {
-        "engine.model_path": model, "engine.max_batch_size": batch, "registry.redis_url": SYSTEM_REDIS,
-        "registry.namespace": namespace, "registry.heartbeat_seconds": 0.5, "databuffer_address": buffer,
+        "engine.model_path": model,
+        "engine.max_batch_size": batch,
+        "registry.redis_url": SYSTEM_REDIS,
+        "registry.namespace": namespace,
+        "registry.heartbeat_seconds": 0.5,
+        "databuffer_address": buffer,
         "replica_id": rid,
-    }  # fmt: skip
+    }
     if threads:
         args["engine.transformers.num_threads"] = threads
     cmd = [sys.executable, "-m", "meshrl.rollout", "--port", "0"]
@@ -95,8 +99,10 @@ def main() -> None:
     sampling = SamplingParams(temperature=1.0, max_tokens=args.max_tokens, ignore_eos=True)
     batch = prompts(args.prompts)
     tokens = args.prompts * args.max_tokens
-    print(f"model: hidden {args.hidden_size}, 2 layers; {args.prompts} prompts x {args.max_tokens} tokens; "
-          f"{args.threads} torch thread(s) per engine; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")  # fmt: skip
+    print(
+        f"model: hidden {args.hidden_size}, 2 layers; {args.prompts} prompts x {args.max_tokens} tokens; "
+        f"{args.threads} torch thread(s) per engine; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}"
+    )
 
     # 1. batched vs sequential, in-process
     engine = TransformersEngine(
@@ -108,8 +114,10 @@ def main() -> None:
         concurrent.append(timed(lambda: engine.generate([GenerationRequest(p, sampling) for p in batch])))
         sequential.append(timed(lambda: [engine.generate([GenerationRequest(p, sampling)]) for p in batch]))
     c, s = statistics.median(concurrent), statistics.median(sequential)
-    print(f"[1] {args.prompts} concurrent: {c:.2f}s   {args.prompts} sequential: {s:.2f}s   "
-          f"speed-up {s / c:.1f}x   ({tokens / c:.0f} vs {tokens / s:.0f} tokens/s)")  # fmt: skip
+    print(
+        f"[1] {args.prompts} concurrent: {c:.2f}s   {args.prompts} sequential: {s:.2f}s   "
+        f"speed-up {s / c:.1f}x   ({tokens / c:.0f} vs {tokens / s:.0f} tokens/s)"
+    )
 
     prefix = unique_prefix("bench-rollout")
     namespace = f"bench-rollout-{uuid.uuid4().hex[:8]}"
@@ -134,8 +142,10 @@ def main() -> None:
                 )
             engine.shutdown()
             t_in, t_svc = statistics.median(inproc), statistics.median(service)
-            print(f"[2] in-process: {tokens / t_in:.0f} tokens/s   through the service: {tokens / t_svc:.0f} tokens/s   "
-                  f"ratio {t_in / t_svc:.2f} (target >= 0.9)")  # fmt: skip
+            print(
+                f"[2] in-process: {tokens / t_in:.0f} tokens/s   through the service: {tokens / t_svc:.0f} tokens/s   "
+                f"ratio {t_in / t_svc:.2f} (target >= 0.9)"
+            )
             router.close()
             stop(procs)
             procs.clear()
@@ -161,8 +171,10 @@ def main() -> None:
                     key = batch_key("bench", 3, f"r{n}-{i}")
                     times[n].append(timed(lambda n=n, key=key: routers[n].generate_batch(source, key, proto)))
             t1, t2 = statistics.median(times[1]), statistics.median(times[2])
-            print(f"[3] 1 replica: {tokens / t1:.0f} tokens/s   2 replicas: {tokens / t2:.0f} tokens/s   "
-                  f"ratio {t1 / t2:.2f}x")  # fmt: skip
+            print(
+                f"[3] 1 replica: {tokens / t1:.0f} tokens/s   2 replicas: {tokens / t2:.0f} tokens/s   "
+                f"ratio {t1 / t2:.2f}x"
+            )
             for r in routers.values():
                 r.close()
         finally:

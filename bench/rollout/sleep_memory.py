@@ -32,8 +32,17 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=12)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        model = Path(build_small_model(Path(tmp) / "m", hidden_size=args.hidden, num_layers=args.layers,
-                                       num_heads=12, num_kv_heads=4, max_position_embeddings=256, seed=1))  # fmt: skip
+        model = Path(
+            build_small_model(
+                Path(tmp) / "m",
+                hidden_size=args.hidden,
+                num_layers=args.layers,
+                num_heads=12,
+                num_kv_heads=4,
+                max_position_embeddings=256,
+                seed=1,
+            )
+        )
         tensors = sorted(load_file(str(model / "model.safetensors")).items())
         nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
         pub = W.write_version(str(Path(tmp) / "w"), 1, tensors, fsync=False)

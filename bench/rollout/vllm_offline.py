@@ -13,8 +13,14 @@ import os
 import sys
 import time
 
-for key, value in {"TORCHDYNAMO_DISABLE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1",
-                   "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}.items():  # fmt: skip
+for key, value in {
+    "TORCHDYNAMO_DISABLE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "OMP_NUM_THREADS": "1",
+    "HF_HUB_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+}.items():
     os.environ.setdefault(key, value)
 
 
@@ -23,8 +29,14 @@ def main() -> None:
 
     model, prompt_file, max_tokens, repeats = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     prompts = json.loads(open(prompt_file).read())
-    llm = LLM(model=model, dtype="float32", enforce_eager=True, kv_cache_memory_bytes=256 << 20,
-              max_num_seqs=len(prompts), seed=0)  # fmt: skip
+    llm = LLM(
+        model=model,
+        dtype="float32",
+        enforce_eager=True,
+        kv_cache_memory_bytes=256 << 20,
+        max_num_seqs=len(prompts),
+        seed=0,
+    )
     params = SamplingParams(temperature=1.0, max_tokens=max_tokens, ignore_eos=True, logprobs=0)
     inputs = [{"prompt_token_ids": p} for p in prompts]
     llm.generate(inputs[:4], params, use_tqdm=False)  # warm

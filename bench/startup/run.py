@@ -27,8 +27,10 @@ MODES = ("sequential", "together")
 
 def _specs(root: Path, model: str, buffer: str) -> list[ServiceSpec]:
     with_buffer = ["--set", f"databuffer_address={buffer}", "--set", f"paths.roots={json.dumps([str(root)])}"]
-    return [ServiceSpec("trainer", "trainer", with_buffer),
-            ServiceSpec("rollout", "rollout-0", [*with_buffer, "--set", f"engine.model_path={model}"])]  # fmt: skip
+    return [
+        ServiceSpec("trainer", "trainer", with_buffer),
+        ServiceSpec("rollout", "rollout-0", [*with_buffer, "--set", f"engine.model_path={model}"]),
+    ]
 
 
 def one_round(root: Path, model: str, mode: str) -> tuple[float, float]:

@@ -30,8 +30,12 @@ def make_batch(vocab: int, rows: int, length: int, seed: int = 0) -> dict:
     prompts = Ragged.from_rows([rng.integers(0, vocab, length // 4) for _ in range(rows)], np.int32)
     responses = Ragged.from_rows([rng.integers(0, vocab, length - length // 4) for _ in range(rows)], np.int32)
     adv = np.repeat(rng.normal(size=rows), responses.lengths()).astype(np.float32)
-    return {"prompt_ids": prompts, "response_ids": responses, "advantages": Ragged(adv, responses.offsets),
-            "old_logprobs": Ragged(np.full(int(responses.offsets[-1]), -5.6, np.float32), responses.offsets)}  # fmt: skip
+    return {
+        "prompt_ids": prompts,
+        "response_ids": responses,
+        "advantages": Ragged(adv, responses.offsets),
+        "old_logprobs": Ragged(np.full(int(responses.offsets[-1]), -5.6, np.float32), responses.offsets),
+    }
 
 
 def worker(args) -> None:
@@ -63,11 +67,34 @@ def worker(args) -> None:
 def run_layout(script: Path, model: str, tmp: Path, tp: int, pp: int, threads: int, opts) -> dict:
     world = tp * pp
     init, out = tmp / f"init-{tp}-{pp}-{threads}", tmp / f"out-{tp}-{pp}-{threads}.json"
-    common = ["--model", model, "--init", str(init), "--out", str(out), "--tp", str(tp), "--pp", str(pp),
-              "--world", str(world), "--threads", str(threads), "--rows", str(opts.rows), "--length", str(opts.length),
-              "--steps", str(opts.steps), "--warmup", str(opts.warmup)]  # fmt: skip
-    procs = [subprocess.Popen([sys.executable, "-W", "ignore", str(script), "--worker", "--rank", str(r), *common])
-             for r in range(world)]  # fmt: skip
+    common = [
+        "--model",
+        model,
+        "--init",
+        str(init),
+        "--out",
+        str(out),
+        "--tp",
+        str(tp),
+        "--pp",
+        str(pp),
+        "--world",
+        str(world),
+        "--threads",
+        str(threads),
+        "--rows",
+        str(opts.rows),
+        "--length",
+        str(opts.length),
+        "--steps",
+        str(opts.steps),
+        "--warmup",
+        str(opts.warmup),
+    ]
+    procs = [
+        subprocess.Popen([sys.executable, "-W", "ignore", str(script), "--worker", "--rank", str(r), *common])
+        for r in range(world)
+    ]
     for p in procs:
         if p.wait(timeout=1800) != 0:
             raise RuntimeError(f"layout TP={tp} PP={pp}: a rank exited with {p.returncode}")
@@ -95,12 +122,22 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
-        model = str(build_small_model(tmp / "model", hidden_size=args.hidden, num_layers=args.layers,
-                                      num_heads=8, num_kv_heads=4, intermediate_size=args.hidden * 11 // 4))  # fmt: skip
+        model = str(
+            build_small_model(
+                tmp / "model",
+                hidden_size=args.hidden,
+                num_layers=args.layers,
+                num_heads=8,
+                num_kv_heads=4,
+                intermediate_size=args.hidden * 11 // 4,
+            )
+        )
         results = {name: run_layout(Path(__file__), model, tmp, tp, pp, th, args) for name, tp, pp, th in LAYOUTS}
     params = next(iter(results.values()))["params"]
-    print(f"model: {params / 1e6:.1f}M parameters, batch {args.rows} x {args.length} tokens, 4 micro-batches, "
-          f"median of {args.steps} steps")  # fmt: skip
+    print(
+        f"model: {params / 1e6:.1f}M parameters, batch {args.rows} x {args.length} tokens, 4 micro-batches, "
+        f"median of {args.steps} steps"
+    )
     base = statistics.median(results["TP=1"]["times"])
     print(f"{'layout':<18}{'step s':>9}{'÷ TP=1':>9}")
     for name, result in results.items():

@@ -87,11 +87,13 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     work = Path(tempfile.mkdtemp(prefix="meshrl-bench-trainer-"))
-    model_dir = build_small_model(work / "model", hidden_size=args.hidden, num_layers=args.layers, num_heads=4,
-                                  num_kv_heads=2)  # fmt: skip
+    model_dir = build_small_model(
+        work / "model", hidden_size=args.hidden, num_layers=args.layers, num_heads=4, num_kv_heads=2
+    )
     prefix = f"mbench{uuid.uuid4().hex[:8]}"
-    buffer_proc, buffer_addr = start("databuffer", ["--set", f"redis.url={args.redis_url}",
-                                                    "--set", f"redis.key_prefix={prefix}"], work)  # fmt: skip
+    buffer_proc, buffer_addr = start(
+        "databuffer", ["--set", f"redis.url={args.redis_url}", "--set", f"redis.key_prefix={prefix}"], work
+    )
     trainer_proc, trainer_addr = start(
         "trainer", ["--set", f"databuffer_address={buffer_addr}", "--set", f"torch_threads={args.threads}"], work
     )
@@ -134,17 +136,21 @@ def main() -> None:
             for fn in order:
                 (svc if fn is via_service else local).append(fn())
         s, lo = statistics.median(svc), statistics.median(local)
-        print(f"model: hidden {args.hidden}, {args.layers} layers, {core.role('actor').num_parameters:,} parameters; "
-              f"batch: {args.rows} rows, {tokens} response tokens ({seq_tokens} with prompts); "
-              f"{args.threads} torch thread(s)")  # fmt: skip
+        print(
+            f"model: hidden {args.hidden}, {args.layers} layers, {core.role('actor').num_parameters:,} parameters; "
+            f"batch: {args.rows} rows, {tokens} response tokens ({seq_tokens} with prompts); "
+            f"{args.threads} torch thread(s)"
+        )
         print(f"{'':24}{'median s':>10}{'min s':>10}{'resp tok/s':>12}{'seq tok/s':>12}")
         for name, times in (("service (gRPC+buffer)", svc), ("in-process core", local)):
             m = statistics.median(times)
             print(f"{name:24}{m:10.3f}{min(times):10.3f}{tokens / m:12.0f}{seq_tokens / m:12.0f}")
         read = statistics.median(r for r, _ in inside[1:])
         step = statistics.median(st for _, st in inside[1:])
-        print(f"inside the service (median): batch read {read * 1e3:.1f} ms, train step {step:.3f} s; "
-              f"gRPC + rest {max(0.0, s - read - step) * 1e3:.1f} ms")  # fmt: skip
+        print(
+            f"inside the service (median): batch read {read * 1e3:.1f} ms, train step {step:.3f} s; "
+            f"gRPC + rest {max(0.0, s - read - step) * 1e3:.1f} ms"
+        )
         print(f"ratio service / in-process: median {s / lo:.3f}, best {min(svc) / min(local):.3f}   (target <= 1.10)")
         buffer.delete_job("bench")
         buffer.close()

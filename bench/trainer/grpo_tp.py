@@ -44,9 +44,16 @@ def read_run(root: Path, seconds: float) -> dict:
 def run_layout(tp: int, args, run_root: Path) -> dict:
     """One `meshrl run` of the example at TP=tp; returns its eval and metrics records and wall time."""
     root = run_root / f"tp{tp}"
-    sets = {"job.name": f"countdown-tp{tp}", "job.steps": args.steps, "job.seed": args.seed,
-            "job.run_root": str(root), "eval.every": args.eval_every, "trainer.tensor_parallel": tp,
-            "services.use_ray": "false", "checkpoint.every": 0}  # fmt: skip
+    sets = {
+        "job.name": f"countdown-tp{tp}",
+        "job.steps": args.steps,
+        "job.seed": args.seed,
+        "job.run_root": str(root),
+        "eval.every": args.eval_every,
+        "trainer.tensor_parallel": tp,
+        "services.use_ray": "false",
+        "checkpoint.every": 0,
+    }
     cmd = [sys.executable, "-m", "meshrl.scheduler.cli", "run", WORKFLOW, "--no-progress"]
     for key, value in sets.items():
         cmd += ["--set", f"{key}={value}"]
@@ -80,8 +87,10 @@ def report(results: dict[int, dict], block: int) -> None:
         blocks = [f"{mean(rewards[i : i + block]):.3f}" for i in range(0, len(rewards), block)]
         gap = [m["async/logprob_gap_lag0"] for m in metrics if m.get("async/logprob_gap_lag0") is not None]
         step = [m["time/step"] for m in metrics if m.get("time/step") is not None]
-        print(f"  TP={tp}: reward {' '.join(blocks)}   gap {mean(gap):.2e}   {mean(step):.1f} s/step   "
-              f"{results[tp]['seconds']:.0f} s in all ({results[tp]['run']})")  # fmt: skip
+        print(
+            f"  TP={tp}: reward {' '.join(blocks)}   gap {mean(gap):.2e}   {mean(step):.1f} s/step   "
+            f"{results[tp]['seconds']:.0f} s in all ({results[tp]['run']})"
+        )
 
 
 def main(argv=None) -> None:

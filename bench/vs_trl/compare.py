@@ -44,13 +44,20 @@ def ratios(meshrl: Curve, trl: Curve) -> dict[str, float | None]:
     t_m, t_t = _first_reach(meshrl, target), _first_reach(trl, target)
     r_m, r_t = _reward_gain(meshrl, samples), _reward_gain(trl, samples)
     return {
-        "samples": samples, "meshrl_start": meshrl.accuracy[0], "trl_start": trl.accuracy[0],
-        "meshrl_gain": g_m, "trl_gain": g_t, "gain_ratio": g_m / g_t if g_t > 0 else None,
-        "meshrl_reward_gain": r_m, "trl_reward_gain": r_t,
+        "samples": samples,
+        "meshrl_start": meshrl.accuracy[0],
+        "trl_start": trl.accuracy[0],
+        "meshrl_gain": g_m,
+        "trl_gain": g_t,
+        "gain_ratio": g_m / g_t if g_t > 0 else None,
+        "meshrl_reward_gain": r_m,
+        "trl_reward_gain": r_t,
         "reward_gain_ratio": r_m / r_t if r_m is not None and r_t is not None and r_t > 0 else None,
-        "trl_final": target, "meshrl_seconds": t_m, "trl_seconds": t_t,
+        "trl_final": target,
+        "meshrl_seconds": t_m,
+        "trl_seconds": t_t,
         "time_ratio": t_m / t_t if t_m is not None and t_t and t_t > 1e-3 else None,  # n/a: TRL never moved
-    }  # fmt: skip
+    }
 
 
 def whole(sft: Curve, rl: Curve) -> Curve:
@@ -61,8 +68,12 @@ def whole(sft: Curve, rl: Curve) -> Curve:
         c.add(s, sec, a, sft.reward[i] if len(sft.reward) == len(sft.samples) else None)
     rewards = len(rl.reward) == len(rl.samples) and len(c.reward) == len(c.samples)
     for i in range(1, len(rl.samples)):
-        c.add(sft.samples[-1] + rl.samples[i], sft.seconds[-1] + rl.seconds[i], rl.accuracy[i],
-              rl.reward[i] if rewards else None)  # fmt: skip
+        c.add(
+            sft.samples[-1] + rl.samples[i],
+            sft.seconds[-1] + rl.seconds[i],
+            rl.accuracy[i],
+            rl.reward[i] if rewards else None,
+        )
     return c
 
 
@@ -70,8 +81,13 @@ def mean_curve(curves: list[Curve]) -> Curve:
     """The pointwise mean of several seeds' curves of one side and phase (the evaluations they share)."""
     n = min(len(c.samples) for c in curves)
     avg = lambda rows: [sum(r[i] for r in rows) / len(rows) for i in range(n)]  # noqa: E731
-    m = Curve(curves[0].side, curves[0].phase, samples=list(curves[0].samples[:n]),
-              seconds=avg([c.seconds for c in curves]), accuracy=avg([c.accuracy for c in curves]))  # fmt: skip
+    m = Curve(
+        curves[0].side,
+        curves[0].phase,
+        samples=list(curves[0].samples[:n]),
+        seconds=avg([c.seconds for c in curves]),
+        accuracy=avg([c.accuracy for c in curves]),
+    )
     if all(len(c.reward) >= n for c in curves):
         m.reward = avg([c.reward for c in curves])
     return m
@@ -97,9 +113,11 @@ def _reward_cell(r: dict) -> str:
 
 
 def table(rows: list[tuple[str, str, dict]]) -> str:
-    head = (f"{'task':<9} {'phase':<10} {'samples':>7} {'start m/t':>11} {'gain meshrl':>11} {'gain TRL':>8} "
-            f"{'gain m/t':>8} {'rew gain m/t':>18} {'TRL final':>9} {'s to it m':>9} {'s to it t':>9} "
-            f"{'time m/t':>8}")  # fmt: skip
+    head = (
+        f"{'task':<9} {'phase':<10} {'samples':>7} {'start m/t':>11} {'gain meshrl':>11} {'gain TRL':>8} "
+        f"{'gain m/t':>8} {'rew gain m/t':>18} {'TRL final':>9} {'s to it m':>9} {'s to it t':>9} "
+        f"{'time m/t':>8}"
+    )
     lines = [head, "-" * len(head)]
     for task, phase, r in rows:
         lines.append(

@@ -24,36 +24,65 @@ WORKFLOW = Path(__file__).resolve().parent / "workflow.yaml"
 
 def job_config(task: Task, b: Budget, model: Path, data: Path, run_root: Path, name: str, warmup: bool) -> dict:
     return {
-        "job": {"name": name, "steps": b.rl_steps, "seed": b.seed, "run_root": str(run_root),
-                "allowed_modules": ["meshrl", "bench.vs_trl"]},
+        "job": {
+            "name": name,
+            "steps": b.rl_steps,
+            "seed": b.seed,
+            "run_root": str(run_root),
+            "allowed_modules": ["meshrl", "bench.vs_trl"],
+        },
         "model": {"path": str(model)},
-        "data": {"train": str(data / "train.jsonl"), "eval": str(data / "eval.jsonl"), "prompt_key": "prompt",
-                 "answer_key": "answer", "response_key": "solution", "prompts_per_step": b.prompts_per_step},
-        "warmup": {"steps": b.sft_steps if warmup else 0, "batch_size": b.sft_batch, "lr": b.sft_lr,
-                   "eval_accuracy_every": b.sft_eval_every},
-        "rollout": {"n": b.n, "max_tokens": b.max_tokens, "temperature": b.temperature,
-                    "max_batch_size": max(64, b.rl_samples_per_step)},
+        "data": {
+            "train": str(data / "train.jsonl"),
+            "eval": str(data / "eval.jsonl"),
+            "prompt_key": "prompt",
+            "answer_key": "answer",
+            "response_key": "solution",
+            "prompts_per_step": b.prompts_per_step,
+        },
+        "warmup": {
+            "steps": b.sft_steps if warmup else 0,
+            "batch_size": b.sft_batch,
+            "lr": b.sft_lr,
+            "eval_accuracy_every": b.sft_eval_every,
+        },
+        "rollout": {
+            "n": b.n,
+            "max_tokens": b.max_tokens,
+            "temperature": b.temperature,
+            "max_batch_size": max(64, b.rl_samples_per_step),
+        },
         "algorithm": {"reward": task.reward, "loss": {"kl_coef": 0.0, "old_logprobs": "rollout"}},
         "trainer": {"optimizer": {"lr": b.rl_lr}},
         "eval": {"every": b.rl_eval_every, "max_prompts": b.n_eval},
         "checkpoint": {"every": 0},
-    }  # fmt: skip
+    }
 
 
 def _read(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
 
-def run_meshrl(task: Task, b: Budget, model: Path, data: Path, out: Path, phase: str, warmup: bool,
-               sets: list[str]) -> tuple[Curve | None, Curve]:  # fmt: skip
+def run_meshrl(
+    task: Task, b: Budget, model: Path, data: Path, out: Path, phase: str, warmup: bool, sets: list[str]
+) -> tuple[Curve | None, Curve]:
     """One `meshrl run`: (warm-up curve or None, RL curve). `sets` are extra `--set key=value` overrides."""
     name = f"{task.name}-{phase}"
     run_root = out / "meshrl-runs"
     config = out / f"{name}.yaml"
     config.write_text(yaml.safe_dump(job_config(task, b, model, data, run_root, name, warmup), sort_keys=False))
     before = set(run_root.glob(f"{name}*")) if run_root.exists() else set()
-    cmd = [sys.executable, "-m", "meshrl.scheduler.cli", "run", str(WORKFLOW), "--config", str(config),
-           "--no-progress", *[a for s in sets for a in ("--set", s)]]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "meshrl.scheduler.cli",
+        "run",
+        str(WORKFLOW),
+        "--config",
+        str(config),
+        "--no-progress",
+        *[a for s in sets for a in ("--set", s)],
+    ]
     started = time.monotonic()
     log = out / f"{name}.log"
     with log.open("w") as f:
@@ -65,14 +94,20 @@ def run_meshrl(task: Task, b: Budget, model: Path, data: Path, out: Path, phase:
     sft_points = _read(run_dir / "warmup.jsonl")
     sft = None
     if warmup:
-        sft = Curve("meshrl", "sft", extra={"heldout_loss": [(p["samples"], p["heldout_loss"]) for p in sft_points
-                                                              if "heldout_loss" in p]})  # fmt: skip
+        sft = Curve(
+            "meshrl",
+            "sft",
+            extra={"heldout_loss": [(p["samples"], p["heldout_loss"]) for p in sft_points if "heldout_loss" in p]},
+        )
         for p in sft_points:  # held-out accuracy every sft_eval_every steps, as TRL's side measures it
             if "heldout_accuracy" in p:
                 sft.add(p["samples"], p["seconds"], p["heldout_accuracy"], p["heldout_reward"])
         sft.add(sft_points[-1]["samples"], sft_points[-1]["seconds"], *evals[0])
-    rl = Curve("meshrl", phase, extra={"process_seconds": wall, "run_dir": str(run_dir),
-                                       "seconds_per_step": sorted(step_seconds.values())})  # fmt: skip
+    rl = Curve(
+        "meshrl",
+        phase,
+        extra={"process_seconds": wall, "run_dir": str(run_dir), "seconds_per_step": sorted(step_seconds.values())},
+    )
     for step in sorted(evals):
         rl.add(step * b.rl_samples_per_step, sum(v for s, v in step_seconds.items() if s <= step), *evals[step])
     return sft, rl

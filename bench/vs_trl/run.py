@@ -94,18 +94,28 @@ def trl_phases(name: str, b: Budget, work: Path, model: Path, data: Path, reuse:
     return sft, rl, weights
 
 
-def run_task(name: str, b: Budget, out: Path, sets: list[str], reuse: bool,
-             common: bool = True) -> list[tuple[str, Curve, Curve]]:  # fmt: skip
+def run_task(
+    name: str, b: Budget, out: Path, sets: list[str], reuse: bool, common: bool = True
+) -> list[tuple[str, Curve, Curve]]:
     task, work = TASKS[name], out / (name if b.seed == 0 else f"{name}-seed{b.seed}")
     b = b.for_task(task.sft_steps, task.rl_lr)
-    print(f"[{name}] warm-up {b.sft_steps} steps x {b.sft_batch}, RL {b.rl_steps} steps x {b.rl_samples_per_step}",
-          flush=True)  # fmt: skip
+    print(
+        f"[{name}] warm-up {b.sft_steps} steps x {b.sft_batch}, RL {b.rl_steps} steps x {b.rl_samples_per_step}",
+        flush=True,
+    )
     data = work / "data"
     write_task_data(task, data, b.seed, b.n_train, b.n_eval)
     model = work / "model"
     if not (model / "config.json").exists():
-        build_small_model(model, arch="qwen2", hidden_size=b.hidden_size, num_layers=b.num_layers,
-                          num_heads=b.num_heads, num_kv_heads=b.num_kv_heads, seed=b.seed)  # fmt: skip
+        build_small_model(
+            model,
+            arch="qwen2",
+            hidden_size=b.hidden_size,
+            num_layers=b.num_layers,
+            num_heads=b.num_heads,
+            num_kv_heads=b.num_kv_heads,
+            seed=b.seed,
+        )
     trl_sft_curve, trl_rl, trl_weights = trl_phases(name, b, work, model, data, reuse)
     print(f"[{name}] meshrl warm-up + GRPO", flush=True)
     m_sft, m_rl_own = run_meshrl(task, b, model, data, work, "rl-own", True, sets)

@@ -76,19 +76,32 @@ def _teacher_forced(model, tok, prompts: list[list[int]], answers: list[str]) ->
         eos_end.append(float(logp[-1, eos].exp()))
         eos_mid += logp[:-1, eos].exp().tolist()
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-    return {"gold_nll": mean(nll), "gold_entropy": mean(ent), "eos_after_answer": mean(eos_end),
-            "eos_mid_answer": mean(eos_mid),
-            "calibration_error": _ece(torch.tensor(conf), torch.tensor(hits))}  # fmt: skip
+    return {
+        "gold_nll": mean(nll),
+        "gold_entropy": mean(ent),
+        "eos_after_answer": mean(eos_end),
+        "eos_mid_answer": mean(eos_mid),
+        "calibration_error": _ece(torch.tensor(conf), torch.tensor(hits)),
+    }
 
 
 @torch.no_grad()
 def _generate(model, tok, prompt: list[int], n: int, max_tokens: int, sample: bool):
     """n continuations of one prompt: (texts, lengths with eos, per-token entropies, per-token -log p)."""
     ids = torch.tensor([prompt] * n)
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=sample,
-                         temperature=1.0 if sample else None, top_p=1.0, top_k=0, output_scores=True,
-                         return_dict_in_generate=True, eos_token_id=tok.eos_token_id,
-                         pad_token_id=tok.pad_token_id)  # fmt: skip
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_tokens,
+        do_sample=sample,
+        temperature=1.0 if sample else None,
+        top_p=1.0,
+        top_k=0,
+        output_scores=True,
+        return_dict_in_generate=True,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     new = out.sequences[:, len(prompt) :]
     logp = torch.log_softmax(torch.stack(out.scores, 1).float(), -1)  # [n, steps, V]
     live = torch.ones(new.shape, dtype=torch.bool)
@@ -102,8 +115,17 @@ def _generate(model, tok, prompt: list[int], n: int, max_tokens: int, sample: bo
     return texts, live.sum(1).tolist(), ent.tolist(), nll.tolist()
 
 
-def probe(model_dir: str | Path, task: Task, data: Path, *, n_prompts: int = 64, n: int = 8, max_tokens: int = 10,
-          seed: int = 0, split: str = "eval") -> StartReport:  # fmt: skip
+def probe(
+    model_dir: str | Path,
+    task: Task,
+    data: Path,
+    *,
+    n_prompts: int = 64,
+    n: int = 8,
+    max_tokens: int = 10,
+    seed: int = 0,
+    split: str = "eval",
+) -> StartReport:
     """The report of one model folder on the first prompts of `data`'s split (eval.jsonl: held out; train.jsonl:
     the prompts RL samples, which the warm-up saw)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -132,10 +154,16 @@ def probe(model_dir: str | Path, task: Task, data: Path, *, n_prompts: int = 64,
     for r in rewards:
         hist[next(k for k, hi in bins.items() if r <= hi)] += 1 / len(rewards)
     return StartReport(
-        greedy_accuracy=mean([s >= 1.0 for s in scores]), sample_reward_mean=mean(rewards),
-        sample_accuracy=mean([r >= 1.0 for r in rewards]), sample_length=mean(lengths), sample_entropy=mean(ents),
-        sample_nll=mean(nlls), zero_variance_groups=zero / len(records), reward_histogram=hist, **forced,
-    )  # fmt: skip
+        greedy_accuracy=mean([s >= 1.0 for s in scores]),
+        sample_reward_mean=mean(rewards),
+        sample_accuracy=mean([r >= 1.0 for r in rewards]),
+        sample_length=mean(lengths),
+        sample_entropy=mean(ents),
+        sample_nll=mean(nlls),
+        zero_variance_groups=zero / len(records),
+        reward_histogram=hist,
+        **forced,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

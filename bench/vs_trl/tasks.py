@@ -115,7 +115,7 @@ TASKS: dict[str, Task] = {
     # at lr 1e-3 or 1e-4 ends at or below its start; from 110 at 3e-4 over 300 steps: 0.688 -> 0.758
     "reverse": Task(
         "reverse", "bench.vs_trl.tasks:positional_score", positional_score, _reverse, sft_steps=110, rl_lr=3e-4
-    ),  # fmt: skip
+    ),
     # 40 / 50 / 80 / 110 steps: 0.15 / 0.33 / 0.61 / 0.84. GRPO with this reward lowers held-out accuracy from 50
     # (lr 3e-4 or 1e-4) and from 80 (1e-4, 300 steps: 0.609 -> 0.578): it pays for stopping early
     "sort": Task("sort", "bench.vs_trl.tasks:positional_score", positional_score, _sort, sft_steps=80),

@@ -51,8 +51,13 @@ class HeldoutEval(TrainerCallback):
         """(greedy accuracy, mean partial-credit reward) on the held-out prompts."""
         was_training = model.training
         model.eval()
-        out = model.generate(**self.inputs.to(model.device), max_new_tokens=self.max_tokens, do_sample=False,
-                             eos_token_id=self.tok.eos_token_id, pad_token_id=self.tok.pad_token_id)  # fmt: skip
+        out = model.generate(
+            **self.inputs.to(model.device),
+            max_new_tokens=self.max_tokens,
+            do_sample=False,
+            eos_token_id=self.tok.eos_token_id,
+            pad_token_id=self.tok.pad_token_id,
+        )
         model.train(was_training)
         texts = self.tok.batch_decode(out[:, self.inputs["input_ids"].shape[1] :], skip_special_tokens=True)
         scores = self.task.score(self.prompts, texts, self.answers)
@@ -76,11 +81,20 @@ class HeldoutEval(TrainerCallback):
 
 def _common(b: Budget, out: Path) -> dict:
     logging.getLogger("transformers").setLevel(logging.ERROR)
-    return {"output_dir": str(out), "save_strategy": "no", "report_to": [], "use_cpu": True, "seed": b.seed,
-            "logging_steps": 10, "disable_tqdm": True, "dataloader_num_workers": 0,
-            # fp32 like meshrl's side: TRL's configs default to bf16 autocast and gradient checkpointing, on the
-            # CPU too, which cost 3.5x the SFT time here (30.2 s vs 8.7 s, 95 steps, same accuracy 0.383)
-            "bf16": False, "gradient_checkpointing": False}  # fmt: skip
+    return {
+        "output_dir": str(out),
+        "save_strategy": "no",
+        "report_to": [],
+        "use_cpu": True,
+        "seed": b.seed,
+        "logging_steps": 10,
+        "disable_tqdm": True,
+        "dataloader_num_workers": 0,
+        # fp32 like meshrl's side: TRL's configs default to bf16 autocast and gradient checkpointing, on the
+        # CPU too, which cost 3.5x the SFT time here (30.2 s vs 8.7 s, 95 steps, same accuracy 0.383)
+        "bf16": False,
+        "gradient_checkpointing": False,
+    }
 
 
 def trl_sft(task: Task, b: Budget, model_dir: Path, data: Path, out: Path) -> tuple[Curve, Path]:
@@ -89,8 +103,12 @@ def trl_sft(task: Task, b: Budget, model_dir: Path, data: Path, out: Path) -> tu
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     rows = load_records(data / "train.jsonl", "prompt", "answer", "solution")
     ds = Dataset.from_list([{"prompt": templated(tok, r.prompt), "completion": r.response} for r in rows])
-    args = SFTConfig(max_steps=b.sft_steps, per_device_train_batch_size=b.sft_batch, learning_rate=b.sft_lr,
-                     **_common(b, out / "trl-sft"))  # fmt: skip
+    args = SFTConfig(
+        max_steps=b.sft_steps,
+        per_device_train_batch_size=b.sft_batch,
+        learning_rate=b.sft_lr,
+        **_common(b, out / "trl-sft"),
+    )
     curve = Curve("trl", "sft")
     callback = HeldoutEval(task, tok, data, b, b.sft_eval_every, b.sft_batch, curve)
     trainer = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok, callbacks=[callback])
@@ -110,14 +128,25 @@ def trl_grpo(task: Task, b: Budget, start: Path, data: Path, out: Path, phase: s
     rows = load_records(data / "train.jsonl", "prompt", "answer")
     ds = Dataset.from_list([{"prompt": templated(tok, r.prompt), "answer": r.answer} for r in rows])
     args = GRPOConfig(
-        max_steps=b.rl_steps, per_device_train_batch_size=b.rl_samples_per_step, num_generations=b.n,
-        learning_rate=b.rl_lr, max_completion_length=b.max_tokens, temperature=b.temperature, top_p=1.0,
+        max_steps=b.rl_steps,
+        per_device_train_batch_size=b.rl_samples_per_step,
+        num_generations=b.n,
+        learning_rate=b.rl_lr,
+        max_completion_length=b.max_tokens,
+        temperature=b.temperature,
+        top_p=1.0,
         **_common(b, out / f"trl-{phase}"),
-    )  # fmt: skip
+    )
     curve = Curve("trl", phase)
     callback = HeldoutEval(task, tok, data, b, b.rl_eval_every, b.rl_samples_per_step, curve)
-    trainer = GRPOTrainer(model=model, reward_funcs=[trl_reward(task)], args=args, train_dataset=ds,
-                          processing_class=tok, callbacks=[callback])  # fmt: skip
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[trl_reward(task)],
+        args=args,
+        train_dataset=ds,
+        processing_class=tok,
+        callbacks=[callback],
+    )
     started = time.perf_counter()
     trainer.train()
     curve.extra["process_seconds"] = time.perf_counter() - started

@@ -25,8 +25,15 @@ def _model(size: str):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     h, layers, vocab = MODELS[size]
-    cfg = LlamaConfig(hidden_size=h, num_hidden_layers=layers, num_attention_heads=h // 64, num_key_value_heads=h // 64,
-                      intermediate_size=8 * h // 3, vocab_size=vocab, tie_word_embeddings=False)  # fmt: skip
+    cfg = LlamaConfig(
+        hidden_size=h,
+        num_hidden_layers=layers,
+        num_attention_heads=h // 64,
+        num_key_value_heads=h // 64,
+        intermediate_size=8 * h // 3,
+        vocab_size=vocab,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     return LlamaForCausalLM(cfg).float()
 
@@ -101,9 +108,18 @@ def bench_delta(size: str, lrs: list[float], workdir: str, tokens: int = 256) ->
         exact = tensor_checksums(replica, names=names) == tensor_checksums(dict(v2), names=names)
         if not exact:
             raise SystemExit(f"delta at lr {lr:g}: replica checksums differ from the trainer's")
-        rows.append({"lr": lr, "full_bytes": full_bytes, "delta_bytes": stats.delta_bytes,
-                     "changed": stats.changed / stats.elements, "full": full_times, "delta": delta_times,
-                     "params": stats.elements, "exact": exact})  # fmt: skip
+        rows.append(
+            {
+                "lr": lr,
+                "full_bytes": full_bytes,
+                "delta_bytes": stats.delta_bytes,
+                "changed": stats.changed / stats.elements,
+                "full": full_times,
+                "delta": delta_times,
+                "params": stats.elements,
+                "exact": exact,
+            }
+        )
         del sd, v2, base, replica
         shutil.rmtree(root, ignore_errors=True)
         gc.collect()
@@ -115,17 +131,25 @@ def print_table(title: str, rows: list[dict], steps: tuple[str, str], footer: st
     two `steps` (keys of each row's "delta" times, also the column names)."""
     a, b = steps
     print(f"\n{title} ({rows[0]['params']:,} params) in bf16, one AdamW step; seconds")
-    print("     lr | changed  delta MiB  full MiB  delta/full | publish: delta  full  ratio | "
-          f"pause: delta  full | delta {a:>8} {b:>16} | exact")  # fmt: skip
+    print(
+        "     lr | changed  delta MiB  full MiB  delta/full | publish: delta  full  ratio | "
+        f"pause: delta  full | delta {a:>8} {b:>16} | exact"
+    )
     for r in rows:
         d, f = r["delta"], r["full"]
-        print(f" {r['lr']:>6g} | {r['changed']:>6.1%} {r['delta_bytes'] / 2**20:>10.1f} {r['full_bytes'] / 2**20:>9.0f}"
-              f"  {r['delta_bytes'] / r['full_bytes']:>9.2%} | {d['publish']:>14.3f} {f['publish']:>5.3f} "
-              f"{d['publish'] / f['publish']:>6.2f} | {d['pause']:>12.4f} {f['pause']:>5.3f} | {d[a]:>14.3f} "
-              f"{d[b]:>16.3f} | {r['exact']}")  # fmt: skip
+        print(
+            f" {r['lr']:>6g} | {r['changed']:>6.1%} {r['delta_bytes'] / 2**20:>10.1f} {r['full_bytes'] / 2**20:>9.0f}"
+            f"  {r['delta_bytes'] / r['full_bytes']:>9.2%} | {d['publish']:>14.3f} {f['publish']:>5.3f} "
+            f"{d['publish'] / f['publish']:>6.2f} | {d['pause']:>12.4f} {f['pause']:>5.3f} | {d[a]:>14.3f} "
+            f"{d[b]:>16.3f} | {r['exact']}"
+        )
     print(footer)
 
 
 def print_delta(size: str, rows: list[dict]) -> None:
-    print_table(f"DELTA   {size} Llama on disk", rows, ("write", "stage"),
-                "target: delta/full <= 10% (moonshot 3%) at lr 1e-6..1e-5; lr 1e-3 is the tiny default example's.")  # fmt: skip
+    print_table(
+        f"DELTA   {size} Llama on disk",
+        rows,
+        ("write", "stage"),
+        "target: delta/full <= 10% (moonshot 3%) at lr 1e-6..1e-5; lr 1e-3 is the tiny default example's.",
+    )

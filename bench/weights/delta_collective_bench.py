@@ -83,13 +83,18 @@ def bench_delta_collective(size: str, lrs: list[float], tokens: int = 256) -> li
                 t3 = time.perf_counter()
                 if sums(replica, names=names) != expected:
                     raise SystemExit(f"delta at lr {lr:g}: replica checksums differ from the trainer's")
-                rows.append({
-                    "lr": lr, "params": stats.elements, "changed": stats.changed / stats.elements,
-                    "full_bytes": full_bytes, "delta_bytes": sum(t.numel() for _, t in wire),
-                    "full": {"publish": full_s, "pause": full_s},
-                    "delta": {"publish": t3 - t0, "encode": t1 - t0, "transfer": t2 - t1, "pause": t3 - t2},
-                    "exact": True,  # checked above
-                })  # fmt: skip
+                rows.append(
+                    {
+                        "lr": lr,
+                        "params": stats.elements,
+                        "changed": stats.changed / stats.elements,
+                        "full_bytes": full_bytes,
+                        "delta_bytes": sum(t.numel() for _, t in wire),
+                        "full": {"publish": full_s, "pause": full_s},
+                        "delta": {"publish": t3 - t0, "encode": t1 - t0, "transfer": t2 - t1, "pause": t3 - t2},
+                        "exact": True,  # checked above
+                    }
+                )
                 del v2, wire, sink, base, replica
                 gc.collect()
         finally:
@@ -99,6 +104,10 @@ def bench_delta_collective(size: str, lrs: list[float], tokens: int = 256) -> li
 
 
 def print_delta_collective(size: str, rows: list[dict]) -> None:
-    print_table(f"DCOLL   {size} Llama over a gloo weight group", rows, ("encode", "transfer"),
-                "delta bytes include its manifest; transfer includes the replica's decode (while generating); the "
-                "complete version's pause is its whole transfer (the engine pauses before the first tensor lands).")  # fmt: skip
+    print_table(
+        f"DCOLL   {size} Llama over a gloo weight group",
+        rows,
+        ("encode", "transfer"),
+        "delta bytes include its manifest; transfer includes the replica's decode (while generating); the "
+        "complete version's pause is its whole transfer (the engine pauses before the first tensor lands).",
+    )

@@ -122,8 +122,16 @@ def bench_disk(size: str, dtype: torch.dtype, reps: int, workdir: str, bucket_by
 
 
 # -------------------------------------------------------------------------------------- distributed
-def _member(rank: int, size: str, dtype_name: str, reps: int, ports: tuple[int, int], bucket_bytes: int,
-            coalesce: list[int], out) -> None:  # fmt: skip
+def _member(
+    rank: int,
+    size: str,
+    dtype_name: str,
+    reps: int,
+    ports: tuple[int, int],
+    bucket_bytes: int,
+    coalesce: list[int],
+    out,
+) -> None:
     import dataclasses
 
     from meshrl.common.weights import GroupPlan, InPlaceSink, WeightGroup, WeightGroupOptions
@@ -145,8 +153,13 @@ def _member(rank: int, size: str, dtype_name: str, reps: int, ports: tuple[int, 
     params = {n: torch.zeros_like(t) for n, t in tensors} if rank else {}
     sink = InPlaceSink(params, 0) if rank else None
     raw_each = tensors if rank == 0 else [(n, torch.zeros_like(t)) for n, t in tensors]  # raw_multi's targets
-    times: dict[str, list[float]] = {"raw": [], "raw_multi": [], "stream": [], "flat": [],
-                                     **{f"per_tensor@{c}": [] for c in coalesce}}  # fmt: skip
+    times: dict[str, list[float]] = {
+        "raw": [],
+        "raw_multi": [],
+        "stream": [],
+        "flat": [],
+        **{f"per_tensor@{c}": [] for c in coalesce},
+    }
     version = 0
     for rep in range(reps + 1):  # the first round warms buffers and connections up
         for kind in times:
@@ -204,12 +217,20 @@ def main() -> None:
     parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="dtype of every tensor")
     parser.add_argument("--reps", type=int, default=3, help="timed repetitions per measurement (median)")
     parser.add_argument("--bucket-mb", type=int, default=512, help="bucket size of both transports, MiB")
-    parser.add_argument("--coalesce-kb", default=str(DEFAULT_COALESCE_BYTES // 1024),
-                        help="per-tensor layout: tensors below this many KiB travel packed in one buffer; "
-                        "several, comma-separated, are measured side by side")  # fmt: skip
+    parser.add_argument(
+        "--coalesce-kb",
+        default=str(DEFAULT_COALESCE_BYTES // 1024),
+        help="per-tensor layout: tensors below this many KiB travel packed in one buffer; "
+        "several, comma-separated, are measured side by side",
+    )
     parser.add_argument("--workdir", default=None, help="folder for the disk runs (default: a temp folder)")
-    parser.add_argument("--skip", choices=["disk", "distributed", "delta", "dcoll"], action="append", default=[],
-                        help="leave a section out (repeatable)")  # fmt: skip
+    parser.add_argument(
+        "--skip",
+        choices=["disk", "distributed", "delta", "dcoll"],
+        action="append",
+        default=[],
+        help="leave a section out (repeatable)",
+    )
     parser.add_argument("--delta-model", default="100M", choices=sorted(MODELS), help="model of the delta section")
     parser.add_argument("--delta-lrs", default="1e-6,1e-5,1e-3", help="learning rates of the delta section")
     args = parser.parse_args()
@@ -265,21 +286,28 @@ def _ratio(times: dict[str, list[float]], key: str, base: str = "raw") -> str:
 
 
 def _print(rows: list[dict], args) -> None:
-    print(f"\nweight publication, {args.dtype}, bucket {args.bucket_mb} MiB, coalesce {args.coalesce_kb} KiB, "
-          f"{args.reps} reps: median seconds, ratio to raw as median (best)")  # fmt: skip
+    print(
+        f"\nweight publication, {args.dtype}, bucket {args.bucket_mb} MiB, coalesce {args.coalesce_kb} KiB, "
+        f"{args.reps} reps: median seconds, ratio to raw as median (best)"
+    )
     if "disk" not in args.skip:
-        print("\nDISK    size      params      MiB | raw save+load | ours write+load   ratio       | write   load "
-              "| raw +copy in  ours / that   | +fsync  / raw")  # fmt: skip
+        print(
+            "\nDISK    size      params      MiB | raw save+load | ours write+load   ratio       | write   load "
+            "| raw +copy in  ours / that   | +fsync  / raw"
+        )
         for r in rows:
             d = r["disk"]
-            print(f"       {r['size']:>5} {r['params']:>11,} {r['bytes'] / 2**20:>8.0f} | {_cell(d, 'raw'):>13} | "
-                  f"{_cell(d, 'ours'):>15}   {_ratio(d, 'ours'):<11} | {_cell(d, 'write')}  {_cell(d, 'load')} "
-                  f"| {_cell(d, 'raw_in'):>12}  {_ratio(d, 'ours', 'raw_in'):<11} | {_cell(d, 'synced'):>6}  "
-                  f"{_ratio(d, 'synced')}")  # fmt: skip
+            print(
+                f"       {r['size']:>5} {r['params']:>11,} {r['bytes'] / 2**20:>8.0f} | {_cell(d, 'raw'):>13} | "
+                f"{_cell(d, 'ours'):>15}   {_ratio(d, 'ours'):<11} | {_cell(d, 'write')}  {_cell(d, 'load')} "
+                f"| {_cell(d, 'raw_in'):>12}  {_ratio(d, 'ours', 'raw_in'):<11} | {_cell(d, 'synced'):>6}  "
+                f"{_ratio(d, 'synced')}"
+            )
     if "distributed" not in args.skip:
         kinds = [k for k in rows[0]["dist"] if k.startswith("per_tensor@")] if rows else []
-        heads = "".join(f" | gloo ops, <{int(k.split('@')[1]) // 1024} KiB packed ratio       / raw per-tensor"
-                        for k in kinds)  # fmt: skip
+        heads = "".join(
+            f" | gloo ops, <{int(k.split('@')[1]) // 1024} KiB packed ratio       / raw per-tensor" for k in kinds
+        )
         print(
             f"\nDIST    size      params      MiB | raw broadcast | ours (stream) ratio       | raw per-tensor ratio      "
             f"{heads} | gloo flat  ratio"
@@ -287,9 +315,11 @@ def _print(rows: list[dict], args) -> None:
         for r in rows:
             d = r["dist"]
             cells = "".join(f" | {_cell(d, k):>23}  {_ratio(d, k):<11} {_ratio(d, k, 'raw_multi'):<11}" for k in kinds)
-            print(f"       {r['size']:>5} {r['params']:>11,} {r['bytes'] / 2**20:>8.0f} | {_cell(d, 'raw'):>13} | "
-                  f"{_cell(d, 'stream'):>13} {_ratio(d, 'stream'):<11} | "
-                  f"{_cell(d, 'raw_multi'):>14} {_ratio(d, 'raw_multi'):<11}{cells} | {_cell(d, 'flat'):>9}  {_ratio(d, 'flat')}")  # fmt: skip
+            print(
+                f"       {r['size']:>5} {r['params']:>11,} {r['bytes'] / 2**20:>8.0f} | {_cell(d, 'raw'):>13} | "
+                f"{_cell(d, 'stream'):>13} {_ratio(d, 'stream'):<11} | "
+                f"{_cell(d, 'raw_multi'):>14} {_ratio(d, 'raw_multi'):<11}{cells} | {_cell(d, 'flat'):>9}  {_ratio(d, 'flat')}"
+            )
     print(
         "\ntargets: disk <= 1.5, distributed <= 1.25. meshrl also hashes every tensor, verifies before it copies into "
         "the live parameters, and confirms each update; raw does none of that."

@@ -31,8 +31,10 @@ def hand_over(batch: Batch, config: dict) -> dict[str, Ragged]:
 
 def hint_reward(prompts: Sequence[str], responses: Sequence[str], answers: Sequence[str]) -> list[float]:
     """1.0 for a hint that names the sum's result, 0.2 for one that names some other number, else 0."""
-    return [1.0 if answer in _NUMBER.findall(hint) else 0.2 if _NUMBER.search(hint) else 0.0
-            for hint, answer in zip(responses, answers, strict=True)]  # fmt: skip
+    return [
+        1.0 if answer in _NUMBER.findall(hint) else 0.2 if _NUMBER.search(hint) else 0.0
+        for hint, answer in zip(responses, answers, strict=True)
+    ]
 
 
 def solve_reward(prompts: Sequence[str], responses: Sequence[str], answers: Sequence[str]) -> list[float]:

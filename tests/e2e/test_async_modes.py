@@ -24,8 +24,10 @@ def _rows(path) -> list[dict]:
 
 
 def _stable(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE) and "seconds" not in k and "per_second" not in k}
-            for r in rows]  # fmt: skip
+    return [
+        {k: v for k, v in r.items() if not k.startswith(VOLATILE) and "seconds" not in k and "per_second" not in k}
+        for r in rows
+    ]
 
 
 def test_async_with_eta_zero_reproduces_sync(tiny_task, tmp_path):
@@ -33,12 +35,13 @@ def test_async_with_eta_zero_reproduces_sync(tiny_task, tmp_path):
     for name, training in (("sync", {"mode": "sync"}), ("async0", {"mode": "async", "max_staleness": 0})):
         root = str(tmp_path / name)
         config = job_config(
-            tiny_task, tmp_path / name,
+            tiny_task,
+            tmp_path / name,
             job={"name": name, "steps": 2, "run_root": root, "allowed_modules": ["meshrl", "tests"]},
             algorithm={"reward": "tests.e2e.test_async_modes:spread_reward", "loss": {"tis_cap": 2.0, "mis_cap": 4.0}},
             eval={"every": 0, "max_prompts": 4},  # step 0 and the end
             training=training,
-        )  # fmt: skip
+        )
         record = run_job("grpo", config)
         assert record.state == spb.JOB_STATE_SUCCEEDED, record.error
         runs[name] = record.runner.run

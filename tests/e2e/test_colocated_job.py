@@ -21,9 +21,14 @@ def rollout_calls(run) -> list[str]:
 
 def test_colocated_grpo_job_shares_a_bundle_and_sleeps_in_order(tiny_task, tmp_path, monkeypatch):
     monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
-    config = job_config(tiny_task, tmp_path, job={"name": "coloc", "steps": 2, "run_root": str(tmp_path)},
-                        services={"use_ray": True, "placement": "colocated"},
-                        checkpoint={"every": 1}, eval={"every": 1, "max_prompts": 4})  # fmt: skip
+    config = job_config(
+        tiny_task,
+        tmp_path,
+        job={"name": "coloc", "steps": 2, "run_root": str(tmp_path)},
+        services={"use_ray": True, "placement": "colocated"},
+        checkpoint={"every": 1},
+        eval={"every": 1, "max_prompts": 4},
+    )
     record = run_job("grpo", config)
     assert record.state == spb.JOB_STATE_SUCCEEDED, record.error
     run = record.runner.run

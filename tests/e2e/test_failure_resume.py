@@ -36,11 +36,12 @@ def test_failing_reward_fails_the_step_then_the_run_resumes(tiny_task, tmp_path,
     marker.write_text("3")  # calls: step-0 evaluation, step 1, step 2 (raises)
     monkeypatch.setenv(FLAG, str(marker))
     config = job_config(
-        tiny_task, tmp_path,
+        tiny_task,
+        tmp_path,
         job={"name": "flaky", "steps": 2, "run_root": str(tmp_path), "allowed_modules": ["meshrl", "tests"]},
         algorithm={"reward": "tests.e2e.test_failure_resume:flaky_reward"},
         checkpoint={"every": 1},
-    )  # fmt: skip
+    )
     first = _run(config)
     assert first.state == spb.JOB_STATE_FAILED
     assert "RuntimeError: the reward model is unreachable" in first.error

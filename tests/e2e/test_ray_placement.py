@@ -10,8 +10,9 @@ from .conftest import job_config, run_job
 
 def test_grpo_step_on_ray_placed_services(tiny_task, tmp_path, monkeypatch):
     monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
-    config = job_config(tiny_task, tmp_path, job={"name": "ray", "steps": 1, "run_root": str(tmp_path)},
-                        services={"use_ray": True})  # fmt: skip
+    config = job_config(
+        tiny_task, tmp_path, job={"name": "ray", "steps": 1, "run_root": str(tmp_path)}, services={"use_ray": True}
+    )
     record = run_job("grpo", config)
     assert record.state == spb.JOB_STATE_SUCCEEDED, record.error
     run = record.runner.run

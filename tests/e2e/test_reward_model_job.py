@@ -23,8 +23,16 @@ def reward_model_like(model_dir: str, out) -> str:
     """A random one-label Qwen2 sequence classifier over the policy's vocabulary (its token ids)."""
     vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
     torch.manual_seed(5)
-    config = Qwen2Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, num_labels=1, pad_token_id=0)  # fmt: skip
+    config = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        num_labels=1,
+        pad_token_id=0,
+    )
     model = Qwen2ForSequenceClassification(config)
     with torch.no_grad():
         model.score.weight.normal_(0.0, 1.0)

@@ -168,13 +168,15 @@ def failing_workflow() -> str:
     from meshrl.scheduler.workflow import builtin_workflow_text
 
     wf = yaml.safe_load(builtin_workflow_text("grpo"))
-    wf["nodes"].append({
-        "node_id": "explode",
-        "node_type": "COMPUTE",
-        "node_role": "DEFAULT",
-        "dependencies": ["rollout"],
-        "executable_ref": f"{__name__}:explode",
-    })  # fmt: skip
+    wf["nodes"].append(
+        {
+            "node_id": "explode",
+            "node_type": "COMPUTE",
+            "node_role": "DEFAULT",
+            "dependencies": ["rollout"],
+            "executable_ref": f"{__name__}:explode",
+        }
+    )
     return yaml.safe_dump(wf, sort_keys=False)
 
 

@@ -33,18 +33,20 @@ JOB_SECONDS = 540  # service start-up dominates: ~20 s on an idle 2-core host, m
 
 
 def job_config(task: dict, run_root) -> str:
-    return yaml.safe_dump({
-        "job": {"name": "async-kill", "steps": STEPS, "run_root": str(run_root), "max_restarts": 0},
-        "model": {"path": task["model"]},
-        "data": {"train": task["train"], "eval": task["eval"], "prompts_per_step": PROMPTS},
-        # long responses (a random model rarely ends early): the kill lands while rows are being generated
-        "rollout": {"replicas": 2, "n": N, "max_tokens": 96, "request_timeout_seconds": 60},
-        "training": {"mode": "async", "max_staleness": 1},
-        "eval": {"every": 0, "max_prompts": 4},
-        "weights": {"timeout_seconds": 5},
-        "services": {"use_ray": False, "start_timeout_seconds": 120},
-        "trainer": {"optimizer": {"lr": 1e-3}, "request_timeout_seconds": 60},
-    })  # fmt: skip
+    return yaml.safe_dump(
+        {
+            "job": {"name": "async-kill", "steps": STEPS, "run_root": str(run_root), "max_restarts": 0},
+            "model": {"path": task["model"]},
+            "data": {"train": task["train"], "eval": task["eval"], "prompts_per_step": PROMPTS},
+            # long responses (a random model rarely ends early): the kill lands while rows are being generated
+            "rollout": {"replicas": 2, "n": N, "max_tokens": 96, "request_timeout_seconds": 60},
+            "training": {"mode": "async", "max_staleness": 1},
+            "eval": {"every": 0, "max_prompts": 4},
+            "weights": {"timeout_seconds": 5},
+            "services": {"use_ray": False, "start_timeout_seconds": 120},
+            "trainer": {"optimizer": {"lr": 1e-3}, "request_timeout_seconds": 60},
+        }
+    )
 
 
 def _replica_address(record, name: str) -> str:
@@ -85,9 +87,16 @@ def test_a_replica_killed_mid_generation_in_async_mode_loses_no_group(tiny_task,
         position += len(events)
         for e in events:
             node = e.node if e.WhichOneof("body") == "node" else None
-            if killed is None and node and (node.node_id, node.step, node.state) == (
-                "rollout", KILL_ROUND, spb.NODE_STATE_RUNNING,
-            ):  # fmt: skip
+            if (
+                killed is None
+                and node
+                and (node.node_id, node.step, node.state)
+                == (
+                    "rollout",
+                    KILL_ROUND,
+                    spb.NODE_STATE_RUNNING,
+                )
+            ):
                 killed = _kill_when_busy(record, run, "rollout-1")
     thread.join(timeout=max(deadline - time.monotonic(), 1))
     assert not thread.is_alive(), f"the job did not end within {JOB_SECONDS} s"
@@ -99,13 +108,19 @@ def test_a_replica_killed_mid_generation_in_async_mode_loses_no_group(tiny_task,
     steps = record.runner._steps  # the job's AsyncSteps: its ledger of produced and trained groups
     produced, trained = Counter(steps.producer.produced), steps.trained
     cfg = record.runner.cfg.data
-    handed_out = [r.index for r in PromptSampler(load_records(cfg.train, cfg.prompt_key, cfg.answer_key),
-                                                 cfg.shuffle_seed).next_batch(STEPS * PROMPTS)]  # fmt: skip
+    handed_out = [
+        r.index
+        for r in PromptSampler(load_records(cfg.train, cfg.prompt_key, cfg.answer_key), cfg.shuffle_seed).next_batch(
+            STEPS * PROMPTS
+        )
+    ]
     retries = sum(r["rollout/retries"] for r in rows)
     with capsys.disabled():
-        print(f"\n\nasync replica kill -9: retries {retries:.0f}, groups produced {sum(produced.values())}, "
-              f"trained {sum(trained.values())} ({len(trained)} distinct), prompts handed out {len(handed_out)}, "
-              f"dropped {sum(r['async/dropped_groups'] for r in rows):.0f}\n")  # fmt: skip
+        print(
+            f"\n\nasync replica kill -9: retries {retries:.0f}, groups produced {sum(produced.values())}, "
+            f"trained {sum(trained.values())} ({len(trained)} distinct), prompts handed out {len(handed_out)}, "
+            f"dropped {sum(r['async/dropped_groups'] for r in rows):.0f}\n"
+        )
     assert retries >= 1  # the dead replica's rows were generated again elsewhere
     assert all(r["rollout/samples"] == PROMPTS * N and r["async/rows_trained"] == PROMPTS * N for r in rows)
     assert produced == trained and set(trained.values()) == {1}  # every produced group trained exactly once

@@ -34,19 +34,27 @@ TABLE: list[tuple] = []
 
 
 def job_config(task: dict, run_root: Path, **job) -> str:
-    return yaml.safe_dump({
-        "job": {"name": "faults", "steps": STEPS, "run_root": str(run_root), "max_restarts": 4,
-                "restart_backoff_seconds": 0.5, **job},
-        "model": {"path": task["model"]},
-        "data": {"train": task["train"], "eval": task["eval"], "prompts_per_step": PROMPTS},
-        # a call to a dead service is retried (UNAVAILABLE) until its deadline: these bound the time to notice
-        "rollout": {"replicas": 1, "n": N, "max_tokens": 6, "request_timeout_seconds": 30},
-        "eval": {"every": 0, "max_prompts": 4},
-        "checkpoint": {"every": 1},
-        "weights": {"timeout_seconds": 5},
-        "services": {"use_ray": False, "start_timeout_seconds": 120},
-        "trainer": {"optimizer": {"lr": 1e-3}, "request_timeout_seconds": 30},
-    })  # fmt: skip
+    return yaml.safe_dump(
+        {
+            "job": {
+                "name": "faults",
+                "steps": STEPS,
+                "run_root": str(run_root),
+                "max_restarts": 4,
+                "restart_backoff_seconds": 0.5,
+                **job,
+            },
+            "model": {"path": task["model"]},
+            "data": {"train": task["train"], "eval": task["eval"], "prompts_per_step": PROMPTS},
+            # a call to a dead service is retried (UNAVAILABLE) until its deadline: these bound the time to notice
+            "rollout": {"replicas": 1, "n": N, "max_tokens": 6, "request_timeout_seconds": 30},
+            "eval": {"every": 0, "max_prompts": 4},
+            "checkpoint": {"every": 1},
+            "weights": {"timeout_seconds": 5},
+            "services": {"use_ray": False, "start_timeout_seconds": 120},
+            "trainer": {"optimizer": {"lr": 1e-3}, "request_timeout_seconds": 30},
+        }
+    )
 
 
 @dataclass
@@ -89,8 +97,15 @@ def add_rows(faults: list, record, lost: dict[int, int], survived: bool, steps: 
         nxt = faults[i + 1] if i + 1 < len(faults) and faults[i + 1].injected else None
         steps_lost = (nxt.steps_lost_before if nxt else record.steps_lost) - f.steps_lost_before
         upto = nxt.step if nxt else steps + 1
-        TABLE.append((f.name, f.injected, survived and f.injected > 0, steps_lost,
-                      sum(v for s, v in lost.items() if f.step <= s < upto)))  # fmt: skip
+        TABLE.append(
+            (
+                f.name,
+                f.injected,
+                survived and f.injected > 0,
+                steps_lost,
+                sum(v for s, v in lost.items() if f.step <= s < upto),
+            )
+        )
 
 
 def _print_table(capsys) -> None:
@@ -109,13 +124,23 @@ def test_one_job_survives_a_kill_of_each_of_its_services(tiny_task, tmp_path, ca
     running = spb.NODE_STATE_RUNNING
     faults = [
         Fault("trainer kill -9 mid-step", "actor_train", 2, running, lambda: _kill(service_pids(run, "trainer"))),
-        Fault("redis kill -9 mid-put", "rollout", 3, running,
-              lambda: _kill([c for p in service_pids(run, "databuffer") for c in child_pids(p, "redis-server")])),
-        Fault("replica kill -9 mid-generation", "rollout", 4, running,
-              lambda: _kill(service_pids(run, "rollout", "rollout-0"))),
+        Fault(
+            "redis kill -9 mid-put",
+            "rollout",
+            3,
+            running,
+            lambda: _kill([c for p in service_pids(run, "databuffer") for c in child_pids(p, "redis-server")]),
+        ),
+        Fault(
+            "replica kill -9 mid-generation",
+            "rollout",
+            4,
+            running,
+            lambda: _kill(service_pids(run, "rollout", "rollout-0")),
+        ),
         # the service itself (its embedded redis-server is orphaned: the restart must end it first)
         Fault("data buffer kill -9 mid-step", "advantage", 5, running, lambda: _kill(service_pids(run, "databuffer"))),
-    ]  # fmt: skip
+    ]
     thread = threading.Thread(target=jobs.run, args=(record,), daemon=True)
     thread.start()
     position, pending = 0, list(faults)
@@ -183,8 +208,9 @@ def test_a_scheduler_killed_mid_step_is_picked_up_by_the_next_one(tiny_task, tmp
     survived = record.state == spb.JOB_STATE_SUCCEEDED
     checkpoint = max(int(p.parent.name[5:]) for p in (root / "f2" / "checkpoints").glob("step_*/COMPLETE"))
     lost = _samples_lost(root / "f2")
-    TABLE.append(("scheduler kill -9 mid-step", 1, survived, max(logged - min(checkpoint, logged), 0),
-                  sum(lost.values())))  # fmt: skip
+    TABLE.append(
+        ("scheduler kill -9 mid-step", 1, survived, max(logged - min(checkpoint, logged), 0), sum(lost.values()))
+    )
     _print_table(capsys)
     assert survived, record.error + _tail(record)
     assert sorted(lost) == [1, 2, 3] and sum(lost.values()) == 0, lost

@@ -36,8 +36,9 @@ STEPS = 6
 
 
 def _meshrl(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "meshrl.scheduler.cli", *args], capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "meshrl.scheduler.cli", *args], capture_output=True, text=True, timeout=600
+    )
 
 
 @pytest.fixture
@@ -109,14 +110,24 @@ def test_a_job_on_supervised_services_survives_a_frozen_and_a_killed_replica_and
     run = record.runner.run.root
     faults = [
         # frozen while it trains, so that the publication after it meets a replica that does not answer
-        Fault("replica SIGSTOP during a weight update", "actor_train", "checkpoint saved at step 1",
-              lambda: _freeze_for(_pid(state, "rollout-1"), 8.0)),
+        Fault(
+            "replica SIGSTOP during a weight update",
+            "actor_train",
+            "checkpoint saved at step 1",
+            lambda: _freeze_for(_pid(state, "rollout-1"), 8.0),
+        ),
         # once the frozen one serves again: the supervisor restarts the trainer, the job resumes
-        Fault("trainer kill -9 mid-step (up)", "actor_train", "refitted to weight version",
-              lambda: _kill([_pid(state, "trainer")])),
+        Fault(
+            "trainer kill -9 mid-step (up)",
+            "actor_train",
+            "refitted to weight version",
+            lambda: _kill([_pid(state, "trainer")]),
+        ),
         # after the resume: its rows finish on the other replica
-        Fault("replica kill -9 mid-generation (up)", "rollout", "resumed from", lambda: _kill([_pid(state, "rollout-0")])),
-    ]  # fmt: skip
+        Fault(
+            "replica kill -9 mid-generation (up)", "rollout", "resumed from", lambda: _kill([_pid(state, "rollout-0")])
+        ),
+    ]
     thread = threading.Thread(target=jobs.run, args=(record,), daemon=True)
     thread.start()
     position, pending, seen = 0, list(faults), ""

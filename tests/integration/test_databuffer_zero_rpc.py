@@ -34,8 +34,9 @@ def buffer():
     waiting gets that poll only every 5 s (so a prompt wake-up is the commit notification)."""
     raw = redis.Redis.from_url(SYSTEM_REDIS)
     prefix = unique_prefix("zero")
-    cfg = config(SYSTEM_REDIS, prefix, limits={"chunk_bytes": MiB}, budget={"max_bytes": BUDGET},
-                 batches={"poll_seconds": 5.0})  # fmt: skip
+    cfg = config(
+        SYSTEM_REDIS, prefix, limits={"chunk_bytes": MiB}, budget={"max_bytes": BUDGET}, batches={"poll_seconds": 5.0}
+    )
     with direct_and_relayed(cfg, SYSTEM_REDIS) as (core, direct, relayed):  # every whole put zero-RPC
         assert direct.direct_path().zero is not None
         yield direct, relayed, raw, prefix, core

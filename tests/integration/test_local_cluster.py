@@ -134,8 +134,9 @@ def test_up_submit_watch_status_down(cluster, task, tmp_path):
         )
     )
     started = time.monotonic()
-    submit = meshrl("submit", "grpo", "--config", str(job), "--config", str(state / "services.yaml"),
-                    "--job-id", "local-1", env=env)  # fmt: skip
+    submit = meshrl(
+        "submit", "grpo", "--config", str(job), "--config", str(state / "services.yaml"), "--job-id", "local-1", env=env
+    )
     assert submit.returncode == 0, submit.stdout + submit.stderr
     assert submit.stdout.startswith("local-1  ")
 
@@ -225,8 +226,9 @@ def test_down_skips_a_pid_that_no_longer_runs_the_service(tmp_path):
 
 def test_up_that_cannot_start_a_service_says_why_and_leaves_nothing_running(tmp_path):
     state = tmp_path / "state"
-    out = meshrl("up", "--model", str(tmp_path / "no-such-model"), "--state-dir", str(state), "--timeout", "120",
-                 timeout=300)  # fmt: skip
+    out = meshrl(
+        "up", "--model", str(tmp_path / "no-such-model"), "--state-dir", str(state), "--timeout", "120", timeout=300
+    )
     assert out.returncode == 2 and "the services did not start" in out.stderr, out.stdout + out.stderr
     assert "rollout exited" in out.stderr and "no-such-model" in out.stderr, out.stderr
     assert not (state / "services.json").exists() and not (state / "supervisor.json").exists()

@@ -25,8 +25,18 @@ def test_a_secured_local_set_refuses_strangers_and_runs_a_job_over_a_secured_wei
     token = tmp_path / "token"
     token.write_text("local-secret\n")
     state = tmp_path / "state"
-    up = meshrl("up", "--model", str(model), "--replicas", "1", "--state-dir", str(state), "--token-file",
-                str(token), timeout=300)  # fmt: skip
+    up = meshrl(
+        "up",
+        "--model",
+        str(model),
+        "--replicas",
+        "1",
+        "--state-dir",
+        str(state),
+        "--token-file",
+        str(token),
+        timeout=300,
+    )
     services = json.loads((state / "services.json").read_text()) if (state / "services.json").exists() else []
     try:
         assert up.returncode == 0, up.stdout + up.stderr
@@ -37,16 +47,31 @@ def test_a_secured_local_set_refuses_strangers_and_runs_a_job_over_a_secured_wei
                 scheduler_pb2_grpc.SchedulerStub(channel).ListJobs(spb.ListJobsRequest(), timeout=10)
             assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
         job = tmp_path / "job.yaml"
-        job.write_text(json.dumps({
-            "job": {"name": "secured", "steps": 2}, "model": {"path": str(model)},
-            "data": {"train": str(tmp_path / "train.jsonl"), "prompts_per_step": 2},
-            "rollout": {"n": 2, "max_tokens": 4}, "eval": {"every": 0, "max_prompts": 2},
-            "weights": {"transport": "distributed"},
-        }))  # fmt: skip
+        job.write_text(
+            json.dumps(
+                {
+                    "job": {"name": "secured", "steps": 2},
+                    "model": {"path": str(model)},
+                    "data": {"train": str(tmp_path / "train.jsonl"), "prompts_per_step": 2},
+                    "rollout": {"n": 2, "max_tokens": 4},
+                    "eval": {"every": 0, "max_prompts": 2},
+                    "weights": {"transport": "distributed"},
+                }
+            )
+        )
         secured = ["--scheduler", scheduler, "--token-file", str(token)]
         started = time.monotonic()
-        submit = meshrl("submit", "grpo", "--config", str(job), "--config", str(state / "services.yaml"),
-                        "--job-id", "sec-1", *secured)  # fmt: skip
+        submit = meshrl(
+            "submit",
+            "grpo",
+            "--config",
+            str(job),
+            "--config",
+            str(state / "services.yaml"),
+            "--job-id",
+            "sec-1",
+            *secured,
+        )
         assert submit.returncode == 0, submit.stdout + submit.stderr
         watch = meshrl("watch", "sec-1", *secured, timeout=240)
         print(f"secured job (submit + watch): {time.monotonic() - started:.1f}s")

@@ -64,12 +64,16 @@ def _rollout_config(world: dict, name: str) -> dict:
         "replica_id": name,
         "engine": {"model_path": world["model"], "max_batch_size": 16},
         "databuffer": pki.channel(name, world["addresses"]["databuffer"]),
-        "registry": {"redis_url": world["registry_url"], "namespace": NAMESPACE, "ttl_seconds": 3,
-                     "heartbeat_seconds": 0.5},
+        "registry": {
+            "redis_url": world["registry_url"],
+            "namespace": NAMESPACE,
+            "ttl_seconds": 3,
+            "heartbeat_seconds": 0.5,
+        },
         "drain_timeout_s": 60,
         "paths": {"roots": [str(root)]},  # the run's published weights
         "telemetry": _telemetry(root, name),
-    }  # fmt: skip
+    }
 
 
 @pytest.fixture(scope="module")
@@ -83,16 +87,35 @@ def world(tmp_path_factory):
     pki = PKI(root / "pki", sorted(set(HOSTS.values())))
     redis = Redis(HOSTS["databuffer"], root / "redis")
     cluster = Cluster(root)
-    world = {"root": root, "model": model, "pki": pki, "cluster": cluster, "addresses": cluster.addresses,
-             "registry_url": f"{redis.url}/1"}  # fmt: skip
+    world = {
+        "root": root,
+        "model": model,
+        "pki": pki,
+        "cluster": cluster,
+        "addresses": cluster.addresses,
+        "registry_url": f"{redis.url}/1",
+    }
     try:
-        cluster.start("databuffer", "databuffer", {
-            "server": pki.server("databuffer", HOSTS["databuffer"]), "redis": {"url": f"{redis.url}/0"},
-            "telemetry": _telemetry(root, "databuffer")})  # fmt: skip
-        cluster.start("trainer", "trainer", {
-            "server": pki.server("trainer", HOSTS["trainer"]), "torch_threads": 1, "paths": {"roots": [str(root)]},
-            "databuffer": pki.channel("trainer", cluster.addresses["databuffer"]),
-            "telemetry": _telemetry(root, "trainer")})  # fmt: skip
+        cluster.start(
+            "databuffer",
+            "databuffer",
+            {
+                "server": pki.server("databuffer", HOSTS["databuffer"]),
+                "redis": {"url": f"{redis.url}/0"},
+                "telemetry": _telemetry(root, "databuffer"),
+            },
+        )
+        cluster.start(
+            "trainer",
+            "trainer",
+            {
+                "server": pki.server("trainer", HOSTS["trainer"]),
+                "torch_threads": 1,
+                "paths": {"roots": [str(root)]},
+                "databuffer": pki.channel("trainer", cluster.addresses["databuffer"]),
+                "telemetry": _telemetry(root, "trainer"),
+            },
+        )
         with ThreadPoolExecutor(2) as pool:  # the two replicas start side by side, as on two hosts
             list(pool.map(lambda n: cluster.start("rollout", n, _rollout_config(world, n)), ("rollout-a", "rollout-b")))
         world["gate"] = root / "gate"
@@ -106,11 +129,19 @@ def world(tmp_path_factory):
             ],  # weights.group_address
             "read_roots": [str(root)],
         }
-        cluster.start("scheduler", "scheduler", {
-            "server": pki.server("scheduler", HOSTS["scheduler"]), "run_root": str(root / "runs"),
-            "allowed_modules": ["meshrl", "tests.integration"],  # the gate reward
-            "channels": {"databuffer": peer, "trainer": peer, "rollout": peer}, "job_permissions": permissions,
-            "telemetry": _telemetry(root, "scheduler")}, env={"MESHRL_TEST_GATE": str(world["gate"])})  # fmt: skip
+        cluster.start(
+            "scheduler",
+            "scheduler",
+            {
+                "server": pki.server("scheduler", HOSTS["scheduler"]),
+                "run_root": str(root / "runs"),
+                "allowed_modules": ["meshrl", "tests.integration"],  # the gate reward
+                "channels": {"databuffer": peer, "trainer": peer, "rollout": peer},
+                "job_permissions": permissions,
+                "telemetry": _telemetry(root, "scheduler"),
+            },
+            env={"MESHRL_TEST_GATE": str(world["gate"])},
+        )
         yield world
     finally:
         cluster.close()
@@ -186,8 +217,10 @@ def test_a_service_with_a_misconfigured_peer_fails_at_start(world, service, chan
     started = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", f"meshrl.{service}", "--config", str(config)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode != 0
     assert "the data buffer" in proc.stderr and words in proc.stderr and "Fix:" in proc.stderr, proc.stderr[-2000:]
     assert time.monotonic() - started < 60
@@ -199,15 +232,19 @@ def _job_config(world: dict) -> dict:
         "job": {"name": "multihost", "steps": STEPS, "allowed_modules": ["meshrl", "tests.integration"]},
         "model": {"path": world["model"]},
         "data": {"train": str(world["root"] / "train.jsonl"), "prompts_per_step": PROMPTS},
-        "rollout": {"replicas": 0, "n": N, "max_tokens": 8,
-                    "registry": {"redis_url": world["registry_url"], "namespace": NAMESPACE}},
+        "rollout": {
+            "replicas": 0,
+            "n": N,
+            "max_tokens": 8,
+            "registry": {"redis_url": world["registry_url"], "namespace": NAMESPACE},
+        },
         "trainer": {"address": addresses["trainer"], "optimizer": {"lr": 1e-3}},
         "services": {"databuffer": addresses["databuffer"], "use_ray": False},  # channels: the scheduler's
         "eval": {"every": 0, "max_prompts": 4},
         # the weight group on the trainer's host, secured: its members prove the services' token (stream.py)
         "weights": {"transport": "distributed", "group_address": HOSTS["trainer"]},
         "algorithm": {"reward": "tests.integration._gate_reward:gated_exact_match"},  # holds steps on a gate file
-    }  # fmt: skip
+    }
 
 
 class Watch:
@@ -264,8 +301,23 @@ def test_grpo_job_across_hosts_with_a_replica_joining_and_one_draining(world):
     cert, key = pki.cert("cli")
     scheduler = world["addresses"]["scheduler"]
     security = ["--tls-ca", pki.ca.cert_file, "--tls-cert", cert, "--tls-key", key, "--token-file", str(pki.token)]
-    submit = subprocess.run([*meshrl_cli(), "submit", "grpo", "--config", str(job_file), "--scheduler", scheduler,
-                             "--job-id", "mh-1", *security], capture_output=True, text=True, timeout=120)  # fmt: skip
+    submit = subprocess.run(
+        [
+            *meshrl_cli(),
+            "submit",
+            "grpo",
+            "--config",
+            str(job_file),
+            "--scheduler",
+            scheduler,
+            "--job-id",
+            "mh-1",
+            *security,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert submit.returncode == 0, submit.stdout + submit.stderr
     channel = open_channel(scheduler, ChannelConfig.model_validate(pki.channel("cli")))
     stub = scheduler_pb2_grpc.SchedulerStub(channel)
@@ -332,9 +384,15 @@ def test_grpo_job_across_hosts_with_a_replica_joining_and_one_draining(world):
     start_to_first = first_at - cluster.started_at["rollout-c"]
     t0 = cluster.started_at["rollout-c"]
     timeline = {f"step {k}": round(v - t0, 1) for k, v in sorted(watch.step_times.items())}
-    timeline.update({"serving": round(serving_at - t0, 1), "registered": round(registered_at - t0, 1),
-                     "joined": round(next(t for t, line in watch.logs if newcomer in line and "joined" in line) - t0, 1),
-                     "first request": round(first_at - t0, 1), "SIGTERM to rollout-b": round(term_at - t0, 1)})  # fmt: skip
+    timeline.update(
+        {
+            "serving": round(serving_at - t0, 1),
+            "registered": round(registered_at - t0, 1),
+            "joined": round(next(t for t, line in watch.logs if newcomer in line and "joined" in line) - t0, 1),
+            "first request": round(first_at - t0, 1),
+            "SIGTERM to rollout-b": round(term_at - t0, 1),
+        }
+    )
     print(f"\ntimeline from rollout-c's start (s): {timeline}")
     joined_t = timeline["joined"]
     print(

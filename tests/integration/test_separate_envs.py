@@ -207,8 +207,14 @@ class Services:
         port_file, log = self.workdir / f"{name}.port", self.workdir / f"{name}.log"
         cmd = [env.python, "-m", f"meshrl.{env.svc}", "--port", "0", *args, "--set", f"server.port_file={port_file}"]
         with open(log, "wb") as out:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=self.workdir, start_new_session=True,
-                                    env={**env.env(), EXIT_WITH_PARENT_ENV: "1"})  # fmt: skip
+            proc = subprocess.Popen(
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=self.workdir,
+                start_new_session=True,
+                env={**env.env(), EXIT_WITH_PARENT_ENV: "1"},
+            )
         self.running[name] = Running(name, proc, "")
         return proc
 

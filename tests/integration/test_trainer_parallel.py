@@ -47,8 +47,13 @@ def make_batch(vocab: int, rows: int = 8, seed: int = 0) -> dict[str, Ragged]:
     n = int(responses.offsets[-1])
     adv = np.repeat(rng.normal(size=rows), responses.lengths()).astype(np.float32)
     noisy = lambda: Ragged((-5.6 + 0.1 * rng.normal(size=n)).astype(np.float32), responses.offsets)  # noqa: E731
-    return {"prompt_ids": prompts, "response_ids": responses, "advantages": Ragged(adv, responses.offsets),
-            "old_logprobs": noisy(), "ref_logprobs": noisy()}  # fmt: skip
+    return {
+        "prompt_ids": prompts,
+        "response_ids": responses,
+        "advantages": Ragged(adv, responses.offsets),
+        "old_logprobs": noisy(),
+        "ref_logprobs": noisy(),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +70,14 @@ def stack(tmp_path_factory):
         buffer = DataBufferClient(address["databuffer"])
         batch = make_batch(275)
         buffer.put(batch_key("job", 0, "data"), batch)
-        yield {"launcher": launcher, "root": root, "model": model, "buffer": buffer, "batch": batch,
-               "buffer_address": address["databuffer"]}  # fmt: skip
+        yield {
+            "launcher": launcher,
+            "root": root,
+            "model": model,
+            "buffer": buffer,
+            "batch": batch,
+            "buffer_address": address["databuffer"],
+        }
         buffer.close()
     finally:
         launcher.stop_all(grace=10)
@@ -115,8 +126,13 @@ def start_trainer(stack, name: str, tp: int, pp: int, dp: int) -> TrainerClient:
 
 
 def served_logprobs(stack, trainer: TrainerClient, tag: str) -> np.ndarray:
-    req = tpb.ComputeLogProbsRequest(role=tpb.ROLE_ACTOR, inputs=[batch_key("job", 0, "data")],
-                                     output=batch_key("job", 0, tag), output_name="lp", micro_batch_tokens=MICRO)  # fmt: skip
+    req = tpb.ComputeLogProbsRequest(
+        role=tpb.ROLE_ACTOR,
+        inputs=[batch_key("job", 0, "data")],
+        output=batch_key("job", 0, tag),
+        output_name="lp",
+        micro_batch_tokens=MICRO,
+    )
     trainer.stub.ComputeLogProbs(req, timeout=300)
     return stack["buffer"].get(batch_key("job", 0, tag))["lp"].values
 
@@ -127,8 +143,9 @@ def sgd_step(trainer: TrainerClient) -> dict[str, float]:
 
 
 def exported(trainer: TrainerClient, root: Path, version: int) -> dict:
-    req = tpb.PublishWeightsRequest(role=tpb.ROLE_ACTOR, transport=weights_pb2.WEIGHT_TRANSPORT_DISK,
-                                    version=version, disk_root=str(root))  # fmt: skip
+    req = tpb.PublishWeightsRequest(
+        role=tpb.ROLE_ACTOR, transport=weights_pb2.WEIGHT_TRANSPORT_DISK, version=version, disk_root=str(root)
+    )
     folder = Path(trainer.publish(req, timeout=300).disk.path)
     tensors = {}
     for file in sorted(folder.glob("*.safetensors")):
@@ -163,12 +180,19 @@ def test_tensor_parallel_publishes_checkpoints_and_matches(stack, reference):
     # Fresh weights: the gathered TP=2 export hashes exactly like the TP=1 trainer's, and reaches two replicas.
     assert dict(trainer.checksums().sha256) == reference["checksums"]
     replicas = [f"rollout-{i}" for i in range(2)]
-    specs = [ServiceSpec("rollout", n, ["--set", f"databuffer_address={stack['buffer_address']}",
-                                        "--set", f"engine.model_path={stack['model']}"]) for n in replicas]  # fmt: skip
+    specs = [
+        ServiceSpec(
+            "rollout",
+            n,
+            ["--set", f"databuffer_address={stack['buffer_address']}", "--set", f"engine.model_path={stack['model']}"],
+        )
+        for n in replicas
+    ]
     addresses = stack["launcher"].start(specs)
     clients = [RolloutClient(addresses[n]) for n in replicas]
-    publisher = WeightPublisher(trainer, WeightsSection(transport="distributed", timeout_seconds=60),
-                                str(stack["root"] / "published"))  # fmt: skip
+    publisher = WeightPublisher(
+        trainer, WeightsSection(transport="distributed", timeout_seconds=60), str(stack["root"] / "published")
+    )
     result = publisher.publish(clients)  # verifies every replica's checksums against the trainer's, or raises
     assert result.stale == [] and all(dict(c.checksums().sha256) == reference["checksums"] for c in clients)
     for n in replicas:
@@ -186,8 +210,12 @@ def test_tensor_parallel_publishes_checkpoints_and_matches(stack, reference):
     ]
     at_tp2 = served_logprobs(stack, trainer, "tp2-ckpt")
     assert core.load_checkpoint("actor", str(saved)) == (5, b"pos")
-    np.testing.assert_allclose(core.compute_logprobs("actor", stack["batch"], micro_batch_tokens=MICRO).values.values,
-                               at_tp2, atol=1e-5, rtol=0)  # fmt: skip
+    np.testing.assert_allclose(
+        core.compute_logprobs("actor", stack["batch"], micro_batch_tokens=MICRO).values.values,
+        at_tp2,
+        atol=1e-5,
+        rtol=0,
+    )
     back = stack["root"] / "ckpt-tp1"
     core.save_checkpoint("actor", str(back), step=6)
     core.train_step("actor", stack["batch"], micro_batch_tokens=MICRO)  # move away; the TP=2 trainer resumes
@@ -245,9 +273,26 @@ def _start_torchrun_hosts(
     ]
     agents = []
     for node, host in enumerate(hosts):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(hosts)), "--node-rank", str(node),
-               "--nproc-per-node", "1", "--master-addr", hosts[0], "--master-port", str(master),
-               "--local-addr", host, "-m", "meshrl.trainer", *config]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            str(len(hosts)),
+            "--node-rank",
+            str(node),
+            "--nproc-per-node",
+            "1",
+            "--master-addr",
+            hosts[0],
+            "--master-port",
+            str(master),
+            "--local-addr",
+            host,
+            "-m",
+            "meshrl.trainer",
+            *config,
+        ]
         log = open(stack["root"] / f"torchrun-{node}.log", "wb")  # noqa: SIM115 - the child owns it
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         agents.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))

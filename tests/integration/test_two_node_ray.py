@@ -63,10 +63,18 @@ def _start_cluster(env: dict[str, str]) -> tuple[Path, str]:
         head = f"{HEAD}:{free_port(HEAD)}"
         env["RAY_TMPDIR"] = str(temp_dir)
         commands = (
-            [RAY, "start", "--head", f"--node-ip-address={HEAD}", f"--port={head.rsplit(':', 1)[1]}",
-             f"--temp-dir={temp_dir}", "--include-dashboard=false", *common],
+            [
+                RAY,
+                "start",
+                "--head",
+                f"--node-ip-address={HEAD}",
+                f"--port={head.rsplit(':', 1)[1]}",
+                f"--temp-dir={temp_dir}",
+                "--include-dashboard=false",
+                *common,
+            ],
             [RAY, "start", f"--address={head}", f"--node-ip-address={WORKER}", *common],
-        )  # fmt: skip
+        )
         try:
             for command in commands:
                 subprocess.run(command, env=env, check=True, capture_output=True, text=True, timeout=180)
@@ -110,10 +118,21 @@ def test_a_job_on_two_ray_nodes_places_services_on_both(two_node_cluster, tmp_pa
     }
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(cfg))
     done = subprocess.run(
-        [sys.executable, "-m", "meshrl.scheduler.cli", "run", "grpo", "--config", str(tmp_path / "job.yaml"),
-         "--no-progress"],
-        capture_output=True, text=True, timeout=480, env=dict(os.environ),
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "meshrl.scheduler.cli",
+            "run",
+            "grpo",
+            "--config",
+            str(tmp_path / "job.yaml"),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=480,
+        env=dict(os.environ),
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (run,) = (tmp_path / "runs").iterdir()
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]

@@ -44,10 +44,12 @@ def services(tmp_path_factory):
             [ServiceSpec("databuffer", "databuffer", ["--set", f"redis.embedded.data_dir={root}/r"])]
         )["databuffer"]
         with_buffer = ["--set", f"databuffer_address={buffer}", "--set", f"paths.roots={json.dumps([str(root)])}"]
-        addresses = launcher.start([
-            ServiceSpec("trainer", "trainer", with_buffer),
-            ServiceSpec("rollout", "rollout-0", [*with_buffer, "--set", f"engine.model_path={model}"]),
-        ])  # fmt: skip
+        addresses = launcher.start(
+            [
+                ServiceSpec("trainer", "trainer", with_buffer),
+                ServiceSpec("rollout", "rollout-0", [*with_buffer, "--set", f"engine.model_path={model}"]),
+            ]
+        )
         trainer = TrainerClient(addresses["trainer"])
         trainer.load_model("actor", model, "float32", OptimSection(lr=1e-2), 0)
         replica = RolloutClient(addresses["rollout-0"])
@@ -132,9 +134,11 @@ def test_an_update_mid_generation_versions_each_token_and_the_loss_weights_them_
     assert 0 < (expected == 0).mean() < 1 and (expected < ratio).any()  # some truncated, some masked
     metrics = _train(s, 2, keys, {"tis_cap": tis_cap, "mis_cap": mis_cap})
     with capsys.disabled():
-        print(f"\n\nmid-generation update: tokens of v{v1} {(versions == v1).mean():.2f}, of v{v2} "
-              f"{(versions == v2).mean():.2f}; |trainer - rollout| log-prob: v{v1} {gap[versions == v1].mean():.4f}, "
-              f"v{v2} {gap[versions == v2].mean():.2e}; tis_weight {metrics['tis_weight']:.5f} (expected "
-              f"{expected.mean():.5f}), masked {metrics['is_masked_fraction']:.4f}\n")  # fmt: skip
+        print(
+            f"\n\nmid-generation update: tokens of v{v1} {(versions == v1).mean():.2f}, of v{v2} "
+            f"{(versions == v2).mean():.2f}; |trainer - rollout| log-prob: v{v1} {gap[versions == v1].mean():.4f}, "
+            f"v{v2} {gap[versions == v2].mean():.2e}; tis_weight {metrics['tis_weight']:.5f} (expected "
+            f"{expected.mean():.5f}), masked {metrics['is_masked_fraction']:.4f}\n"
+        )
     assert metrics["tis_weight"] == pytest.approx(float(expected.mean()), rel=1e-5)
     assert metrics["is_masked_fraction"] == pytest.approx(float((expected == 0).mean()), abs=1e-7)

@@ -54,8 +54,13 @@ class Prometheus:
             "scrape_configs": [{"job_name": "meshrl", "static_configs": [{"targets": self.targets}]}],
         }
         (self.root / "prometheus.yml").write_text(yaml.safe_dump(config))
-        cmd = [binary, f"--config.file={self.root / 'prometheus.yml'}", f"--storage.tsdb.path={self.root / 'data'}",
-               f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"]  # fmt: skip
+        cmd = [
+            binary,
+            f"--config.file={self.root / 'prometheus.yml'}",
+            f"--storage.tsdb.path={self.root / 'data'}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+            "--log.level=warn",
+        ]
         log = open(self.root / "prometheus.log", "ab")  # noqa: SIM115 - the child owns it
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
@@ -133,8 +138,15 @@ def start_services(root: Path, model: str, procs: dict[str, ServiceProcess]) -> 
         if svc == "scheduler":  # the job names the other services: the operator allows exactly them
             peers = ", ".join(f'"{addresses[s]}"' for s in SERVICES[:-1])
             extra[svc] += ["--set", f"job_permissions.peer_addresses=[{peers}]"]
-        args = [*extra[svc], "--set", f"telemetry.prometheus_port={metrics[svc]}",
-                "--set", "telemetry.prometheus_host=127.0.0.1", "--set", f"telemetry.instance={svc}"]  # fmt: skip
+        args = [
+            *extra[svc],
+            "--set",
+            f"telemetry.prometheus_port={metrics[svc]}",
+            "--set",
+            "telemetry.prometheus_host=127.0.0.1",
+            "--set",
+            f"telemetry.instance={svc}",
+        ]
         procs[svc] = ServiceProcess(svc, args, str(root / "logs" / f"{svc}.log"), exit_with_parent=True)
         return procs[svc].start(timeout=240)
 
@@ -147,13 +159,15 @@ def start_services(root: Path, model: str, procs: dict[str, ServiceProcess]) -> 
 
 
 def job_config(task: dict, addresses: dict[str, str], steps: int = 2) -> str:
-    return yaml.safe_dump({
-        "job": {"name": "observed", "steps": steps},
-        "model": {"path": task["model"]},
-        "data": {"train": task["train"], "eval": task["eval"], "prompts_per_step": 4},
-        "rollout": {"replicas": 0, "addresses": [addresses["rollout"]], "n": 2, "max_tokens": 6},
-        "trainer": {"address": addresses["trainer"], "optimizer": {"lr": 1e-3}},
-        "services": {"databuffer": addresses["databuffer"]},
-        "eval": {"every": 1, "max_prompts": 4},
-        "logging": {"backends": ["tensorboard", "wandb", "mlflow"], "project": "observed"},
-    })  # fmt: skip
+    return yaml.safe_dump(
+        {
+            "job": {"name": "observed", "steps": steps},
+            "model": {"path": task["model"]},
+            "data": {"train": task["train"], "eval": task["eval"], "prompts_per_step": 4},
+            "rollout": {"replicas": 0, "addresses": [addresses["rollout"]], "n": 2, "max_tokens": 6},
+            "trainer": {"address": addresses["trainer"], "optimizer": {"lr": 1e-3}},
+            "services": {"databuffer": addresses["databuffer"]},
+            "eval": {"every": 1, "max_prompts": 4},
+            "logging": {"backends": ["tensorboard", "wandb", "mlflow"], "project": "observed"},
+        }
+    )

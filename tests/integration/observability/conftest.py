@@ -53,8 +53,14 @@ def submitted(tmp_path_factory):
         job = stub.SubmitJob(
             spb.SubmitJobRequest(workflow_name="grpo", config_yaml=job_config(task, addresses)), timeout=120
         )
-        yield {"job": job, "stub": stub, "prometheus": prometheus, "addresses": addresses,
-               "metric_ports": metric_ports, "liveview": view}  # fmt: skip
+        yield {
+            "job": job,
+            "stub": stub,
+            "prometheus": prometheus,
+            "addresses": addresses,
+            "metric_ports": metric_ports,
+            "liveview": view,
+        }
         channel.close()
     finally:
         view.stop()

@@ -31,9 +31,12 @@ def secured(tmp_path_factory):
     (root / "token").write_text("s3cret\n")
     (root / "wrong").write_text("guess\n")
     server = ServerConfig(
-        host=HOST, port=0, auth=AuthConfig(token_file=str(root / "token")), require_auth=True,
+        host=HOST,
+        port=0,
+        auth=AuthConfig(token_file=str(root / "token")),
+        require_auth=True,
         tls=TLSConfig(cert_file=cert, key_file=key, ca_file=ca.cert_file),
-    )  # fmt: skip
+    )
     running = start_server(server, [Service(_add, None, SERVICE)])
     client_cert, client_key = ca.issue("client")
     foreign_cert, foreign_key = other.issue("intruder")
@@ -61,18 +64,30 @@ def test_the_right_channel_passes(secured):
         ({"tls": None}, "databuffer.tls", "refused a plaintext connection"),
         ({"tls": {"ca_file": "OTHER"}}, "databuffer.tls.ca_file", "not signed by this CA"),
         ({"tls": {"ca_file": "CA", "cert_file": None, "key_file": None}}, "databuffer.tls.cert_file", "mutual TLS"),
-        ({"tls": {"ca_file": "CA", "cert_file": "FOREIGN", "key_file": "FOREIGN_KEY"}}, "databuffer.tls.cert_file",
-         "refused this client certificate"),
-        ({"auth": {"token_file": None, "token_env": "MESHRL_TEST_UNSET_TOKEN"}}, "databuffer.auth.token_file", "requires a token"),
+        (
+            {"tls": {"ca_file": "CA", "cert_file": "FOREIGN", "key_file": "FOREIGN_KEY"}},
+            "databuffer.tls.cert_file",
+            "refused this client certificate",
+        ),
+        (
+            {"auth": {"token_file": None, "token_env": "MESHRL_TEST_UNSET_TOKEN"}},
+            "databuffer.auth.token_file",
+            "requires a token",
+        ),
         ({"auth": {"token_file": "WRONG"}}, "databuffer.auth.token_file", "refused the token"),
     ],
-)  # fmt: skip
+)
 def test_each_misconfiguration_names_the_peer_and_the_fix(secured, monkeypatch, change, field, words):
     monkeypatch.delenv("MESHRL_TEST_UNSET_TOKEN", raising=False)
     good = secured["good"]
     foreign_cert, foreign_key = secured["foreign"]
-    names = {"OTHER": secured["other"].cert_file, "CA": good.tls.ca_file, "FOREIGN": foreign_cert,
-             "FOREIGN_KEY": foreign_key, "WRONG": str(secured["root"] / "wrong")}  # fmt: skip
+    names = {
+        "OTHER": secured["other"].cert_file,
+        "CA": good.tls.ca_file,
+        "FOREIGN": foreign_cert,
+        "FOREIGN_KEY": foreign_key,
+        "WRONG": str(secured["root"] / "wrong"),
+    }
     data = good.model_dump()
     for section, values in change.items():
         if values is None:

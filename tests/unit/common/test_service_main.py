@@ -40,8 +40,9 @@ mark("returned")
 
 def _start(tmp_path: Path, mode: str) -> tuple[subprocess.Popen, Path]:
     marks = tmp_path / "marks"
-    proc = subprocess.Popen([sys.executable, "-c", SERVICE, str(marks), mode], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SERVICE, str(marks), mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     return proc, marks
 
 

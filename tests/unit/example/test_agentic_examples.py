@@ -31,8 +31,11 @@ def test_guess_number_answers_higher_and_lower():
     env = GuessNumberEnv()
     env.reset("guess 1-15", "10")
     assert [env.step(t).observation for t in ("8", "12", "x", "16")] == [
-        "higher", "lower", "a number from 1 to 15", "a number from 1 to 15",
-    ]  # fmt: skip
+        "higher",
+        "lower",
+        "a number from 1 to 15",
+        "a number from 1 to 15",
+    ]
     right = env.step("10")
     assert (right.reward, right.done) == (1.0, True)
     env.reset("guess 1-15", "10")

@@ -38,8 +38,17 @@ def test_sampled_tokens_score_the_same_as_generation_saw_them(tiny):
     mask = torch.zeros_like(ids)
     for i, p in enumerate(prompts):
         ids[i, width - len(p) :], mask[i, width - len(p) :] = torch.tensor(p), 1
-    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, do_sample=True, top_k=0,
-                         eos_token_id=[], pad_token_id=task.pad, output_scores=True, return_dict_in_generate=True)  # fmt: skip
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=4,
+        do_sample=True,
+        top_k=0,
+        eos_token_id=[],
+        pad_token_id=task.pad,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
     sampled = out.sequences[:, width:]
     seen = torch.stack(out.scores, 1).log_softmax(-1).gather(-1, sampled[..., None]).squeeze(-1)
     scored, rmask = rp.token_logprobs(model, prompts, sampled.tolist(), task.pad)
@@ -57,9 +66,23 @@ def test_responses_stop_at_the_first_end_of_turn(tiny):
 
 
 def test_a_tiny_run_reports_every_field():
-    recipe = rp.Recipe(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, n_train=64, n_eval=8,
-                       sft_steps=3, sft_batch=8, prompts_per_step=4, n=4, max_tokens=6, rl_steps=2,
-                       mini_batches=2, kl_coef=0.01, eval_every=1)  # fmt: skip
+    recipe = rp.Recipe(
+        hidden_size=32,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        n_train=64,
+        n_eval=8,
+        sft_steps=3,
+        sft_batch=8,
+        prompts_per_step=4,
+        n=4,
+        max_tokens=6,
+        rl_steps=2,
+        mini_batches=2,
+        kl_coef=0.01,
+        eval_every=1,
+    )
     result = rp.run(recipe, log=lambda _: None)
     assert [step for step, _ in result["evals"]] == [0, 1, 2]
     assert len(result["reward_curve"]) == 2
@@ -90,9 +113,23 @@ def test_importance_weights_truncate_mask_and_sum_per_sequence():
 
 
 def test_stale_sampling_trains_from_older_weights():
-    recipe = rp.Recipe(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, n_train=64, n_eval=8,
-                       sft_steps=2, sft_batch=8, prompts_per_step=4, n=4, max_tokens=6, rl_steps=3,
-                       mini_batches=2, eval_every=3, staleness=1)  # fmt: skip
+    recipe = rp.Recipe(
+        hidden_size=32,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        n_train=64,
+        n_eval=8,
+        sft_steps=2,
+        sft_batch=8,
+        prompts_per_step=4,
+        n=4,
+        max_tokens=6,
+        rl_steps=3,
+        mini_batches=2,
+        eval_every=3,
+        staleness=1,
+    )
     result = rp.run(recipe, log=lambda _: None)
     assert [step for step, _ in result["evals"]] == [0, 3]
     assert len(result["reward_curve"]) == 3 and all(math.isfinite(r) for r in result["reward_curve"])

@@ -215,9 +215,16 @@ class FakeSGLang(FakeServer):
             for k in range(n):
                 self.wait_unpaused()
                 if self.aborted.is_set():
-                    yield {"text": "", "output_ids": [] if self.incremental else ids, "meta_info": {
-                        "id": body["rid"], "finish_reason": {"type": "abort", "message": "Abort by pause"},
-                        "weight_version": self.version, "output_token_logprobs": list(lps)}}  # fmt: skip
+                    yield {
+                        "text": "",
+                        "output_ids": [] if self.incremental else ids,
+                        "meta_info": {
+                            "id": body["rid"],
+                            "finish_reason": {"type": "abort", "message": "Abort by pause"},
+                            "weight_version": self.version,
+                            "output_token_logprobs": list(lps),
+                        },
+                    }
                     return
                 time.sleep(self.step_s)
                 t = token(prompt, k)
@@ -228,10 +235,14 @@ class FakeSGLang(FakeServer):
                     ({"type": "stop", "matched": t} if t in stop else {"type": "length", "length": n}) if done else None
                 )
                 meta = {
-                    "id": body["rid"], "finish_reason": finish, "prompt_tokens": len(prompt),
-                    "weight_version": self.version, "completion_tokens": len(ids), "cached_tokens": 0,
+                    "id": body["rid"],
+                    "finish_reason": finish,
+                    "prompt_tokens": len(prompt),
+                    "weight_version": self.version,
+                    "completion_tokens": len(ids),
+                    "cached_tokens": 0,
                     "output_token_logprobs": list(lps),  # cumulative in both streaming modes
-                }  # fmt: skip
+                }
                 yield {"text": "x", "output_ids": [t] if self.incremental else list(ids), "meta_info": meta}
                 if done:
                     return

@@ -67,16 +67,25 @@ def test_native_update_sequence_live_weights_and_checksums(native, model_dir):
                 new, ["model.layers.0.self_attn.k_proj.weight"]
             )
         init = fake.calls("/init_weights_update_group")[0]
-        assert init == {"master_address": "127.0.0.1", "master_port": trainer.spec.master_port,
-                        "rank_offset": 1, "world_size": 2, "group_name": name, "backend": "gloo"}  # fmt: skip
+        assert init == {
+            "master_address": "127.0.0.1",
+            "master_port": trainer.spec.master_port,
+            "rank_offset": 1,
+            "world_size": 2,
+            "group_name": name,
+            "backend": "gloo",
+        }
         updates = fake.calls("/update_weights_from_distributed")
         assert len(updates) > 2 and all(u["group_name"] == name and u["weight_version"] in "12" for u in updates)
         sent = [n for u in updates if u["weight_version"] == "2" for n in u["names"]]
         assert sent == sorted(new) and updates[0]["dtypes"][0] == "float32"
         assert updates[0]["shapes"][0] == list(new[updates[0]["names"][0]].shape)
         assert all(torch.equal(fake.weights[n], t) for n, t in new.items())
-        order = [p for _, p, _ in fake.requests if p in ("/pause_generation", "/update_weights_from_distributed",
-                                                         "/continue_generation", "/model_info")]  # fmt: skip
+        order = [
+            p
+            for _, p, _ in fake.requests
+            if p in ("/pause_generation", "/update_weights_from_distributed", "/continue_generation", "/model_info")
+        ]
         order = order[order.index("/pause_generation") :]  # after start-up's /model_info
         assert order[1] == "/update_weights_from_distributed" and order[-2:] == [
             "/model_info",

@@ -13,8 +13,9 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def test_gpu_check_cpu_mode_passes_and_prints_its_figures():
     env = {**os.environ, "PYTHON": sys.executable}
-    run = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--cpu"], env=env, capture_output=True,
-                         text=True, timeout=300)  # fmt: skip
+    run = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--cpu"], env=env, capture_output=True, text=True, timeout=300
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     lines = [ln for ln in run.stdout.splitlines() if ln.startswith("PASS")]
     assert any("generates on cpu" in ln for ln in lines)
@@ -24,6 +25,7 @@ def test_gpu_check_cpu_mode_passes_and_prints_its_figures():
 
 def test_gpu_check_fails_loudly_without_cuda():
     env = {**os.environ, "PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": ""}
-    run = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], env=env, capture_output=True, text=True,
-                         timeout=120)  # fmt: skip
+    run = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_check.sh")], env=env, capture_output=True, text=True, timeout=120
+    )
     assert run.returncode == 1 and "FAIL no CUDA device visible" in run.stderr

@@ -162,8 +162,13 @@ def test_vllm_refuses_a_server_older_than_0_32(model_dir, monkeypatch):
 
 def test_server_flags():
     assert cli_flags({"tp_size": 2, "trust_remote_code": True, "enable_x": False, "dp": [1, 2]}) == [
-        "--tp-size", "2", "--trust-remote-code", "--dp", "1", "2",
-    ]  # fmt: skip
+        "--tp-size",
+        "2",
+        "--trust-remote-code",
+        "--dp",
+        "1",
+        "2",
+    ]
     with pytest.raises(InvalidArgument, match="did you mean 'tp_size'"):
         check_known_flags({"tp_sise": 2}, ["tp_size", "mem_fraction_static"], "sglang")
     with pytest.raises(InvalidArgument, match="flag name"):

@@ -22,8 +22,9 @@ MIB = 1 << 20
 @pytest.fixture(scope="module")
 def big_model(tmp_path_factory):
     """hidden 256, 4 layers: ~12 MiB of fp32 weights."""
-    return build_small_model(tmp_path_factory.mktemp("mem-model"), hidden_size=256, num_layers=4,
-                             max_position_embeddings=64, seed=3)  # fmt: skip
+    return build_small_model(
+        tmp_path_factory.mktemp("mem-model"), hidden_size=256, num_layers=4, max_position_embeddings=64, seed=3
+    )
 
 
 @pytest.fixture

@@ -143,8 +143,12 @@ def _g(**fields) -> pb.GenerateRequest:
 
 
 def _batch(**fields) -> pb.GenerateBatchRequest:
-    base = {"input": batch_key("job-every", 0, "in"), "output": batch_key("job-every", 0, "out"), "n": 1,
-            "sampling": pb.SamplingParams(max_tokens=2)}  # fmt: skip
+    base = {
+        "input": batch_key("job-every", 0, "in"),
+        "output": batch_key("job-every", 0, "out"),
+        "n": 1,
+        "sampling": pb.SamplingParams(max_tokens=2),
+    }
     return pb.GenerateBatchRequest(**{**base, **fields})
 
 
@@ -166,18 +170,41 @@ EVERY_RPC = [
     ("GenerateStream", _g(sampling=pb.SamplingParams(max_tokens=2, temperature=-1.0)), BAD, "temperature"),
     ("GenerateStream", _g(sampling=pb.SamplingParams(max_tokens=2, stop_token_ids=list(range(9)))), BAD, "stop"),
     ("UpdateWeightsFromDisk", pb.UpdateWeightsFromDiskRequest(), BAD, "weights.path"),
-    ("UpdateWeightsFromDisk", pb.UpdateWeightsFromDiskRequest(weights=weights_pb2.DiskWeights(path="/etc")),
-     grpc.StatusCode.PERMISSION_DENIED, "weights.path"),
-    ("InitWeightUpdateGroup", pb.InitWeightUpdateGroupRequest(group=weights_pb2.CollectiveGroup(
-        master_address="127.0.0.1", master_port=1, world_size=0, rank_offset=1, group_name="g")), BAD, "world_size"),
-    ("InitWeightUpdateGroup", pb.InitWeightUpdateGroupRequest(group=weights_pb2.CollectiveGroup(
-        master_address="127.0.0.1", master_port=1, world_size=2, rank_offset=1, group_name="g", backend=7)),
-     BAD, "backend"),
-    ("UpdateWeightsFromDistributed", pb.UpdateWeightsFromDistributedRequest(group_name="nope", version=1), MISSING,
-     "nope"),
+    (
+        "UpdateWeightsFromDisk",
+        pb.UpdateWeightsFromDiskRequest(weights=weights_pb2.DiskWeights(path="/etc")),
+        grpc.StatusCode.PERMISSION_DENIED,
+        "weights.path",
+    ),
+    (
+        "InitWeightUpdateGroup",
+        pb.InitWeightUpdateGroupRequest(
+            group=weights_pb2.CollectiveGroup(
+                master_address="127.0.0.1", master_port=1, world_size=0, rank_offset=1, group_name="g"
+            )
+        ),
+        BAD,
+        "world_size",
+    ),
+    (
+        "InitWeightUpdateGroup",
+        pb.InitWeightUpdateGroupRequest(
+            group=weights_pb2.CollectiveGroup(
+                master_address="127.0.0.1", master_port=1, world_size=2, rank_offset=1, group_name="g", backend=7
+            )
+        ),
+        BAD,
+        "backend",
+    ),
+    (
+        "UpdateWeightsFromDistributed",
+        pb.UpdateWeightsFromDistributedRequest(group_name="nope", version=1),
+        MISSING,
+        "nope",
+    ),
     ("DestroyWeightUpdateGroup", pb.DestroyWeightUpdateGroupRequest(group_name="nope"), None, ""),
     ("Pause", pb.PauseRequest(mode=7), BAD, "mode"),
-]  # fmt: skip
+]
 
 
 def _state(stub) -> tuple:
@@ -186,12 +213,16 @@ def _state(stub) -> tuple:
     return status.state, status.weight_version, sums.SerializeToString(deterministic=True)
 
 
-@pytest.mark.parametrize(("method", "request_", "code", "text"), EVERY_RPC,
-                         ids=[f"{c[0]}-{i}" for i, c in enumerate(EVERY_RPC)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("method", "request_", "code", "text"), EVERY_RPC, ids=[f"{c[0]}-{i}" for i, c in enumerate(EVERY_RPC)]
+)
 def test_every_mutating_rollout_rpc_refuses_bad_input_and_changes_nothing(served, buffer, method, request_, code, text):
     stub, _ = served
-    buffer.put(batch_key("job-every", 0, "in"), {S.PROMPT_IDS: Ragged.from_rows([[1, 2, 3]] * 2, dtype=np.int32)},
-               overwrite=True)  # fmt: skip
+    buffer.put(
+        batch_key("job-every", 0, "in"),
+        {S.PROMPT_IDS: Ragged.from_rows([[1, 2, 3]] * 2, dtype=np.int32)},
+        overwrite=True,
+    )
     before = _state(stub)
 
     def call():

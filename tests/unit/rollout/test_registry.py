@@ -27,8 +27,14 @@ def registry():
 
 
 def info(rid: str, state: str = SERVING, version: int = 0) -> ReplicaInfo:
-    return ReplicaInfo(replica_id=rid, address=f"127.0.0.1:{1000 + len(rid)}", engine="transformers", capacity=8,
-                       weight_version=version, state=state)  # fmt: skip
+    return ReplicaInfo(
+        replica_id=rid,
+        address=f"127.0.0.1:{1000 + len(rid)}",
+        engine="transformers",
+        capacity=8,
+        weight_version=version,
+        state=state,
+    )
 
 
 def test_heartbeat_ttl_drain_and_deregister(registry):

@@ -220,13 +220,15 @@ def test_a_batch_of_one_range_is_generated_from_the_calling_thread(fleet, buffer
 
     router._run_range = recording
     source, _ = put_prompts(buffer, "single", 1)
-    result = router.generate_batch(source, batch_key("single", 0, "rollout"), {"max_tokens": 4, "seed": 1}, n=2,
-                                   job_id="single", merge=False)  # fmt: skip
+    result = router.generate_batch(
+        source, batch_key("single", 0, "rollout"), {"max_tokens": 4, "seed": 1}, n=2, job_id="single", merge=False
+    )
     assert result.samples == 2 and threads == [threading.current_thread()]  # was: a "router" pool thread
     threads.clear()
     source, _ = put_prompts(buffer, "several", 12)
-    router.generate_batch(source, batch_key("several", 0, "rollout"), {"max_tokens": 4, "seed": 1}, n=4,
-                          job_id="several", merge=False)  # fmt: skip
+    router.generate_batch(
+        source, batch_key("several", 0, "rollout"), {"max_tokens": 4, "seed": 1}, n=4, job_id="several", merge=False
+    )
     assert len(threads) >= 2 and threading.current_thread() not in threads
 
 

@@ -15,9 +15,13 @@ from meshrl.rollout.types import SamplingParams
 
 SETTINGS = settings(max_examples=200, deadline=None)
 ANY = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**40), 2**40), st.floats(allow_nan=True), st.text(max_size=4),
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**40), 2**40),
+    st.floats(allow_nan=True),
+    st.text(max_size=4),
     st.lists(st.one_of(st.integers(-5, 2**33), st.text(max_size=2), st.floats()), max_size=3),
-)  # fmt: skip
+)
 KEYS = st.sampled_from([*SamplingParams.field_names(), "temprature", "top-p", "n"])
 
 

@@ -77,9 +77,11 @@ def test_generate_batch_writes_one_row_per_sample(stub, buffer, engine):
     shard = batch_key("job-s", 3, "rollout", shard=1)
     before = buffer.stats()
     reply = stub.GenerateBatch(
-        pb.GenerateBatchRequest(input=source, output=shard, sampling=sampling, n=1, row_begin=1, row_end=3,
-                                columns=[S.PROMPT_IDS]), timeout=60
-    )  # fmt: skip
+        pb.GenerateBatchRequest(
+            input=source, output=shard, sampling=sampling, n=1, row_begin=1, row_end=3, columns=[S.PROMPT_IDS]
+        ),
+        timeout=60,
+    )
     after = buffer.stats()
     assert (after.get_calls - before.get_calls, after.get_rows - before.get_rows) == (1, 2)
     assert after.get_bytes - before.get_bytes == sum(np.asarray(p, np.int32).nbytes for p in prompts[1:3])

@@ -19,8 +19,9 @@ def test_the_update_reply_carries_the_checksums_asked_for(model_dir, new_engine,
     pub = W.write_version(str(tmp_path / "w"), 1, [(n, t + 1.0) for n, t in tensors], fsync=False)
     disk = weights_pb2.DiskWeights(path=pub.path, version=1)
     with serve_replica(RolloutReplica(new_engine(model_dir), replica_id="sums-0", capacity=4)) as stub:
-        reply = stub.UpdateWeightsFromDisk(pb.UpdateWeightsFromDiskRequest(weights=disk, checksum_names=names),
-                                           timeout=60)  # fmt: skip
+        reply = stub.UpdateWeightsFromDisk(
+            pb.UpdateWeightsFromDiskRequest(weights=disk, checksum_names=names), timeout=60
+        )
         asked = stub.GetWeightChecksums(pb.GetWeightChecksumsRequest(names=names), timeout=60)
         assert reply.version == 1 and reply.checksums.version == 1
         assert dict(reply.checksums.sha256) == dict(asked.sha256) and sorted(asked.sha256) == sorted(names)

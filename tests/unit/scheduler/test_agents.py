@@ -37,9 +37,15 @@ def test_the_example_is_runnable_and_names_its_agents_in_order():
 
 
 def _add_reference(n, doc):
-    doc["nodes"].append({"node_id": "solver_ref", "node_type": "MODEL_INFERENCE", "node_role": "REFERENCE",
-                         "dependencies": ["solver_rollout"],
-                         "config": {"agent": "solver", "inputs": ["prompt_ids", "response_ids"]}})  # fmt: skip
+    doc["nodes"].append(
+        {
+            "node_id": "solver_ref",
+            "node_type": "MODEL_INFERENCE",
+            "node_role": "REFERENCE",
+            "dependencies": ["solver_rollout"],
+            "config": {"agent": "solver", "inputs": ["prompt_ids", "response_ids"]},
+        }
+    )
 
 
 def _drop_train(n, doc):

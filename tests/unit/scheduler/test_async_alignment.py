@@ -67,14 +67,17 @@ class Sim:
             ids = [sample_id(ctx.step, i) for i in range(rows)]
             lengths = [1 + i % 3 for i in range(rows)]
             late = self.fleet_version + (ctx.step in self.update_mid_round)
-            self.buffer.put(key, {
-                S.RESPONSE_IDS: Ragged.from_rows([np.full(n, u, np.int32) for u, n in zip(ids, lengths)], np.int32),
-                S.ROLLOUT_LOGPROBS: Ragged.from_rows([logprobs_of(u, n) for u, n in zip(ids, lengths)], np.float32),
-                S.RESPONSE_VERSIONS: Ragged.from_rows(
-                    [np.array([self.fleet_version] + [late] * (n - 1), np.int32) for n in lengths], np.int32
-                ),
-                S.GROUP_INDEX: np.arange(rows, dtype=np.int64) % PROMPTS,
-            })  # fmt: skip
+            self.buffer.put(
+                key,
+                {
+                    S.RESPONSE_IDS: Ragged.from_rows([np.full(n, u, np.int32) for u, n in zip(ids, lengths)], np.int32),
+                    S.ROLLOUT_LOGPROBS: Ragged.from_rows([logprobs_of(u, n) for u, n in zip(ids, lengths)], np.float32),
+                    S.RESPONSE_VERSIONS: Ragged.from_rows(
+                        [np.array([self.fleet_version] + [late] * (n - 1), np.int32) for n in lengths], np.int32
+                    ),
+                    S.GROUP_INDEX: np.arange(rows, dtype=np.int64) % PROMPTS,
+                },
+            )
             return NodeResult([key], rewrites_rows=True)
         if node.node_id == "reward":
             batch = self.buffer.get_many(ctx.input_keys(node.node_id))
@@ -147,8 +150,9 @@ def test_every_trained_row_carries_its_own_columns(buffer, eta):
             np.testing.assert_allclose(cols[S.ADVANTAGES].row(i), uid / 10.0 + uid % 7, rtol=1e-6)
             assert float(np.asarray(cols[S.REWARDS])[i]) == uid % 7
             versions = cols[S.RESPONSE_VERSIONS].row(i)
-            assert len(versions) == len(tokens) and versions[-1] - versions[0] == int(round_ in sim.update_mid_round
-                                                                                        and len(tokens) > 1)  # fmt: skip
+            assert len(versions) == len(tokens) and versions[-1] - versions[0] == int(
+                round_ in sim.update_mid_round and len(tokens) > 1
+            )
             assert origin.setdefault(int(groups[i]), (round_, row % PROMPTS)) == (round_, row % PROMPTS)
             assert uid not in seen  # no sample trained twice
             seen.add(uid)

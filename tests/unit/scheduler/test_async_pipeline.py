@@ -82,13 +82,16 @@ class Sim:
             first = max(self.fleet_version - 2, 0) if ctx.step in self.lagging else self.fleet_version
             second = first + 1 if ctx.step in self.update_mid_round else first
             rows = [np.array([first, second, second], dtype=np.int64) for _ in range(PROMPTS * N)]
-            self.buffer.put(key, {
-                S.RESPONSE_IDS: Ragged.from_rows([np.array([5, 6, 7], dtype=np.int32)] * len(rows), dtype=np.int32),
-                S.RESPONSE_VERSIONS: Ragged.from_rows(rows, dtype=np.int64),
-                S.ROLLOUT_LOGPROBS: Ragged.from_rows([np.full(3, -1.0, np.float32)] * len(rows), dtype=np.float32),
-                S.GROUP_INDEX: np.repeat(np.arange(PROMPTS), N).astype(np.int64),
-                S.PROMPT_INDEX: np.full(len(rows), ctx.step, dtype=np.int64),
-            })  # fmt: skip
+            self.buffer.put(
+                key,
+                {
+                    S.RESPONSE_IDS: Ragged.from_rows([np.array([5, 6, 7], dtype=np.int32)] * len(rows), dtype=np.int32),
+                    S.RESPONSE_VERSIONS: Ragged.from_rows(rows, dtype=np.int64),
+                    S.ROLLOUT_LOGPROBS: Ragged.from_rows([np.full(3, -1.0, np.float32)] * len(rows), dtype=np.float32),
+                    S.GROUP_INDEX: np.repeat(np.arange(PROMPTS), N).astype(np.int64),
+                    S.PROMPT_INDEX: np.full(len(rows), ctx.step, dtype=np.int64),
+                },
+            )
             return NodeResult([key], {"rollout/samples": float(len(rows))}, rewrites_rows=True)
         if node.node_id == "old_logprob":
             rows = self.buffer.get_many(ctx.input_keys(node.node_id)).num_rows()
@@ -111,8 +114,16 @@ def buffer():
 _jobs = iter(range(10_000))
 
 
-def run(sim: Sim, buffer, steps: int, eta: int | None, stream_groups: int = 0, policy: str = "drop",
-        job: str = "", first: int = 0) -> tuple[list[dict], AsyncSteps]:  # fmt: skip
+def run(
+    sim: Sim,
+    buffer,
+    steps: int,
+    eta: int | None,
+    stream_groups: int = 0,
+    policy: str = "drop",
+    job: str = "",
+    first: int = 0,
+) -> tuple[list[dict], AsyncSteps]:
     """The step loop as JobRunner drives it: consume, train, publish (version + 1), announce."""
     nodes = grpo_like()
     job = job or f"asyncjob{next(_jobs)}"
@@ -122,8 +133,17 @@ def run(sim: Sim, buffer, steps: int, eta: int | None, stream_groups: int = 0, p
     else:
         bound = stream_groups or (eta + 1) * PROMPTS
         plan = AsyncPlan(split_at_rollout(nodes), eta, bound, PROMPTS, policy, "data")
-        driver = AsyncSteps(executor, buffer, job, nodes, plan, threading.Event(), lambda: str(sim.loaded), steps,
-                            requeue=sim.sampler.put_back)  # fmt: skip
+        driver = AsyncSteps(
+            executor,
+            buffer,
+            job,
+            nodes,
+            plan,
+            threading.Event(),
+            lambda: str(sim.loaded),
+            steps,
+            requeue=sim.sampler.put_back,
+        )
     driver.start(first, sim.fleet_version)
     out = []
     try:
@@ -172,8 +192,15 @@ def test_no_trained_sample_is_older_than_eta_over_a_whole_run(buffer, eta):
     assert f"async/staleness_{eta}" in lags  # generation did run eta versions ahead
     assert all(m["async/dropped_groups"] == 0 for m in metrics)
     assert max(m["async/stream_groups_max"] for m in metrics) <= (eta + 1) * PROMPTS
-    assert sum(m["async/staleness_" + k.rsplit("_", 1)[1]] for m in metrics for k in m
-               if k.startswith("async/staleness_") and k[-1].isdigit()) == 6 * PROMPTS  # fmt: skip
+    assert (
+        sum(
+            m["async/staleness_" + k.rsplit("_", 1)[1]]
+            for m in metrics
+            for k in m
+            if k.startswith("async/staleness_") and k[-1].isdigit()
+        )
+        == 6 * PROMPTS
+    )
 
 
 def test_a_slow_trainer_holds_generation_back(buffer):
@@ -198,8 +225,14 @@ def test_cancel_stops_both_sides(buffer):
     sim = Sim(buffer, rollout_s=1.5)
     nodes = grpo_like()
     cancelled = threading.Event()
-    driver = AsyncSteps(StepExecutor(nodes, lambda n: sim, EventLog("cancel")), buffer, "canceljob", nodes,
-                        AsyncPlan(split_at_rollout(nodes), 1, 2 * PROMPTS, PROMPTS), cancelled)  # fmt: skip
+    driver = AsyncSteps(
+        StepExecutor(nodes, lambda n: sim, EventLog("cancel")),
+        buffer,
+        "canceljob",
+        nodes,
+        AsyncPlan(split_at_rollout(nodes), 1, 2 * PROMPTS, PROMPTS),
+        cancelled,
+    )
     driver.start(0, 1)
     threading.Timer(0.3, cancelled.set).start()
     start = time.perf_counter()
@@ -238,8 +271,11 @@ def test_admission_gate_and_figures():
     assert ending.admit(1) and not ending.admit(2)  # nothing past the job's last step
     ending.extend()  # ... unless a round was wholly dropped as stale
     assert ending.admit(2)
-    assert staleness_histogram([0, 1, 1]) == {"async/staleness_0": 1.0, "async/staleness_1": 2.0,
-                                              "async/staleness_max": 1.0}  # fmt: skip
+    assert staleness_histogram([0, 1, 1]) == {
+        "async/staleness_0": 1.0,
+        "async/staleness_1": 2.0,
+        "async/staleness_max": 1.0,
+    }
 
 
 @pytest.mark.parametrize(
@@ -355,19 +391,22 @@ def test_a_resumed_job_discards_what_the_previous_attempt_left_in_the_stream(buf
     metrics, driver = run(sim, buffer, steps=4, eta=2, job=job, first=2)
     assert driver.discarded == 2 * PROMPTS
     assert [m["async/discarded_groups"] for m in metrics] == [2 * PROMPTS, 0]
-    assert sorted(driver.trained) == sorted(f"r{r}-g{g}-p{sim.records[(r - 1) * PROMPTS + g]}"
-                                            for r in (3, 4) for g in range(PROMPTS))  # fmt: skip
+    assert sorted(driver.trained) == sorted(
+        f"r{r}-g{g}-p{sim.records[(r - 1) * PROMPTS + g]}" for r in (3, 4) for g in range(PROMPTS)
+    )
     assert set(driver.trained.values()) == {1}
     assert all(m["async/groups_redelivered"] == 0 and m["async/groups_retrained"] == 0 for m in metrics)
 
 
 def _round_rows(version: int) -> Batch:
     rows = [np.array([version] * 3, dtype=np.int64) for _ in range(PROMPTS * N)]
-    return Batch({
-        S.RESPONSE_IDS: Ragged.from_rows([np.array([5, 6, 7], dtype=np.int32)] * len(rows), dtype=np.int32),
-        S.RESPONSE_VERSIONS: Ragged.from_rows(rows, dtype=np.int64),
-        S.GROUP_INDEX: np.repeat(np.arange(PROMPTS), N).astype(np.int64),
-    })  # fmt: skip
+    return Batch(
+        {
+            S.RESPONSE_IDS: Ragged.from_rows([np.array([5, 6, 7], dtype=np.int32)] * len(rows), dtype=np.int32),
+            S.RESPONSE_VERSIONS: Ragged.from_rows(rows, dtype=np.int64),
+            S.GROUP_INDEX: np.repeat(np.arange(PROMPTS), N).astype(np.int64),
+        }
+    )
 
 
 def test_group_ids_name_their_record_and_prompts_go_back_first():

@@ -38,8 +38,9 @@ class FakeReplica:
 
     def _reply(self, before: int):
         after = 300 * MIB if "weights" in self.released else 600 * MIB
-        return SimpleNamespace(released=sorted(self.released), resident_bytes_before=before,
-                               resident_bytes_after=after, seconds=0.01)  # fmt: skip
+        return SimpleNamespace(
+            released=sorted(self.released), resident_bytes_before=before, resident_bytes_after=after, seconds=0.01
+        )
 
     def release_memory(self, tags=()):
         before = 300 * MIB if "weights" in self.released else 600 * MIB
@@ -98,8 +99,16 @@ def _run_steps(steps: int):
 
 def test_colocated_step_sleeps_and_wakes_in_order():
     calls, metrics = _run_steps(2)
-    start = ["r0.release(all)", "r1.release(all)", "r0.resume(weights)", "r1.resume(weights)", "publish",
-             "trainer.offload", "r0.resume(kv_cache)", "r1.resume(kv_cache)"]  # fmt: skip
+    start = [
+        "r0.release(all)",
+        "r1.release(all)",
+        "r0.resume(weights)",
+        "r1.resume(weights)",
+        "publish",
+        "trainer.offload",
+        "r0.resume(kv_cache)",
+        "r1.resume(kv_cache)",
+    ]
     assert calls[: len(start)] == start
     step = calls[len(start) : len(start) + (len(calls) - len(start)) // 2]
     generate = step.index("node.rollout")
@@ -108,8 +117,15 @@ def test_colocated_step_sleeps_and_wakes_in_order():
     assert step[sleep : sleep + 3] == ["r0.release(all)", "r1.release(all)", "trainer.onload"]
     trainer_nodes = [i for i, c in enumerate(step) if c in ("node.old_logprob", "node.ref_logprob", "node.actor_train")]
     assert len(trainer_nodes) == 3 and min(trainer_nodes) > sleep + 2
-    assert step[max(trainer_nodes) :] == ["node.actor_train", "r0.resume(weights)", "r1.resume(weights)", "publish",
-                                          "trainer.offload", "r0.resume(kv_cache)", "r1.resume(kv_cache)"]  # fmt: skip
+    assert step[max(trainer_nodes) :] == [
+        "node.actor_train",
+        "r0.resume(weights)",
+        "r1.resume(weights)",
+        "publish",
+        "trainer.offload",
+        "r0.resume(kv_cache)",
+        "r1.resume(kv_cache)",
+    ]
     assert calls[len(start) + len(step) :] == step  # the second step runs the same sequence
     for m in metrics:  # two replicas: 2 x 600 MiB awake, 2 x 300 MiB asleep
         assert m["colocate/replica_rss_awake_mib"] == 1200 and m["colocate/replica_rss_asleep_mib"] == 600
@@ -126,8 +142,13 @@ def test_trainer_only_lends_the_device_between_steps():
     with turns.trainer_only():
         assert replica.released == {"kv_cache"}  # its weights stay: no publication is needed to wake it
         log.add("checkpoint")
-    assert log.calls == ["r0.release(kv_cache)", "trainer.onload", "checkpoint", "trainer.offload",
-                         "r0.resume(kv_cache)"]  # fmt: skip
+    assert log.calls == [
+        "r0.release(kv_cache)",
+        "trainer.onload",
+        "checkpoint",
+        "trainer.offload",
+        "r0.resume(kv_cache)",
+    ]
     assert not replica.released and turns.phase == Phase.GENERATE
 
 
@@ -147,7 +168,9 @@ def test_a_failed_publication_still_gives_the_kv_cache_back():
 
 
 def test_generation_after_training_is_refused_before_the_job_starts():
-    nodes = [n.model_copy(update={"dependencies": ["data_load"]}) if n.node_id == "old_logprob" else n
-             for n in load_builtin("grpo").nodes]  # old_logprob no longer waits for the rollout  # fmt: skip
+    nodes = [
+        n.model_copy(update={"dependencies": ["data_load"]}) if n.node_id == "old_logprob" else n
+        for n in load_builtin("grpo").nodes
+    ]  # old_logprob no longer waits for the rollout
     with pytest.raises(ConfigError, match="old_logprob.*does not wait for ROLLOUT"):
         check_colocated_workflow(nodes)

@@ -16,8 +16,9 @@ from meshrl.scheduler.workflow import load_builtin
 
 
 def test_scaling_a_colocated_job_is_refused(tmp_path):
-    cfg = load_config(JobConfig, env={}, overrides=["model.path=m", "data.train=t.jsonl",
-                                                    "services.placement=colocated"])  # fmt: skip
+    cfg = load_config(
+        JobConfig, env={}, overrides=["model.path=m", "data.train=t.jsonl", "services.placement=colocated"]
+    )
     runner = JobRunner(load_builtin("grpo"), cfg, SimpleNamespace(root=tmp_path), "j", EventLog("j"))
     runner.turns = Turns(lambda: [], SimpleNamespace())
     started = []

@@ -15,15 +15,40 @@ from meshrl.scheduler.workflow import builtin_workflow_text, load_workflow_text
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 BASE = {"model": {"path": "m"}, "data": {"train": "t.jsonl"}}
 SCALARS = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), st.text(max_size=6),
-    st.lists(st.integers(-3, 3), max_size=2), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
-)  # fmt: skip
-PATHS = st.sampled_from([
-    "job.steps", "job.name", "rollout.n", "rollout.temperature", "rollout.top_p", "rollout.engine", "trainer.gpus",
-    "trainer.optimizer.lr", "algorithm.advantage", "algorithm.loss.clip_low", "weights.transport", "eval.every",
-    "logging.backends", "logging.wandb_mode", "telemetry.exporter", "telemetry.sample_ratio", "data.prompts_per_step",
-    "services.use_ray", "model.dtype", "nosuch.field", "job.nosuch", "job",
-])  # fmt: skip
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(),
+    st.text(max_size=6),
+    st.lists(st.integers(-3, 3), max_size=2),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+)
+PATHS = st.sampled_from(
+    [
+        "job.steps",
+        "job.name",
+        "rollout.n",
+        "rollout.temperature",
+        "rollout.top_p",
+        "rollout.engine",
+        "trainer.gpus",
+        "trainer.optimizer.lr",
+        "algorithm.advantage",
+        "algorithm.loss.clip_low",
+        "weights.transport",
+        "eval.every",
+        "logging.backends",
+        "logging.wandb_mode",
+        "telemetry.exporter",
+        "telemetry.sample_ratio",
+        "data.prompts_per_step",
+        "services.use_ray",
+        "model.dtype",
+        "nosuch.field",
+        "job.nosuch",
+        "job",
+    ]
+)
 
 
 @SETTINGS

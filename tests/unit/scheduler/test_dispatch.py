@@ -85,8 +85,9 @@ def _run_node(text: str, node_id: str, rows: int | None = None):
     for n in wf.nodes:
         if n.node_id == node_id:
             break
-        ctx.results[n.node_id] = NodeResult([batch_key("j", 1, n.node_id)], rewrites_rows=n.node_id == "rollout",
-                                            rows=rows)  # fmt: skip
+        ctx.results[n.node_id] = NodeResult(
+            [batch_key("j", 1, n.node_id)], rewrites_rows=n.node_id == "rollout", rows=rows
+        )
     node = ctx.nodes[node_id]
     handlers.handler_for(node)(node, ctx)
     return trainer.calls, fleet.calls

@@ -96,8 +96,9 @@ def test_a_trajectory_is_the_engine_output_and_the_environment_output_token_for_
         mask += [1.0] * len(out.token_ids)
         if i < 2:
             closing = "\n" if out.token_ids and out.token_ids[-1] == tok.eos_token_id else "<|im_end|>\n"
-            env = tok.encode(f"{closing}<|im_start|>user\nseen {i + 1}<|im_end|>\n<|im_start|>assistant\n",
-                             add_special_tokens=False)  # fmt: skip
+            env = tok.encode(
+                f"{closing}<|im_start|>user\nseen {i + 1}<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False
+            )
             expected += env
             mask += [0.0] * len(env)
     assert traj.response_ids == expected
@@ -114,23 +115,42 @@ def test_a_trajectory_is_the_engine_output_and_the_environment_output_token_for_
 
 def test_episode_limits_end_an_episode_with_the_reason(router, pool, turns):
     env = f"{MOD}:NeverDoneEnv"
-    t = E.run_episode(pool, env, "p", "a", router.generate, turns, E.EpisodeLimits(max_turns=2, turn_tokens=4),
-                      SAMPLING, "s1")  # fmt: skip
+    t = E.run_episode(
+        pool, env, "p", "a", router.generate, turns, E.EpisodeLimits(max_turns=2, turn_tokens=4), SAMPLING, "s1"
+    )
     assert t.end == E.MAX_TURNS and t.turns == 2 and t.reward == 0.5
-    t = E.run_episode(pool, env, "p", "a", router.generate, turns,
-                      E.EpisodeLimits(max_turns=50, max_tokens=30, turn_tokens=4), SAMPLING, "s2")  # fmt: skip
+    t = E.run_episode(
+        pool,
+        env,
+        "p",
+        "a",
+        router.generate,
+        turns,
+        E.EpisodeLimits(max_turns=50, max_tokens=30, turn_tokens=4),
+        SAMPLING,
+        "s2",
+    )
     assert t.end == E.MAX_TOKENS and len(t.response_ids) <= 30 and t.turns >= 1
-    t = E.run_episode(pool, env, "p", "a", router.generate, turns,
-                      E.EpisodeLimits(max_turns=10_000, max_tokens=400, max_seconds=0.05, turn_tokens=2),
-                      SAMPLING, "s3")  # fmt: skip
+    t = E.run_episode(
+        pool,
+        env,
+        "p",
+        "a",
+        router.generate,
+        turns,
+        E.EpisodeLimits(max_turns=10_000, max_tokens=400, max_seconds=0.05, turn_tokens=2),
+        SAMPLING,
+        "s3",
+    )
     assert t.end == E.MAX_SECONDS
     with pytest.raises(InvalidArgument, match="max_turns = 0 must be positive"):
         E.EpisodeLimits(max_turns=0)
 
 
 def test_a_hanging_environment_ends_its_episode_and_the_others_go_on(router, pool, turns):
-    t = E.run_episode(pool, f"{MOD}:HangingEnv", "p", "a", router.generate, turns, E.EpisodeLimits(turn_tokens=3),
-                      SAMPLING, "h")  # fmt: skip
+    t = E.run_episode(
+        pool, f"{MOD}:HangingEnv", "p", "a", router.generate, turns, E.EpisodeLimits(turn_tokens=3), SAMPLING, "h"
+    )
     assert t.end == E.ENV_ERROR and "timeout" in t.error and t.reward == 0.0 and t.turns == 1
     t = E.run_episode(pool, "os:getcwd", "p", "a", router.generate, turns, E.EpisodeLimits(), SAMPLING, "x")
     assert t.end == E.ENV_ERROR and "outside the allowed modules" in t.error and t.response_ids == []
@@ -138,8 +158,9 @@ def test_a_hanging_environment_ends_its_episode_and_the_others_go_on(router, poo
 
 def test_run_episodes_writes_the_rollout_batch(router, pool, turns):
     limits = E.EpisodeLimits(max_turns=5, max_tokens=400, turn_tokens=4)
-    trajs = E.run_episodes(pool, f"{MOD}:EchoEnv", ["a", "b"], ["1", "2"], 2, router.generate, turns, limits,
-                           SAMPLING, "job/2/rollout")  # fmt: skip
+    trajs = E.run_episodes(
+        pool, f"{MOD}:EchoEnv", ["a", "b"], ["1", "2"], 2, router.generate, turns, limits, SAMPLING, "job/2/rollout"
+    )
     answers = Ragged.from_rows([np.frombuffer(b"1", np.uint8), np.frombuffer(b"2", np.uint8)], dtype=np.uint8)
     cols, samples = E.trajectory_columns(trajs, answers, 2, "job", 2)
     assert cols[S.GROUP_INDEX].tolist() == [0, 0, 1, 1]
@@ -170,21 +191,47 @@ def test_the_rollout_node_runs_episodes_from_the_rows_prompt_text(router, pool, 
     from meshrl.scheduler.workflow import load_workflow_data
     from tests._databuffer import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix
 
-    cfg = JobConfig.model_validate({"model": {"path": str(model_dir)}, "data": {"train": "unused.jsonl", "prompts_per_step": 2},
-                                    "job": {"allowed_modules": [MOD, "meshrl"]}, "rollout": {"max_tokens": 4}})  # fmt: skip
-    wf = load_workflow_data({"dag_id": "ep", "nodes": [
-        {"node_id": "data", "node_type": "DATA_LOAD", "node_role": "DATA"},
-        {"node_id": "rollout", "node_type": "ROLLOUT", "node_role": "ROLLOUT", "dependencies": ["data"],
-         "executable_ref": f"{MOD}:EchoEnv", "config": {"n": 2, "max_turns": 5}},
-    ]}, allowed_modules=[MOD, "meshrl"])  # fmt: skip
+    cfg = JobConfig.model_validate(
+        {
+            "model": {"path": str(model_dir)},
+            "data": {"train": "unused.jsonl", "prompts_per_step": 2},
+            "job": {"allowed_modules": [MOD, "meshrl"]},
+            "rollout": {"max_tokens": 4},
+        }
+    )
+    wf = load_workflow_data(
+        {
+            "dag_id": "ep",
+            "nodes": [
+                {"node_id": "data", "node_type": "DATA_LOAD", "node_role": "DATA"},
+                {
+                    "node_id": "rollout",
+                    "node_type": "ROLLOUT",
+                    "node_role": "ROLLOUT",
+                    "dependencies": ["data"],
+                    "executable_ref": f"{MOD}:EchoEnv",
+                    "config": {"n": 2, "max_turns": 5},
+                },
+            ],
+        },
+        allowed_modules=[MOD, "meshrl"],
+    )
     records = [Record(0, "2+2", "4"), Record(1, "3+3", "6")]
     prefix = unique_prefix("episodes")
     with serving(config(SYSTEM_REDIS, prefix)) as (_, running):
         buffer = DataBufferClient(running.address)
         user = UserCode(cfg, wf.nodes, print)
         try:
-            handlers = NodeHandlers(cfg, buffer, None, SimpleNamespace(router=router), PromptEncoder(str(model_dir)),
-                                    PromptSampler(records, 0), None, user)  # fmt: skip
+            handlers = NodeHandlers(
+                cfg,
+                buffer,
+                None,
+                SimpleNamespace(router=router),
+                PromptEncoder(str(model_dir)),
+                PromptSampler(records, 0),
+                None,
+                user,
+            )
             nodes = {n.node_id: n for n in wf.nodes}
             ctx = StepContext("job", 1, nodes=nodes)
             ctx.results["data"] = handlers.data_load(nodes["data"], ctx)

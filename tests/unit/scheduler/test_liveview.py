@@ -28,8 +28,13 @@ def run_root(tmp_path):
         {"time": 12.7, "log": "hello"},
     ]
     (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events) + '{"time": 1')
-    metrics = {"step": 1, "reward/mean": 0.5, "weights/version": 2, "reward/zero_variance_groups": 0.875,
-               "actor/entropy": 0.12}  # fmt: skip
+    metrics = {
+        "step": 1,
+        "reward/mean": 0.5,
+        "weights/version": 2,
+        "reward/zero_variance_groups": 0.875,
+        "actor/entropy": 0.12,
+    }
     (run / "metrics.jsonl").write_text(json.dumps(metrics) + "\n")
     (run / "eval.jsonl").write_text(json.dumps({"step": 0, "eval/accuracy": 0.25}) + "\n")
     return tmp_path

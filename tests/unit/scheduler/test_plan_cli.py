@@ -63,10 +63,26 @@ def test_plan_main_json_and_options(tmp_path):
     config = tmp_path / "job.yaml"
     config.write_text("rollout:\n  n: 8\n")
     code, out, _ = run(
-        "ppo", "--nodes", "2", "--gpus-per-node", "4", "--placement", "disaggregated",
-        "--param-counts", "actor=1B", "critic=1B", "--param-counts", "reference=1B",
-        "--cost", "rollout=4", "--config", str(config), "--set", "job.steps=3", "--json",
-    )  # fmt: skip
+        "ppo",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "4",
+        "--placement",
+        "disaggregated",
+        "--param-counts",
+        "actor=1B",
+        "critic=1B",
+        "--param-counts",
+        "reference=1B",
+        "--cost",
+        "rollout=4",
+        "--config",
+        str(config),
+        "--set",
+        "job.steps=3",
+        "--json",
+    )
     assert code == 0
     data = json.loads(out)
     assert {g["group_id"]: g["workers"] for g in data["groups"]} == {

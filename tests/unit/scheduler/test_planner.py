@@ -99,8 +99,12 @@ def test_grpo_colocated_everything_everywhere():
     sync = [cg for cg in plan.comm_groups if cg.kind == "weight_sync"]
     assert len(sync) == 1 and sync[0].shares_device
     assert [(m.model, m.rank, m.worker.index) for m in sync[0].members] == [
-        ("actor", 0, 0), ("rollout", 1, 0), ("rollout", 2, 1), ("rollout", 3, 2), ("rollout", 4, 3),
-    ]  # fmt: skip
+        ("actor", 0, 0),
+        ("rollout", 1, 0),
+        ("rollout", 2, 1),
+        ("rollout", 3, 2),
+        ("rollout", 4, 3),
+    ]
     assert any("disk weight transport" in n for n in plan.notes)
     assert any("s1 hold no model" in n for n in plan.notes)
     assert plan.idle == ()
@@ -183,9 +187,11 @@ def test_replica_sizes_can_leave_workers_idle():
     # DAPO with rollout and actor in pairs on 5 workers: 2 + 2, one idle
     c = ClusterSpec(1, 5)
     wf = with_config(
-        "dapo", rollout={"tensor_parallel_size": 2}, old_logprob={"tensor_parallel_size": 2},
+        "dapo",
+        rollout={"tensor_parallel_size": 2},
+        old_logprob={"tensor_parallel_size": 2},
         actor_train={"tensor_parallel_size": 2},
-    )  # fmt: skip
+    )
     plan = plan_workflow(wf, c, PlanOptions(placement=DIS))
     assert placed(plan) == {"rollout": slots(c, "0:0-1"), "actor": slots(c, "0:2-3")}
     assert plan.idle == slots(c, "0:4") and any("idle" in n for n in plan.notes)

@@ -17,13 +17,20 @@ from meshrl.scheduler.jobs import JobManager
 from meshrl.scheduler.server import SchedulerServicer
 from meshrl.scheduler.workflow import builtin_workflow_text
 
-BAD, MISSING, DENIED, STATE = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
-                               grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.FAILED_PRECONDITION)  # fmt: skip
+BAD, MISSING, DENIED, STATE = (
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.FAILED_PRECONDITION,
+)
 
 
 def _config(tmp_path, **sections) -> str:
-    cfg = {"job": {"name": "p"}, "model": {"path": str(tmp_path / "model")},
-           "data": {"train": str(tmp_path / "train.jsonl")}}  # fmt: skip
+    cfg = {
+        "job": {"name": "p"},
+        "model": {"path": str(tmp_path / "model")},
+        "data": {"train": str(tmp_path / "train.jsonl")},
+    }
     for name, values in sections.items():
         cfg.setdefault(name, {}).update(values)
     return yaml.safe_dump(cfg)

@@ -30,11 +30,20 @@ class Trainer:
         self.error = error
         self.calls: list[dict] = []
 
-    def compute_logprobs(self, role, inputs, output, name, entropy, columns=(), weight_version=None, more_passes=(),
-                         temperature=None):  # fmt: skip
-        self.calls.append({"role": role, "output": output.node_id, "columns": list(columns), "entropy": entropy,
-                           "weight_version": weight_version, "more": list(more_passes),
-                           "temperature": temperature})  # fmt: skip
+    def compute_logprobs(
+        self, role, inputs, output, name, entropy, columns=(), weight_version=None, more_passes=(), temperature=None
+    ):
+        self.calls.append(
+            {
+                "role": role,
+                "output": output.node_id,
+                "columns": list(columns),
+                "entropy": entropy,
+                "weight_version": weight_version,
+                "more": list(more_passes),
+                "temperature": temperature,
+            }
+        )
         if self.error is not None:
             raise self.error
         metrics = {"entropy": 1.5, "logprob_gap_lag0": 0.25} if role == "actor" else {"mean": -2.0}

@@ -60,8 +60,11 @@ def _grpo_context(job: str = "j", step: int = 3) -> StepContext:
 
 def test_column_reads_takes_each_column_from_its_nearest_writer_or_gives_none():
     keys = [batch_key("j", 1, n) for n in ("advantage", "old_logprob", "rollout")]
-    writes = {"advantage": frozenset({"advantages"}), "old_logprob": frozenset({"old_logprobs"}),
-              "rollout": frozenset({"response_ids", "old_logprobs"})}  # fmt: skip
+    writes = {
+        "advantage": frozenset({"advantages"}),
+        "old_logprob": frozenset({"old_logprobs"}),
+        "rollout": frozenset({"response_ids", "old_logprobs"}),
+    }
     reads = column_reads(keys, writes, ["old_logprobs", "response_ids"])
     assert [k.node_id for k in reads.keys] == ["old_logprob", "rollout"] and reads.columns == [
         "old_logprobs",
@@ -77,10 +80,17 @@ class RecordingTrainer:
         self.metrics = metrics
         self.calls: list[dict] = []
 
-    def compute_logprobs(self, role, inputs, output, name, entropy, columns=(), weight_version=None, more_passes=(),
-                         temperature=None):  # fmt: skip
-        self.calls.append({"role": role, "inputs": [k.node_id for k in inputs], "columns": list(columns),
-                           "weight_version": weight_version})  # fmt: skip
+    def compute_logprobs(
+        self, role, inputs, output, name, entropy, columns=(), weight_version=None, more_passes=(), temperature=None
+    ):
+        self.calls.append(
+            {
+                "role": role,
+                "inputs": [k.node_id for k in inputs],
+                "columns": list(columns),
+                "weight_version": weight_version,
+            }
+        )
         return SimpleNamespace(metrics=self.metrics, passes=[])
 
 
@@ -97,8 +107,12 @@ def test_the_actor_pass_asks_the_trainer_for_the_gap_and_the_scheduler_reads_not
     old = handlers.inference(ctx.nodes["old_logprob"], ctx)
     ref = handlers.inference(ctx.nodes["ref_logprob"], ctx)
     assert buffer.reads == []  # was: a GetSmallBatches of the gap's three columns after the step's nodes
-    assert trainer.calls[0] == {"role": "actor", "inputs": ["rollout"], "weight_version": 4,
-                                "columns": [S.PROMPT_IDS, S.RESPONSE_IDS, S.ROLLOUT_LOGPROBS, S.RESPONSE_VERSIONS]}  # fmt: skip
+    assert trainer.calls[0] == {
+        "role": "actor",
+        "inputs": ["rollout"],
+        "weight_version": 4,
+        "columns": [S.PROMPT_IDS, S.RESPONSE_IDS, S.ROLLOUT_LOGPROBS, S.RESPONSE_VERSIONS],
+    }
     assert trainer.calls[1]["columns"] == [S.PROMPT_IDS, S.RESPONSE_IDS] and trainer.calls[1]["weight_version"] is None
     assert old.metrics == {"old_logprob/entropy": 1.5, "async/logprob_gap_lag0": 0.25}  # the step metric's name
     assert "async/logprob_gap_lag0" not in ref.metrics
@@ -154,8 +168,13 @@ def _exact(prompts, responses, answers):
 
 def test_evaluation_gives_the_router_its_row_count_and_reads_only_the_responses():
     records = [Record(0, "2+2", "4"), Record(1, "1+1", "2"), Record(2, "3+3", "6")]
-    buffer = RecordingBuffer({"eval": Batch({S.RESPONSE_IDS: Ragged.from_rows([[4], [5], [7]]),
-                                             S.PROMPT_IDS: Ragged.from_rows([[1], [2], [3]])})})  # fmt: skip
+    buffer = RecordingBuffer(
+        {
+            "eval": Batch(
+                {S.RESPONSE_IDS: Ragged.from_rows([[4], [5], [7]]), S.PROMPT_IDS: Ragged.from_rows([[1], [2], [3]])}
+            )
+        }
+    )
     fleet = Fleet()
     metrics = evaluate("j", 0, records, Encoder(), buffer, fleet, _exact, max_tokens=4)
     assert fleet.kwargs["num_prompts"] == 3  # None made the router read the prompt batch to count it
@@ -175,13 +194,15 @@ class StoringBuffer(RecordingBuffer):
 
 def _rollout_batch() -> Batch:
     answers = [b"4", b"4", b"2", b"2"]
-    return Batch({
-        S.PROMPT_IDS: Ragged.from_rows([[1], [1], [2], [2]], dtype=np.int32),
-        S.RESPONSE_IDS: Ragged.from_rows([[4], [5, 6], [7], [4, 4, 4]], dtype=np.int32),
-        S.ANSWER: Ragged.from_rows([np.frombuffer(a, np.uint8) for a in answers], dtype=np.uint8),
-        S.GROUP_INDEX: np.array([0, 0, 1, 1], dtype=np.int64),
-        S.ROLLOUT_LOGPROBS: Ragged.from_rows([[-1.0], [-1.0, -2.0], [-1.0], [-1.0] * 3], dtype=np.float32),
-    })  # fmt: skip
+    return Batch(
+        {
+            S.PROMPT_IDS: Ragged.from_rows([[1], [1], [2], [2]], dtype=np.int32),
+            S.RESPONSE_IDS: Ragged.from_rows([[4], [5, 6], [7], [4, 4, 4]], dtype=np.int32),
+            S.ANSWER: Ragged.from_rows([np.frombuffer(a, np.uint8) for a in answers], dtype=np.uint8),
+            S.GROUP_INDEX: np.array([0, 0, 1, 1], dtype=np.int64),
+            S.ROLLOUT_LOGPROBS: Ragged.from_rows([[-1.0], [-1.0, -2.0], [-1.0], [-1.0] * 3], dtype=np.float32),
+        }
+    )
 
 
 def _compute_handlers(buffer) -> NodeHandlers:

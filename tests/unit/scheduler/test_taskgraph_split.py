@@ -26,8 +26,14 @@ def test_orderings_on_grpo():
     g = graph_of("grpo")
     assert g.entries == ("data_load",) and g.exits == ("actor_train",)
     assert g.topological_order == (
-        "data_load", "rollout", "reward", "advantage", "old_logprob", "ref_logprob", "actor_train",
-    )  # fmt: skip
+        "data_load",
+        "rollout",
+        "reward",
+        "advantage",
+        "old_logprob",
+        "ref_logprob",
+        "actor_train",
+    )
     assert g.levels() == [
         ("data_load",),
         ("rollout",),

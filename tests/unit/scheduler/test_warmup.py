@@ -90,8 +90,16 @@ def warm(trainer, model_dir, tmp_path, **fields):
     client, buffer = trainer
     client.load_model("actor", str(model_dir), "float32", RL_OPTIMIZER, 0)
     cfg = WarmupSection(**{"steps": 12, "batch_size": 8, "lr": 1e-2, **fields})
-    phase = SupervisedWarmup("job", cfg, client, buffer, PromptEncoder(str(model_dir)), log=lambda _: None,
-                             micro_batch_tokens=4096, shuffle_seed=0)  # fmt: skip
+    phase = SupervisedWarmup(
+        "job",
+        cfg,
+        client,
+        buffer,
+        PromptEncoder(str(model_dir)),
+        log=lambda _: None,
+        micro_batch_tokens=4096,
+        shuffle_seed=0,
+    )
     result = phase.run(records(64), records(16, offset=500), tmp_path / "warmup.jsonl")
     phase.hand_over(str(model_dir), "float32", RL_OPTIMIZER, 0)
     return result, client, buffer
@@ -100,10 +108,13 @@ def warm(trainer, model_dir, tmp_path, **fields):
 def rl_lr(client, buffer, model_dir) -> float:
     """The learning rate the trainer's own schedule gives the first RL-phase step (no lr_override)."""
     encoder, key = PromptEncoder(str(model_dir)), batch_key("job", 99, "rl")
-    buffer.put(key, {
-        S.PROMPT_IDS: Ragged.from_rows([encoder.encode_prompt("Reverse 123")], dtype=np.int32),
-        S.RESPONSE_IDS: Ragged.from_rows([encoder.encode_response("321")], dtype=np.int32),
-    })  # fmt: skip
+    buffer.put(
+        key,
+        {
+            S.PROMPT_IDS: Ragged.from_rows([encoder.encode_prompt("Reverse 123")], dtype=np.int32),
+            S.RESPONSE_IDS: Ragged.from_rows([encoder.encode_response("321")], dtype=np.int32),
+        },
+    )
     return client.train_step("actor", [key], {"policy_loss": "sft"}, 4096, 1, 1).metrics["lr"]
 
 
@@ -137,9 +148,13 @@ def test_epochs_set_the_step_count():
 
 @pytest.mark.parametrize(
     ("fields", "words"),
-    [({"steps": 5, "epochs": 1.0}, "set only one"), ({"lr": 1e-3, "min_lr": 1e-2}, "min_lr"),
-     ({"schedule": "step"}, "schedule"), ({"handover": "copy"}, "handover")],
-)  # fmt: skip
+    [
+        ({"steps": 5, "epochs": 1.0}, "set only one"),
+        ({"lr": 1e-3, "min_lr": 1e-2}, "min_lr"),
+        ({"schedule": "step"}, "schedule"),
+        ({"handover": "copy"}, "handover"),
+    ],
+)
 def test_bad_warm_up_config_is_refused_at_load(fields, words):
     with pytest.raises(pydantic.ValidationError, match=words):
         WarmupSection(**fields)
@@ -179,8 +194,16 @@ class StepTrainer:
 
 def run_phase(model_dir, trainer: StepTrainer, buffer: MemoryBuffer, steps: int = 4, **fields):
     cfg = WarmupSection(**{"steps": steps, "batch_size": 8, "steps_per_call": 1, **fields})
-    phase = SupervisedWarmup("job", cfg, trainer, buffer, PromptEncoder(str(model_dir)), log=lambda _: None,
-                             micro_batch_tokens=4096, shuffle_seed=0)  # fmt: skip
+    phase = SupervisedWarmup(
+        "job",
+        cfg,
+        trainer,
+        buffer,
+        PromptEncoder(str(model_dir)),
+        log=lambda _: None,
+        micro_batch_tokens=4096,
+        shuffle_seed=0,
+    )
     return phase.run(records(64), [])
 
 

@@ -61,8 +61,9 @@ class Trainer:
 
     def publish(self, req, timeout):
         disk = weights_pb2.DiskWeights(path="/unused/v3", version=req.version)
-        return tpb.PublishWeightsResponse(disk=disk, bytes=10, checksums=weights_pb2.WeightChecksums(
-            version=req.version, sha256=SUMS))  # fmt: skip
+        return tpb.PublishWeightsResponse(
+            disk=disk, bytes=10, checksums=weights_pb2.WeightChecksums(version=req.version, sha256=SUMS)
+        )
 
 
 class LoadingReplica(Replica):

@@ -67,8 +67,9 @@ def test_score_groups_fails_only_the_bad_groups_with_the_reason(pool):
     answers = ["ok", "ok", "hang", "hang", "crash", "crash", "ok", "ok"]
     groups = np.repeat(np.arange(4), 2)
     lines: list[str] = []
-    out = score_groups(pool, f"{MOD}:hang_on_answer", [""] * 8, ["r"] * 8, answers, groups, retries=1,
-                       report=lines.append)  # fmt: skip
+    out = score_groups(
+        pool, f"{MOD}:hang_on_answer", [""] * 8, ["r"] * 8, answers, groups, retries=1, report=lines.append
+    )
     assert out.rewards.tolist() == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0]
     assert sorted(out.failed_groups) == [1, 2] and out.retries == 2
     assert sum("group 1 failed (DeadlineExceeded" in line for line in lines) == 2
@@ -104,15 +105,28 @@ def test_the_reward_node_scores_apart_and_goes_on_past_a_hanging_group(tmp_path)
     from tests._databuffer import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix
 
     build_tokenizer().save_pretrained(tmp_path)
-    cfg = JobConfig.model_validate({
-        "model": {"path": str(tmp_path)}, "data": {"train": "unused.jsonl"}, "job": {"allowed_modules": [MOD, "meshrl"]},
-        "algorithm": {"reward": f"{MOD}:hang_on_answer", "reward_workers": 2, "reward_timeout_seconds": 1.0,
-                      "reward_retries": 0},
-    })  # fmt: skip
-    wf = load_workflow_data({"dag_id": "r", "nodes": [
-        {"node_id": "rollout", "node_type": "ROLLOUT", "node_role": "ROLLOUT"},
-        {"node_id": "reward", "node_type": "COMPUTE", "node_role": "REWARD", "dependencies": ["rollout"]},
-    ]})  # fmt: skip
+    cfg = JobConfig.model_validate(
+        {
+            "model": {"path": str(tmp_path)},
+            "data": {"train": "unused.jsonl"},
+            "job": {"allowed_modules": [MOD, "meshrl"]},
+            "algorithm": {
+                "reward": f"{MOD}:hang_on_answer",
+                "reward_workers": 2,
+                "reward_timeout_seconds": 1.0,
+                "reward_retries": 0,
+            },
+        }
+    )
+    wf = load_workflow_data(
+        {
+            "dag_id": "r",
+            "nodes": [
+                {"node_id": "rollout", "node_type": "ROLLOUT", "node_role": "ROLLOUT"},
+                {"node_id": "reward", "node_type": "COMPUTE", "node_role": "REWARD", "dependencies": ["rollout"]},
+            ],
+        }
+    )
     lines: list[str] = []
     prefix = unique_prefix("rewardnode")
     with serving(config(SYSTEM_REDIS, prefix)) as (_, running):
@@ -121,12 +135,15 @@ def test_the_reward_node_scores_apart_and_goes_on_past_a_hanging_group(tmp_path)
         try:
             source = batch_key("j", 1, "rollout")
             answers = [b"ok", b"ok", b"hang", b"hang"]
-            buffer.put(source, {
-                S.PROMPT_IDS: Ragged.from_rows([[1, 2]] * 4, dtype=np.int32),
-                S.RESPONSE_IDS: Ragged.from_rows([[3], [4], [5], [6]], dtype=np.int32),
-                S.ANSWER: Ragged.from_rows([np.frombuffer(a, np.uint8) for a in answers], dtype=np.uint8),
-                S.GROUP_INDEX: np.array([0, 0, 1, 1], dtype=np.int64),
-            })  # fmt: skip
+            buffer.put(
+                source,
+                {
+                    S.PROMPT_IDS: Ragged.from_rows([[1, 2]] * 4, dtype=np.int32),
+                    S.RESPONSE_IDS: Ragged.from_rows([[3], [4], [5], [6]], dtype=np.int32),
+                    S.ANSWER: Ragged.from_rows([np.frombuffer(a, np.uint8) for a in answers], dtype=np.uint8),
+                    S.GROUP_INDEX: np.array([0, 0, 1, 1], dtype=np.int64),
+                },
+            )
             handlers = NodeHandlers(cfg, buffer, None, None, PromptEncoder(str(tmp_path)), None, None, user)
             nodes = {n.node_id: n for n in wf.nodes}
             ctx = StepContext("j", 1, nodes=nodes)

@@ -228,8 +228,13 @@ def test_builtin_node_structure():
     assert dapo.node("old_logprob").dependencies == ("dynamic_sampling",)
     assert load_builtin("reinforce_pp").node("advantage").dependencies == ("reward", "old_logprob", "ref_logprob")
     assert [n.node_id for n in load_builtin("rloo").nodes] == [
-        "data_load", "rollout", "reward", "advantage", "old_logprob", "actor_train",
-    ]  # fmt: skip
+        "data_load",
+        "rollout",
+        "reward",
+        "advantage",
+        "old_logprob",
+        "actor_train",
+    ]
 
 
 def test_load_workflow_from_a_file(tmp_path, kit):

@@ -43,18 +43,30 @@ def two_rank_trainer(tmp_path: Path) -> Iterator[SimpleNamespace]:
     (`python -m meshrl.databuffer` on the local Redis, its own key prefix). Yields stub, buffer and the trainer's
     process; the trainer and its rank-1 worker must stop cleanly."""
     prefix = f"mtrainer{uuid.uuid4().hex[:8]}"
-    buffer_proc = ServiceProcess("databuffer", ["--set", f"redis.url={REDIS_URL}", "--set", f"redis.key_prefix={prefix}"],
-                                 str(tmp_path / "databuffer.log"))  # fmt: skip
+    buffer_proc = ServiceProcess(
+        "databuffer",
+        ["--set", f"redis.url={REDIS_URL}", "--set", f"redis.key_prefix={prefix}"],
+        str(tmp_path / "databuffer.log"),
+    )
     started = [buffer_proc]
     try:
         buffer_address = buffer_proc.start(timeout=180)
         trainer_proc = ServiceProcess(
             "trainer",
-            ["--set", f"databuffer_address={buffer_address}", "--set", "data_parallel.size=2",
-             "--set", "torch_threads=1", "--set", "databuffer_wait_seconds=0",
-             "--set", f"paths.roots=[{json.dumps(str(tmp_path.parent))}]"],  # the session's temp folders
+            [
+                "--set",
+                f"databuffer_address={buffer_address}",
+                "--set",
+                "data_parallel.size=2",
+                "--set",
+                "torch_threads=1",
+                "--set",
+                "databuffer_wait_seconds=0",
+                "--set",
+                f"paths.roots=[{json.dumps(str(tmp_path.parent))}]",
+            ],  # the session's temp folders
             str(tmp_path / "trainer.log"),
-        )  # fmt: skip
+        )
         started.append(trainer_proc)
         channel = grpc.insecure_channel(trainer_proc.start(timeout=180))
         buffer = DataBufferClient(buffer_address)

@@ -285,8 +285,15 @@ def test_distributed_optimizer_checkpoints_resume_at_another_layout(qwen2_dir, t
     single.save_checkpoint("actor", str(tmp_path / "plain"), step=3)
     out, init = tmp_path / "dp.json", tmp_path / "init"
     args = [str(qwen2_dir), str(out), "RANK", "2", str(init), str(tmp_path / "plain"), str(tmp_path / "sharded")]
-    procs = [subprocess.Popen([sys.executable, WORKER, "dp_ckpt", *[str(r) if a == "RANK" else a for a in args]],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [sys.executable, WORKER, "dp_ckpt", *[str(r) if a == "RANK" else a for a in args]],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
     for p in procs:
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err[-3000:]
@@ -304,5 +311,8 @@ def test_distributed_optimizer_checkpoints_resume_at_another_layout(qwen2_dir, t
     got, want = run_steps(resumed, batch, steps=1)[0], run_steps(single, batch, steps=1)[0]
     for key in ("loss", "grad_norm", "kl", "entropy", "lr"):
         assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
-    np.testing.assert_allclose(resumed.compute_logprobs("actor", batch).values.values,
-                               single.compute_logprobs("actor", batch).values.values, atol=1e-5)  # fmt: skip
+    np.testing.assert_allclose(
+        resumed.compute_logprobs("actor", batch).values.values,
+        single.compute_logprobs("actor", batch).values.values,
+        atol=1e-5,
+    )

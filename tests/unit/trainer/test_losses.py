@@ -113,8 +113,15 @@ def test_masked_importance_sampling_drops_tokens_above_the_cap():
     both = importance_weights(LossConfig(tis_cap=1.0, mis_cap=2.0), old, rollout)
     torch.testing.assert_close(both, t([0.0, 0.5, 1.0]))  # masked above 2, truncated at 1
     logp, adv, mask = t([ln(0.5)] * 3), t([1.0, 1.0, 1.0]), torch.ones(1, 3)
-    loss, sums = policy_objective(LossConfig(mis_cap=2.0), mask, 3.0, logprobs=logp, old_logprobs=logp + old,
-                                  advantages=adv, rollout_logprobs=logp)  # fmt: skip
+    loss, sums = policy_objective(
+        LossConfig(mis_cap=2.0),
+        mask,
+        3.0,
+        logprobs=logp,
+        old_logprobs=logp + old,
+        advantages=adv,
+        rollout_logprobs=logp,
+    )
     # decoupled PPO: ratio against the proximal (old) policy, weight old / behaviour (rollout): the masked
     # token adds nothing; the others add max(-A * r, -A * clip(r)) * w: ratio 2 -> -1.2 * 0.5, ratio 1/1.5 -> -(1/1.5) * 1.5
     assert sums["is_masked"] == 1.0
@@ -190,9 +197,16 @@ def test_value_clip_metric_counts_only_tokens_the_clip_moved():
 
 def test_value_clip_zero_turns_clipping_off():
     old, values, returns = torch.zeros(1, 3), torch.tensor([[0.0, 1.0, -2.0]]), torch.tensor([[3.0, 2.0, -3.0]])
-    _, sums = value_objective(LossConfig(policy_loss="value", value_clip=0.0), torch.ones(1, 3), 3.0,
-                              values=values, returns=returns, old_values=old)  # fmt: skip
+    _, sums = value_objective(
+        LossConfig(policy_loss="value", value_clip=0.0),
+        torch.ones(1, 3),
+        3.0,
+        values=values,
+        returns=returns,
+        old_values=old,
+    )
     assert sums["vf_clipped"] == 0.0
-    _, clipped = value_objective(LossConfig(policy_loss="value"), torch.ones(1, 3), 3.0,
-                                 values=values, returns=returns, old_values=old)  # fmt: skip
+    _, clipped = value_objective(
+        LossConfig(policy_loss="value"), torch.ones(1, 3), 3.0, values=values, returns=returns, old_values=old
+    )
     assert clipped["vf_clipped"] == 2.0  # the default clip 0.2 moves the two values that left +-0.2

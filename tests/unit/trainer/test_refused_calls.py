@@ -118,8 +118,7 @@ def test_paths_outside_the_roots_are_refused_and_nothing_is_written(trainer, tmp
     assert stub.SaveCheckpoint(inside, timeout=60).bytes > 0
 
 
-BAD, MISSING, STATE = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
-                       grpc.StatusCode.FAILED_PRECONDITION)  # fmt: skip
+BAD, MISSING, STATE = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION)
 
 
 def _every_rpc(run: str, model: str) -> list[tuple]:
@@ -134,41 +133,82 @@ def _every_rpc(run: str, model: str) -> list[tuple]:
         ("LoadModel", pb.LoadModelRequest(model_path=model), BAD, "role"),
         ("LoadModel", pb.LoadModelRequest(role=actor, model_path=f"{run}/none"), MISSING, "config.json"),
         ("LoadModel", pb.LoadModelRequest(role=actor, model_path=model, dtype=tensor_pb2.DTYPE_INT8), BAD, "int8"),
-        ("LoadModel", pb.LoadModelRequest(role=actor, model_path=model,
-                                          optimizer=pb.OptimizerConfig(lr=float("nan"))), BAD, "lr"),
+        (
+            "LoadModel",
+            pb.LoadModelRequest(role=actor, model_path=model, optimizer=pb.OptimizerConfig(lr=float("nan"))),
+            BAD,
+            "lr",
+        ),
         ("LoadModel", pb.LoadModelRequest(role=ref, model_path=model, copy_from=critic), STATE, "critic"),
         ("ComputeLogProbs", pb.ComputeLogProbsRequest(role=ref, inputs=inputs, output=out), STATE, "no model loaded"),
-        ("ComputeLogProbs", pb.ComputeLogProbsRequest(role=actor, inputs=[_key("absent")], output=out), MISSING,
-         "absent"),
-        ("ComputeLogProbs", pb.ComputeLogProbsRequest(role=actor, inputs=inputs, output=out,
-                                                      temperature=float("nan")), BAD, "temperature"),
-        ("ComputeLogProbs", pb.ComputeLogProbsRequest(role=actor, inputs=inputs, output=out, micro_batch_tokens=-1),
-         BAD, "micro_batch_tokens"),
+        (
+            "ComputeLogProbs",
+            pb.ComputeLogProbsRequest(role=actor, inputs=[_key("absent")], output=out),
+            MISSING,
+            "absent",
+        ),
+        (
+            "ComputeLogProbs",
+            pb.ComputeLogProbsRequest(role=actor, inputs=inputs, output=out, temperature=float("nan")),
+            BAD,
+            "temperature",
+        ),
+        (
+            "ComputeLogProbs",
+            pb.ComputeLogProbsRequest(role=actor, inputs=inputs, output=out, micro_batch_tokens=-1),
+            BAD,
+            "micro_batch_tokens",
+        ),
         ("ComputeValues", pb.ComputeValuesRequest(inputs=inputs, output=out), STATE, "no model loaded"),
         ("TrainStep", pb.TrainStepRequest(role=ref, inputs=inputs), STATE, "no model loaded"),
         ("TrainStep", pb.TrainStepRequest(role=actor, inputs=[_key("absent")]), MISSING, "absent"),
         ("TrainStep", pb.TrainStepRequest(role=actor, inputs=inputs, mini_batches=0), BAD, "mini_batches"),
-        ("TrainStep", pb.TrainStepRequest(role=actor, inputs=inputs, loss=pb.LossConfig(clip_low=-1.0)), BAD,
-         "clip_low"),
-        ("TrainStep", pb.TrainStepRequest(role=actor, inputs=inputs, micro_batch_tokens=0), BAD,
-         "micro_batch_tokens"),
+        (
+            "TrainStep",
+            pb.TrainStepRequest(role=actor, inputs=inputs, loss=pb.LossConfig(clip_low=-1.0)),
+            BAD,
+            "clip_low",
+        ),
+        ("TrainStep", pb.TrainStepRequest(role=actor, inputs=inputs, micro_batch_tokens=0), BAD, "micro_batch_tokens"),
         ("SaveCheckpoint", pb.SaveCheckpointRequest(role=actor, path="", step=1), BAD, "path"),
         ("SaveCheckpoint", pb.SaveCheckpointRequest(role=actor, path=f"{run}/c", step=-1), BAD, "step"),
         ("SaveCheckpoint", pb.SaveCheckpointRequest(role=critic, path=f"{run}/c", step=1), STATE, "no model loaded"),
         ("LoadCheckpoint", pb.LoadCheckpointRequest(role=actor, path=f"{run}/none"), MISSING, "none"),
-        ("InitWeightUpdateGroup", pb.InitWeightUpdateGroupRequest(
-            group=weights_pb2.CollectiveGroup(**{**group, "world_size": 1})), BAD, "world_size"),
-        ("InitWeightUpdateGroup", pb.InitWeightUpdateGroupRequest(
-            group=weights_pb2.CollectiveGroup(**group, backend=7)), BAD, "backend"),
+        (
+            "InitWeightUpdateGroup",
+            pb.InitWeightUpdateGroupRequest(group=weights_pb2.CollectiveGroup(**{**group, "world_size": 1})),
+            BAD,
+            "world_size",
+        ),
+        (
+            "InitWeightUpdateGroup",
+            pb.InitWeightUpdateGroupRequest(group=weights_pb2.CollectiveGroup(**group, backend=7)),
+            BAD,
+            "backend",
+        ),
         ("DestroyWeightUpdateGroup", pb.DestroyWeightUpdateGroupRequest(group_name="nope"), None, ""),
-        ("PublishWeights", pb.PublishWeightsRequest(role=actor, transport=disk, version=-1, disk_root=f"{run}/w"), BAD,
-         "version"),
+        (
+            "PublishWeights",
+            pb.PublishWeightsRequest(role=actor, transport=disk, version=-1, disk_root=f"{run}/w"),
+            BAD,
+            "version",
+        ),
         ("PublishWeights", pb.PublishWeightsRequest(role=actor, version=1, disk_root=f"{run}/w"), BAD, "transport"),
-        ("PublishWeights", pb.PublishWeightsRequest(role=actor, transport=weights_pb2.WEIGHT_TRANSPORT_DISTRIBUTED,
-                                                    version=1, group_name="nope"), MISSING, "nope"),
-        ("PublishWeights", pb.PublishWeightsRequest(role=critic, transport=disk, version=1, disk_root=f"{run}/w"),
-         STATE, "no model loaded"),
-    ]  # fmt: skip
+        (
+            "PublishWeights",
+            pb.PublishWeightsRequest(
+                role=actor, transport=weights_pb2.WEIGHT_TRANSPORT_DISTRIBUTED, version=1, group_name="nope"
+            ),
+            MISSING,
+            "nope",
+        ),
+        (
+            "PublishWeights",
+            pb.PublishWeightsRequest(role=critic, transport=disk, version=1, disk_root=f"{run}/w"),
+            STATE,
+            "no model loaded",
+        ),
+    ]
 
 
 def _files(root) -> list[str]:

@@ -26,9 +26,18 @@ VOCAB, PAD = 96, 0
 def build_reward_model(root: Path, *, num_labels: int = 1, seed: int = 3) -> Path:
     """A tiny random Qwen2 sequence classifier saved as a HF folder (safetensors)."""
     torch.manual_seed(seed)
-    config = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         num_labels=num_labels, pad_token_id=PAD, tie_word_embeddings=False)  # fmt: skip
+    config = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        num_labels=num_labels,
+        pad_token_id=PAD,
+        tie_word_embeddings=False,
+    )
     model = Qwen2ForSequenceClassification(config).eval()
     with torch.no_grad():  # a visible head: random init at std 0.02 would give scores near 0
         model.score.weight.normal_(0.0, 1.0)
@@ -55,8 +64,10 @@ def score_batch(seed: int = 0, rows: int = 7) -> dict[str, Ragged]:
 def hf_scores(model_dir: Path, batch: dict[str, Ragged]) -> np.ndarray:
     """transformers in-process: the batch right-padded with the pad id, one forward, logits [rows, 1]."""
     model = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32).eval()
-    seqs = [np.concatenate([batch["prompt_ids"].row(i), batch["response_ids"].row(i)])
-            for i in range(len(batch["prompt_ids"]))]  # fmt: skip
+    seqs = [
+        np.concatenate([batch["prompt_ids"].row(i), batch["response_ids"].row(i)])
+        for i in range(len(batch["prompt_ids"]))
+    ]
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), PAD, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)

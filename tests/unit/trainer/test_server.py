@@ -152,9 +152,13 @@ def test_publish_to_disk_is_a_loadable_hf_folder(served, qwen2_dir, tmp_path):
     root = tmp_path / "weights"
     for version in (1, 2, 3):
         req = pb.PublishWeightsRequest(
-            role=pb.ROLE_ACTOR, transport=weights_pb2.WEIGHT_TRANSPORT_DISK, version=version,
-            disk_root=str(root), keep_last=2, bucket_bytes=30_000,
-        )  # fmt: skip
+            role=pb.ROLE_ACTOR,
+            transport=weights_pb2.WEIGHT_TRANSPORT_DISK,
+            version=version,
+            disk_root=str(root),
+            keep_last=2,
+            bucket_bytes=30_000,
+        )
         reply = stub.PublishWeights(req, timeout=60)
     assert [v for v, _ in list_versions(str(root))] == [2, 3]
     assert reply.disk.path == str(root / "v000003") and reply.buckets > 1 and reply.bytes > 0
@@ -168,8 +172,9 @@ def test_publish_to_disk_is_a_loadable_hf_folder(served, qwen2_dir, tmp_path):
     sums = stub.GetWeightChecksums(pb.GetWeightChecksumsRequest(role=pb.ROLE_ACTOR), timeout=10)
     assert sums.version == 3 and dict(sums.sha256) == dict(reply.checksums.sha256)
     assert dict(sums.sha256) == tensor_checksums(received, names=list(sums.sha256))
-    stale = pb.PublishWeightsRequest(role=pb.ROLE_ACTOR, transport=weights_pb2.WEIGHT_TRANSPORT_DISK, version=1,
-                                     disk_root=str(root))  # fmt: skip
+    stale = pb.PublishWeightsRequest(
+        role=pb.ROLE_ACTOR, transport=weights_pb2.WEIGHT_TRANSPORT_DISK, version=1, disk_root=str(root)
+    )
     with pytest.raises(grpc.RpcError) as err:
         stub.PublishWeights(stale, timeout=60)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # versions never go back
@@ -179,9 +184,14 @@ def test_publish_over_a_gloo_group(served, qwen2_dir):
     stub, _, trainer = served
     load_actor(stub, qwen2_dir)
     group = weights_pb2.CollectiveGroup(
-        master_address="127.0.0.1", master_port=free_port(), world_size=2, rank_offset=0, group_name="g",
-        backend=weights_pb2.COMM_BACKEND_GLOO, timeout_seconds=60,
-    )  # fmt: skip
+        master_address="127.0.0.1",
+        master_port=free_port(),
+        world_size=2,
+        rank_offset=0,
+        group_name="g",
+        backend=weights_pb2.COMM_BACKEND_GLOO,
+        timeout_seconds=60,
+    )
     received: dict = {}
 
     def replica() -> None:  # what a rollout replica does: join as rank 1, receive one version
@@ -200,9 +210,12 @@ def test_publish_over_a_gloo_group(served, qwen2_dir):
     thread.start()
     assert stub.InitWeightUpdateGroup(pb.InitWeightUpdateGroupRequest(group=group), timeout=60).world_size == 2
     req = pb.PublishWeightsRequest(
-        role=pb.ROLE_ACTOR, transport=weights_pb2.WEIGHT_TRANSPORT_DISTRIBUTED, version=5, group_name="g",
+        role=pb.ROLE_ACTOR,
+        transport=weights_pb2.WEIGHT_TRANSPORT_DISTRIBUTED,
+        version=5,
+        group_name="g",
         bucket_bytes=40_000,
-    )  # fmt: skip
+    )
     reply = stub.PublishWeights(req, timeout=60)
     thread.join(60)
     assert reply.buckets > 1 and received.pop("version") == 5
@@ -225,11 +238,24 @@ def test_the_actor_pass_reports_the_rollout_gap_per_version_lag(served, qwen2_di
     tokens = int(offsets[-1])
     rollout = np.linspace(-3.0, -0.5, tokens).astype(np.float32)
     versions = np.where(np.arange(tokens) % 3 == 0, 4, 5).astype(np.int64)
-    buffer.put(key("rollout"), {"prompt_ids": batch["prompt_ids"], "response_ids": batch["response_ids"],
-                                "rollout_logprobs": Ragged(rollout, offsets), "response_versions": Ragged(versions, offsets)})  # fmt: skip
+    buffer.put(
+        key("rollout"),
+        {
+            "prompt_ids": batch["prompt_ids"],
+            "response_ids": batch["response_ids"],
+            "rollout_logprobs": Ragged(rollout, offsets),
+            "response_versions": Ragged(versions, offsets),
+        },
+    )
     cols = ["prompt_ids", "response_ids", "rollout_logprobs", "response_versions"]
-    req = pb.ComputeLogProbsRequest(role=pb.ROLE_ACTOR, inputs=[key("rollout")], output=key("old"),
-                                    output_name="old_logprobs", columns=cols, weight_version=5)  # fmt: skip
+    req = pb.ComputeLogProbsRequest(
+        role=pb.ROLE_ACTOR,
+        inputs=[key("rollout")],
+        output=key("old"),
+        output_name="old_logprobs",
+        columns=cols,
+        weight_version=5,
+    )
     metrics = stub.ComputeLogProbs(req, timeout=60).metrics
     old = buffer.batches[("job", 0, "old", None)].columns["old_logprobs"].values
     gap = np.abs(old - rollout)
@@ -287,8 +313,9 @@ def test_a_log_prob_pass_reads_its_rows_while_another_pass_holds_the_model(serve
         return real_get(keys, **kwargs)
 
     buffer.get_many = get_many
-    req = pb.ComputeLogProbsRequest(role=pb.ROLE_ACTOR, inputs=[key("rollout")], output=key("old"),
-                                    output_name="old_logprobs")  # fmt: skip
+    req = pb.ComputeLogProbsRequest(
+        role=pb.ROLE_ACTOR, inputs=[key("rollout")], output=key("old"), output_name="old_logprobs"
+    )
     with trainer._lock:  # another pass computing
         call = stub.ComputeLogProbs.future(req, timeout=60)
         assert read.wait(30)  # was: no read before the lock is free
@@ -308,9 +335,15 @@ def test_one_call_runs_the_reference_pass_beside_the_actors_over_rows_read_once(
     reads, real_get = [], buffer.get_many
     buffer.get_many = lambda keys, **kw: reads.append(kw["columns"]) or real_get(keys, **kw)
     ref = pb.LogProbPass(role=pb.ROLE_REFERENCE, output=key("ref"), output_name="ref_logprobs")
-    req = pb.ComputeLogProbsRequest(role=pb.ROLE_ACTOR, inputs=[key("rollout")], output=key("old"),
-                                    output_name="old_logprobs", with_entropy=True, more_passes=[ref],
-                                    columns=["prompt_ids", "response_ids"])  # fmt: skip
+    req = pb.ComputeLogProbsRequest(
+        role=pb.ROLE_ACTOR,
+        inputs=[key("rollout")],
+        output=key("old"),
+        output_name="old_logprobs",
+        with_entropy=True,
+        more_passes=[ref],
+        columns=["prompt_ids", "response_ids"],
+    )
     out = stub.ComputeLogProbs(req, timeout=60)
     assert len(reads) == 1 and len(out.passes) == 1
     tokens = batch["response_ids"].offsets[-1]
@@ -319,8 +352,9 @@ def test_one_call_runs_the_reference_pass_beside_the_actors_over_rows_read_once(
     old = buffer.batches[("job", 0, "old", None)].columns
     written = buffer.batches[("job", 0, "ref", None)].columns
     assert set(old) == {"old_logprobs", "entropy"} and set(written) == {"ref_logprobs"}
-    np.testing.assert_allclose(old["old_logprobs"].values, trainer.core.compute_logprobs("actor", batch).values.values,
-                               atol=1e-6)  # fmt: skip
+    np.testing.assert_allclose(
+        old["old_logprobs"].values, trainer.core.compute_logprobs("actor", batch).values.values, atol=1e-6
+    )
     alone = trainer.core.compute_logprobs("reference", batch).values.values
     np.testing.assert_allclose(written["ref_logprobs"].values, alone, atol=1e-6)
 
@@ -331,10 +365,12 @@ def test_one_call_runs_the_reference_pass_beside_the_actors_over_rows_read_once(
         ([pb.LogProbPass(role=pb.ROLE_REWARD, output=key("r"))], "more_passes[0]"),
         ([pb.LogProbPass(role=9, output=key("r"))], "more_passes[0].role"),
         ([pb.LogProbPass(role=pb.ROLE_ACTOR, output=key("old"))], "more_passes[0].output"),
-        ([pb.LogProbPass(role=pb.ROLE_ACTOR, output=key("a")),
-          pb.LogProbPass(role=pb.ROLE_ACTOR, output=key("a"))], "more_passes[1].output"),
+        (
+            [pb.LogProbPass(role=pb.ROLE_ACTOR, output=key("a")), pb.LogProbPass(role=pb.ROLE_ACTOR, output=key("a"))],
+            "more_passes[1].output",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_bad_further_pass_is_refused_by_name_and_nothing_is_written(served, qwen2_dir, more, named):
     stub, buffer, _ = served
     load_actor(stub, qwen2_dir)

@@ -30,10 +30,13 @@ def test_two_rank_service_matches_one_process(two_rank_trainer, qwen2_dir):
     )
     served = [dict(stub.TrainStep(req, timeout=180).metrics) for _ in range(2)]
     out = pb.ComputeLogProbsRequest(
-        role=pb.ROLE_ACTOR, inputs=[batch_key("job", 0, "data")], output=batch_key("job", 0, "lp"),
-        output_name="old_logprobs", micro_batch_tokens=24,
+        role=pb.ROLE_ACTOR,
+        inputs=[batch_key("job", 0, "data")],
+        output=batch_key("job", 0, "lp"),
+        output_name="old_logprobs",
+        micro_batch_tokens=24,
         more_passes=[pb.LogProbPass(role=pb.ROLE_ACTOR, output=batch_key("job", 0, "lp2"), output_name="again")],
-    )  # fmt: skip
+    )
     reply = stub.ComputeLogProbs(out, timeout=180)  # two passes in one call, on every rank
     assert reply.tokens == reply.passes[0].tokens == batch["response_ids"].offsets[-1]
     written = buffer.get(batch_key("job", 0, "lp"))["old_logprobs"]

@@ -19,10 +19,12 @@ from meshrl.trainer.optim import OptimizerConfig
 def _batches(vocab: int, steps: int, rows: int = 6) -> list[tuple[list[list[int]], list[list[int]]]]:
     rng = np.random.default_rng(7)
     return [
-        ([rng.integers(0, vocab, rng.integers(3, 9)).tolist() for _ in range(rows)],
-         [rng.integers(0, vocab, rng.integers(1, 6)).tolist() for _ in range(rows)])
+        (
+            [rng.integers(0, vocab, rng.integers(3, 9)).tolist() for _ in range(rows)],
+            [rng.integers(0, vocab, rng.integers(1, 6)).tolist() for _ in range(rows)],
+        )
         for _ in range(steps)
-    ]  # fmt: skip
+    ]
 
 
 def _hf_step(model, opt, prompts, responses, lr: float) -> float:

@@ -11,8 +11,14 @@ import time
 
 import torch
 
-NAMES = ["model.embed_tokens.weight", "model.layers.0.mlp.up_proj.weight", "model.layers.0.input_layernorm.weight",
-         "model.layers.1.self_attn.q_proj.bias", "lm_head.weight", "model.norm.weight"]  # fmt: skip
+NAMES = [
+    "model.embed_tokens.weight",
+    "model.layers.0.mlp.up_proj.weight",
+    "model.layers.0.input_layernorm.weight",
+    "model.layers.1.self_attn.q_proj.bias",
+    "lm_head.weight",
+    "model.norm.weight",
+]
 
 
 def make_tensors(seed: int, scale: int = 1) -> list[tuple[str, torch.Tensor]]:

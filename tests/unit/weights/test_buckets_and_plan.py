@@ -27,8 +27,13 @@ def test_buckets_respect_the_size_and_keep_order():
 
 
 def test_pack_and_unpack_round_trip_every_dtype_aligned():
-    bucket = [*make_tensors(3), ("flag", torch.tensor([True, False])), ("ids", torch.arange(3, dtype=torch.int8)),
-              ("empty", torch.zeros(0, 4)), ("strided", torch.arange(12.0).view(3, 4).t())]  # fmt: skip
+    bucket = [
+        *make_tensors(3),
+        ("flag", torch.tensor([True, False])),
+        ("ids", torch.arange(3, dtype=torch.int8)),
+        ("empty", torch.zeros(0, 4)),
+        ("strided", torch.arange(12.0).view(3, 4).t()),
+    ]
     specs = bucket_specs(bucket)
     offsets, total = layout(specs)
     assert all(o % ALIGN == 0 for o in offsets)
@@ -63,7 +68,7 @@ def test_plan_offsets_replicas_of_and_replanning():
         dict(master_port=0),
         dict(timeout_s=0),
         dict(master_address=""),
-    ],  # fmt: skip
+    ],
 )
 def test_bad_specs_are_refused(kwargs):
     base = dict(master_address="127.0.0.1", master_port=1234, world_size=3, rank_offset=0)

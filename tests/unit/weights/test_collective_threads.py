@@ -65,16 +65,22 @@ def test_update_and_default_group_untouched(pool):
             dist.destroy_process_group()
 
 
-ODD = [("empty", torch.zeros(0, 3)), ("flag", torch.tensor([True, False, True])), ("i8", torch.arange(-3, 3, dtype=torch.int8)),
-       ("strided", torch.arange(64.0).view(8, 8).t()), ("big", torch.arange(4096, dtype=torch.int32).view(64, 64))]  # fmt: skip
+ODD = [
+    ("empty", torch.zeros(0, 3)),
+    ("flag", torch.tensor([True, False, True])),
+    ("i8", torch.arange(-3, 3, dtype=torch.int8)),
+    ("strided", torch.arange(64.0).view(8, 8).t()),
+    ("big", torch.arange(4096, dtype=torch.int32).view(64, 64)),
+]
 
 
 @pytest.mark.parametrize("layout, coalesce", [("per_tensor", 0), ("per_tensor", 256), ("flat", 0)])
 @pytest.mark.parametrize("direct", [True, False])
 @pytest.mark.parametrize("wire", ["stream", "gloo"])
 def test_every_dtype_and_layout_arrives_bit_exact(pool, layout, coalesce, direct, wire):
-    sender, receiver = pair(pool, coalesce_bytes=coalesce, stream_coalesce_bytes=coalesce, bucket_bytes=8192,
-                            cpu_wire=wire)  # fmt: skip
+    sender, receiver = pair(
+        pool, coalesce_bytes=coalesce, stream_coalesce_bytes=coalesce, bucket_bytes=8192, cpu_wire=wire
+    )
     assert sender.streaming == (wire == "stream")
     params = {n: torch.zeros_like(t).contiguous() for n, t in ODD}
     pointers = {n: p.data_ptr() for n, p in params.items()}

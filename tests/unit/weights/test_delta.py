@@ -150,13 +150,17 @@ def test_export_that_is_not_the_base_drops_the_base(tmp_path):
 
 def test_codec_is_bit_exact_across_dtypes_and_extremes():
     cases = [
-        (torch.tensor([0, -1, 32767, -32768, 5], dtype=torch.int16),
-         torch.tensor([-32768, 32767, -32768, 0, 5], dtype=torch.int16)),
-        (torch.tensor([0, -1, 2**31 - 1, -(2**63), 5], dtype=torch.int64),
-         torch.tensor([-(2**63), 2**63 - 1, -(2**31), 0, 5], dtype=torch.int64)),
+        (
+            torch.tensor([0, -1, 32767, -32768, 5], dtype=torch.int16),
+            torch.tensor([-32768, 32767, -32768, 0, 5], dtype=torch.int16),
+        ),
+        (
+            torch.tensor([0, -1, 2**31 - 1, -(2**63), 5], dtype=torch.int64),
+            torch.tensor([-(2**63), 2**63 - 1, -(2**31), 0, 5], dtype=torch.int64),
+        ),
         (torch.tensor([True, False, True]), torch.tensor([False, False, True])),
         (torch.tensor([1.0, float("nan"), -0.0]), torch.tensor([float("inf"), 1.0, 0.0])),
-    ]  # fmt: skip
+    ]
     g = torch.Generator().manual_seed(0)
     for dtype in (torch.bfloat16, torch.float16, torch.float64):
         a = torch.randn(1000, generator=g).to(dtype)

@@ -120,8 +120,9 @@ def test_a_closed_stream_fails_its_waiters_at_once(pool):
 def test_members_on_distinct_hosts_stream_from_their_own_addresses(pool, sender_address):
     """Simulated hosts: the trainer at 127.0.0.2 (its bind address given or not), the replica bound to 127.0.0.3."""
     plan = GroupPlan.build([("r", 1)], "127.0.0.2", free_port(), "t", "gloo", 10.0)
-    receiver = pool.submit(WeightGroup.join, plan.replica_spec("r"),
-                           options=WeightGroupOptions(local_address="127.0.0.3"))  # fmt: skip
+    receiver = pool.submit(
+        WeightGroup.join, plan.replica_spec("r"), options=WeightGroupOptions(local_address="127.0.0.3")
+    )
     sender = WeightGroup.join(plan.sender, options=WeightGroupOptions(local_address=sender_address))
     receiver = receiver.result(30)
     assert sender.streaming and receiver.streaming
