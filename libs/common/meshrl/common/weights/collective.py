@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 
 from meshrl.api.common.v1 import weights_pb2
-from meshrl.common.errors import Aborted, DataLoss, DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
+from meshrl.common.errors import DataLoss, DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
 
 from .buckets import Bucket, Export, marked_buckets
 from .errors import MembersUnresponsive, UpdateOutcome, UpdateRefused
@@ -348,32 +348,13 @@ class WeightGroup:
     def _header(
         self, header: bytes, version: int, index: int, what: str
     ) -> tuple[int, weights_pb2.WeightBucketMeta, BucketLayout | None]:
-        """(kind, meta, layout: None for an end marker) of bucket <index>'s header, checked against the stream."""
-        kind, got, raw, payload, threshold = decode_header(header)
+        """Bucket <index>'s header checked against the stream (ReceivePlans.checked); a stream that cannot be
+        trusted (DataLoss) leaves the group unusable."""
         try:
-            meta, lay = self._received.meta(index, raw, threshold, got)
-        except Exception as e:
+            return self._received.checked(header, version, index, what)
+        except DataLoss:
             self._fail()
-            raise DataLoss(f"{what}: unreadable bucket metadata ({e}); re-create the group") from e
-        if kind == ABORT:
-            raise Aborted(f"the trainer aborted update {version} after {index} buckets (its export failed)")
-        if kind == FAILED:
-            raise CollectiveFailed(f"{what}: the trainer's side of the broadcast failed", False)
-        if got != version or meta.bucket_index != index or kind not in (BUCKET, LAST, END):
-            self._fail()
-            raise DataLoss(
-                f"{what}: inconsistent stream (kind {kind}, version {got}, meta {meta}); re-create the group"
-            )
-        expected = {END: index, LAST: index + 1}.get(kind)
-        if expected is not None and meta.num_buckets != expected:
-            self._fail()
-            raise DataLoss(f"update {version}: the last header says {meta.num_buckets} buckets, got {expected}")
-        if kind != END and lay is None:
-            lay = self._received.layout(index, threshold, meta)
-        if kind != END and payload != lay.payload:
-            self._fail()
-            raise DataLoss(f"{what} carries {payload} bytes, its specs need {lay.payload}")
-        return kind, meta, lay
+            raise
 
     def _receive_bucket(
         self,

@@ -6,7 +6,8 @@ layout, per coalescing threshold, kept while the bucket's names, dtypes and shap
 Receiver (`ReceivePlans`): the parsed meta, kept while the header carries the same meta bytes, its
 layout per threshold, and the views the bucket is received into, kept while the sink offers the
 very same targets and the staging buffer is the same. The same meta object is handed to the sink for an unchanged
-bucket, so a sink may keep its own checks keyed on it (sink.InPlaceSink does). Used by
+bucket, so a sink may keep its own checks keyed on it (sink.InPlaceSink does). `ReceivePlans.checked` reads a
+bucket's header against the stream (version, index, kind, sizes) before any byte of it is received. Used by
 `collective.py`; nothing here is shared between groups.
 """
 
@@ -18,9 +19,11 @@ from dataclasses import dataclass
 import torch
 
 from meshrl.api.common.v1 import weights_pb2
+from meshrl.common.errors import Aborted, DataLoss
 
 from .buckets import Bucket, bucket_specs
-from .wire import BucketLayout
+from .transport import CollectiveFailed
+from .wire import ABORT, BUCKET, END, FAILED, LAST, BucketLayout, decode_header
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,34 @@ class ReceivePlans:
         kept.append((lay, targets, staging, wire, named))
         del kept[:-2]
         return wire, named
+
+    def checked(
+        self, header: bytes, version: int, index: int, what: str
+    ) -> tuple[int, weights_pb2.WeightBucketMeta, BucketLayout | None]:
+        """(kind, meta, layout: None for an end marker) of bucket <index>'s header, checked against the stream:
+        DataLoss for a header that cannot be trusted (the caller's group is then unusable), Aborted when the
+        trainer dropped the update, CollectiveFailed when its side of the broadcast broke."""
+        kind, got, raw, payload, threshold = decode_header(header)
+        try:
+            meta, lay = self.meta(index, raw, threshold, got)
+        except Exception as e:
+            raise DataLoss(f"{what}: unreadable bucket metadata ({e}); re-create the group") from e
+        if kind == ABORT:
+            raise Aborted(f"the trainer aborted update {version} after {index} buckets (its export failed)")
+        if kind == FAILED:
+            raise CollectiveFailed(f"{what}: the trainer's side of the broadcast failed", False)
+        if got != version or meta.bucket_index != index or kind not in (BUCKET, LAST, END):
+            raise DataLoss(
+                f"{what}: inconsistent stream (kind {kind}, version {got}, meta {meta}); re-create the group"
+            )
+        expected = {END: index, LAST: index + 1}.get(kind)
+        if expected is not None and meta.num_buckets != expected:
+            raise DataLoss(f"update {version}: the last header says {meta.num_buckets} buckets, got {expected}")
+        if kind != END and lay is None:
+            lay = self.layout(index, threshold, meta)
+        if kind != END and payload != lay.payload:
+            raise DataLoss(f"{what} carries {payload} bytes, its specs need {lay.payload}")
+        return kind, meta, lay
 
     def clear(self) -> None:
         self._metas.clear()
