@@ -39,20 +39,9 @@ from meshrl.scheduler.step.rewards import resolve_reward, score
 from meshrl.trainer.core import TrainerCore
 from meshrl.trainer.losses import LossConfig
 from meshrl.trainer.optim import OptimizerConfig
+from meshrl.trainer.publication import MODEL_FILES  # what the trainer service copies beside each version
 
 PHASES = ("data_load", "rollout", "reward", "advantage", "old_logprob", "ref_logprob", "actor_train", "weights")
-# Files copied beside every published version (what the trainer service copies: engines reload a model folder).
-MODEL_FILES = (
-    "config.json",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-)
 
 
 @dataclass
