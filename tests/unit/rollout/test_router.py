@@ -16,7 +16,7 @@ import redis
 from meshrl.common import batch_schema as S
 from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import Ragged
-from meshrl.common.errors import Unavailable
+from meshrl.common.errors import ResourceExhausted, Unavailable
 from meshrl.common.grpc_server import ServerConfig, start_server
 from meshrl.common.registry import Heartbeat, ReplicaRegistry
 from meshrl.rollout.replica import RolloutReplica
@@ -248,3 +248,20 @@ def test_a_fleet_whose_replicas_exit_fails_over_then_fails_at_once(fleet, buffer
             rollouts.generate(source, node_id="rollout2", **args)
     finally:
         rollouts.close()
+
+
+def test_a_stream_refused_by_a_busy_replica_goes_to_another(fleet):
+    """A replica whose GenerateStream slots are all held (limits.max_streams) refuses with RESOURCE_EXHAUSTED:
+    busy, not failed, so the stream is made on a replica with a free slot and the busy ones are not
+    quarantined; with every replica busy, the refusal (naming the setting) reaches the caller after a few
+    growing pauses."""
+    router, replicas, _ = fleet
+    for r in replicas[:2]:
+        r.replica.streams.limit = 0
+    for i in range(4):
+        out = router.generate([1, 2, 3], sampling={"max_tokens": 3}, session_id=f"busy-{i}")
+        assert out.replica_id == "r2" and len(out.token_ids) == 3
+    assert not any(r.failed_at for r in router._replicas.values())
+    replicas[2].replica.streams.limit = 0
+    with pytest.raises(ResourceExhausted, match="limits.max_streams"):
+        router.generate([1, 2, 3], sampling={"max_tokens": 3})

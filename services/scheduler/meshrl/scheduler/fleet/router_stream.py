@@ -1,6 +1,8 @@
 """One response at a time through the rollout router (multi-turn episodes, interactive use): a stream kept on
 its session's replica, retried on another replica until its first chunk arrived, and refused from a replica
-whose weights are older than the router's floor (`min_version`), as `RolloutRouter.generate_batch` does.
+whose weights are older than the router's floor (`min_version`), as `RolloutRouter.generate_batch` does. A
+replica whose stream slots are all held (RESOURCE_EXHAUSTED before the first chunk) is busy, not failed: the
+stream goes to another replica or waits a moment, BUSY_TRIES times, before the refusal reaches the caller.
 Mixed into `RolloutRouter` (`fleet/router.py`), whose picking, releasing and `_behind` it uses.
 """
 
@@ -22,6 +24,9 @@ from meshrl.scheduler.fleet.router_types import (
     checked_stream,
     sampling_params,
 )
+
+BUSY_TRIES = 8  # replicas that refused a stream for want of a slot, tried again after a growing pause
+BUSY_PAUSE_MAX_S = 1.0
 
 
 class StreamingMixin:
@@ -51,7 +56,10 @@ class StreamingMixin:
             session_id=session_id,
             request_id=request_id,
         )
+        busy, pause = 0, 0.0
         while True:
+            time.sleep(pause)  # after a busy replica's refusal
+            pause = 0.0
             replica = self._pick(1, session=session_id, exclude=excluded, deadline=deadline)
             attempts += 1
             started = False
@@ -74,6 +82,14 @@ class StreamingMixin:
                         f"every replica tried ({attempts} attempts); refit the replicas"
                     ) from None
             except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and not started and busy < BUSY_TRIES:
+                    # every stream slot of the replica is held (its limits.max_streams): another replica, or
+                    # this one a moment later; not a failure of the replica, and not one of max_attempts
+                    busy, attempts = busy + 1, attempts - 1
+                    pause = min(BUSY_PAUSE_MAX_S, 0.05 * 2**busy)
+                    excluded.add(replica.replica_id)
+                    if time.monotonic() < deadline:
+                        continue
                 failed = exc.code() in RETRYABLE
                 if not failed or started or attempts >= self.max_attempts or time.monotonic() >= deadline:
                     raise from_rpc_error(exc) from None
