@@ -10,7 +10,10 @@ as JSON. examples/countdown/config.yaml was tuned with it; `recipe_from_config` 
 can be compared (tests/unit/example checks that the defaults here equal the config).
 `--staleness K` emulates the asynchronous modes: samples come from the weights K versions behind the
 trainer's and the loss weighs each token by pi_old / pi_behaviour (`--tis-cap`, `--mis-cap`, `--is-level`), so
-a loss of accuracy can be told apart from anything the services' pipeline does.
+a loss of accuracy can be told apart from anything the services' pipeline does. It screens corrections for stale
+samples besides (`--lag-lr-scale` the trainer's step size scaled by staleness, `--mis-low` / `--seq-mask` /
+`--m2-cap` masking in stale_corrections.py, `--prox approx` pi_old interpolated without a pass) and prints the
+drift per version lag beside the accuracies; bench/async/README.md has what each measured.
 
 Run: `.venv/bin/python bench/e2e/recipe_probe.py --seeds 0 1 2` (about 2 minutes per seed on 2 idle cores).
 `--threads 1` matches the services (one torch thread per replica / trainer on this machine) and gives steadier
@@ -40,8 +43,11 @@ from transformers.utils import logging as hf_logging
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "examples" / "countdown" / "config.yaml"
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _path in (ROOT, ROOT / "bench" / "e2e"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+from stale_corrections import screened_mask  # noqa: E402
 
 from examples.countdown import make_data, reward  # noqa: E402
 from meshrl.trainer.losses import LossConfig, importance_weights  # noqa: E402
@@ -86,6 +92,19 @@ class Recipe:
     tis_cap: float = 2.0
     mis_cap: float = 4.0
     is_level: str = "token"  # token: a weight per token; sequence: exp(sum of the tokens' log-ratios) per sequence
+    # screened corrections for stale samples (0 = off): tokens whose pi_old / pi_behaviour is below mis_low leave
+    # the loss (two-sided masking with mis_cap); a sequence whose geometric-mean ratio lies outside
+    # [1 / seq_mask, seq_mask] leaves it; m2_cap masks the tokens of largest squared log-ratio until their
+    # mean over the batch is at most m2_cap (a trust region on the second moment, M2PO)
+    mis_low: float = 0.0
+    # pi_old of the ratio: "exact" (a forward pass before the update) or "approx" (no pass: interpolated between
+    # pi_behaviour and the current policy by version, log pi_old = log pi_b + a (log pi - log pi_b),
+    # a = lag / (lag + 1), AReaL's proximal approximation; the exact pass still runs, for the drift figures only)
+    prox: str = "exact"
+    # step size scaled by staleness (the trainer's lag_lr_scale c): the RL lr is rl_lr / (1 + c * staleness)
+    lag_lr_scale: float = 0.0
+    seq_mask: float = 0.0
+    m2_cap: float = 0.0
     eval_every: int = 10
     seed: int = 0
 
@@ -313,6 +332,10 @@ def is_weights(old_logp: torch.Tensor, behaviour_logp: torch.Tensor, recipe: Rec
     return torch.exp((old_logp - behaviour_logp).clamp(max=20.0)) if weights is None else weights
 
 
+def screens(recipe: Recipe) -> dict:
+    return {"mis_low": recipe.mis_low, "seq_mask": recipe.seq_mask, "m2_cap": recipe.m2_cap}
+
+
 def ppo_update(model, opt, ref, task: Task, recipe: Recipe, batch: dict) -> dict:
     """Old (and reference) log-probs, then `mini_batches` PPO-clip steps over consecutive row chunks, token-mean."""
     prompts, responses, adv = batch["prompts"], batch["responses"], batch["advantages"]
@@ -320,7 +343,15 @@ def ppo_update(model, opt, ref, task: Task, recipe: Recipe, batch: dict) -> dict
         old_logp, rmask = token_logprobs(model, prompts, responses, task.pad)
         ref_logp = token_logprobs(ref, prompts, responses, task.pad)[0] if ref is not None else None
     behaviour = batch.get("behaviour_logp")
-    weights = None if behaviour is None else is_weights(old_logp, behaviour, recipe)
+    weights, drift = None, {}
+    if behaviour is not None:
+        weights = is_weights(old_logp, behaviour, recipe) * screened_mask(old_logp, behaviour, rmask, **screens(recipe))
+        tokens = rmask.sum()
+        drift = {  # what one version lag (here: `staleness` versions) did to the sampled tokens
+            "drift": ((old_logp - behaviour).abs() * rmask).sum().item() / tokens.item(),
+            "is_weight": (weights * rmask).sum().item() / tokens.item(),
+            "masked": (((weights == 0).float()) * rmask).sum().item() / tokens.item(),
+        }
     model.train()
     clip_frac, kls, norms = [], [], []
     for chunk in torch.arange(len(prompts)).chunk(recipe.mini_batches):
@@ -328,22 +359,29 @@ def ppo_update(model, opt, ref, task: Task, recipe: Recipe, batch: dict) -> dict
         logp, _ = token_logprobs(model, prompts[lo:hi], responses[lo:hi], task.pad)
         logp = F.pad(logp, (0, old_logp.shape[1] - logp.shape[1]))
         m = rmask[lo:hi]
-        ratio = torch.exp(logp - old_logp[lo:hi])
+        prox, w = old_logp[lo:hi], None if weights is None else weights[lo:hi]
+        if recipe.prox == "approx" and behaviour is not None:
+            b = behaviour[lo:hi]
+            prox = b + recipe.staleness / (recipe.staleness + 1) * (logp.detach() - b)
+            w = is_weights(prox, b, recipe) * screened_mask(prox, b, m, **screens(recipe))
+        ratio = torch.exp(logp - prox)
         a = adv[lo:hi, None]
         loss_tok = -torch.minimum(ratio * a, ratio.clamp(1 - recipe.clip, 1 + recipe.clip) * a)
-        if weights is not None:
-            loss_tok = loss_tok * weights[lo:hi]
+        if w is not None:
+            loss_tok = loss_tok * w
         if ref_logp is not None:
             d = ref_logp[lo:hi] - logp
             kl = torch.exp(d) - d - 1  # k3
             loss_tok = loss_tok + recipe.kl_coef * kl
             kls.append(((kl * m).sum() / m.sum()).item())
-        norms.append(optimizer_step(model, opt, (loss_tok * m).sum() / m.sum(), recipe.rl_lr))
+        lr = recipe.rl_lr / (1.0 + recipe.lag_lr_scale * recipe.staleness)
+        norms.append(optimizer_step(model, opt, (loss_tok * m).sum() / m.sum(), lr))
         clip_frac.append((((ratio - 1).abs() > recipe.clip).float() * m).sum().item() / m.sum().item())
     return {
         "clip_fraction": sum(clip_frac) / len(clip_frac),
         "kl": sum(kls) / len(kls) if kls else 0.0,
         "grad_norm": sum(norms) / len(norms),
+        **drift,
     }
 
 
@@ -387,6 +425,11 @@ def grpo(model, opt, task: Task, recipe: Recipe, batches: Batches, clock: Clock,
                 f"  rl step {step} reward {curve[-1]['reward']:.3f} len {batch['length']:.1f}"
                 f" mixed {batch['mixed_groups']:.2f} clip {stats['clip_fraction']:.3f} kl {stats['kl']:.4f} grad {stats['grad_norm']:.2f}"
                 f" eval acc {evals[-1][1]:.3f}"
+                + (
+                    f" drift {stats['drift']:.3f} w {stats['is_weight']:.3f} masked {stats['masked']:.3f}"
+                    if "drift" in stats
+                    else ""
+                )
             )
     return {"curve": curve, "evals": evals}
 
@@ -430,6 +473,11 @@ def run(recipe: Recipe, log=print) -> dict:
         "evals": rl["evals"],
         "reward_curve": [round(c["reward"], 4) for c in rl["curve"]],
         "sft_loss": [round(x, 4) for x in losses[:: max(1, len(losses) // 10)]] + [round(losses[-1], 4)],
+        "drift": {  # means over the RL steps: |log pi_old - log pi_behaviour| per token, weight, masked fraction
+            key: round(sum(c[key] for c in rl["curve"]) / len(rl["curve"]), 4)
+            for key in ("drift", "is_weight", "masked")
+            if key in rl["curve"][0]
+        },
         "seconds": clock.wall,
         "cpu_seconds": clock.cpu,
         "load": os.getloadavg(),
@@ -445,7 +493,9 @@ def summarize(result: dict) -> str:
     gain = result["acc_final"] - result["acc_rl_step0"]
     return (
         f"seed {result['recipe']['seed']}: acc init {result['acc_before_sft']:.3f} | rl step0 {result['acc_rl_step0']:.3f}"
-        f" | final {result['acc_final']:.3f} (gain {gain:+.3f}, best {result['acc_best']:.3f})\n"
+        f" | final {result['acc_final']:.3f} (gain {gain:+.3f}, best {result['acc_best']:.3f})"
+        + (f" | per lag {result['recipe']['staleness']}: {result['drift']}" if result["drift"] else "")
+        + "\n"
         f"  evals {[(st, round(a, 3)) for st, a in result['evals']]}\n"
         f"  reward (mean per {k} steps) {smooth}\n"
         f"  wall s: " + ", ".join(f"{k2} {v:.1f}" for k2, v in s.items()) + f" | total {sum(s.values()):.1f}\n"
@@ -477,6 +527,8 @@ def main(argv: list[str] | None = None) -> None:
         print(summarize(results[-1]), flush=True)
     gains = [r["acc_final"] - r["acc_rl_step0"] for r in results]
     print(f"RL gains {[round(g, 3) for g in gains]} min {min(gains):+.3f} mean {sum(gains) / len(gains):+.3f}")
+    finals = [r["acc_final"] for r in results]
+    print(f"final acc {[round(a, 3) for a in finals]} mean {sum(finals) / len(finals):.3f}")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(results, indent=1))
 
