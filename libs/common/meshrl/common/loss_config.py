@@ -21,9 +21,6 @@ Field = pydantic.Field
 # takes pi_old from no rollout) gets these (bench/async: without a correction they fall behind sync).
 ASYNC_TIS_CAP = 2.0
 ASYNC_MIS_CAP = 4.0
-# and, unless it sets lag_lr_scale, this step size scaled by staleness (bench/async/README.md: the correction
-# that kept staleness 1 near sync's accuracy where the caps alone did not)
-ASYNC_LAG_LR_SCALE = 1.0
 
 
 class LossConfig(Settings):
@@ -36,7 +33,8 @@ class LossConfig(Settings):
     - old_logprobs: 'recompute' when the workflow has an actor old-log-prob node, else 'rollout' in sync mode
       without tis_cap / mis_cap, else 'in-train';
     - tis_cap / mis_cap in one_step_off and async modes (old_logprobs not 'rollout', neither cap set):
-      ASYNC_TIS_CAP and ASYNC_MIS_CAP; lag_lr_scale in those modes (unset): ASYNC_LAG_LR_SCALE.
+      ASYNC_TIS_CAP and ASYNC_MIS_CAP. lag_lr_scale stays off unless set (bench/async/README.md: it helped
+      in one process and cost accuracy through the services).
     """
 
     section: ClassVar[str] = "loss"

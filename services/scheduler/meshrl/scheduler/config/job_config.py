@@ -7,7 +7,7 @@ import pydantic
 
 from meshrl.common.config import StrictModel
 from meshrl.common.errors import ConfigError
-from meshrl.common.loss_config import ASYNC_LAG_LR_SCALE, ASYNC_MIS_CAP, ASYNC_TIS_CAP
+from meshrl.common.loss_config import ASYNC_MIS_CAP, ASYNC_TIS_CAP
 from meshrl.common.telemetry import TelemetryConfig
 from meshrl.scheduler.config.algorithm import JOB_POLICY_LOSSES, AlgorithmSection
 from meshrl.scheduler.config.job import CheckpointSection, DataSection, EvalSection, JobSection, ModelSection
@@ -41,8 +41,7 @@ class JobConfig(StrictModel):
     @pydantic.model_validator(mode="after")
     def _async_corrects_off_policy(self) -> JobConfig:
         """one_step_off and async train on samples of older weights: unless the loss says otherwise (either cap
-        set; 0 turns it off), their off-policy correction is on, and their step size shrinks with the samples'
-        version lag unless lag_lr_scale is set (LossConfig's docstring lists these defaults).
+        set; 0 turns it off), their off-policy correction is on (LossConfig's docstring lists these defaults).
         With old_logprobs 'rollout' pi_old is the behaviour policy, so there is nothing to correct. The loss
         rules are LossConfig's, checked by LossSection; the actor's objective is a job's choice."""
         loss = self.algorithm.loss
@@ -56,8 +55,6 @@ class JobConfig(StrictModel):
         caps_unset = loss.tis_cap is None and loss.mis_cap is None
         if self.training.mode != "sync" and loss.old_logprobs != "rollout" and caps_unset:
             loss.tis_cap, loss.mis_cap = ASYNC_TIS_CAP, ASYNC_MIS_CAP
-        if self.training.mode != "sync" and loss.lag_lr_scale is None:
-            loss.lag_lr_scale = ASYNC_LAG_LR_SCALE
         return self
 
     @pydantic.model_validator(mode="after")
