@@ -219,3 +219,12 @@ def test_vllm_cancelling_one_shared_sample_leaves_the_others(vllm):
     results = [f.result(timeout=30) for f in futures]
     assert [r.finish_reason for r in results] == [FinishReason.LENGTH, FinishReason.ABORT, FinishReason.LENGTH]
     assert len(results[0].token_ids) == len(results[2].token_ids) == 60 and len(results[1].token_ids) < 60
+
+
+def test_vllm_a_batch_with_a_repeated_request_id_queues_none_of_it(vllm):
+    fake, engine = vllm
+    first = GenerationRequest([7, 8], SamplingParams(max_tokens=3))
+    again = GenerationRequest([7, 8], SamplingParams(max_tokens=3), request_id=first.request_id)
+    with pytest.raises(InvalidArgument, match="already running"):
+        engine.submit_many([first, GenerationRequest([9], SamplingParams(max_tokens=3)), again])
+    assert engine.status().running_requests == 0 and not fake.calls("/inference/v1/generate")

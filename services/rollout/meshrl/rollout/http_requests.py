@@ -100,7 +100,14 @@ class StreamedRequests(Engine):
         limit = self.samples_per_request()
         if limit <= 1:
             return [self.submit(r) for r in requests]
-        runs = [self._register(r, None) for r in requests]
+        runs: list[Running] = []
+        try:
+            for request in requests:
+                runs.append(self._register(request, None))
+        except InvalidArgument:  # a request id already running: none of the batch is queued
+            for run in runs:
+                self._forget(run)
+            raise
         for group in sample_groups(requests, seeds_sent=self.sends_seeds(), limit=limit):
             members = [runs[i] for i in group]
             if len(members) == 1:
