@@ -193,6 +193,7 @@ class StreamedRequests(Engine):
             elif run.abort:
                 self._finish(run, FinishReason.ABORT)
             else:
+                run.group = None  # its own stream from here on: cancelling it closes that one
                 self._pool.submit(self._drive, run)
 
     def _stream(self, runs: Sequence[Running], body: dict[str, Any]) -> dict[int, FinishReason]:
