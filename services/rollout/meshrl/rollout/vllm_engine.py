@@ -5,7 +5,8 @@ which one the server's interpreter holds). Launched as `python -m vllm.entrypoin
 (`vllm serve` is broken in the CPU distribution) with VLLM_SERVER_DEV_MODE=1 and
 `--worker-extension-cls meshrl.rollout.vllm_worker.MeshrlWorkerExtension`. Endpoints used:
 POST /inference/v1/generate (token ids in and out, `--enable-scale-out`; streamed; its last chunk says which
-weight version made each token); /pause?mode=keep|abort and
+weight version made each token; a batch's samples of one prompt go as one request with `n`, streamed
+`stream_interval` tokens per event); /pause?mode=keep|abort and
 /resume (server-side: a request paused in place keeps its KV and goes on after the update);
 /update_weight_version and GET /weight_info (the version the engine serves, set and read back);
 /reset_prefix_cache (its body says whether it happened); /collective_rpc (weights into the workers through
