@@ -27,23 +27,13 @@ def host_store(
     """Rank 0's store, listening on `address:port` only (see the module's docstring). Raises OSError when
     the port is taken, or when `strict` and `address` is not one of this host's."""
     listener = _bind(address, port, strict)
+    options = {"wait_for_workers": False, "multi_tenant": multi_tenant}
     timeout = timedelta(seconds=timeout_s)
     if listener is None:
-        return dist.TCPStore(
-            address, port, world_size, True, timeout, wait_for_workers=False, multi_tenant=multi_tenant
-        )
+        return dist.TCPStore(address, port, world_size, True, timeout, **options)
     fd = listener.detach()  # the store owns the socket from here on
     try:
-        return dist.TCPStore(
-            address,
-            port,
-            world_size,
-            True,
-            timeout,
-            wait_for_workers=False,
-            multi_tenant=multi_tenant,
-            master_listen_fd=fd,
-        )
+        return dist.TCPStore(address, port, world_size, True, timeout, master_listen_fd=fd, **options)
     except BaseException:
         os.close(fd)
         raise

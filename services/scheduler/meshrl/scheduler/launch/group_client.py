@@ -5,42 +5,25 @@ When a rank > 0 dies, rank 0's next collective fails at once with its backend's 
 by peer"), which reaches the scheduler as INTERNAL, before or after the group's watch reports the rank. A dead
 peer is what the job's recovery restarts the services for (`recovery.restartable`); an internal error is not.
 So an internal error is checked against the group (`TrainerGroup.lost_rank`) and, when a rank is gone, raised as
-Unavailable. The peer's socket closes as a killed rank's process ends, a moment before that process reads as ended
-(more so on a busy host), so the group is asked again for `settle_seconds` before the error is left internal.
-Used by `launch.services.JobServices` for `trainer.launch: group`.
+Unavailable. Used by `launch.services.JobServices` for `trainer.launch: group`.
 """
 
 from __future__ import annotations
 
 import functools
-import time
 from typing import Any
 
 from meshrl.common.errors import Internal, Unavailable
 from meshrl.scheduler.clients import TrainerClient
 
-SETTLE_POLL_S = 0.5
-
 
 class GroupTrainerClient:
     """Every attribute is the wrapped TrainerClient's; its methods are checked as the module says."""
 
-    def __init__(
-        self, client: TrainerClient, group: Any, probe_seconds: float = 10.0, settle_seconds: float = 5.0
-    ) -> None:
+    def __init__(self, client: TrainerClient, group: Any, probe_seconds: float = 10.0) -> None:
         self.client = client
         self.group = group
         self.probe_seconds = probe_seconds
-        self.settle_seconds = settle_seconds
-
-    def _lost(self) -> str | None:
-        """The rank the group reports gone, asked every SETTLE_POLL_S until `settle_seconds` have passed."""
-        deadline = time.monotonic() + self.settle_seconds
-        while True:
-            lost = self.group.lost_rank(self.probe_seconds)
-            if lost is not None or time.monotonic() >= deadline:
-                return lost
-            time.sleep(SETTLE_POLL_S)
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self.client, name)
@@ -52,7 +35,7 @@ class GroupTrainerClient:
             try:
                 return value(*args, **kwargs)
             except Internal as exc:
-                lost = self._lost()
+                lost = self.group.lost_rank(self.probe_seconds)
                 if lost is None:
                     raise
                 raise Unavailable(f"trainer {lost}; the call failed with: {str(exc)[:500]}") from exc

@@ -91,7 +91,15 @@ class ServiceProcess:
         return self.proc.pid if self.proc else None
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        """Whether the process still runs. Exact while another thread waits on it (a trainer group's watch):
+        Popen.poll() answers "running" whenever wait() holds its lock, even for a process already killed;
+        waitid with WNOWAIT reads the exit without reaping it."""
+        if self.proc is None or self.proc.returncode is not None:
+            return False
+        try:
+            return os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+        except ChildProcessError:  # reaped meanwhile by the waiting thread
+            return False
 
     def stop(self, grace: float = 10.0) -> int | None:
         """SIGTERM (graceful), then SIGKILL after `grace` seconds. Returns the exit code."""
