@@ -39,21 +39,20 @@ def test_render_grpo_disaggregated():
     # subgraph table, split reasons, groups
     assert "  s1  reward -> advantage   s0          scheduler (CPU)" in lines
     assert "  - paths from 'rollout' (reward, old_logprob, ref_logprob) reconverge at actor_train" in lines
-    assert any(line.startswith("  actor ") and "n1:0-2" in line and "s2, s4" in line for line in lines)
+    assert any(line.startswith("  actor+reference ") and "n0:0-3" in line and "s2, s3, s4" in line for line in lines)
     # device map
     device_map = lines[lines.index("Devices (GPU; letter = worker group, '.' = idle)") :]
-    assert device_map[1:7] == [
+    assert device_map[1:6] == [
         "  device  0 1 2 3",
-        "  node 0  A A A A",
-        "  node 1  B B B C",
+        "  node 0  B B B B",
+        "  node 1  A A A A",
         "  A = rollout",
-        "  B = actor",
-        "  C = reference",
+        "  B = actor+reference",
     ]
 
 
 def test_plan_main_colocated_on_cpu_slots():
-    code, out, err = run("rloo", "--nodes", "1", "--cpus-per-node", "2")
+    code, out, err = run("rloo", "--nodes", "1", "--cpus-per-node", "2", "--placement", "colocated")
     assert code == 0 and err == ""
     assert "1 node(s) x 2 CPU = 2 workers, placement colocated" in out
     assert "  node 0  A A" in out and "gloo (shares a device)" in out
@@ -86,10 +85,8 @@ def test_plan_main_json_and_options(tmp_path):
     assert code == 0
     data = json.loads(out)
     assert {g["group_id"]: g["workers"] for g in data["groups"]} == {
-        "rollout": [0, 1, 2],
-        "critic": [4, 5],
-        "actor": [6, 7],
-        "reference": [3],
+        "rollout": [6, 7],
+        "critic+actor+reference": [0, 1, 2, 3, 4, 5],
     }
 
 
@@ -100,8 +97,8 @@ def test_plan_main_errors():
     assert code == 2 and "'actor' is not NAME=VALUE" in err
     code, _, err = run("grpo", "--cost", "decode=2")
     assert code == 2 and "unknown node kind" in err
-    code, _, err = run("grpo", "--nodes", "1", "--gpus-per-node", "2", "--placement", "disaggregated")
-    assert code == 2 and "need at least 3 workers" in err
+    code, _, err = run("grpo", "--nodes", "1", "--gpus-per-node", "1", "--placement", "disaggregated")
+    assert code == 2 and "need at least 2 workers" in err
 
 
 def test_plan_main_workflow_file_with_user_function(tmp_path, kit, user_module):

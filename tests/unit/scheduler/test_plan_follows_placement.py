@@ -1,11 +1,13 @@
 """`meshrl plan` given the job config plans the placement the job launches (`services.placement`), unless
-`--placement` says otherwise; without either it plans colocated, as before."""
+`--placement` says otherwise; without either it plans the placement `meshrl run` launches without one
+(services.placement's default, disaggregated)."""
 
 from __future__ import annotations
 
 import io
 import json
 
+from meshrl.scheduler.config.services import ServicesSection
 from meshrl.scheduler.planning.plan_cli import plan_main
 
 
@@ -21,4 +23,4 @@ def test_plan_follows_the_jobs_placement(tmp_path):
     assert planned("--config", str(config)) == "disaggregated"
     assert planned("--set", "services.placement=colocated") == "colocated"
     assert planned("--config", str(config), "--placement", "colocated") == "colocated"
-    assert planned() == "colocated"
+    assert planned() == "disaggregated" == ServicesSection().placement

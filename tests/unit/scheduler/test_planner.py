@@ -111,76 +111,62 @@ def test_grpo_colocated_everything_everywhere():
 
 
 def test_grpo_disaggregated_param_aware():
-    # sizes: rollout 1B x 4 = 4B (its count comes from the actor), actor 1B x (1 + 3) = 4B, reference 1B x 1
-    # quotas 8 x (4, 4, 1) / 9 = 3.56, 3.56, 0.89 -> 3, 3, 1; the 8th worker: tie, the earlier group (rollout)
-    # placement, largest first: rollout 4 -> n0 (best fit, lowest index); actor 3 -> n1; reference 1 -> n1:3
+    # sizes: rollout 1B x 4 = 4B (its count comes from the actor); the trainer's models share its workers (one
+    # trainer service holds them): actor 1B x (1 + 3) = 4B + reference 1B x 1 = 5B
+    # quotas 8 x (4, 5) / 9 = 3.56, 4.44 -> 3, 4; the 8th worker: the larger remainder (rollout, .56) -> 4, 4
+    # placement, largest first (a tie in count: the larger size first): trainer 4 -> n0; rollout 4 -> n1
     c = ClusterSpec(2, 4)
     options = PlanOptions(placement=DIS, param_counts={"actor": "1B", "reference": 1_000_000_000})
     plan = plan_workflow(load_builtin("grpo"), c, options)
-    assert placed(plan) == {
-        "rollout": slots(c, "0:0-3"),
-        "actor": slots(c, "1:0-2"),
-        "reference": slots(c, "1:3"),
-    }
-    assert plan.group("actor").subgraph_ids == ("s2", "s4") and plan.group("rollout").subgraph_ids == ("s0",)
+    assert placed(plan) == {"rollout": slots(c, "1:0-3"), "actor+reference": slots(c, "0:0-3")}
+    assert plan.group("actor+reference").subgraph_ids == ("s2", "s3", "s4")
+    assert plan.group("rollout").subgraph_ids == ("s0",)
     rollout = plan.model("rollout")
     assert (rollout.param_count, rollout.param_source, rollout.size) == (10**9, "actor", 4e9)
     assert plan.model("actor").node_ids == ("old_logprob", "actor_train") and plan.model("actor").cost == 4.0
     comm = {cg.name: cg for cg in plan.comm_groups}
     assert set(comm) == {"actor", "reference", "actor->rollout"}
-    assert [m.worker.index for m in comm["actor"].members] == [4, 5, 6]
-    assert [m.worker.index for m in comm["actor->rollout"].members] == [4, 0, 1, 2, 3]
+    assert [m.worker.index for m in comm["actor"].members] == [0, 1, 2, 3]
+    assert [m.worker.index for m in comm["reference"].members] == [0, 1, 2, 3]  # the same world
+    assert [m.worker.index for m in comm["actor->rollout"].members] == [0, 4, 5, 6, 7]
     assert not comm["actor->rollout"].shares_device and comm["actor"].backend == "nccl"
 
 
-def test_ppo_disaggregated_gives_the_critic_its_own_workers():
-    # groups (file order): rollout 4B, critic 1B x (1 + 3) = 4B, actor 4B, reference 1B
-    # quotas 8 x (4, 4, 4, 1) / 13 = 2.46 x 3, 0.62 -> 2, 2, 2, 1; the 8th worker: tie -> rollout
-    # placement: rollout 3 -> n0:0-2; critic 2 -> n1:0-1; actor 2 -> n1:2-3; reference 1 -> n0:3
+def test_ppo_disaggregated_puts_every_trainer_role_on_the_trainers_workers():
+    # groups (file order): rollout 4B; the trainer: critic 1B x (1 + 3) + actor 4B + reference 1B = 9B
+    # quotas 8 x (4, 9) / 13 = 2.46, 5.54 -> 2, 5; the 8th worker: the larger remainder (trainer, .54) -> 2, 6
+    # placement: the trainer's 6 fit no node -> n0:0-3 and n1:0-1; rollout 2 -> n1:2-3
     c = ClusterSpec(2, 4)
     options = PlanOptions(placement=DIS, param_counts={"actor": "1B", "critic": "1B", "reference": "1B"})
     plan = plan_workflow(load_builtin("ppo"), c, options)
-    assert placed(plan) == {
-        "rollout": slots(c, "0:0-2"),
-        "critic": slots(c, "1:0-1"),
-        "actor": slots(c, "1:2-3"),
-        "reference": slots(c, "0:3"),
-    }
-    assert plan.group("critic").subgraph_ids == ("s2", "s7")
+    assert placed(plan) == {"rollout": slots(c, "1:2-3"), "critic+actor+reference": slots(c, "0:0-3", "1:0-1")}
+    assert {m.key: m.workers for m in plan.models}["critic"] == slots(c, "0:0-3", "1:0-1")
 
 
 def test_even_strategy_without_param_counts():
-    # 8 workers / 3 groups = 2.67 each -> 2, 2, 2; the two left go to the larger groups: rollout, then actor
-    # (reference is the smallest: its forward pass costs 1 against 4 and 4)
+    # 8 workers / 2 groups = 4 each; placement, a tie in count: the larger size first (the trainer: actor's
+    # 1 + 3 and reference's 1 = 5 against rollout's 4) -> trainer 0:0-3, rollout 0:4-7
     c = ClusterSpec(1, 8)
     plan = plan_workflow(load_builtin("grpo"), c, PlanOptions(placement=DIS, strategy=Strategy.EVEN))
-    assert placed(plan) == {
-        "rollout": slots(c, "0:0-2"),
-        "actor": slots(c, "0:3-5"),
-        "reference": slots(c, "0:6-7"),
-    }
+    assert placed(plan) == {"rollout": slots(c, "0:4-7"), "actor+reference": slots(c, "0:0-3")}
     assert any("no parameter counts" in n for n in plan.notes)
 
 
 def test_tensor_parallel_rollout_replicas():
-    # units rollout 2; quotas 6 x (4, 4, 1) / 9 = 2.67, 2.67, 0.67 -> rollout 2 (one pair), actor 2,
-    # reference 1; one worker left: rollout cannot take a half pair, actor is furthest below quota -> 3
-    # placement: actor 3 -> n0:0-2; rollout 2 -> n1:0-1; reference 1 -> n1:2
+    # units rollout 2; quotas 6 x (4, 5) / 9 = 2.67, 3.33 -> rollout 2 (one pair), trainer 3; one worker
+    # left: rollout cannot take a half pair -> trainer 4
+    # placement: the trainer's 4 fit no node -> n0:0-2 and n1:0; rollout's pair -> n1:1-2
     c = ClusterSpec(2, 3)
     wf = with_config("grpo", rollout={"tensor_parallel_size": 2})
     options = PlanOptions(placement=DIS, param_counts={"actor": "1B", "reference": "1B"})
     plan = plan_workflow(wf, c, options)
-    assert placed(plan) == {
-        "rollout": slots(c, "1:0-1"),
-        "actor": slots(c, "0:0-2"),
-        "reference": slots(c, "1:2"),
-    }
+    assert placed(plan) == {"rollout": slots(c, "1:1-2"), "actor+reference": slots(c, "0:0-2", "1:0")}
     rollout = plan.model("rollout")
-    assert rollout.replicas == ((3, 4),) and rollout.data_parallel == 1 and rollout.unit == 2
+    assert rollout.replicas == ((4, 5),) and rollout.data_parallel == 1 and rollout.unit == 2
     comm = {cg.name: cg for cg in plan.comm_groups}
     assert comm["rollout.replica0"].kind == "tensor_parallel"
-    assert [m.worker.index for m in comm["rollout.replica0"].members] == [3, 4]
-    assert [m.worker.index for m in comm["actor->rollout"].members] == [0, 3]
+    assert [m.worker.index for m in comm["rollout.replica0"].members] == [4, 5]
+    assert [m.worker.index for m in comm["actor->rollout"].members] == [0, 4]
 
 
 def test_replica_sizes_can_leave_workers_idle():
@@ -245,8 +231,8 @@ def test_series_trainer_models_in_one_subgraph_share_workers(kit):
 
 def test_plan_errors(kit):
     with pytest.raises(PlanError) as info:
-        plan_workflow(load_builtin("grpo"), ClusterSpec(1, 2), PlanOptions(placement=DIS))
-    assert "need at least 3 workers" in str(info.value) and "--placement colocated" in str(info.value)
+        plan_workflow(load_builtin("grpo"), ClusterSpec(1, 1), PlanOptions(placement=DIS))
+    assert "need at least 2 workers" in str(info.value) and "--placement colocated" in str(info.value)
     with pytest.raises(PlanError) as info:
         plan_workflow(with_config("grpo", rollout={"tensor_parallel_size": 4}), ClusterSpec(1, 6))
     assert "multiple of 4 workers" in str(info.value)

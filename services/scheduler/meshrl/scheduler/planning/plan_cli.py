@@ -16,12 +16,16 @@ import pydantic
 from meshrl.common.config import deep_merge, parse_overrides, read_yaml
 from meshrl.common.errors import MeshrlError
 from meshrl.scheduler.config.cpu_placement import CpuPlacement
+from meshrl.scheduler.config.services import ServicesSection
 from meshrl.scheduler.launch.cpu_placement import CpuSets, cpu_sets
 from meshrl.scheduler.launch.trainer_layout import apply_trainer_layout, trainer_section
 from meshrl.scheduler.planning.apportion import ClusterSpec
 from meshrl.scheduler.planning.plan_render import render_plan
 from meshrl.scheduler.planning.planner import DEFAULT_COSTS, Placement, PlanError, PlanOptions, Strategy, plan_workflow
 from meshrl.scheduler.workflow import builtin_names, load_workflow
+
+# What `meshrl run` launches when the job config names no placement: one default for both commands.
+LAUNCHED_PLACEMENT: str = ServicesSection.model_fields["placement"].default
 
 
 def _pairs(items: Sequence[str], what: str, example: str) -> dict[str, str]:
@@ -45,7 +49,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         choices=[p.value for p in Placement],
         default=None,
         help="colocated: every model on every device; disaggregated: rollout and trainer models on separate devices "
-        "(default: the job config's services.placement, which `meshrl run` launches; else colocated)",
+        "(default: the job config's services.placement, which `meshrl run` launches, and its default "
+        f"{LAUNCHED_PLACEMENT!r})",
     )
     parser.add_argument("--strategy", choices=[s.value for s in Strategy], default=Strategy.PARAM_AWARE.value)
     parser.add_argument(
@@ -98,7 +103,7 @@ def run_plan(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         except ValueError:
             raise PlanError(f"--cost {kind}={value}: not a number. Fix: write e.g. {kind}=2.5") from None
     options = PlanOptions(
-        placement=Placement(args.placement or (config.get("services") or {}).get("placement") or "colocated"),
+        placement=Placement(args.placement or (config.get("services") or {}).get("placement") or LAUNCHED_PLACEMENT),
         strategy=Strategy(args.strategy),
         param_counts=_pairs(args.param_counts, "--param-counts", "actor=7B"),
         costs=costs,

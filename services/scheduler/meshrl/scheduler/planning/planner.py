@@ -9,10 +9,12 @@ Called by `meshrl plan` (plan_cli.py) and by whoever launches a job's services. 
    4 by default: decoding is memory-bound and usually dominates a step).
 3. Worker groups: the models that share workers.
    - colocated: one group, every model on every worker; roles time-share the devices.
-   - disaggregated: the rollout engines never share workers with trainer roles; trainer models in series
-     inside one subgraph share workers (they never run at once); subgraphs that use the same model share
-     its workers (a model's weights live in one place). So models on parallel branches (GRPO's actor and
-     reference forward passes) get separate workers and really run at the same time.
+   - disaggregated: the rollout engines never share workers with trainer roles; rollout engines used in
+     one subgraph share workers. Every trainer model of one agent (actor, reference, critic, reward model)
+     shares that agent's workers, because that is what `meshrl run` launches: one trainer service (one
+     world of data x tensor x pipeline parallel ranks) holds all of them, and its roles take turns. siiRL
+     gives trainer models on parallel branches (GRPO's actor and reference forward passes) workers of their
+     own; a plan that did so here would describe workers no run starts.
 4. Workers are apportioned to groups (even or parameter-aware, in whole replicas) and picked with node
    cohesion (`apportion.py`); a group's models all use its workers, rank i on its i-th worker.
 5. Communication groups: each trainer model's world (data x tensor x pipeline parallel), each multi-device
@@ -143,10 +145,14 @@ def _groups(split: Split, graph: TaskGraph, models: Mapping[str, dict], placemen
 
     for sg in split.subgraphs:
         used = dict.fromkeys(graph.nodes[n].model_key for n in sg.node_ids if graph.nodes[n].model_key)
-        for service in ("rollout", "trainer"):
-            side = [k for k in used if models[k]["service"] == service]
-            for k in side[1:]:
-                parent[find(k)] = find(side[0])
+        side = [k for k in used if models[k]["service"] == "rollout"]
+        for k in side[1:]:
+            parent[find(k)] = find(side[0])
+    trainers: dict[str, str] = {}  # agent -> its first trainer model: the agent's one trainer service
+    for k in keys:
+        if models[k]["service"] == "trainer":
+            first = trainers.setdefault(k.rpartition(".")[0], k)
+            parent[find(k)] = find(first)
     out: dict[str, list[str]] = {}
     for k in keys:
         out.setdefault(find(k), []).append(k)
