@@ -48,7 +48,7 @@ from host_cpu import HostCpu  # noqa: E402
 
 from meshrl.api.scheduler.v1 import scheduler_pb2 as spb  # noqa: E402
 from meshrl.scheduler.jobs import JobManager  # noqa: E402
-from meshrl.scheduler.step.modes import node_kinds  # noqa: E402
+from meshrl.scheduler.step.pacing.modes import node_kinds  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "countdown"
 MODES = {

@@ -3,7 +3,7 @@
 Runs examples/countdown (its config and workflow: model, data, warm-up, recipe) twice through the real
 services on Ray, one after the other in this process with the same seeds: `disaggregated` (the trainer and
 the replica on bundles of their own) and `colocated` (`services.placement: colocated`: one bundle shared by
-both, the replica asleep while the trainer works, meshrl.scheduler.step.colocate). For each it prints the
+both, the replica asleep while the trainer works, meshrl.scheduler.step.job.colocate). For each it prints the
 held-out greedy accuracy at every evaluation, the wall-clock of RL (step-0 evaluation's end to the last
 evaluation's end) and the median step time; for the colocated run also the replica's resident memory awake
 (before each release) and asleep (after it), the seconds spent releasing and resuming, the trainer's

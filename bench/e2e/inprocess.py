@@ -3,7 +3,7 @@ bench/e2e/run.py (which imports `InProcessLoop` and `LoopSettings` from here).
 
 Same pieces as the service path, called directly: `TrainerCore` (actor + frozen reference, megatron-core),
 the transformers rollout engine (`create_engine`), the scheduler's prompt encoder / sampler and reward
-function, `meshrl.scheduler.step.advantages`, and weight publication by disk (`write_version` → the engine's
+function, `meshrl.scheduler.step.scoring.advantages`, and weight publication by disk (`write_version` → the engine's
 `update_weights_from_disk` → checksums compared, as `WeightPublisher` does) or, with `weights="memory"`,
 by copying the trainer's HF-named tensors straight into the engine's parameters.
 
@@ -33,9 +33,9 @@ from meshrl.common.weights import write_version
 from meshrl.rollout.config import EngineConfig, TransformersEngineConfig
 from meshrl.rollout.engine_factory import create_engine
 from meshrl.rollout.types import DiskUpdate, GenerationRequest, PauseMode, SamplingParams
-from meshrl.scheduler.step import advantages as adv
-from meshrl.scheduler.step.data import PromptEncoder, PromptSampler, load_records
-from meshrl.scheduler.step.rewards import resolve_reward, score
+from meshrl.scheduler.step.prompts.data import PromptEncoder, PromptSampler, load_records
+from meshrl.scheduler.step.scoring import advantages as adv
+from meshrl.scheduler.step.scoring.rewards import resolve_reward, score
 from meshrl.trainer.core import TrainerCore
 from meshrl.trainer.losses import LossConfig
 from meshrl.trainer.optim import OptimizerConfig

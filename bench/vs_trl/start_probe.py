@@ -24,7 +24,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.vs_trl.tasks import TASKS, Task  # noqa: E402
-from meshrl.scheduler.step.data import load_records  # noqa: E402
+from meshrl.scheduler.step.prompts.data import load_records  # noqa: E402
 
 
 @dataclass

@@ -19,7 +19,7 @@ from trl import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
 
 from bench.vs_trl.budget import Budget, Curve
 from bench.vs_trl.tasks import Task, trl_reward
-from meshrl.scheduler.step.data import load_records
+from meshrl.scheduler.step.prompts.data import load_records
 
 
 def templated(tokenizer, prompt: str) -> str:

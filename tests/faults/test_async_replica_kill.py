@@ -22,8 +22,8 @@ from _inject import service_pids
 from meshrl.api.scheduler.v1 import scheduler_pb2 as spb
 from meshrl.scheduler.clients import RolloutClient
 from meshrl.scheduler.jobs import JobManager
-from meshrl.scheduler.step.data import PromptSampler, load_records
-from meshrl.scheduler.step.producer import prompt_of
+from meshrl.scheduler.step.pacing.producer import prompt_of
+from meshrl.scheduler.step.prompts.data import PromptSampler, load_records
 from meshrl.scheduler.workflow import builtin_workflow_text
 
 pytestmark = pytest.mark.faults

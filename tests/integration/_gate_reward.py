@@ -9,7 +9,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from meshrl.scheduler.step.rewards import exact_match
+from meshrl.scheduler.step.scoring.rewards import exact_match
 
 
 def gated_exact_match(prompts: Sequence[str], responses: Sequence[str], answers: Sequence[str]) -> list[float]:

@@ -12,8 +12,8 @@ from bench.vs_trl.compare import mean_curve, pooled, ratios, seeds_table, table,
 from bench.vs_trl.meshrl_side import WORKFLOW, job_config
 from bench.vs_trl.tasks import TASKS, length_score, multiply_score, positional_score, sum_score, write_task_data
 from meshrl.scheduler.config import JobConfig
-from meshrl.scheduler.step.old_logprobs import resolve_old_logprobs
-from meshrl.scheduler.step.rewards import resolve_reward
+from meshrl.scheduler.step.scoring.old_logprobs import resolve_old_logprobs
+from meshrl.scheduler.step.scoring.rewards import resolve_reward
 from meshrl.scheduler.workflow.loader import load_workflow_file
 
 

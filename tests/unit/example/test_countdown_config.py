@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 
 from meshrl.scheduler.config import JobConfig
-from meshrl.scheduler.step.rewards import resolve_reward
+from meshrl.scheduler.step.scoring.rewards import resolve_reward
 from meshrl.scheduler.workflow import resolve_executable
 from meshrl.scheduler.workflow.loader import load_workflow_file
 

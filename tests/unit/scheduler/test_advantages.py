@@ -1,4 +1,4 @@
-"""Advantage estimators (meshrl.scheduler.step.advantages) against hand-computed cases."""
+"""Advantage estimators (meshrl.scheduler.step.scoring.advantages) against hand-computed cases."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from meshrl.common.errors import InvalidArgument
-from meshrl.scheduler.step.advantages import (
+from meshrl.scheduler.step.scoring.advantages import (
     broadcast_to_tokens,
     discounted_returns,
     gae_advantages,

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from meshrl.scheduler.step.agents import AgentHandlers, agent_problems, agents_of
-from meshrl.scheduler.step.dispatch import check_runnable
-from meshrl.scheduler.step.executor import NodeResult
+from meshrl.scheduler.step.dag.agents import AgentHandlers, agent_problems, agents_of
+from meshrl.scheduler.step.dag.dispatch import check_runnable
+from meshrl.scheduler.step.dag.executor import NodeResult
 from meshrl.scheduler.workflow import WorkflowError, load_workflow_text
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -16,9 +16,9 @@ from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import Ragged
 from meshrl.common.databuffer_client import DataBufferClient
 from meshrl.scheduler.events import EventLog
-from meshrl.scheduler.step.executor import NodeResult, StepExecutor
-from meshrl.scheduler.step.modes import AsyncPlan, split_at_rollout
-from meshrl.scheduler.step.pipeline import AsyncSteps
+from meshrl.scheduler.step.dag.executor import NodeResult, StepExecutor
+from meshrl.scheduler.step.pacing.modes import AsyncPlan, split_at_rollout
+from meshrl.scheduler.step.pacing.pipeline import AsyncSteps
 from meshrl.scheduler.workflow import NodeRole, NodeType
 from tests._databuffer import served_client
 from tests.unit.scheduler._step_nodes import Node

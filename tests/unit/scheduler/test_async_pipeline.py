@@ -26,12 +26,12 @@ from meshrl.common.errors import Cancelled, ConfigError, InvalidArgument
 from meshrl.scheduler.clients import loss_proto
 from meshrl.scheduler.config import ASYNC_MIS_CAP, ASYNC_TIS_CAP, JobConfig, TrainingSection
 from meshrl.scheduler.events import EventLog
-from meshrl.scheduler.step.data import DataPosition, PromptSampler, Record
-from meshrl.scheduler.step.executor import NodeResult, StepExecutor
-from meshrl.scheduler.step.modes import AsyncPlan, plan_async, split_at_rollout
-from meshrl.scheduler.step.pipeline import LEARNER_GROUP, STREAM, AsyncSteps, SyncSteps
-from meshrl.scheduler.step.producer import prompt_of, split_groups
-from meshrl.scheduler.step.staleness import AdmissionGate, staleness_histogram
+from meshrl.scheduler.step.dag.executor import NodeResult, StepExecutor
+from meshrl.scheduler.step.pacing.modes import AsyncPlan, plan_async, split_at_rollout
+from meshrl.scheduler.step.pacing.pipeline import LEARNER_GROUP, STREAM, AsyncSteps, SyncSteps
+from meshrl.scheduler.step.pacing.producer import prompt_of, split_groups
+from meshrl.scheduler.step.pacing.staleness import AdmissionGate, staleness_histogram
+from meshrl.scheduler.step.prompts.data import DataPosition, PromptSampler, Record
 from meshrl.scheduler.workflow import NodeRole, NodeType
 from tests._databuffer import served_client
 from tests.unit.scheduler._step_nodes import Node

@@ -1,4 +1,4 @@
-"""Colocated mode's order of sleeping and waking (meshrl.scheduler.step.colocate), driven through the real step
+"""Colocated mode's order of sleeping and waking (meshrl.scheduler.step.job.colocate), driven through the real step
 executor on the built-in GRPO workflow: replicas and trainer record every call they get into one log, and
 the test checks the sequence (rollout generates awake; replicas release; trainer onloads; trainer nodes;
 replicas resume weights; publication; trainer offloads; replicas resume KV), the metrics it reports, and
@@ -13,8 +13,8 @@ import pytest
 
 from meshrl.common.errors import ConfigError
 from meshrl.scheduler.events import EventLog
-from meshrl.scheduler.step.colocate import Phase, Turns, check_colocated_workflow, node_phase
-from meshrl.scheduler.step.executor import NodeResult, StepExecutor
+from meshrl.scheduler.step.dag.executor import NodeResult, StepExecutor
+from meshrl.scheduler.step.job.colocate import Phase, Turns, check_colocated_workflow, node_phase
 from meshrl.scheduler.workflow import load_builtin
 
 MIB = 1 << 20

@@ -10,8 +10,8 @@ from meshrl.common.config import load_config
 from meshrl.common.errors import FailedPrecondition
 from meshrl.scheduler.config import JobConfig
 from meshrl.scheduler.events import EventLog
-from meshrl.scheduler.step.colocate import Turns
-from meshrl.scheduler.step.runner import JobRunner
+from meshrl.scheduler.step.job.colocate import Turns
+from meshrl.scheduler.step.job.runner import JobRunner
 from meshrl.scheduler.workflow import load_builtin
 
 

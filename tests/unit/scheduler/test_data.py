@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from meshrl.common.errors import InvalidArgument, NotFound
-from meshrl.scheduler.step.data import DataPosition, PromptSampler, load_records
+from meshrl.scheduler.step.prompts.data import DataPosition, PromptSampler, load_records
 
 ROWS = [{"q": f"{i}+1", "a": str(i + 1)} for i in range(10)]
 

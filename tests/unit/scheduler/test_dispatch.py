@@ -12,9 +12,9 @@ import yaml
 from meshrl.common.batch_key import batch_key
 from meshrl.scheduler.config import JobConfig
 from meshrl.scheduler.jobs import JobManager
-from meshrl.scheduler.step.dispatch import CONFIG_KEYS, DISPATCH, PLAN_ONLY, check_dispatch_table, handler_name
-from meshrl.scheduler.step.executor import NodeResult, StepContext
-from meshrl.scheduler.step.nodes import NodeHandlers
+from meshrl.scheduler.step.dag.dispatch import CONFIG_KEYS, DISPATCH, PLAN_ONLY, check_dispatch_table, handler_name
+from meshrl.scheduler.step.dag.executor import NodeResult, StepContext
+from meshrl.scheduler.step.dag.nodes import NodeHandlers
 from meshrl.scheduler.workflow import ROLES_BY_TYPE, WorkflowError, builtin_workflow_text, load_workflow_text
 
 CONFIG = {"model": {"path": "unused"}, "data": {"train": "unused.jsonl"}}

@@ -1,4 +1,4 @@
-"""Multi-turn episodes (`step/episodes.py`) through a real rollout gRPC server (transformers engine, tiny model)
+"""Multi-turn episodes (`step/user/episodes.py`) through a real rollout gRPC server (transformers engine, tiny model)
 and the router, with the environment in a spawned worker process: the trajectory is exactly the engine's ids
 and the environment's ids in order (each turn's prompt is the whole trajectory so far, token in / token out), the
 loss mask covers exactly the model's tokens, log-probs and versions stay with the model's tokens, and limits and
@@ -24,8 +24,8 @@ from meshrl.rollout.server import service
 from meshrl.rollout.transformers_engine import TransformersEngine
 from meshrl.scheduler.environments.chat import ChatTurns
 from meshrl.scheduler.fleet.router import RolloutRouter
-from meshrl.scheduler.step import episodes as E
-from meshrl.scheduler.step.worker_pool import WorkerPool
+from meshrl.scheduler.step.user import episodes as E
+from meshrl.scheduler.step.user.worker_pool import WorkerPool
 from meshrl.trainer.model_builder import build_small_model
 
 sys.path.insert(0, str(Path(__file__).parent))  # spawned workers import _user_code_faults by name
@@ -184,10 +184,10 @@ def test_the_rollout_node_runs_episodes_from_the_rows_prompt_text(router, pool, 
     from meshrl.common.batch_key import batch_key
     from meshrl.common.databuffer_client import DataBufferClient
     from meshrl.scheduler.config import JobConfig
-    from meshrl.scheduler.step.data import PromptEncoder, PromptSampler, Record
-    from meshrl.scheduler.step.executor import StepContext
-    from meshrl.scheduler.step.nodes import NodeHandlers
-    from meshrl.scheduler.step.user_code import UserCode
+    from meshrl.scheduler.step.dag.executor import StepContext
+    from meshrl.scheduler.step.dag.nodes import NodeHandlers
+    from meshrl.scheduler.step.prompts.data import PromptEncoder, PromptSampler, Record
+    from meshrl.scheduler.step.user.user_code import UserCode
     from meshrl.scheduler.workflow import load_workflow_data
     from tests._databuffer import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix
 

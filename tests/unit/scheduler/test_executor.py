@@ -10,7 +10,7 @@ import pytest
 from meshrl.api.scheduler.v1 import scheduler_pb2 as spb
 from meshrl.common.batch_key import batch_key
 from meshrl.scheduler.events import EventLog
-from meshrl.scheduler.step.executor import NodeFailed, NodeResult, StepExecutor
+from meshrl.scheduler.step.dag.executor import NodeFailed, NodeResult, StepExecutor
 
 
 @dataclass

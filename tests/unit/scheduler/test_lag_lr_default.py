@@ -8,7 +8,7 @@ from meshrl.common import batch_schema as S
 from meshrl.common.config import load_config
 from meshrl.scheduler.clients import loss_proto
 from meshrl.scheduler.config import JobConfig
-from meshrl.scheduler.step.old_logprobs import ratio_reads
+from meshrl.scheduler.step.scoring.old_logprobs import ratio_reads
 
 
 def loss_of(*overrides: str):

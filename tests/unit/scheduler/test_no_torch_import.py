@@ -14,7 +14,7 @@ class Block:
             raise ImportError("torch is not installed in the scheduler's environment")
 sys.meta_path.insert(0, Block())
 import meshrl.scheduler.cli, meshrl.scheduler.jobs, meshrl.scheduler.server
-import meshrl.scheduler.fleet.weight_sync, meshrl.scheduler.step.runner, meshrl.scheduler.clients
+import meshrl.scheduler.fleet.weight_sync, meshrl.scheduler.step.job.runner, meshrl.scheduler.clients
 print("ok")
 """
 

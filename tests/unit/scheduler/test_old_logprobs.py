@@ -12,7 +12,7 @@ from meshrl.common import batch_schema as S
 from meshrl.common.config import load_config
 from meshrl.common.errors import InvalidArgument
 from meshrl.scheduler.config import JobConfig
-from meshrl.scheduler.step.old_logprobs import ratio_reads, resolve_old_logprobs
+from meshrl.scheduler.step.scoring.old_logprobs import ratio_reads, resolve_old_logprobs
 from meshrl.scheduler.workflow import load_workflow_text
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "countdown" / "workflow.yaml"

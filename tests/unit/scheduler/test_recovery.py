@@ -7,7 +7,7 @@ import json
 
 from meshrl.common.errors import MODEL_NOT_LOADED, DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
 from meshrl.scheduler.recovery import restartable, unfinished_runs
-from meshrl.scheduler.step.executor import NodeFailed
+from meshrl.scheduler.step.dag.executor import NodeFailed
 
 
 def test_a_dead_peer_restarts_bad_input_and_user_errors_do_not():

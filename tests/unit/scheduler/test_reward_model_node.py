@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from meshrl.scheduler.jobs import JobManager
-from meshrl.scheduler.step.dispatch import check_runnable, handler_name
-from meshrl.scheduler.step.reward_model import RewardModelConfig, combine, reward_model_path
+from meshrl.scheduler.step.dag.dispatch import check_runnable, handler_name
+from meshrl.scheduler.step.scoring.reward_model import RewardModelConfig, combine, reward_model_path
 from meshrl.scheduler.workflow import WorkflowError, builtin_workflow_text, load_workflow_text
 
 CONFIG = {"model": {"path": "unused"}, "data": {"train": "unused.jsonl"}}

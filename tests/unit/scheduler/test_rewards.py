@@ -3,7 +3,7 @@
 import pytest
 
 from meshrl.common.errors import InvalidArgument
-from meshrl.scheduler.step.rewards import exact_match, format_boxed, math_verify, resolve_reward, score
+from meshrl.scheduler.step.scoring.rewards import exact_match, format_boxed, math_verify, resolve_reward, score
 
 
 def test_exact_match_reads_the_final_answer():

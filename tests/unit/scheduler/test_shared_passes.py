@@ -1,4 +1,4 @@
-"""The actor's and the reference's log-prob nodes of one step share one trainer call (step/shared_passes.py):
+"""The actor's and the reference's log-prob nodes of one step share one trainer call (step/dag/shared_passes.py):
 the rows are read once, each node keeps its own key and metrics, the call carries the rollout's sampling
 temperature, and nodes that do not start together, or that this walk does not run, keep calls of their own."""
 
@@ -14,9 +14,9 @@ from meshrl.api.trainer.v1 import trainer_pb2 as tpb
 from meshrl.common import batch_schema as S
 from meshrl.common.batch_key import batch_key
 from meshrl.common.errors import Unavailable
-from meshrl.scheduler.step.executor import NodeResult, StepContext
-from meshrl.scheduler.step.nodes import NodeHandlers
-from meshrl.scheduler.step.shared_passes import call_group
+from meshrl.scheduler.step.dag.executor import NodeResult, StepContext
+from meshrl.scheduler.step.dag.nodes import NodeHandlers
+from meshrl.scheduler.step.dag.shared_passes import call_group
 from meshrl.scheduler.workflow.builtin import load_builtin
 
 PAIR = ("old_logprob", "ref_logprob")

@@ -1,4 +1,4 @@
-"""A finished step's batches deleted off the critical path (step/deletions.py), against a real data buffer
+"""A finished step's batches deleted off the critical path (step/job/deletions.py), against a real data buffer
 service: deletions run in step order, each reports the job's bytes with the next step, and a failed one
 fails the next step instead of being lost."""
 
@@ -11,7 +11,7 @@ from meshrl.common.batch_key import batch_key
 from meshrl.common.databuffer_client import DataBufferClient
 from meshrl.common.errors import MeshrlError
 from meshrl.common.net import free_port
-from meshrl.scheduler.step.deletions import StepDeletions
+from meshrl.scheduler.step.job.deletions import StepDeletions
 from tests._databuffer import served_client
 
 

@@ -1,7 +1,7 @@
 """What the scheduler itself reads from the data buffer: nothing for the log-prob gap metric (the actor's old
 log-prob pass asks the trainer for it, with the two rollout columns it needs), the held-out evaluation tells the
 router its row count (so nobody reads the prompts to count them) and reads only the responses, and the
-advantage node reads nothing after the reward node of its step (step/held.py)."""
+advantage node reads nothing after the reward node of its step (step/dag/held.py)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from meshrl.common import batch_schema as S
 from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import Batch, Ragged
 from meshrl.common.errors import NotFound
-from meshrl.scheduler.step.columns import column_reads
-from meshrl.scheduler.step.data import Record
-from meshrl.scheduler.step.evaluation import evaluate
-from meshrl.scheduler.step.executor import NodeResult, StepContext
-from meshrl.scheduler.step.nodes import NodeHandlers
-from meshrl.scheduler.step.pipeline import SyncSteps
+from meshrl.scheduler.step.dag.columns import column_reads
+from meshrl.scheduler.step.dag.executor import NodeResult, StepContext
+from meshrl.scheduler.step.dag.nodes import NodeHandlers
+from meshrl.scheduler.step.job.evaluation import evaluate
+from meshrl.scheduler.step.pacing.pipeline import SyncSteps
+from meshrl.scheduler.step.prompts.data import Record
 from meshrl.scheduler.workflow.builtin import load_builtin
 
 

@@ -1,4 +1,4 @@
-"""The temperature a trainer call carries is its rows' sampling temperature (step/temperature.py): the rollout
+"""The temperature a trainer call carries is its rows' sampling temperature (step/scoring/temperature.py): the rollout
 node's own, else rollout.temperature, 1 for greedy rows, none without a rollout upstream; a call that would
 read rows of two temperatures is refused when the job is created."""
 
@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from meshrl.common.errors import InvalidArgument
-from meshrl.scheduler.step.temperature import check_temperatures, sampling_temperature
+from meshrl.scheduler.step.scoring.temperature import check_temperatures, sampling_temperature
 
 
 def _nodes(temperatures: dict[str, float | None]):

@@ -1,4 +1,4 @@
-"""The supervised warm-up (meshrl.scheduler.step.warmup) against a real trainer service over gRPC: its lr schedule,
+"""The supervised warm-up (meshrl.scheduler.step.job.warmup) against a real trainer service over gRPC: its lr schedule,
 held-out loss, epochs, and the hand-over to RL (a fresh optimizer, so RL's own lr schedule starts at its step 0)."""
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from meshrl.common.grpc_server import ServerConfig, start_server
 from meshrl.common.path_roots import PathRoots
 from meshrl.scheduler.clients import TrainerClient
 from meshrl.scheduler.config import OptimSection, WarmupSection
-from meshrl.scheduler.step.data import PromptEncoder, Record
-from meshrl.scheduler.step.lr_schedule import LrSchedule
-from meshrl.scheduler.step.warmup import SupervisedWarmup, call_plan, warmup_steps
+from meshrl.scheduler.step.job.lr_schedule import LrSchedule
+from meshrl.scheduler.step.job.warmup import SupervisedWarmup, call_plan, warmup_steps
+from meshrl.scheduler.step.prompts.data import PromptEncoder, Record
 from meshrl.trainer.config import TrainerConfig
 from meshrl.trainer.core import TrainerCore
 from meshrl.trainer.model_builder import build_small_model

@@ -1,5 +1,5 @@
-"""Rewards apart from the scheduler (`step/worker_pool.py`, `step/reward_workers.py`), with real spawned worker
-processes: a reward that raises fails its group with the reason; one that hangs is cut at its timeout and one
+"""Rewards apart from the scheduler (`step/user/worker_pool.py`, `step/user/reward_workers.py`), with real spawned
+worker processes: a reward that raises fails its group with the reason; one that hangs is cut at its timeout and one
 that kills its process gets the process restarted, while the other groups are scored and the call returns."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from meshrl.common.errors import DeadlineExceeded, InvalidArgument, Unavailable
-from meshrl.scheduler.step.reward_workers import score_groups
-from meshrl.scheduler.step.worker_pool import UserCodeFailed, WorkerPool
+from meshrl.scheduler.step.user.reward_workers import score_groups
+from meshrl.scheduler.step.user.worker_pool import UserCodeFailed, WorkerPool
 
 sys.path.insert(0, str(Path(__file__).parent))  # spawned workers inherit sys.path and import _user_code_faults
 MOD = "_user_code_faults"
@@ -96,10 +96,10 @@ def test_the_reward_node_scores_apart_and_goes_on_past_a_hanging_group(tmp_path)
     from meshrl.common.codec import Ragged
     from meshrl.common.databuffer_client import DataBufferClient
     from meshrl.scheduler.config import JobConfig
-    from meshrl.scheduler.step.data import PromptEncoder
-    from meshrl.scheduler.step.executor import StepContext
-    from meshrl.scheduler.step.nodes import NodeHandlers
-    from meshrl.scheduler.step.user_code import UserCode
+    from meshrl.scheduler.step.dag.executor import StepContext
+    from meshrl.scheduler.step.dag.nodes import NodeHandlers
+    from meshrl.scheduler.step.prompts.data import PromptEncoder
+    from meshrl.scheduler.step.user.user_code import UserCode
     from meshrl.scheduler.workflow import load_workflow_data
     from meshrl.trainer.model_builder import build_tokenizer
     from tests._databuffer import SYSTEM_REDIS, config, delete_prefix, serving, unique_prefix

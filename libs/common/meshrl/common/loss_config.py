@@ -29,7 +29,7 @@ class LossConfig(Settings):
     `meshrl.trainer.v1.LossConfig` message and the job config's `algorithm.loss` carry these fields.
 
     A job that leaves a field unset gets the default below, except two that depend on the job
-    (meshrl.scheduler.step.old_logprobs, meshrl.scheduler.config.JobConfig):
+    (meshrl.scheduler.step.scoring.old_logprobs, meshrl.scheduler.config.JobConfig):
     - old_logprobs: 'recompute' when the workflow has an actor old-log-prob node, else 'rollout' in sync mode
       without tis_cap / mis_cap, else 'in-train';
     - tis_cap / mis_cap in one_step_off and async modes (old_logprobs not 'rollout', neither cap set):

@@ -1,7 +1,7 @@
 """Running a call in the calling thread with the outcome a pool would give: a finished Future.
 
 Used where the scheduler would hand a lone call to a thread pool (a step's only runnable node in
-meshrl.scheduler.step.executor, one replica's weight load in meshrl.scheduler.fleet.weight_sync): running it here
+meshrl.scheduler.step.dag.executor, one replica's weight load in meshrl.scheduler.fleet.weight_sync): running it here
 saves a thread start and two hand-offs, and the caller keeps waiting on futures as it does for the pooled case.
 """
 

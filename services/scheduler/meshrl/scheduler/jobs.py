@@ -24,13 +24,13 @@ from meshrl.scheduler.job_access import LOCAL, Caller, check_folder, record_owne
 from meshrl.scheduler.job_policy import JobPolicy, check_run_id
 from meshrl.scheduler.recovery import run_with_restarts, unfinished_runs
 from meshrl.scheduler.rundir import RunDir
-from meshrl.scheduler.step.agents import check_agent_job
-from meshrl.scheduler.step.dispatch import check_runnable
-from meshrl.scheduler.step.modes import plan_async
-from meshrl.scheduler.step.old_logprobs import resolve_old_logprobs
-from meshrl.scheduler.step.reward_model import reward_model_path
-from meshrl.scheduler.step.runner import JobRunner
-from meshrl.scheduler.step.temperature import check_temperatures
+from meshrl.scheduler.step.dag.agents import check_agent_job
+from meshrl.scheduler.step.dag.dispatch import check_runnable
+from meshrl.scheduler.step.job.runner import JobRunner
+from meshrl.scheduler.step.pacing.modes import plan_async
+from meshrl.scheduler.step.scoring.old_logprobs import resolve_old_logprobs
+from meshrl.scheduler.step.scoring.reward_model import reward_model_path
+from meshrl.scheduler.step.scoring.temperature import check_temperatures
 from meshrl.scheduler.workflow import Workflow, load_workflow_text
 
 log = logging.getLogger(__name__)

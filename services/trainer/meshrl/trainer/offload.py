@@ -3,7 +3,7 @@ roles' optimizer state (Adam's moments: twice the parameters in fp32) waits in h
 before the trainer's next forward pass.
 
 Called by `TrainerService.offload` / `onload` on every rank (Trainer.Offload / Onload, which the scheduler's
-`step.colocate.Turns` calls). On CUDA the state moves to pinned host memory and the caching allocator hands the
+`step.job.colocate.Turns` calls). On CUDA the state moves to pinned host memory and the caching allocator hands the
 freed blocks back; on a CPU trainer the state already lives in host memory, so both calls move nothing and say
 so (bytes 0). Parameters, gradient buffers and fp32 master weights stay where they are (Megatron's DDP buffers
 and the optimizer keep views of them).

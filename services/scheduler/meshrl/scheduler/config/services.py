@@ -39,7 +39,7 @@ class ServicesSection(StrictModel):
     placement: Literal["disaggregated", "colocated"] = Field(
         "disaggregated",
         description="colocated: the trainer and the replicas share one Ray bundle (its devices) and take turns "
-        "(meshrl.scheduler.step.colocate); disaggregated: each on its own bundle",
+        "(meshrl.scheduler.step.job.colocate); disaggregated: each on its own bundle",
     )
     use_ray: bool = Field(True, description="place launched services as Ray actors (else plain processes)")
     start_timeout_seconds: float = Field(180.0, gt=0)

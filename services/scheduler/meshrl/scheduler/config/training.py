@@ -13,7 +13,7 @@ Field = pydantic.Field
 
 
 class TrainingSection(StrictModel):
-    """How generation and training overlap (meshrl.scheduler.step.modes): `sync` runs each step's DAG in order;
+    """How generation and training overlap (meshrl.scheduler.step.pacing.modes): `sync` runs each step's DAG in order;
     `one_step_off` generates step k+1 while step k trains (samples one weight version old); `async` keeps
     generating up to `max_staleness` versions ahead of the trainer."""
 

@@ -1,5 +1,5 @@
 """The `warmup` section: the supervised phase before RL and its rules. Part of `JobConfig`
-(meshrl.scheduler.config); run by meshrl.scheduler.step.warmup."""
+(meshrl.scheduler.config); run by meshrl.scheduler.step.job.warmup."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ Field = pydantic.Field
 
 
 class WarmupSection(StrictModel):
-    """Supervised warm-up on (prompt, response) pairs before RL (a job phase, run once; meshrl.scheduler.step.warmup).
+    """Supervised warm-up on (prompt, response) pairs before RL (a job phase, run once;
+    meshrl.scheduler.step.job.warmup).
 
     The defaults are what bench/vs_trl measured against TRL's SFTTrainer: lr decayed linearly to min_lr over
     the phase and a fresh optimizer for RL."""

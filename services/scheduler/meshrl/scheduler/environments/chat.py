@@ -5,7 +5,7 @@ An environment turn is the text the template puts between the end of an assistan
 the next assistant message when a message of role `role` comes between them; it is found by rendering a
 two-message conversation with and without that message and taking the difference, then encoded on its own.
 The model's tokens are never decoded and re-encoded: the trajectory is the engine's ids plus these.
-Called by `meshrl.scheduler.step.episodes`.
+Called by `meshrl.scheduler.step.user.episodes`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The job config's `trainer.tensor_parallel` / `trainer.pipeline_parallel` are what the trainer's ranks start
 with (`launch.services`); a trainer node (actor, reference, critic) that sets `config.tensor_parallel_size` or
 `config.pipeline_parallel_size` must agree with them, so that `meshrl plan` (which reads the nodes) shows
-what runs; nodes that set nothing are given the job config's layout. Called by `meshrl.scheduler.step.runner`
+what runs; nodes that set nothing are given the job config's layout. Called by `meshrl.scheduler.step.job.runner`
 before any service starts and by `meshrl plan` (`planning.plan_cli`) when it is given the job config.
 """
 

@@ -1,7 +1,7 @@
 """Which data-plane columns each node of a workflow writes: its declared `outputs`, or what the built-in
 behind it writes when it declares none. A node that reads a column no ancestor writes is refused at load
 (`workflow.checks.column_problems`), and the step executor reads exactly the declared inputs from the
-nearest ancestor that writes each one (`meshrl.scheduler.step.columns`).
+nearest ancestor that writes each one (`meshrl.scheduler.step.dag.columns`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from meshrl.scheduler.workflow.model import Node, NodeRole, NodeType
 # What a rollout adds to every sample row (besides the prompt columns it copies from its input).
 GENERATED = (S.RESPONSE_IDS, S.ROLLOUT_LOGPROBS, S.RESPONSE_VERSIONS, S.GROUP_INDEX)
 DATA_LOAD_OUTPUTS = (S.PROMPT_IDS, S.ANSWER, S.PROMPT_INDEX)
-# What a ROLLOUT node with an environment writes: one row per episode (meshrl.scheduler.step.episodes).
+# What a ROLLOUT node with an environment writes: one row per episode (meshrl.scheduler.step.user.episodes).
 EPISODE_OUTPUTS = (
     S.PROMPT_IDS,
     S.ANSWER,
@@ -56,7 +56,7 @@ def builtin_outputs(node: Node, upstream: frozenset[str]) -> frozenset[str]:
             return frozenset({S.ADVANTAGES, S.RETURNS} if gae else {S.ADVANTAGES})
         if r == NodeRole.DYNAMIC_SAMPLING:
             return upstream
-    if t == NodeType.MODEL_INFERENCE and r == NodeRole.REWARD:  # a reward model (step/reward_model.py)
+    if t == NodeType.MODEL_INFERENCE and r == NodeRole.REWARD:  # a reward model (step/scoring/reward_model.py)
         return frozenset({S.REWARDS, S.ACCURACY, S.RM_SCORES})
     if t == NodeType.MODEL_INFERENCE or t == NodeType.MODEL_TRAIN and node.only_forward_compute:
         if r == NodeRole.CRITIC:

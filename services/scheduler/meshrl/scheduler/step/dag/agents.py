@@ -2,12 +2,12 @@
 of the rest), and the routing of each node to the services of its agent.
 
 Design: every agent is a policy of its own: its own trainer process (role actor), its own rollout replicas,
-its own weights folder and weight version (`step/agent_runner.py` starts and publishes them). A node names its
+its own weights folder and weight version (`step/job/agent_runner.py` starts and publishes them). A node names its
 agent with `config.agent`; ROLLOUT and MODEL_* nodes must, COMPUTE nodes may (their metrics are then logged
 under the agent's name, e.g. `solver/reward/mean`), and nodes without one (data load, hand-offs between agents)
 run on the first agent's handlers, which need no model for them. Agents generate in turn through the DAG: a
 COMPUTE node (executable_ref) turns one agent's samples into the next agent's prompts.
-Called by `step/dispatch.py` (workflow problems), `jobs.py` (job-config problems) and `agent_runner.py`.
+Called by `step/dag/dispatch.py` (workflow problems), `jobs.py` (job-config problems) and `step/job/agent_runner.py`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from meshrl.common.errors import InvalidArgument
-from meshrl.scheduler.step.executor import NodeResult, StepContext
+from meshrl.scheduler.step.dag.executor import NodeResult, StepContext
 from meshrl.scheduler.workflow import NodeRole, NodeType, Problem
 from meshrl.scheduler.workflow.model import Node
 

@@ -2,7 +2,7 @@
 from the nearest upstream batch that writes it (the keys of upstream nodes that write none of them are
 not read at all). A node without `inputs:` reads every column of every upstream batch, as before.
 
-Called by the node handlers (step/nodes.py) for the scheduler's own reads and for the column lists it
+Called by the node handlers (step/dag/nodes.py) for the scheduler's own reads and for the column lists it
 sends the trainer and the rollout replicas; which node writes which column comes from
 `meshrl.scheduler.workflow.columns` (declared `outputs:`, else the built-in's).
 """

@@ -4,7 +4,7 @@ declares something no handler would honour (instead of ignoring it or failing at
 
 The workflow validator (`meshrl.scheduler.workflow`) accepts every (type, role) that `meshrl plan` can place;
 this table must cover all of them but the plan-only ones below, and `check_dispatch_table` proves it.
-Read by `NodeHandlers` (step/nodes.py) and `JobManager.create`.
+Read by `NodeHandlers` (step/dag/nodes.py) and `JobManager.create`.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from collections.abc import Mapping
 
 from meshrl.common.errors import Internal
 from meshrl.common.suggest import did_you_mean
-from meshrl.scheduler.step.agents import agent_problems
-from meshrl.scheduler.step.episodes import EPISODE_KEYS
-from meshrl.scheduler.step.reward_model import REWARD_MODEL_KEYS, reward_model_problems
+from meshrl.scheduler.step.dag.agents import agent_problems
+from meshrl.scheduler.step.scoring.reward_model import REWARD_MODEL_KEYS, reward_model_problems
+from meshrl.scheduler.step.user.episodes import EPISODE_KEYS
 from meshrl.scheduler.workflow import ROLES_BY_TYPE, NodeRole, NodeType, Problem, Workflow, WorkflowError
 from meshrl.scheduler.workflow import compute_catalog as cat
 
@@ -77,7 +77,7 @@ def handler_name(node) -> str:
 
 def runnable_problems(wf: Workflow) -> list[Problem]:
     """What in a valid workflow a job would not honour: plan-only nodes, config keys that no handler reads,
-    reward-model and multi-agent nodes it cannot run (step/reward_model.py, step/agents.py)."""
+    reward-model and multi-agent nodes it cannot run (step/scoring/reward_model.py, step/dag/agents.py)."""
     problems: list[Problem] = []
     for n in wf.nodes:
         pair = (n.node_type, n.node_role)

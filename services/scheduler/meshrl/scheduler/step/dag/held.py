@@ -4,7 +4,7 @@ them from here instead of reading them back from the data buffer; the reward nod
 call, the columns its built-in successor needs from the same batches, so the advantage node reads nothing.
 
 Only the built-in handlers use it (they never change the arrays they are given); a user COMPUTE node reads
-the buffer as before. Called by `NodeHandlers` (step/nodes.py); the store lives in `StepContext.held`.
+the buffer as before. Called by `NodeHandlers` (step/dag/nodes.py); the store lives in `StepContext.held`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from meshrl.common.codec import Batch
-from meshrl.scheduler.step.columns import Reads, column_reads
+from meshrl.scheduler.step.dag.columns import Reads, column_reads
 from meshrl.scheduler.workflow import compute_catalog as cat
 from meshrl.scheduler.workflow.columns import declared
 from meshrl.scheduler.workflow.model import Node

@@ -1,14 +1,14 @@
 """The rollout-vs-trainer log-prob gap per version lag (`async/logprob_gap_lag<k>`): the trainer computes it in
 the actor's old log-prob pass (meshrl.trainer.rollout_gap) from two more columns of the rows that pass reads
 anyway, so the scheduler reads none of them. This module says which columns the pass also reads and names
-the metrics it returns. Called by `NodeHandlers.inference` (step/nodes.py).
+the metrics it returns. Called by `NodeHandlers.inference` (step/dag/nodes.py).
 """
 
 from __future__ import annotations
 
 from meshrl.common import batch_schema as S
-from meshrl.scheduler.step.columns import column_reads
-from meshrl.scheduler.step.executor import StepContext
+from meshrl.scheduler.step.dag.columns import column_reads
+from meshrl.scheduler.step.dag.executor import StepContext
 from meshrl.scheduler.workflow.columns import node_outputs
 from meshrl.scheduler.workflow.model import Node
 

@@ -20,20 +20,20 @@ from meshrl.common.errors import InvalidArgument
 from meshrl.scheduler.clients import TrainerClient
 from meshrl.scheduler.config import JobConfig
 from meshrl.scheduler.fleet.rollout_fleet import RolloutFleet
-from meshrl.scheduler.step import advantages as adv
-from meshrl.scheduler.step.columns import Reads, plan_reads
-from meshrl.scheduler.step.data import PromptEncoder, PromptSampler
-from meshrl.scheduler.step.dispatch import check_dispatch_table, handler_name
-from meshrl.scheduler.step.episodes import trajectory_columns
-from meshrl.scheduler.step.executor import NodeResult, StepContext
-from meshrl.scheduler.step.held import hold, read_held, successor_reads
-from meshrl.scheduler.step.logprob_gap import gap_metric, gap_reads
-from meshrl.scheduler.step.old_logprobs import ratio_reads
-from meshrl.scheduler.step.reward_model import score_node
-from meshrl.scheduler.step.rewards import RewardFn, score
-from meshrl.scheduler.step.shared_passes import call_group, run_passes
-from meshrl.scheduler.step.temperature import sampling_temperature
-from meshrl.scheduler.step.user_code import UserCode
+from meshrl.scheduler.step.dag.columns import Reads, plan_reads
+from meshrl.scheduler.step.dag.dispatch import check_dispatch_table, handler_name
+from meshrl.scheduler.step.dag.executor import NodeResult, StepContext
+from meshrl.scheduler.step.dag.held import hold, read_held, successor_reads
+from meshrl.scheduler.step.dag.logprob_gap import gap_metric, gap_reads
+from meshrl.scheduler.step.dag.shared_passes import call_group, run_passes
+from meshrl.scheduler.step.prompts.data import PromptEncoder, PromptSampler
+from meshrl.scheduler.step.scoring import advantages as adv
+from meshrl.scheduler.step.scoring.old_logprobs import ratio_reads
+from meshrl.scheduler.step.scoring.reward_model import score_node
+from meshrl.scheduler.step.scoring.rewards import RewardFn, score
+from meshrl.scheduler.step.scoring.temperature import sampling_temperature
+from meshrl.scheduler.step.user.episodes import trajectory_columns
+from meshrl.scheduler.step.user.user_code import UserCode
 from meshrl.scheduler.workflow import compute_catalog as cat
 from meshrl.scheduler.workflow import resolve_executable
 from meshrl.scheduler.workflow.columns import declared, node_outputs
@@ -132,7 +132,7 @@ class NodeHandlers:
         return NodeResult(keys, metrics, rewrites_rows=True)  # one row per sample from here on
 
     def episodes(self, node: Node, ctx: StepContext) -> NodeResult:
-        """A ROLLOUT node with an environment: n multi-turn episodes per prompt (step/episodes.py)."""
+        """A ROLLOUT node with an environment: n multi-turn episodes per prompt (step/user/episodes.py)."""
         if self.user_code is None or self.user_code.environments is None:
             raise InvalidArgument(f"node '{node.node_id}' names an environment but the job has no environment workers")
         batch = self.buffer.get_many(ctx.input_keys(node.node_id)[:1])
@@ -166,7 +166,7 @@ class NodeHandlers:
 
     # -- COMPUTE -------------------------------------------------------------------------
     def _reads(self, node: Node, ctx: StepContext, also: Sequence[str] = ()) -> Reads:
-        """The upstream batches and columns `node` reads (its declared inputs: step/columns.py)."""
+        """The upstream batches and columns `node` reads (its declared inputs: step/dag/columns.py)."""
         return plan_reads(node, ctx.input_keys(node.node_id), node_outputs(ctx.nodes.values()), also)
 
     def _read(self, node: Node, ctx: StepContext, also: Sequence[str] = ()) -> Batch:
@@ -174,7 +174,7 @@ class NodeHandlers:
         return self.buffer.get_many(reads.keys, columns=reads.columns)
 
     def _read_held(self, node: Node, ctx: StepContext, also: Sequence[str] = ()) -> Batch:
-        """A built-in COMPUTE node's read: held columns of this step first (step/held.py), and in the same call
+        """A built-in COMPUTE node's read: held columns of this step first (step/dag/held.py), and in the same call
         what its built-in successor needs from the same batches."""
         writes = node_outputs(ctx.nodes.values())
         reads = self._reads(node, ctx, also)
@@ -288,7 +288,7 @@ class NodeHandlers:
 
     # -- MODEL_* -------------------------------------------------------------------------
     def reward_model(self, node: Node, ctx: StepContext) -> NodeResult:
-        """MODEL_INFERENCE / REWARD: the trainer's reward model scores the rows (step/reward_model.py)."""
+        """MODEL_INFERENCE / REWARD: the trainer's reward model scores the rows (step/scoring/reward_model.py)."""
         keys, metrics = score_node(self, node, ctx)
         return NodeResult(keys, metrics)
 
@@ -304,7 +304,7 @@ class NodeHandlers:
         return ctx.once(call, lambda: run_passes(self.trainer, group, ctx, self._reads, temp))[node.node_id]
 
     def _temperature(self, node: Node, ctx: StepContext) -> float | None:
-        """The temperature the rows of `node` were sampled at (step/temperature.py)."""
+        """The temperature the rows of `node` were sampled at (step/scoring/temperature.py)."""
         return sampling_temperature(node, ctx.nodes.values(), self.cfg.rollout.temperature)
 
     def train(self, node: Node, ctx: StepContext) -> NodeResult:

@@ -6,7 +6,7 @@ Nodes share a call when the executor starts them together and one trainer serves
 log-prob nodes (actor or reference, not the critic) of one agent with the same dependencies, all run by this
 walk of the DAG. The first of them to start makes the call (`StepContext.once`); the others wait for its
 result, and each gets its own output key and metrics. Their rows come from the same rollouts, so the call
-carries their one sampling temperature (step/temperature.py). Called by `NodeHandlers.inference`.
+carries their one sampling temperature (step/scoring/temperature.py). Called by `NodeHandlers.inference`.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from meshrl.common import batch_schema as S
 from meshrl.common.batch_key import batch_key
 from meshrl.common.roles import role_proto
 from meshrl.scheduler.clients import TrainerClient
-from meshrl.scheduler.step.columns import Reads
-from meshrl.scheduler.step.dispatch import handler_name
-from meshrl.scheduler.step.executor import NodeResult, StepContext
-from meshrl.scheduler.step.logprob_gap import gap_metric, gap_reads
+from meshrl.scheduler.step.dag.columns import Reads
+from meshrl.scheduler.step.dag.dispatch import handler_name
+from meshrl.scheduler.step.dag.executor import NodeResult, StepContext
+from meshrl.scheduler.step.dag.logprob_gap import gap_metric, gap_reads
 from meshrl.scheduler.workflow.model import Node
 
 ReadsOf = Callable[[Any, StepContext, list[str]], Reads]

@@ -1,4 +1,4 @@
-"""The job of a multi-agent workflow (design: `step/agents.py`): one trainer and one rollout fleet per agent,
+"""The job of a multi-agent workflow (design: `step/dag/agents.py`): one trainer and one rollout fleet per agent,
 each agent's actor loaded from `model.path`, published to its own replicas under `runs/<job>/weights/<agent>/`
 with a weight version of its own, the DAG run once per step (each node on its agent's services), then every
 agent's new weights published and verified. Per step: `<agent>/weights/version` and each agent node's metrics
@@ -17,14 +17,14 @@ from meshrl.scheduler.clients import TrainerClient
 from meshrl.scheduler.fleet.rollout_fleet import RolloutFleet
 from meshrl.scheduler.fleet.weight_sync import WeightPublisher
 from meshrl.scheduler.launch.services import JobServices, rollout_spec, trainer_spec
-from meshrl.scheduler.step.agents import AgentHandlers, agents_of
-from meshrl.scheduler.step.deletions import StepDeletions
-from meshrl.scheduler.step.executor import StepExecutor
-from meshrl.scheduler.step.job_inputs import prepare_job, read_job_inputs
-from meshrl.scheduler.step.nodes import NodeHandlers
-from meshrl.scheduler.step.pipeline import StepSpans
-from meshrl.scheduler.step.progress import StepProgress
-from meshrl.scheduler.step.user_code import UserCode
+from meshrl.scheduler.step.dag.agents import AgentHandlers, agents_of
+from meshrl.scheduler.step.dag.executor import StepExecutor
+from meshrl.scheduler.step.dag.nodes import NodeHandlers
+from meshrl.scheduler.step.job.deletions import StepDeletions
+from meshrl.scheduler.step.job.job_inputs import prepare_job, read_job_inputs
+from meshrl.scheduler.step.job.progress import StepProgress
+from meshrl.scheduler.step.pacing.pipeline import StepSpans
+from meshrl.scheduler.step.user.user_code import UserCode
 from meshrl.scheduler.trackers import open_trackers
 
 

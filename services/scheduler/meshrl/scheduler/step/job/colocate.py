@@ -9,7 +9,7 @@ Ray bundle and its devices, so they take turns in this order every step (slime's
 `Turns.wrap` wraps the step executor's handlers so each node runs in its phase (nodes of one phase run
 concurrently; a node of the other phase waits for them); `Turns.publish` is the publication turn and
 `Turns.trainer_only` lends the trainer the device between steps (a checkpoint). Called by
-`meshrl.scheduler.step.runner`; the replicas' calls are Rollout.ReleaseMemory / ResumeMemory, the trainer's
+`meshrl.scheduler.step.job.runner`; the replicas' calls are Rollout.ReleaseMemory / ResumeMemory, the trainer's
 Trainer.Offload / Onload (on CUDA they move memory; on CPU see `meshrl.trainer.offload`).
 """
 
@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from typing import Any, Protocol
 
 from meshrl.common.errors import ConfigError
-from meshrl.scheduler.step.executor import NodeResult, StepContext
+from meshrl.scheduler.step.dag.executor import NodeResult, StepContext
 from meshrl.scheduler.workflow.model import Node, NodeRole, NodeType
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ writes under a finished step's keys (the held-out evaluation after step N uses s
 or the deletion under way could take its batches.
 
 The job's bytes a deletion found (`buffer/bytes`) are reported with the step after it: they are the bytes
-the job held when the previous step ended. Used by `step/runner.py` and `step/agent_runner.py`.
+the job held when the previous step ended. Used by `step/job/runner.py` and `step/job/agent_runner.py`.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import Ragged
 from meshrl.common.databuffer_client import DataBufferClient
 from meshrl.scheduler.fleet.rollout_fleet import RolloutFleet
-from meshrl.scheduler.step.data import PromptEncoder, Record
-from meshrl.scheduler.step.rewards import RewardFn, score
+from meshrl.scheduler.step.prompts.data import PromptEncoder, Record
+from meshrl.scheduler.step.scoring.rewards import RewardFn, score
 
 
 def evaluate(

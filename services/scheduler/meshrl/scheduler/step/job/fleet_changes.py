@@ -1,6 +1,6 @@
 """What changes the rollout fleet between two steps of a job: `meshrl scale` (ScaleService, asked from
 another thread and applied by the step loop before its next step) and replicas that register or leave
-through the registry. Owned by the job runner (step/runner.py)."""
+through the registry. Owned by the job runner (step/job/runner.py)."""
 
 from __future__ import annotations
 

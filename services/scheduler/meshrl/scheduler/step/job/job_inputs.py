@@ -13,9 +13,9 @@ from typing import Any, NamedTuple
 from meshrl.common.errors import InvalidArgument
 from meshrl.scheduler.config import JobConfig
 from meshrl.scheduler.launch.trainer_layout import apply_trainer_layout
-from meshrl.scheduler.step.colocate import check_colocated_workflow
-from meshrl.scheduler.step.data import PromptEncoder, PromptSampler, load_records
-from meshrl.scheduler.step.rewards import resolve_reward
+from meshrl.scheduler.step.job.colocate import check_colocated_workflow
+from meshrl.scheduler.step.prompts.data import PromptEncoder, PromptSampler, load_records
+from meshrl.scheduler.step.scoring.rewards import resolve_reward
 from meshrl.scheduler.workflow import resolve_executable
 
 

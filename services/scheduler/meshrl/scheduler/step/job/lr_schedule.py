@@ -1,6 +1,6 @@
 """Learning-rate schedules the scheduler computes per optimizer step (the supervised warm-up sends each
 step's rate to the trainer as `lr_override`). A linear ramp over `warmup_steps`, then constant, linear or
-cosine decay from `peak` to `min_lr` at `total_steps`. Called by `meshrl.scheduler.step.warmup`.
+cosine decay from `peak` to `min_lr` at `total_steps`. Called by `meshrl.scheduler.step.job.warmup`.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ supervised warm-up if configured, the step-0 evaluation, then the training steps
     data_load → rollout → reward → advantage → old/ref log-prob → train → publish weights
 
 (or, with `training.mode` one_step_off / async, the generation side running ahead in a producer thread:
-step/pipeline.py) with evaluation every K steps, checkpoints, metrics, a report; and everything shut down
+step/pacing/pipeline.py) with evaluation every K steps, checkpoints, metrics, a report; and everything shut down
 at the end, on failure, on cancel or on Ctrl-C. A run folder can be resumed.
 """
 
@@ -27,22 +27,22 @@ from meshrl.scheduler.fleet.weight_sync import WeightPublisher
 from meshrl.scheduler.launch.services import JobServices
 from meshrl.scheduler.report import write_report
 from meshrl.scheduler.rundir import RunDir
-from meshrl.scheduler.step.agent_runner import AgentJob
-from meshrl.scheduler.step.agents import agents_of
-from meshrl.scheduler.step.colocate import Turns
-from meshrl.scheduler.step.data import DataPosition, PromptEncoder, PromptSampler, load_records
-from meshrl.scheduler.step.deletions import StepDeletions
-from meshrl.scheduler.step.evaluation import evaluate
-from meshrl.scheduler.step.executor import StepExecutor
-from meshrl.scheduler.step.fleet_changes import FleetChanges
-from meshrl.scheduler.step.job_inputs import JobInputs, prepare_job, read_job_inputs
-from meshrl.scheduler.step.nodes import NodeHandlers
-from meshrl.scheduler.step.pipeline import SyncSteps, make_steps
-from meshrl.scheduler.step.progress import StepProgress
-from meshrl.scheduler.step.reward_model import load_reward_model, reward_model_path
-from meshrl.scheduler.step.rewards import resolve_reward
-from meshrl.scheduler.step.user_code import UserCode
-from meshrl.scheduler.step.warmup import SupervisedWarmup, heldout_pairs
+from meshrl.scheduler.step.dag.agents import agents_of
+from meshrl.scheduler.step.dag.executor import StepExecutor
+from meshrl.scheduler.step.dag.nodes import NodeHandlers
+from meshrl.scheduler.step.job.agent_runner import AgentJob
+from meshrl.scheduler.step.job.colocate import Turns
+from meshrl.scheduler.step.job.deletions import StepDeletions
+from meshrl.scheduler.step.job.evaluation import evaluate
+from meshrl.scheduler.step.job.fleet_changes import FleetChanges
+from meshrl.scheduler.step.job.job_inputs import JobInputs, prepare_job, read_job_inputs
+from meshrl.scheduler.step.job.progress import StepProgress
+from meshrl.scheduler.step.job.warmup import SupervisedWarmup, heldout_pairs
+from meshrl.scheduler.step.pacing.pipeline import SyncSteps, make_steps
+from meshrl.scheduler.step.prompts.data import DataPosition, PromptEncoder, PromptSampler, load_records
+from meshrl.scheduler.step.scoring.reward_model import load_reward_model, reward_model_path
+from meshrl.scheduler.step.scoring.rewards import resolve_reward
+from meshrl.scheduler.step.user.user_code import UserCode
 from meshrl.scheduler.trackers import Trackers, open_trackers
 
 log = logging.getLogger(__name__)
@@ -158,7 +158,7 @@ class JobRunner:
     def run_job(self, resume: bool = False) -> dict:
         """The whole job (the loop in the module docstring); returns its summary. Services are shut down
         whatever happens (`shut_down`)."""
-        if agents_of(self.workflow.nodes):  # one trainer and fleet per agent (step/agent_runner.py)
+        if agents_of(self.workflow.nodes):  # one trainer and fleet per agent (step/job/agent_runner.py)
             return AgentJob(self).run(resume)
         cfg = self.cfg
         prepare_job(self.workflow, cfg, self.events.log)

@@ -13,7 +13,7 @@ as one call (their batches stored as one, each step with its own rate: TrainStep
 evaluation is due, so a small step does not pay a call's fixed cost. The next call's batches are encoded and
 stored while the trainer runs the current call (in the order the sampler draws them), and used ones are
 deleted off the critical path.
-Called by `meshrl.scheduler.step.runner.JobRunner`; writes `warmup.jsonl` in the run folder.
+Called by `meshrl.scheduler.step.job.runner.JobRunner`; writes `warmup.jsonl` in the run folder.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from meshrl.common import batch_schema as S
 from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import Ragged
 from meshrl.common.errors import InvalidArgument
-from meshrl.scheduler.step.data import PromptEncoder, PromptSampler, Record, load_records
-from meshrl.scheduler.step.lr_schedule import LrSchedule
+from meshrl.scheduler.step.job.lr_schedule import LrSchedule
+from meshrl.scheduler.step.prompts.data import PromptEncoder, PromptSampler, Record, load_records
 
 
 @dataclass

@@ -3,7 +3,7 @@ producer side is every node that needs no trainer model (data load, rollout, and
 reward that depend only on those), the consumer side is the rest (log-probs, advantages that read them,
 training). Within the producer, generation (the ROLLOUT nodes and what they depend on) is told apart from the
 nodes after it, which finish a round while the next one generates. The boundary nodes are the producer nodes the consumer reads from; their rows travel through the
-data buffer's sample stream. Called by `meshrl.scheduler.step.pipeline` and checked when a job is created.
+data buffer's sample stream. Called by `meshrl.scheduler.step.pacing.pipeline` and checked when a job is created.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshrl.common.errors import InvalidArgument
-from meshrl.scheduler.step.nodes import enum_name
+from meshrl.scheduler.step.dag.nodes import enum_name
 from meshrl.scheduler.workflow import NodeType
 from meshrl.scheduler.workflow.model import Node
 

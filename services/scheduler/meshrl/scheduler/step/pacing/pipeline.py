@@ -3,7 +3,7 @@ only the consumer side, fed from the sample stream that a `Producer` thread fill
 filter drops groups more than eta versions old; they are counted). Both report the overlap per step: trainer-
 and rollout-idle fractions of the time since the previous step ended, the consumed groups' staleness histogram,
 dropped groups, the stream's length, and the rollout-vs-trainer log-prob gap per version lag.
-Built by `JobRunner.run_job` (meshrl.scheduler.step.runner) with `make_steps`.
+Built by `JobRunner.run_job` (meshrl.scheduler.step.job.runner) with `make_steps`.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from meshrl.common.databuffer_client import DataBufferClient
 from meshrl.common.errors import Cancelled, FailedPrecondition, InvalidArgument
 from meshrl.common.telemetry import attributes as A
 from meshrl.scheduler.config import JobConfig
-from meshrl.scheduler.step.executor import NodeResult, StepExecutor
-from meshrl.scheduler.step.modes import AsyncPlan, node_kinds, plan_async
-from meshrl.scheduler.step.producer import STREAM, Producer, prompt_of, rows_key
-from meshrl.scheduler.step.staleness import AdmissionGate, staleness_histogram
+from meshrl.scheduler.step.dag.executor import NodeResult, StepExecutor
+from meshrl.scheduler.step.pacing.modes import AsyncPlan, node_kinds, plan_async
+from meshrl.scheduler.step.pacing.producer import STREAM, Producer, prompt_of, rows_key
+from meshrl.scheduler.step.pacing.staleness import AdmissionGate, staleness_histogram
 
 LEARNER_GROUP = "learner"
 READ_BLOCK_SECONDS = 1.0

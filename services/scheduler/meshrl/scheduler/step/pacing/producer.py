@@ -4,7 +4,7 @@ finisher thread while the next round generates), and appends each round's sample
 in the data buffer, one group per prompt, each stamped with the oldest weight version among its tokens and
 named by its round, group and dataset record (`r<round>-g<group>-p<record>`). Its spans live in the trace of
 the step that will consume the round (`StepSpans`).
-Started and stopped by `meshrl.scheduler.step.pipeline.AsyncSteps`.
+Started and stopped by `meshrl.scheduler.step.pacing.pipeline.AsyncSteps`.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from meshrl.common import batch_schema as S
 from meshrl.common.batch_key import batch_key
 from meshrl.common.codec import Batch
 from meshrl.common.databuffer_client import DataBufferClient, Group
-from meshrl.scheduler.step.executor import StepContext, StepExecutor
-from meshrl.scheduler.step.modes import Split
-from meshrl.scheduler.step.staleness import AdmissionGate
+from meshrl.scheduler.step.dag.executor import StepContext, StepExecutor
+from meshrl.scheduler.step.pacing.modes import Split
+from meshrl.scheduler.step.pacing.staleness import AdmissionGate
 
 log = logging.getLogger(__name__)
 

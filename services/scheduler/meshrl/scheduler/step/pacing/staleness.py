@@ -1,8 +1,8 @@
 """The staleness bound of asynchronous training: `AdmissionGate` lets the producer start round r only once
 the trainer's weights are at most eta versions behind what round r will be trained with, and only while the
 sample stream holds room for it (back-pressure); plus the per-step figures of staleness: the histogram of
-consumed groups' version lag (the log-prob gap per token version lag comes from the trainer: step/logprob_gap.py).
-Used by `meshrl.scheduler.step.producer` (waits) and `meshrl.scheduler.step.pipeline` (announces, consumes).
+consumed groups' version lag (the log-prob gap per token version lag comes from the trainer: step/dag/logprob_gap.py).
+Used by `producer` (waits) and `pipeline` (announces, consumes), both in `meshrl.scheduler.step.pacing`.
 """
 
 from __future__ import annotations

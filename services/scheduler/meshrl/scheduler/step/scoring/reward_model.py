@@ -4,7 +4,7 @@ the reward column, optionally mixed with a rule reward.
 Node config: `model_path` (a Hugging Face sequence-classifier folder with one label, loaded by the trainer
 as its `reward` role when the job starts), `score_weight` (default 1) and `rule_weight` (default 0; the rule is
 the job's `algorithm.reward`, run as a REWARD node runs it): rewards = score_weight * score + rule_weight * rule.
-Checked when the job is created (`reward_model_problems`, called by `step/dispatch.py`); loaded by the runner
+Checked when the job is created (`reward_model_problems`, called by `step/dag/dispatch.py`); loaded by the runner
 (`load_reward_model`); run by `NodeHandlers.reward_model`.
 """
 

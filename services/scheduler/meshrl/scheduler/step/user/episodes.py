@@ -8,7 +8,7 @@ environment's turns (`ChatTurns.observation_ids`) appended in order, never re-en
 log-prob and weight version, environment tokens get log-prob 0, version -1 and loss mask 0. Limits (turns,
 trajectory tokens, wall seconds) end an episode with a recorded reason; so does an environment that raises,
 hangs past its timeout or kills its worker (reward 0, the reason in the job's events).
-Called by `NodeHandlers.rollout` (step/nodes.py).
+Called by `NodeHandlers.rollout` (step/dag/nodes.py).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from meshrl.common.codec import Ragged
 from meshrl.common.errors import DeadlineExceeded, InvalidArgument, MeshrlError
 from meshrl.scheduler.environments.base import as_step_result
 from meshrl.scheduler.environments.chat import ChatTurns
-from meshrl.scheduler.step.worker_pool import WorkerPool
+from meshrl.scheduler.step.user.worker_pool import WorkerPool
 
 # Why an episode ended (EPISODE_END column, the job's events).
 # The ROLLOUT node-config keys of a multi-turn episode (besides n, temperature, top_p and max_tokens, which is

@@ -4,7 +4,7 @@ a crash boundary.
 A group whose reward raises, runs past `algorithm.reward_timeout_seconds` or kills its worker is retried
 (`algorithm.reward_retries` times); a group that still fails scores 0 for every sample (so it carries no
 gradient under group-normalised advantages) and is reported through `report` (the job's events), and the step
-goes on. Called by `NodeHandlers.reward` (step/nodes.py).
+goes on. Called by `NodeHandlers.reward` (step/dag/nodes.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from meshrl.common.errors import InvalidArgument, MeshrlError
-from meshrl.scheduler.step.worker_pool import WorkerPool
+from meshrl.scheduler.step.user.worker_pool import WorkerPool
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """A job's user code that runs apart from the scheduler: the reward worker pool (`algorithm.reward_workers`)
 and the environment worker pool with the settings of the ROLLOUT node that names an environment.
 
-Made by `JobRunner.run_job` for the job's lifetime and closed with it; `NodeHandlers` (step/nodes.py) runs the
+Made by `JobRunner.run_job` for the job's lifetime and closed with it; `NodeHandlers` (step/dag/nodes.py) runs the
 reward node and the multi-turn rollout through it, and the held-out evaluation of an environment workflow runs
 its episodes greedily through `evaluate_episodes`.
 """
@@ -16,9 +16,9 @@ import numpy as np
 
 from meshrl.scheduler.config import JobConfig
 from meshrl.scheduler.environments.chat import ChatTurns
-from meshrl.scheduler.step.episodes import ENV_ERROR, EpisodeLimits, Trajectory, episode_metrics, run_episodes
-from meshrl.scheduler.step.reward_workers import GroupScores, score_groups
-from meshrl.scheduler.step.worker_pool import WorkerPool
+from meshrl.scheduler.step.user.episodes import ENV_ERROR, EpisodeLimits, Trajectory, episode_metrics, run_episodes
+from meshrl.scheduler.step.user.reward_workers import GroupScores, score_groups
+from meshrl.scheduler.step.user.worker_pool import WorkerPool
 from meshrl.scheduler.workflow import NodeType
 from meshrl.scheduler.workflow.model import Node
 

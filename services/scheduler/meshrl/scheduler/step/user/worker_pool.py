@@ -7,7 +7,7 @@ the OOM killer) is restarted and the call raises `Unavailable`. So user code can
 process and the job still goes on. Objects (environment instances) live in one worker under a handle; a
 restart loses them and later calls on their handles raise `Unavailable`.
 
-Used by `step/reward_workers.py` (rewards by group) and `step/episodes.py` (environments).
+Used by `step/user/reward_workers.py` (rewards by group) and `step/user/episodes.py` (environments).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class UserCodeFailed(FailedPrecondition):
 
 def _resolve(kind: str, ref: str, allowed: Sequence[str]) -> Any:
     if kind == "reward":
-        from meshrl.scheduler.step.rewards import resolve_reward
+        from meshrl.scheduler.step.scoring.rewards import resolve_reward
 
         return resolve_reward(ref, allowed)
     from meshrl.scheduler.workflow import resolve_executable
