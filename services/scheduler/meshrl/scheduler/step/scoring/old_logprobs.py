@@ -14,16 +14,17 @@ from `rollout_logprobs`, the current policy and `response_versions` (AReaL's pro
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 from meshrl.common import batch_schema as S
 from meshrl.common.errors import InvalidArgument
+from meshrl.scheduler.config import JobConfig
 from meshrl.scheduler.workflow import NodeRole, NodeType
 from meshrl.scheduler.workflow.columns import declared
+from meshrl.scheduler.workflow.model import Node
 
 
-def ratio_reads(loss: Mapping[str, Any]) -> list[str]:
+def ratio_reads(loss: Mapping[str, object]) -> list[str]:
     """Columns the actor's train step needs besides its declared inputs: the rollout's log-probs, when the
     loss corrects against them (tis_cap / mis_cap) or takes pi_old from them, and the tokens' versions when
     pi_old or the step size follows their lag (interpolated, lag_lr_scale)."""
@@ -33,16 +34,16 @@ def ratio_reads(loss: Mapping[str, Any]) -> list[str]:
     return [S.ROLLOUT_LOGPROBS, *versions] if uses_rollout else versions
 
 
-def _trains_actor(node: Any) -> bool:
+def _trains_actor(node: Node) -> bool:
     return node.node_type == NodeType.MODEL_TRAIN and node.node_role == NodeRole.ACTOR
 
 
-def _reads_old_logprobs(nodes: list[Any]) -> list[Any]:
+def _reads_old_logprobs(nodes: Sequence[Node]) -> list[Node]:
     """The actor train nodes that declare `old_logprobs` as an input."""
     return [node for node in nodes if _trains_actor(node) and S.OLD_LOGPROBS in (declared(node, "inputs") or [])]
 
 
-def resolve_old_logprobs(cfg: Any, nodes: list[Any]) -> None:
+def resolve_old_logprobs(cfg: JobConfig, nodes: Sequence[Node]) -> None:
     """Sets an unset `algorithm.loss.old_logprobs` to what fits the workflow and the training mode, then checks
     the result (INVALID_ARGUMENT, nothing created):
 
