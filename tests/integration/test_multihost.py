@@ -336,6 +336,10 @@ def test_grpo_job_across_hosts_with_a_replica_joining_and_one_draining(world):
     watch.wait_for(lambda: any(newcomer in line and "joined" in line for _, line in watch.logs), 240, "the join")
     joined_at_step = max(watch.metrics)
     watch.wait_for(lambda: max(watch.metrics) > joined_at_step, 240, "a step with the newcomer")
+    running = stub.GetJob(spb.GetJobRequest(job_id="mh-1"), timeout=30)  # where it runs: `meshrl status JOB`
+    where = {(p.service, p.address) for p in running.placements}
+    assert {("trainer", cluster.addresses["trainer"]), ("databuffer", cluster.addresses["databuffer"])} <= where
+    assert ("rollout", newcomer) in where, where  # joined through the registry, listed by the fleet
     with pytest.raises(grpc.RpcError) as scale:  # it did not launch these replicas: it says so
         stub.ScaleService(spb.ScaleServiceRequest(job_id="mh-1", service="rollout", replicas=4), timeout=120)
     assert scale.value.code() == grpc.StatusCode.FAILED_PRECONDITION

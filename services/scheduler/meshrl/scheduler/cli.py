@@ -106,13 +106,17 @@ def _stub(args):
     return scheduler_pb2_grpc.SchedulerStub(open_channel(args.scheduler, cfg))
 
 
-def _print_job(job) -> None:
+def _print_job(job, where: bool = False) -> None:
+    """One line per job; with `where`, a line per launched service or trainer rank under it."""
     from meshrl.api.scheduler.v1 import scheduler_pb2 as spb
+    from meshrl.scheduler.launch.whereabouts import describe
 
     print(
         f"{job.job_id}  {spb.JobState.Name(job.state).removeprefix('JOB_STATE_')}  step {job.step}/{job.total_steps}"
         f"  {job.run_dir}" + (f"\n{job.error}" if job.error else "")
     )
+    for line in describe(job.placements) if where else ():
+        print(f"  {line}")
 
 
 def cmd_submit(args) -> int:
@@ -136,7 +140,7 @@ def cmd_status(args) -> int:
 
     stub = _stub(args)
     if args.job_id:
-        _print_job(call(stub.GetJob, spb.GetJobRequest(job_id=args.job_id), timeout=30))
+        _print_job(call(stub.GetJob, spb.GetJobRequest(job_id=args.job_id), timeout=30), where=True)
     else:
         for job in call(stub.ListJobs, spb.ListJobsRequest(), timeout=30).jobs:
             _print_job(job)
@@ -237,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--job-id")
         p.set_defaults(fn=fn)
     for name, fn, helptext in (
-        ("status", cmd_status, "show jobs"),
+        ("status", cmd_status, "show jobs (given a job id: where its services and trainer ranks run)"),
         ("watch", cmd_watch, "follow a job's events"),
         ("cancel", cmd_cancel, "cancel a job"),
     ):

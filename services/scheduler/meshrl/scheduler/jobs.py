@@ -87,7 +87,13 @@ class JobRecord:
             updated_at=self.updated_at,
             last_metrics={k: float(v) for k, v in self.last_metrics.items() if isinstance(v, (int, float))},
             workflow=self.runner.workflow.dag_id,
+            placements=[spb.Placement(**row) for row in self._placements()],
         )
+
+    def _placements(self) -> list[dict]:
+        """Where the job's services run now (those started so far); nothing after they stopped."""
+        services = self.runner.services
+        return services.placements() if services is not None else []
 
 
 class JobManager:

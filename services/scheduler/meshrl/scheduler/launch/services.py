@@ -28,6 +28,7 @@ from meshrl.scheduler.launch.cpu_placement import CpuSets, cpu_sets, placed
 from meshrl.scheduler.launch.exit_watch import ExitWatch, describe_exit
 from meshrl.scheduler.launch.group_client import GroupTrainerClient
 from meshrl.scheduler.launch.launcher import ProcessLauncher, RayLauncher, ServiceSpec, overlapped_trainer_threads
+from meshrl.scheduler.launch.whereabouts import whereabouts
 from meshrl.scheduler.rundir import RunDir
 
 if TYPE_CHECKING:
@@ -305,6 +306,12 @@ class JobServices:
         if name is not None and self.launcher is not None:
             self.launcher.stop(name)
             del self.addresses[name]
+
+    def placements(self) -> list[dict]:
+        """Where each launched service runs now (launch/whereabouts.py): rows of the Placement message."""
+        ranks = self.trainer_group.placements if self.trainer_group is not None else ()
+        replicas = self.fleet.addresses() if self.fleet is not None else ()
+        return whereabouts(dict(self.addresses), getattr(self.launcher, "bundles", {}), ranks, replicas)
 
     def shared_bundle(self) -> str:
         """Where colocated services run: each one's placement group, bundle index and GPU ids (Ray launcher)."""

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#meshrl/scheduler/v1/scheduler.proto\x12\x13meshrl.scheduler.v1\"\x90\x01\n\x10SubmitJobRequest\x12\x15\n\rworkflow_yaml\x18\x01 \x01(\t\x12\x15\n\rworkflow_name\x18\x02 \x01(\t\x12\x13\n\x0b\x63onfig_yaml\x18\x03 \x01(\t\x12\x11\n\toverrides\x18\x04 \x03(\t\x12\x0e\n\x06job_id\x18\x05 \x01(\t\x12\x16\n\x0eresume_run_dir\x18\x06 \x01(\t\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x11\n\x0fListJobsRequest\":\n\x10ListJobsResponse\x12&\n\x04jobs\x18\x01 \x03(\x0b\x32\x18.meshrl.scheduler.v1.Job\"\xb5\x02\n\x03Job\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12,\n\x05state\x18\x02 \x01(\x0e\x32\x1d.meshrl.scheduler.v1.JobState\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x13\n\x0btotal_steps\x18\x04 \x01(\x03\x12\x0f\n\x07run_dir\x18\x05 \x01(\t\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x12\n\ncreated_at\x18\x07 \x01(\x01\x12\x12\n\nupdated_at\x18\x08 \x01(\x01\x12?\n\x0clast_metrics\x18\t \x03(\x0b\x32).meshrl.scheduler.v1.Job.LastMetricsEntry\x12\x10\n\x08workflow\x18\n \x01(\t\x1a\x32\n\x10LastMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"8\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x15\n\rfrom_sequence\x18\x02 \x01(\x03\"y\n\tNodeEvent\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12-\n\x05state\x18\x03 \x01(\x0e\x32\x1e.meshrl.scheduler.v1.NodeState\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\x12\r\n\x05\x65rror\x18\x05 \x01(\t\"\x8b\x01\n\x0bStepMetrics\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12>\n\x07metrics\x18\x02 \x03(\x0b\x32-.meshrl.scheduler.v1.StepMetrics.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"O\n\x0eJobStateChange\x12,\n\x05state\x18\x01 \x01(\x0e\x32\x1d.meshrl.scheduler.v1.JobState\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xec\x01\n\x08JobEvent\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12\x0c\n\x04time\x18\x02 \x01(\x01\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12.\n\x04node\x18\x04 \x01(\x0b\x32\x1e.meshrl.scheduler.v1.NodeEventH\x00\x12\x33\n\x07metrics\x18\x05 \x01(\x0b\x32 .meshrl.scheduler.v1.StepMetricsH\x00\x12\x34\n\x05state\x18\x06 \x01(\x0b\x32#.meshrl.scheduler.v1.JobStateChangeH\x00\x12\r\n\x03log\x18\x07 \x01(\tH\x00\x42\x06\n\x04\x62ody\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"H\n\x13ScaleServiceRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07service\x18\x02 \x01(\t\x12\x10\n\x08replicas\x18\x03 \x01(\x05\";\n\x14ScaleServiceResponse\x12\x10\n\x08replicas\x18\x01 \x01(\x05\x12\x11\n\taddresses\x18\x02 \x03(\t*\x9b\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11JOB_STATE_PENDING\x10\x01\x12\x15\n\x11JOB_STATE_RUNNING\x10\x02\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x03\x12\x14\n\x10JOB_STATE_FAILED\x10\x04\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x05*\x88\x01\n\tNodeState\x12\x1a\n\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12NODE_STATE_PENDING\x10\x01\x12\x16\n\x12NODE_STATE_RUNNING\x10\x02\x12\x18\n\x14NODE_STATE_COMPLETED\x10\x03\x12\x15\n\x11NODE_STATE_FAILED\x10\x04\x32\x80\x04\n\tScheduler\x12L\n\tSubmitJob\x12%.meshrl.scheduler.v1.SubmitJobRequest\x1a\x18.meshrl.scheduler.v1.Job\x12\x46\n\x06GetJob\x12\".meshrl.scheduler.v1.GetJobRequest\x1a\x18.meshrl.scheduler.v1.Job\x12W\n\x08ListJobs\x12$.meshrl.scheduler.v1.ListJobsRequest\x1a%.meshrl.scheduler.v1.ListJobsResponse\x12Q\n\x08WatchJob\x12$.meshrl.scheduler.v1.WatchJobRequest\x1a\x1d.meshrl.scheduler.v1.JobEvent0\x01\x12L\n\tCancelJob\x12%.meshrl.scheduler.v1.CancelJobRequest\x1a\x18.meshrl.scheduler.v1.Job\x12\x63\n\x0cScaleService\x12(.meshrl.scheduler.v1.ScaleServiceRequest\x1a).meshrl.scheduler.v1.ScaleServiceResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#meshrl/scheduler/v1/scheduler.proto\x12\x13meshrl.scheduler.v1\"\x90\x01\n\x10SubmitJobRequest\x12\x15\n\rworkflow_yaml\x18\x01 \x01(\t\x12\x15\n\rworkflow_name\x18\x02 \x01(\t\x12\x13\n\x0b\x63onfig_yaml\x18\x03 \x01(\t\x12\x11\n\toverrides\x18\x04 \x03(\t\x12\x0e\n\x06job_id\x18\x05 \x01(\t\x12\x16\n\x0eresume_run_dir\x18\x06 \x01(\t\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x11\n\x0fListJobsRequest\":\n\x10ListJobsResponse\x12&\n\x04jobs\x18\x01 \x03(\x0b\x32\x18.meshrl.scheduler.v1.Job\"\xe9\x02\n\x03Job\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12,\n\x05state\x18\x02 \x01(\x0e\x32\x1d.meshrl.scheduler.v1.JobState\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x13\n\x0btotal_steps\x18\x04 \x01(\x03\x12\x0f\n\x07run_dir\x18\x05 \x01(\t\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x12\n\ncreated_at\x18\x07 \x01(\x01\x12\x12\n\nupdated_at\x18\x08 \x01(\x01\x12?\n\x0clast_metrics\x18\t \x03(\x0b\x32).meshrl.scheduler.v1.Job.LastMetricsEntry\x12\x10\n\x08workflow\x18\n \x01(\t\x12\x32\n\nplacements\x18\x0b \x03(\x0b\x32\x1e.meshrl.scheduler.v1.Placement\x1a\x32\n\x10LastMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"z\n\tPlacement\x12\x0f\n\x07service\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x0e\n\x06worker\x18\x04 \x01(\t\x12\x0c\n\x04node\x18\x05 \x01(\t\x12\x0e\n\x06\x62undle\x18\x06 \x01(\x05\x12\x0f\n\x07\x64\x65vices\x18\x07 \x03(\x05\"8\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x15\n\rfrom_sequence\x18\x02 \x01(\x03\"y\n\tNodeEvent\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12-\n\x05state\x18\x03 \x01(\x0e\x32\x1e.meshrl.scheduler.v1.NodeState\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\x12\r\n\x05\x65rror\x18\x05 \x01(\t\"\x8b\x01\n\x0bStepMetrics\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12>\n\x07metrics\x18\x02 \x03(\x0b\x32-.meshrl.scheduler.v1.StepMetrics.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"O\n\x0eJobStateChange\x12,\n\x05state\x18\x01 \x01(\x0e\x32\x1d.meshrl.scheduler.v1.JobState\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xec\x01\n\x08JobEvent\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12\x0c\n\x04time\x18\x02 \x01(\x01\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12.\n\x04node\x18\x04 \x01(\x0b\x32\x1e.meshrl.scheduler.v1.NodeEventH\x00\x12\x33\n\x07metrics\x18\x05 \x01(\x0b\x32 .meshrl.scheduler.v1.StepMetricsH\x00\x12\x34\n\x05state\x18\x06 \x01(\x0b\x32#.meshrl.scheduler.v1.JobStateChangeH\x00\x12\r\n\x03log\x18\x07 \x01(\tH\x00\x42\x06\n\x04\x62ody\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"H\n\x13ScaleServiceRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07service\x18\x02 \x01(\t\x12\x10\n\x08replicas\x18\x03 \x01(\x05\";\n\x14ScaleServiceResponse\x12\x10\n\x08replicas\x18\x01 \x01(\x05\x12\x11\n\taddresses\x18\x02 \x03(\t*\x9b\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11JOB_STATE_PENDING\x10\x01\x12\x15\n\x11JOB_STATE_RUNNING\x10\x02\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x03\x12\x14\n\x10JOB_STATE_FAILED\x10\x04\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x05*\x88\x01\n\tNodeState\x12\x1a\n\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12NODE_STATE_PENDING\x10\x01\x12\x16\n\x12NODE_STATE_RUNNING\x10\x02\x12\x18\n\x14NODE_STATE_COMPLETED\x10\x03\x12\x15\n\x11NODE_STATE_FAILED\x10\x04\x32\x80\x04\n\tScheduler\x12L\n\tSubmitJob\x12%.meshrl.scheduler.v1.SubmitJobRequest\x1a\x18.meshrl.scheduler.v1.Job\x12\x46\n\x06GetJob\x12\".meshrl.scheduler.v1.GetJobRequest\x1a\x18.meshrl.scheduler.v1.Job\x12W\n\x08ListJobs\x12$.meshrl.scheduler.v1.ListJobsRequest\x1a%.meshrl.scheduler.v1.ListJobsResponse\x12Q\n\x08WatchJob\x12$.meshrl.scheduler.v1.WatchJobRequest\x1a\x1d.meshrl.scheduler.v1.JobEvent0\x01\x12L\n\tCancelJob\x12%.meshrl.scheduler.v1.CancelJobRequest\x1a\x18.meshrl.scheduler.v1.Job\x12\x63\n\x0cScaleService\x12(.meshrl.scheduler.v1.ScaleServiceRequest\x1a).meshrl.scheduler.v1.ScaleServiceResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,10 +35,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_JOB_LASTMETRICSENTRY']._serialized_options = b'8\001'
   _globals['_STEPMETRICS_METRICSENTRY']._loaded_options = None
   _globals['_STEPMETRICS_METRICSENTRY']._serialized_options = b'8\001'
-  _globals['_JOBSTATE']._serialized_start=1446
-  _globals['_JOBSTATE']._serialized_end=1601
-  _globals['_NODESTATE']._serialized_start=1604
-  _globals['_NODESTATE']._serialized_end=1740
+  _globals['_JOBSTATE']._serialized_start=1622
+  _globals['_JOBSTATE']._serialized_end=1777
+  _globals['_NODESTATE']._serialized_start=1780
+  _globals['_NODESTATE']._serialized_end=1916
   _globals['_SUBMITJOBREQUEST']._serialized_start=61
   _globals['_SUBMITJOBREQUEST']._serialized_end=205
   _globals['_GETJOBREQUEST']._serialized_start=207
@@ -48,27 +48,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTJOBSRESPONSE']._serialized_start=259
   _globals['_LISTJOBSRESPONSE']._serialized_end=317
   _globals['_JOB']._serialized_start=320
-  _globals['_JOB']._serialized_end=629
-  _globals['_JOB_LASTMETRICSENTRY']._serialized_start=579
-  _globals['_JOB_LASTMETRICSENTRY']._serialized_end=629
-  _globals['_WATCHJOBREQUEST']._serialized_start=631
-  _globals['_WATCHJOBREQUEST']._serialized_end=687
-  _globals['_NODEEVENT']._serialized_start=689
-  _globals['_NODEEVENT']._serialized_end=810
-  _globals['_STEPMETRICS']._serialized_start=813
-  _globals['_STEPMETRICS']._serialized_end=952
-  _globals['_STEPMETRICS_METRICSENTRY']._serialized_start=906
-  _globals['_STEPMETRICS_METRICSENTRY']._serialized_end=952
-  _globals['_JOBSTATECHANGE']._serialized_start=954
-  _globals['_JOBSTATECHANGE']._serialized_end=1033
-  _globals['_JOBEVENT']._serialized_start=1036
-  _globals['_JOBEVENT']._serialized_end=1272
-  _globals['_CANCELJOBREQUEST']._serialized_start=1274
-  _globals['_CANCELJOBREQUEST']._serialized_end=1308
-  _globals['_SCALESERVICEREQUEST']._serialized_start=1310
-  _globals['_SCALESERVICEREQUEST']._serialized_end=1382
-  _globals['_SCALESERVICERESPONSE']._serialized_start=1384
-  _globals['_SCALESERVICERESPONSE']._serialized_end=1443
-  _globals['_SCHEDULER']._serialized_start=1743
-  _globals['_SCHEDULER']._serialized_end=2255
+  _globals['_JOB']._serialized_end=681
+  _globals['_JOB_LASTMETRICSENTRY']._serialized_start=631
+  _globals['_JOB_LASTMETRICSENTRY']._serialized_end=681
+  _globals['_PLACEMENT']._serialized_start=683
+  _globals['_PLACEMENT']._serialized_end=805
+  _globals['_WATCHJOBREQUEST']._serialized_start=807
+  _globals['_WATCHJOBREQUEST']._serialized_end=863
+  _globals['_NODEEVENT']._serialized_start=865
+  _globals['_NODEEVENT']._serialized_end=986
+  _globals['_STEPMETRICS']._serialized_start=989
+  _globals['_STEPMETRICS']._serialized_end=1128
+  _globals['_STEPMETRICS_METRICSENTRY']._serialized_start=1082
+  _globals['_STEPMETRICS_METRICSENTRY']._serialized_end=1128
+  _globals['_JOBSTATECHANGE']._serialized_start=1130
+  _globals['_JOBSTATECHANGE']._serialized_end=1209
+  _globals['_JOBEVENT']._serialized_start=1212
+  _globals['_JOBEVENT']._serialized_end=1448
+  _globals['_CANCELJOBREQUEST']._serialized_start=1450
+  _globals['_CANCELJOBREQUEST']._serialized_end=1484
+  _globals['_SCALESERVICEREQUEST']._serialized_start=1486
+  _globals['_SCALESERVICEREQUEST']._serialized_end=1558
+  _globals['_SCALESERVICERESPONSE']._serialized_start=1560
+  _globals['_SCALESERVICERESPONSE']._serialized_end=1619
+  _globals['_SCHEDULER']._serialized_start=1919
+  _globals['_SCHEDULER']._serialized_end=2431
 # @@protoc_insertion_point(module_scope)

@@ -68,7 +68,7 @@ class ListJobsResponse(_message.Message):
     def __init__(self, jobs: _Optional[_Iterable[_Union[Job, _Mapping]]] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("job_id", "state", "step", "total_steps", "run_dir", "error", "created_at", "updated_at", "last_metrics", "workflow")
+    __slots__ = ("job_id", "state", "step", "total_steps", "run_dir", "error", "created_at", "updated_at", "last_metrics", "workflow", "placements")
     class LastMetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -86,6 +86,7 @@ class Job(_message.Message):
     UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
     LAST_METRICS_FIELD_NUMBER: _ClassVar[int]
     WORKFLOW_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENTS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     state: JobState
     step: int
@@ -96,7 +97,26 @@ class Job(_message.Message):
     updated_at: float
     last_metrics: _containers.ScalarMap[str, float]
     workflow: str
-    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., run_dir: _Optional[str] = ..., error: _Optional[str] = ..., created_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., last_metrics: _Optional[_Mapping[str, float]] = ..., workflow: _Optional[str] = ...) -> None: ...
+    placements: _containers.RepeatedCompositeFieldContainer[Placement]
+    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., run_dir: _Optional[str] = ..., error: _Optional[str] = ..., created_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., last_metrics: _Optional[_Mapping[str, float]] = ..., workflow: _Optional[str] = ..., placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ...) -> None: ...
+
+class Placement(_message.Message):
+    __slots__ = ("service", "rank", "address", "worker", "node", "bundle", "devices")
+    SERVICE_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    BUNDLE_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    service: str
+    rank: int
+    address: str
+    worker: str
+    node: str
+    bundle: int
+    devices: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, service: _Optional[str] = ..., rank: _Optional[int] = ..., address: _Optional[str] = ..., worker: _Optional[str] = ..., node: _Optional[str] = ..., bundle: _Optional[int] = ..., devices: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class WatchJobRequest(_message.Message):
     __slots__ = ("job_id", "from_sequence")

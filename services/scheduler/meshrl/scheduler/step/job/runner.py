@@ -77,6 +77,7 @@ class JobRunner:
         self.user_code: UserCode | None = None  # worker pools for rewards and environments, made by run_job
         self._steps: SyncSteps | None = None  # how steps run (training.mode); asynchronous ones run ahead
         self.turns: Turns | None = None  # colocated mode's order of sleeping and waking (services.placement)
+        self.services: JobServices | None = None  # the running services (None before they start and once stopped)
         self.roles = sorted(
             {str(n.node_role).lower() for n in workflow.nodes if str(n.node_role) in ("ACTOR", "REFERENCE", "CRITIC")}
             | {"actor"}
@@ -173,6 +174,7 @@ class JobRunner:
             workflow=self.workflow,
             on_event=self.events.log,
         )
+        self.services = svc  # where they run, for GetJob (JobServices.placements)
         self.user_code = UserCode(cfg, self.workflow.nodes, self.events.log)
         summary: dict = {"job_id": self.job_id, "run_dir": str(self.run.root)}
         started = time.monotonic()
@@ -276,6 +278,7 @@ class JobRunner:
         steps = self._steps
         if steps is not None:
             steps.stop()
+        self.services = None
         svc.close()
         if steps is not None:
             steps.join()
