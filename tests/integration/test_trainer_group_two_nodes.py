@@ -181,13 +181,7 @@ def _planned_ranks(tmp_path: Path, world: int) -> list[tuple[str, str]]:
     return [(f"n{w // per_node}:{w % per_node}", (HEAD, WORKER)[w // per_node]) for w in actor["workers"][:world]]
 
 
-@pytest.mark.timeout(900)  # two jobs and three trainer groups: 131-316 s measured on a loaded 2-core host
-@pytest.mark.skipif(
-    os.environ.get("MESHRL_RECOVERY_TESTS") != "1",
-    reason="opt-in (MESHRL_RECOVERY_TESTS=1): it failed in 2 of about 7 runs on a loaded 2-core host (a killed rank "
-    "read as alive while the group's watch waited on it, so gloo's INTERNAL was not explained as a lost rank); "
-    "ServiceProcess.alive now reads that exactly, and the test has passed since, but not yet often enough for CI",
-)
+@pytest.mark.timeout(900)  # two jobs and three trainer groups: 68-316 s measured on a loaded 2-core host
 def test_a_run_places_ranks_by_the_plan_and_recovers_a_lost_rank_and_a_lost_node(cluster, model, tmp_path, capsys):
     """Last in this file: it takes the worker node down. `meshrl run` (DAPO, TP=2 group) places its ranks where
     `meshrl plan` puts them (the worker node, 127.0.0.3). After checkpoint 1, rank 1's process is SIGKILLed:
