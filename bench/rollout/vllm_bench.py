@@ -2,15 +2,16 @@
 measured side by side in one run on the same prompts and model (issue 38's figures).
 
 1. Generated tokens/s: vLLM's offline `LLM.generate` (a subprocess in the vLLM environment), meshrl's
-   vLLM adapter (a launched vLLM server driven over HTTP, what a rollout replica runs), and the transformers
-   engine in this process. Ratios: adapter / offline (the adapter's overhead, target >= 0.9) and
-   vLLM adapter / transformers engine. Every request generates exactly --max-tokens tokens (ignore_eos). Two
+   vLLM adapter (a launched vLLM server driven over HTTP, what a rollout replica runs: a batch goes as one call
+   to meshrl's batch route), the same adapter streaming each request on its own (`/inference/v1/generate`, what
+   a server without meshrl's endpoint plugin gets), and the transformers engine in this process. Ratios:
+   adapter / offline (the adapter's overhead, target >= 0.9) and vLLM adapter / transformers engine. Every request generates exactly --max-tokens tokens (ignore_eos). Two
    batch shapes: --prompts distinct prompts, and RL's shape (--prompts / --samples prompts, --samples each).
 2. A whole RL step (--rl-steps > 0): the default example for --rl-steps steps on each engine
    (examples/countdown with examples/countdown/vllm.yaml's model, heads of 32, for both), median step time.
 
 Run: .venv/bin/python bench/rollout/vllm_bench.py [--prompts 256] [--samples 8] [--max-tokens 32] [--repeats 3]
-     [--rl-steps 6]
+     [--rl-steps 6] [--no-transformers]
 Needs the vLLM environment (`make vllm-env`; its interpreter from MESHRL_VLLM_PYTHON or .venv-vllm).
 """
 
@@ -94,6 +95,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rl-steps", type=int, default=6, help="0 = skip the whole-step comparison")
+    ap.add_argument("--no-transformers", action="store_true", help="skip the transformers engine's figures")
     args = ap.parse_args()
     python = vllm_python()
     groups = max(1, args.prompts // args.samples)
@@ -113,20 +115,29 @@ def main() -> None:
         try:
             for name, batch in shapes.items():
                 rates[name]["adapter"] = engine_rate(adapter, batch, args.max_tokens, args.repeats)
+            adapter._batch_path = None  # each request streamed on its own, as without meshrl's batch route
+            for name, batch in shapes.items():
+                rates[name]["per-request"] = engine_rate(adapter, batch, args.max_tokens, args.repeats)
         finally:
             adapter.shutdown()
-        hf = TransformersEngine(EngineConfig(model_path=str(model), max_batch_size=args.prompts))
-        try:
-            for name, batch in shapes.items():
-                rates[name]["transformers"] = engine_rate(hf, batch, args.max_tokens, args.repeats)
-        finally:
-            hf.shutdown()
+        if not args.no_transformers:
+            hf = TransformersEngine(EngineConfig(model_path=str(model), max_batch_size=args.prompts))
+            try:
+                for name, batch in shapes.items():
+                    rates[name]["transformers"] = engine_rate(hf, batch, args.max_tokens, args.repeats)
+            finally:
+                hf.shutdown()
         for name, rate in rates.items():
-            served, offline, local = rate["adapter"], rate["offline"], rate["transformers"]
+            served, offline, alone = rate["adapter"], rate["offline"], rate["per-request"]
             print(f"{name} x {args.max_tokens} tokens, median of {args.repeats}; tokens/s:")
             print(f"  vLLM offline LLM.generate   {offline:9.0f}")
             print(f"  meshrl vLLM adapter         {served:9.0f}   adapter / offline = {served / offline:.2f}")
-            print(f"  transformers engine         {local:9.0f}   vLLM adapter / transformers = {served / local:.2f}")
+            print(f"    one stream per request    {alone:9.0f}   / offline = {alone / offline:.2f}")
+            if "transformers" in rate:
+                local = rate["transformers"]
+                print(
+                    f"  transformers engine         {local:9.0f}   vLLM adapter / transformers = {served / local:.2f}"
+                )
         if args.rl_steps:
             runs = ROOT / "runs" / f"bench-vllm-{os.getpid()}"  # under the repository's run root
             seconds = {e: rl_step_seconds(e, args.rl_steps, runs, python) for e in ("transformers", "vllm")}

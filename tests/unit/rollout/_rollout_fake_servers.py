@@ -62,7 +62,10 @@ class FakeServer:
             def _body(self) -> Any:
                 n = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(n) if n else b""
-                return json.loads(raw) if raw else None
+                try:
+                    return json.loads(raw) if raw else None
+                except ValueError:
+                    return raw  # not JSON: the route answers
 
             def do_GET(self) -> None:
                 fake.handle(self, "GET", None)
@@ -264,15 +267,56 @@ VLLM_RECORDED = {
     "/sleep": {"status": "sleeping", "level": 1},
     "/wake_up (some tags)": {"status": "sleeping", "tags": ["weights"]},
     "/wake_up (all)": {"status": "awake", "tags": None},
+    # meshrl's batch route (the endpoint plugin meshrl.rollout.vllm_batch_route in the same server)
+    "/inference/meshrl/v1/info": {"batch_format": 1, "vllm": "0.32.0"},
+    "batch line": {
+        "out": [
+            {"i": 0, "k": 1, "ids": [13, 147], "lps": [-4.3977, -5.9469], "finish": None, "versions": None},
+            {
+                "i": 1,
+                "k": 0,
+                "ids": [217, 11],
+                "lps": [-5.6944, -5.7629],
+                "finish": "length",
+                "versions": [["default", 0, 3]],
+            },
+        ]
+    },
+    "batch end": {"done": True},
+    "batch refused (not JSON)": {"detail": "the body is not JSON: Expecting value: line 1 column 1 (char 0)"},
+    "batch refused (params)": {
+        "detail": "request x: sampling params refused by vLLM: TypeError: Unexpected keyword argument 'bogus'"
+    },
+    "batch request failed": {"out": [{"i": 0, "error": "VLLMValidationError: Token id 1000000 is out of vocabulary"}]},
 }
 SERVER_INFO_CUDA = "model='/models/m', dtype=torch.bfloat16, enforce_eager=False, device_config=cuda, seed=0"
 
 
+BATCH_PATH, INFO_PATH = "/inference/meshrl/v1/generate_batch", "/inference/meshrl/v1/info"
+SAMPLING_FIELDS = {
+    "n",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "stop_token_ids",
+    "ignore_eos",
+    "logprobs",
+    "detokenize",
+    "skip_special_tokens",
+    "seed",
+}
+
+
 class FakeVLLM(FakeServer):
-    def __init__(self, **kw: Any) -> None:
+    """`plugin`: the server loaded meshrl's endpoint plugin (its batch route); False: a plain vLLM server."""
+
+    def __init__(self, plugin: bool = True, **kw: Any) -> None:
         self.asleep: set[str] = set()
         self.served = VLLM_RECORDED["/weight_info"]["weight_version"]
         self.honour_n = True  # False: answer sample 0 only (a stream that ends before every sample finished)
+        self.plugin = plugin
+        self.aborted: set[str] = set()
         super().__init__(**kw)
 
     def routes(self) -> dict:
@@ -289,7 +333,84 @@ class FakeVLLM(FakeServer):
             ("POST", "/update_weight_version"): self.update_version,
             ("POST", "/sleep"): self.sleep,
             ("POST", "/wake_up"): self.wake_up,
+            ("POST", "/inference/v1/abort_requests"): self.abort_requests,
+            **(
+                {
+                    ("GET", INFO_PATH): lambda h, b: self.reply(h, 200, VLLM_RECORDED[INFO_PATH]),
+                    ("POST", BATCH_PATH): self.batch,
+                }
+                if self.plugin
+                else {}
+            ),
         }
+
+    def abort_requests(self, h, body) -> None:
+        with self.lock:
+            self.aborted.update(body["request_ids"])
+        self.reply(h, 200, b"")
+
+    def batch(self, h, body) -> None:
+        """meshrl's batch route as recorded from 0.32 (lines of several requests' items; a request's first token
+        alone, then `stream_interval` tokens per item, 0: all at the end; its last item carries the version
+        spans; an aborted request ends with finish "abort"). Sample k of request i: token(prompt, step) + k."""
+        if isinstance(body, bytes):
+            self.reply(h, 400, VLLM_RECORDED["batch refused (not JSON)"])
+            return
+        for entry in body["requests"]:
+            unknown = sorted(set(entry["params"]) - SAMPLING_FIELDS)
+            if unknown:
+                detail = VLLM_RECORDED["batch refused (params)"]["detail"].replace("'bogus'", repr(unknown[0]))
+                self.reply(h, 400, {"detail": detail.replace("request x", f"request {entry['id']}")})
+                return
+        interval = body.get("stream_interval", 0)
+        requests = body["requests"]
+
+        def lines():
+            held: dict[tuple[int, int], list[int]] = {}
+            ended: set[tuple[int, int]] = set()
+            bad = [i for i, r in enumerate(requests) if any(t >= 200 for t in r["prompt"])]
+            if bad:
+                yield {"out": [{**VLLM_RECORDED["batch request failed"]["out"][0], "i": i} for i in bad]}
+            steps = max([r["params"]["max_tokens"] for r in requests] or [0])
+            for step in range(steps):
+                time.sleep(self.step_s)
+                out = []
+                for i, r in enumerate(requests):
+                    n, stop = r["params"]["max_tokens"], set(r["params"].get("stop_token_ids") or [])
+                    for k in range(r["params"].get("n", 1) if self.honour_n else 1):
+                        if i in bad or (i, k) in ended or step >= n:
+                            continue
+                        ks = held.setdefault((i, k), [])
+                        if r["id"] in self.aborted:
+                            out.append(self.item(i, k, r["prompt"], ks, "abort", step))
+                            ended.add((i, k))
+                            continue
+                        ks.append(step)
+                        t = (token(r["prompt"], step) + k) % 200
+                        finish = "stop" if t in stop else "length" if step == n - 1 else None
+                        if finish or (interval and (step == 0 or len(ks) >= interval)):
+                            out.append(self.item(i, k, r["prompt"], ks, finish, step + 1))
+                            held[(i, k)] = []
+                        if finish:
+                            ended.add((i, k))
+                if out:
+                    yield {"out": out}
+            yield VLLM_RECORDED["batch end"]
+
+        h.send_response(200)
+        h.send_header("Content-Type", "application/x-ndjson")
+        h.end_headers()
+        try:
+            for line in lines():
+                h.wfile.write(json.dumps(line).encode() + b"\n")
+                h.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            return  # the client went away: the batch is aborted
+
+    def item(self, i: int, k: int, prompt: list[int], ks: list[int], finish: str | None, made: int) -> dict:
+        ids = [(token(prompt, s) + k) % 200 for s in ks]
+        versions = [[self.served, 0, made]] if finish else None
+        return {"i": i, "k": k, "ids": ids, "lps": [logprob(s) for s in ks], "finish": finish, "versions": versions}
 
     def recorded(self, path: str):
         return lambda h, b: self.reply(h, 200, VLLM_RECORDED[path])

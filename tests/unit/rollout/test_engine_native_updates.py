@@ -147,4 +147,5 @@ def test_vllm_cpu_build_gets_the_flags_and_environment_it_needs(tmp_path, monkey
     cmd, kw = seen["v"]
     assert "--enforce-eager" in cmd and cmd[cmd.index("--kv-cache-memory-bytes") + 1] == "9"
     assert kw["env"]["TORCHDYNAMO_DISABLE"] == "1" and kw["env"]["VLLM_SERVER_DEV_MODE"] == "1"
+    assert "meshrl" in kw["env"]["VLLM_PLUGINS"].split(",")  # the batch route's endpoint plugin
     assert vl.device == "cpu"

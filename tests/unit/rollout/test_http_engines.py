@@ -5,9 +5,10 @@ published folder; refusals; server flags. The adapters run the same code a GPU h
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import pytest
-from _rollout_fake_servers import VLLM_RECORDED, FakeSGLang, FakeVLLM, logprob, token
+from _rollout_fake_servers import BATCH_PATH, VLLM_RECORDED, FakeSGLang, FakeVLLM, logprob, token
 from safetensors.torch import load_file
 
 from meshrl.common import weights as W
@@ -16,7 +17,8 @@ from meshrl.rollout.config import EngineConfig
 from meshrl.rollout.http_server import check_known_flags, cli_flags
 from meshrl.rollout.sglang_engine import SGLangEngine
 from meshrl.rollout.types import DiskUpdate, FinishReason, GenerationRequest, PauseMode, SamplingParams
-from meshrl.rollout.vllm_engine import VLLMEngine
+from meshrl.rollout.vllm_engine import VLLMEngine, with_plugin
+from meshrl.rollout.vllm_install import VLLMBuild
 
 
 def expected(prompt, n):
@@ -114,7 +116,18 @@ def test_sglang_abort_pause(sglang):
 
 @pytest.fixture
 def vllm(model_dir):
+    """A vLLM server with meshrl's endpoint plugin: batches go to its batch route."""
     fake = FakeVLLM()
+    engine = VLLMEngine(EngineConfig(kind="vllm", model_path=str(model_dir), vllm={"url": fake.url}))
+    yield fake, engine
+    engine.shutdown()
+    fake.close()
+
+
+@pytest.fixture
+def vllm_plain(model_dir):
+    """A vLLM server without meshrl's endpoint plugin (given by URL): each request streams on its own."""
+    fake = FakeVLLM(plugin=False)
     engine = VLLMEngine(EngineConfig(kind="vllm", model_path=str(model_dir), vllm={"url": fake.url}))
     yield fake, engine
     engine.shutdown()
@@ -126,11 +139,50 @@ def test_vllm_generation_payloads(vllm):
     result = engine.generate([GenerationRequest([7, 8], SamplingParams(temperature=0, max_tokens=5))])[0]
     ids, lps = expected([7, 8], 5)
     assert result.token_ids == ids and result.logprobs == pytest.approx(lps)
-    assert result.finish_reason == FinishReason.LENGTH
+    assert result.finish_reason == FinishReason.LENGTH and result.weight_versions == [0] * 5
+    body = fake.calls(BATCH_PATH)[0]
+    assert body["stream_interval"] == 16 and [r["prompt"] for r in body["requests"]] == [[7, 8]]
+    params = body["requests"][0]["params"]
+    assert body["requests"][0]["id"] == result.request_id and params["n"] == 1 and params["max_tokens"] == 5
+    assert params["logprobs"] == 0 and params["detokenize"] is False and params["top_k"] == 0
+    assert not fake.calls("/inference/v1/generate")
+
+
+def test_vllm_without_the_batch_route_streams_each_request(vllm_plain):
+    fake, engine = vllm_plain
+    results = engine.generate([GenerationRequest([7, 8], SamplingParams(max_tokens=5)) for _ in range(2)])
+    assert [r.token_ids for r in results] == [[(t + i) % 200 for t in expected([7, 8], 5)[0]] for i in range(2)]
+    assert all(r.weight_versions == [0] * 5 and r.finish_reason == FinishReason.LENGTH for r in results)
     body = fake.calls("/inference/v1/generate")[0]
     params = body["sampling_params"]
     assert body["token_ids"] == [7, 8] and body["stream"] is True and body["output_mode"] == "tokens"
-    assert params["logprobs"] == 0 and params["detokenize"] is False and params["top_k"] == 0
+    assert params["logprobs"] == 0 and params["detokenize"] is False and params["n"] == 2
+    assert params["stream_interval"] == 16 and not fake.calls(BATCH_PATH)
+
+
+def test_a_launched_vllm_server_without_meshrls_plugin_is_refused(model_dir, monkeypatch):
+    """A launched server must have loaded the batch route; the error names the version and the fix."""
+    fake = FakeVLLM(plugin=False)
+    stopped = []
+    server = SimpleNamespace(alive=lambda: True, stop=lambda: stopped.append(True))
+    monkeypatch.setattr("meshrl.rollout.vllm_engine.ServerProcess", lambda cmd, **kw: server)
+    monkeypatch.setattr("meshrl.rollout.vllm_engine.installed_build", lambda python: VLLMBuild("vllm", "0.32.0"))
+    port = int(fake.url.rsplit(":", 1)[1])
+    try:
+        with pytest.raises(FailedPrecondition, match=r"vllm 0\.32\.0 server .* no meshrl batch route.*VLLM_PLUGINS"):
+            VLLMEngine(EngineConfig(kind="vllm", model_path=str(model_dir), vllm={"port": port}))
+        assert stopped
+    finally:
+        fake.close()
+
+
+def test_vllm_plugin_list_for_the_launched_server(monkeypatch):
+    monkeypatch.delenv("VLLM_PLUGINS", raising=False)
+    assert with_plugin(None) == "meshrl"
+    assert with_plugin("lora_filesystem_resolver") == "lora_filesystem_resolver,meshrl"
+    assert with_plugin("meshrl,x") == "meshrl,x"
+    monkeypatch.setenv("VLLM_PLUGINS", "x")
+    assert with_plugin(None) == "x,meshrl"
 
 
 def test_vllm_gpu_server_facts_and_versions(vllm):
@@ -176,8 +228,9 @@ def test_server_flags():
 
 
 def test_vllm_samples_of_a_prompt_share_one_request(vllm):
-    """A batch's samples of one prompt go as one request with n (recorded 0.32 stream: interleaved samples,
-    chunks of stream_interval tokens); each sample still gets its own tokens, log-probs and versions."""
+    """A batch goes as one call; the samples of a prompt in it as one request with n (recorded 0.32 lines:
+    several requests' items each, chunks of stream_interval tokens); each sample still gets its own tokens,
+    log-probs and versions, and its future completes when it finishes."""
     fake, engine = vllm
     sampling = SamplingParams(max_tokens=20, ignore_eos=True)
     requests = [GenerationRequest([7, 8], sampling) for _ in range(3)] + [GenerationRequest([9], sampling)]
@@ -187,9 +240,32 @@ def test_vllm_samples_of_a_prompt_share_one_request(vllm):
         assert result.token_ids == [(t + i) % 200 for t in ids] and result.logprobs == pytest.approx(lps)
         assert result.weight_versions == [0] * 20 and result.finish_reason == FinishReason.LENGTH
     assert results[3].token_ids == expected([9], 20)[0]
-    calls = fake.calls("/inference/v1/generate")
-    assert sorted(c["sampling_params"]["n"] for c in calls) == [1, 3]
-    assert all(c["sampling_params"]["stream_interval"] == 16 for c in calls)  # nobody reads these live
+    (call,) = fake.calls(BATCH_PATH)
+    assert [r["params"]["n"] for r in call["requests"]] == [3, 1] and call["stream_interval"] == 16
+    assert call["requests"][0]["id"] == requests[0].request_id
+    assert not fake.calls("/inference/v1/generate")
+
+
+def test_vllm_a_request_the_batch_route_fails_fails_alone(vllm):
+    """The server's error item for one request (recorded: a token outside its vocabulary) fails that request."""
+    fake, engine = vllm
+    futures = engine.submit_many(
+        [GenerationRequest([250], SamplingParams(max_tokens=4)), GenerationRequest([9], SamplingParams(max_tokens=4))]
+    )
+    with pytest.raises(InvalidArgument, match="out of vocabulary"):
+        futures[0].result(timeout=30)
+    assert futures[1].result(timeout=30).token_ids == expected([9], 4)[0]
+    assert engine.status().running_requests == 0
+
+
+def test_vllm_a_refused_batch_fails_its_requests_with_the_servers_reason(vllm, monkeypatch):
+    fake, engine = vllm
+    fields = engine.sampling_fields
+    monkeypatch.setattr(engine, "sampling_fields", lambda *a: {**fields(*a), "bogus": 1})
+    futures = engine.submit_many([GenerationRequest([7], SamplingParams(max_tokens=4)) for _ in range(2)])
+    for future in futures:
+        with pytest.raises(InvalidArgument, match="Unexpected keyword argument 'bogus'"):
+            future.result(timeout=30)
 
 
 def test_vllm_a_request_read_live_streams_every_token(vllm):
@@ -205,20 +281,40 @@ def test_vllm_samples_a_shared_request_did_not_finish_go_on_alone(vllm):
     fake.honour_n = False
     results = engine.generate([GenerationRequest([7, 8], SamplingParams(max_tokens=6)) for _ in range(3)], timeout=30)
     assert all(r.token_ids == expected([7, 8], 6)[0] and r.finish_reason == FinishReason.LENGTH for r in results)
-    assert [c["sampling_params"]["n"] for c in fake.calls("/inference/v1/generate")] == [3, 1, 1]
+    assert [r["params"]["n"] for c in fake.calls(BATCH_PATH) for r in c["requests"]] == [3]
+    assert [c["sampling_params"]["n"] for c in fake.calls("/inference/v1/generate")] == [1, 1]
+
+
+def wait_for(fake, path):
+    deadline = time.monotonic() + 10
+    while not fake.calls(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def test_vllm_cancelling_one_shared_sample_leaves_the_others(vllm):
     fake, engine = vllm
     requests = [GenerationRequest([7, 8], SamplingParams(max_tokens=60, ignore_eos=True)) for _ in range(3)]
     futures = engine.submit_many(requests)
-    deadline = time.monotonic() + 10
-    while not fake.calls("/inference/v1/generate") and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(fake, BATCH_PATH)
     assert engine.cancel(requests[1].request_id)
     results = [f.result(timeout=30) for f in futures]
     assert [r.finish_reason for r in results] == [FinishReason.LENGTH, FinishReason.ABORT, FinishReason.LENGTH]
     assert len(results[0].token_ids) == len(results[2].token_ids) == 60 and len(results[1].token_ids) < 60
+    assert not fake.calls("/inference/v1/abort_requests")  # the server request goes on for the other samples
+
+
+def test_vllm_cancelling_one_request_of_a_batch_aborts_it_on_the_server(vllm):
+    fake, engine = vllm
+    requests = [GenerationRequest([p], SamplingParams(max_tokens=80, ignore_eos=True)) for p in (3, 4, 5)]
+    futures = engine.submit_many(requests)
+    wait_for(fake, BATCH_PATH)
+    time.sleep(0.05)
+    assert engine.cancel(requests[1].request_id)
+    cancelled = futures[1].result(timeout=30)
+    assert cancelled.finish_reason == FinishReason.ABORT and len(cancelled.token_ids) < 80
+    assert not futures[0].done()  # it ended before the batch did
+    assert {"request_ids": [requests[1].request_id]} in fake.calls("/inference/v1/abort_requests")
+    assert all(f.result(timeout=30).finish_reason == FinishReason.LENGTH for f in (futures[0], futures[2]))
 
 
 def test_vllm_a_batch_with_a_repeated_request_id_queues_none_of_it(vllm):
@@ -227,4 +323,4 @@ def test_vllm_a_batch_with_a_repeated_request_id_queues_none_of_it(vllm):
     again = GenerationRequest([7, 8], SamplingParams(max_tokens=3), request_id=first.request_id)
     with pytest.raises(InvalidArgument, match="already running"):
         engine.submit_many([first, GenerationRequest([9], SamplingParams(max_tokens=3)), again])
-    assert engine.status().running_requests == 0 and not fake.calls("/inference/v1/generate")
+    assert engine.status().running_requests == 0 and not fake.calls(BATCH_PATH)

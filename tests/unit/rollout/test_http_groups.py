@@ -25,3 +25,9 @@ def test_seeds_must_run_on_by_one_where_the_engine_honours_them():
     batch = [req([1], 10), req([1], 11), req([1], 13), req([1], 14), req([1]), req([1], 12)]
     assert sample_groups(batch, seeds_sent=True, limit=8) == [[0, 1], [2, 3], [4], [5]]  # one open group a key
     assert sample_groups(batch, seeds_sent=False, limit=8) == [[0, 1, 2, 3, 4, 5]]
+
+
+def test_greedy_samples_never_share_a_request():
+    """vLLM refuses n > 1 at temperature 0 (recorded: 'n must be 1 when using greedy sampling, got 3')."""
+    batch = [req([1], temperature=0.0)] * 3
+    assert sample_groups(batch, seeds_sent=False, limit=8) == [[0], [1], [2]]

@@ -13,14 +13,14 @@ from meshrl.rollout.types import GenerationRequest
 
 def sample_groups(requests: Sequence[GenerationRequest], *, seeds_sent: bool, limit: int) -> list[list[int]]:
     """The indices of `requests` in groups of at most `limit` that one request can serve, in order of first
-    appearance; a request that joins no other is a group of one. `seeds_sent`: the engine honours seeds, so a
+    appearance; a request that joins no other (a greedy one never does) is a group of one. `seeds_sent`: the engine honours seeds, so a
     group's seeds must be consecutive (or all unset)."""
     groups: list[list[int]] = []
     open_group: dict[tuple, list[int]] = {}
     for i, request in enumerate(requests):
         sampling = request.sampling
         key = (tuple(int(t) for t in request.prompt_ids), sampling.with_seed(None))
-        group = open_group.get(key)
+        group = open_group.get(key) if sampling.temperature > 0 else None  # vLLM refuses n > 1 when greedy
         if group is not None and len(group) < limit and _seed_follows(requests, group, sampling.seed, seeds_sent):
             group.append(i)
             continue

