@@ -34,6 +34,8 @@ def run_root(tmp_path):
         "weights/version": 2,
         "reward/zero_variance_groups": 0.875,
         "actor/entropy": 0.12,
+        "busy/trainer": 0.6,
+        "busy/rollout": 0.3,
     }
     (run / "metrics.jsonl").write_text(json.dumps(metrics) + "\n")
     (run / "eval.jsonl").write_text(json.dumps({"step": 0, "eval/accuracy": 0.25}) + "\n")
@@ -51,6 +53,8 @@ def test_state_of_a_running_run(run_root):
     assert state["weights"]["version"] == 2 and state["log"] == ["hello"]
     # a start RL cannot learn from shows from the first steps: groups of one reward, low entropy
     assert state["curves"]["zero_variance_groups"] == [0.875] and state["curves"]["entropy"] == [0.12]
+    # each side's busy share of the step, charted beside them
+    assert state["curves"]["trainer_busy"] == [0.6] and state["curves"]["rollout_busy"] == [0.3]
 
 
 def _get(url: str) -> tuple[int, dict | str]:

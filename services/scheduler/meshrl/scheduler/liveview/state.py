@@ -1,7 +1,8 @@
 """What the live view shows of one run, read from its run folder while the job writes it:
 the job state, each DAG node's state in the latest step (a waterfall of start and duration),
 the reward / accuracy / held-out curves, the share of groups whose samples all scored alike and the entropy of
-the sampled tokens (a start RL cannot learn from), and the weight version the replicas serve.
+the sampled tokens (a start RL cannot learn from), each side's busy share of every step (trainer and rollout:
+where the time goes, and what overlap could fill), and the weight version the replicas serve.
 Called by liveview.server for /api/runs/<name>; reads only files RunDir names.
 """
 
@@ -69,6 +70,9 @@ def run_state(run_dir: Path) -> dict:
             # what tells early that RL cannot learn from this start: groups with one reward, sure samples
             "zero_variance_groups": [m.get("reward/zero_variance_groups") for m in metrics],
             "entropy": [m.get("actor/entropy") for m in metrics],
+            # each side's busy share of the step (step/pacing/pipeline.py IdleMeter): the rest is idle
+            "trainer_busy": [m.get("busy/trainer") for m in metrics],
+            "rollout_busy": [m.get("busy/rollout") for m in metrics],
         },
         "eval": {"step": [e["step"] for e in evals], "accuracy": [e.get("eval/accuracy") for e in evals]},
         "weights": {"version": last.get("weights/version"), "stale_replicas": last.get("weights/stale_replicas")},

@@ -1,7 +1,8 @@
 """How the step loop runs a step's DAG in each `training.mode`: `SyncSteps` runs it whole; `AsyncSteps` runs
 only the consumer side, fed from the sample stream that a `Producer` thread fills ahead of it (the staleness
 filter drops groups more than eta versions old; they are counted). Both report the overlap per step: trainer-
-and rollout-idle fractions of the time since the previous step ended, the consumed groups' staleness histogram,
+and rollout-busy shares of the time since the previous step ended (`busy/trainer`,
+`busy/rollout`) and their idle fractions, the consumed groups' staleness histogram,
 dropped groups, the stream's length, and the rollout-vs-trainer log-prob gap per version lag.
 Built by `JobRunner.run_job` (meshrl.scheduler.step.job.runner) with `make_steps`.
 """
@@ -75,7 +76,10 @@ class StepSpans:
 
 
 class IdleMeter:
-    """Trainer- and rollout-idle fractions of the wall time since the previous step ended."""
+    """Each side's busy and idle share of the wall time since the previous step ended (an evaluation between two
+    steps counts in the next one's): `busy/trainer` is the trainer nodes' seconds over it, `busy/rollout`
+    the rollout's (the producer's generation, in the asynchronous modes, wherever it fell in that time), each at
+    most 1; the `async/*_idle_fraction`s are 1 minus them. Not under `time/`, whose keys are seconds."""
 
     def __init__(self) -> None:
         self.last = time.perf_counter()
@@ -85,9 +89,12 @@ class IdleMeter:
         now = time.perf_counter()
         wall, self.last = max(now - self.last, 1e-9), now
         rollout_busy, self.rollout_seen = rollout_total - self.rollout_seen, rollout_total
+        trainer_share, rollout_share = min(1.0, trainer_busy / wall), min(1.0, max(0.0, rollout_busy) / wall)
         return {
-            "async/trainer_idle_fraction": max(0.0, 1.0 - trainer_busy / wall),
-            "async/rollout_idle_fraction": max(0.0, 1.0 - rollout_busy / wall),
+            "busy/trainer": trainer_share,
+            "busy/rollout": rollout_share,
+            "async/trainer_idle_fraction": 1.0 - trainer_share,
+            "async/rollout_idle_fraction": 1.0 - rollout_share,
         }
 
 
