@@ -158,8 +158,9 @@ def _events(runs: Path) -> list[str]:
     return [json.loads(line).get("log", "") for line in lines if line.endswith("}")]
 
 
-def _planned_ranks(tmp_path: Path, world: int) -> list[tuple[str, str]]:
-    """(worker, node address) of ranks 0..world-1 as `meshrl plan --json` prints them for the job's inputs."""
+def _planned_ranks(tmp_path: Path, world: int, model: str = "actor") -> list[tuple[str, str]]:
+    """(worker, node address) of ranks 0..world-1 of `model` (the actor's: the trainer's ranks; the rollout's
+    first: replica 0) as `meshrl plan --json` prints them for the job's inputs."""
     args = [
         "dapo",
         "--config",
@@ -176,9 +177,9 @@ def _planned_ranks(tmp_path: Path, world: int) -> list[tuple[str, str]]:
     with open(printed, "w") as stdout:
         assert plan_main(args, stdout=stdout) == 0
     plan = json.loads(printed.read_text())
-    actor = next(m for m in plan["models"] if m["key"] == "actor")
+    planned = next(m for m in plan["models"] if m["key"] == model)
     per_node = plan["cluster"]["workers_per_node"]
-    return [(f"n{w // per_node}:{w % per_node}", (HEAD, WORKER)[w // per_node]) for w in actor["workers"][:world]]
+    return [(f"n{w // per_node}:{w % per_node}", (HEAD, WORKER)[w // per_node]) for w in planned["workers"][:world]]
 
 
 @pytest.mark.timeout(900)  # two jobs and three trainer groups: 68-316 s measured on a loaded 2-core host
@@ -262,9 +263,15 @@ def test_a_run_places_ranks_by_the_plan_and_recovers_a_lost_rank_and_a_lost_node
         )
     assert plans[0].startswith(f"plan: workflow 'dapo' on 2 node(s) x {CPUS_PER_NODE} CPU (n0={HEAD}, n1={WORKER})")
     assert [(r["worker"], r["node"]) for r in placed[0]] == _planned_ranks(tmp_path, 2)  # the plan is what runs
+    replicas = [json.loads(e[len("rollout replicas: ") :]) for e in logs if e.startswith("rollout replicas: ")]
+    assert [(r["worker"], r["node"]) for r in replicas[0]] == _planned_ranks(tmp_path, 1, "rollout")  # the replica too
     assert [r["rank"] for r in placed[0]] == [0, 1] and len({r["bundle"] for r in placed[0]}) == 2
     assert {r["node"] for r in placed[0]} == {r["node"] for r in placed[1]} == {WORKER}
-    assert lost[0].startswith("trainer rank 1 on 127.0.0.3 exited with signal SIGKILL")
+    # the watch reads the killed process's exit, or (once in 7 runs on a loaded host) Ray answers first that the
+    # actor waiting on it is unavailable: either way the rank is named lost and the job restarts
+    assert lost[0].startswith(
+        ("trainer rank 1 on 127.0.0.3 exited with signal SIGKILL", "trainer rank 1 on 127.0.0.3 lost its Ray actor")
+    ), lost
     assert plans[-1].startswith(f"plan: workflow 'dapo' on 1 node(s) x {CPUS_PER_NODE} CPU (n0={HEAD})")
     assert len(placed) == 3 and {r["node"] for r in placed[2]} == {HEAD}  # the new plan on the node left
     assert [r[: len("restart 1/2")] for r in restarts] == ["restart 1/2", "restart 2/2"]

@@ -10,7 +10,7 @@ from meshrl.scheduler.config import JobConfig
 from meshrl.scheduler.launch.trainer_group import TrainerGroup, group_args, local_ranks, rank_env
 from meshrl.scheduler.launch.trainer_layout import apply_trainer_layout
 from meshrl.scheduler.planning.apportion import ClusterSpec, PlanError, WorkerSlot
-from meshrl.scheduler.planning.launch_plan import plan_for_run, trainer_model, trainer_workers
+from meshrl.scheduler.planning.launch_plan import plan_for_run, replica_workers, trainer_model, trainer_workers
 from meshrl.scheduler.planning.plan_cli import plan_main
 from meshrl.scheduler.workflow import load_workflow
 
@@ -75,6 +75,30 @@ def test_trainer_ranks_take_the_actors_workers_in_rank_order():
     assert list(trainer_workers(plan, 2)) == sorted(trainer_workers(plan, 2))
     colocated = plan_for_run(_grpo(), ClusterSpec(2, 1, "CPU"), "colocated")
     assert trainer_workers(colocated, 2) == (WorkerSlot(0, 0, 0), WorkerSlot(1, 1, 0))  # one rank per node
+
+
+def test_replicas_take_the_first_worker_of_each_planned_rollout_replica_in_turn():
+    # GRPO on 2 x 4 CPUs, rollout engines of tensor parallel 2: the plan's rollout replicas are worker pairs
+    workflow = load_workflow("grpo", {})
+    for node in workflow.nodes:
+        if node.node_id == "rollout":
+            node.config["tensor_parallel_size"] = 2
+    plan = plan_for_run(workflow, ClusterSpec(2, 4, "CPU"), "disaggregated")
+    rollout = next(m for m in plan.models if m.key == "rollout")
+    leaders = [rollout.workers[i * 2] for i in range(rollout.data_parallel)]
+    assert rollout.unit == 2 and len(leaders) == rollout.data_parallel >= 1
+    assert replica_workers(plan, 3) == tuple(leaders[i % len(leaders)] for i in range(3))
+    assert not set(replica_workers(plan, 3)) & set(trainer_model(plan).workers)  # never on the trainer's workers
+
+
+def test_a_workflow_without_rollout_pins_no_replica(tmp_path):
+    (tmp_path / "wf.yaml").write_text(
+        "dag_id: sft_only\nnodes:\n"
+        "  - {node_id: data_load, node_type: DATA_LOAD, node_role: DATA}\n"
+        "  - {node_id: train, node_type: MODEL_TRAIN, node_role: ACTOR, dependencies: [data_load]}\n"
+    )
+    plan = plan_for_run(load_workflow(str(tmp_path / "wf.yaml"), {}), ClusterSpec(1, 2, "CPU"), "disaggregated")
+    assert replica_workers(plan, 2) == ()
 
 
 def test_a_plan_with_fewer_trainer_workers_than_ranks_is_refused_naming_both():

@@ -20,6 +20,7 @@ from meshrl.scheduler.launch.local_ray import init_local_ray
 from meshrl.scheduler.launch.placement import (
     BundleLocation,
     bundle_shares,
+    create_pinned_bundles,
     create_worker_bundles,
     launch_pinned,
     worker_bundle,
@@ -38,6 +39,8 @@ class ServiceSpec:
     cpus: float = 1.0
     gpus: float = 0.0
     share: str = ""  # instances with the same `share` are colocated: one bundle, its devices seen by each
+    pin: dict[str, float] = field(default_factory=dict)  # a node's own resource: its bundle on the planned node
+    worker: str = ""  # the plan's worker it was pinned for ("n0:1"), "" unplanned
 
 
 def child_env(extra: dict[str, str]) -> dict[str, str]:
@@ -179,7 +182,11 @@ class RayLauncher:
         for key, group in by_bundle.items():
             shared = key[0] == "share"
             bundle = worker_bundle(max(s.cpus for s in group), max(s.gpus for s in group))
-            bundles = create_worker_bundles(1 if shared else len(group), bundle, self.strategy, timeout_s=self.timeout)
+            if not shared and any(s.pin for s in group):  # where the plan put them: bundle i is instance i's
+                bundles = create_pinned_bundles([s.pin for s in group], bundle, self.strategy, timeout_s=self.timeout)
+            else:
+                count = 1 if shared else len(group)
+                bundles = create_worker_bundles(count, bundle, self.strategy, timeout_s=self.timeout)
             self.groups.append(bundles)
             cpus, gpus = bundle_shares(bundle, len(group)) if shared else (0.0, 0.0)
             for i, spec in enumerate(group):

@@ -33,6 +33,7 @@ from meshrl.scheduler.rundir import RunDir
 
 if TYPE_CHECKING:
     from meshrl.scheduler.launch.trainer_group import TrainerGroup
+    from meshrl.scheduler.launch.trainer_plan import PlannedRanks
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +141,8 @@ class JobServices:
     on_event: Callable[[str], None] | None = None  # told (a sentence) where a trainer group's ranks run
     trainer_group: TrainerGroup | None = None
     cpu_sets: CpuSets | None = None  # the cores of each launched service under services.cpu_placement
+    planned: PlannedRanks | None = None  # the plan a trainer group and the replicas follow (trainer.launch: group)
+    _workers: dict[str, str] = field(default_factory=dict)  # launched replica -> its plan worker
     exits: dict[str, int] = field(default_factory=dict)  # name -> return code of launched services that died
     _next_replica: int = 0
     _watch: ExitWatch | None = None
@@ -174,15 +177,20 @@ class JobServices:
         if self.cfg.trainer.address is None and not grouped:
             trainer = trainer_spec(self.cfg, self.run, "trainer", buffer_address, self.model_path, self.extra_roots)
             specs.append(self._placed(replace(trainer, share=colocation(self.cfg))))
+        # Ray up before the plan reads its nodes and the group's thread uses it
+        launcher = self._launcher() if specs or grouped or self.cfg.rollout.replicas else None
+        if grouped and self.workflow is not None:
+            self.planned = self._plan()
         for _ in range(self.cfg.rollout.replicas):
             specs.append(self._new_replica_spec(buffer_address))
-        launcher = self._launcher() if specs or grouped else None  # Ray up before the group's thread uses it
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="meshrl-group") as pool:
             group = pool.submit(self._open_trainer_group, buffer_address) if grouped else None
             started = launcher.start(specs) if specs else {}
             if group is not None:
                 started["trainer"] = group.result()
         self.addresses.update(started)
+        if self.planned is not None:
+            self._event(f"rollout replicas: {json.dumps(self._replica_rows(started))}")
         trainer_address = self.cfg.trainer.address or started["trainer"]
         self.addresses["trainer"] = trainer_address
         self.trainer = TrainerClient(trainer_address, self.cfg.trainer.request_timeout_seconds, channels.trainer)
@@ -206,20 +214,40 @@ class JobServices:
             self._watch = ExitWatch(self.launcher, self._exited).start()
         return self
 
+    def _plan(self) -> PlannedRanks:
+        """The plan this run launches on the Ray cluster's alive nodes (`meshrl plan` with the same inputs)."""
+        from meshrl.scheduler.launch.trainer_plan import plan_trainer_ranks
+
+        t = self.cfg.trainer
+        world = t.data_parallel * t.tensor_parallel * t.pipeline_parallel
+        planned = plan_trainer_ranks(self.workflow, self.cfg.services.placement, world, "GPU" if t.gpus else "CPU")
+        self._event(planned.describe())
+        return planned
+
+    def _replica_rows(self, started: dict[str, str]) -> list[dict]:
+        """Each launched replica's plan worker and where Ray put it (the event beside `trainer ranks`)."""
+        bundles = getattr(self.launcher, "bundles", {})
+        return [
+            {
+                "name": n,
+                "worker": self._workers.get(n, ""),
+                "node": bundles[n][1].node_ip,
+                "bundle": bundles[n][1].bundle_index,
+            }
+            for n in started
+            if n.startswith("rollout-") and n in bundles
+        ]
+
     def _open_trainer_group(self, buffer_address: str) -> str:
         """The trainer as a group of Ray actors, one per rank, each on the bundle of its planned worker (no
         workflow: bundles placed by services.placement_strategy); returns rank 0's address."""
         from meshrl.scheduler.launch.placement import worker_bundle
         from meshrl.scheduler.launch.trainer_group import TrainerGroup
-        from meshrl.scheduler.launch.trainer_plan import plan_trainer_ranks
 
         cfg, t = self.cfg, self.cfg.trainer
         world = t.data_parallel * t.tensor_parallel * t.pipeline_parallel
         gpus = t.gpus / world
-        planned = None
-        if self.workflow is not None:
-            planned = plan_trainer_ranks(self.workflow, cfg.services.placement, world, "GPU" if gpus else "CPU")
-            self._event(planned.describe())
+        planned = self.planned
         spec = trainer_spec(cfg, self.run, "trainer", buffer_address, self.model_path, self.extra_roots)
         self.trainer_group = TrainerGroup(
             spec.args,
@@ -278,9 +306,15 @@ class JobServices:
         return ReplicaRegistry(reg.redis_url, namespace=reg.namespace, token=token)
 
     def _new_replica_spec(self, buffer_address: str) -> ServiceSpec:
-        name = f"rollout-{self._next_replica}"
+        """The next replica's spec, pinned to its plan worker's node when the run follows a plan."""
+        index, name = self._next_replica, f"rollout-{self._next_replica}"
         self._next_replica += 1
-        return self._placed(rollout_spec(self.cfg, self.run, name, buffer_address, self.model_path, self.extra_roots))
+        spec = rollout_spec(self.cfg, self.run, name, buffer_address, self.model_path, self.extra_roots)
+        pins = self.planned.replica_pins(index + 1) if self.planned is not None else []
+        if pins:
+            self._workers[name], pin = pins[index]
+            spec = replace(spec, pin=pin, worker=self._workers[name])
+        return self._placed(spec)
 
     def _placed(self, spec: ServiceSpec) -> ServiceSpec:
         """The spec on its own cores under services.cpu_placement (launch/cpu_placement.py), else as it is."""
@@ -311,7 +345,8 @@ class JobServices:
         """Where each launched service runs now (launch/whereabouts.py): rows of the Placement message."""
         ranks = self.trainer_group.placements if self.trainer_group is not None else ()
         replicas = self.fleet.addresses() if self.fleet is not None else ()
-        return whereabouts(dict(self.addresses), getattr(self.launcher, "bundles", {}), ranks, replicas)
+        bundles = getattr(self.launcher, "bundles", {})
+        return whereabouts(dict(self.addresses), bundles, ranks, replicas, dict(self._workers))
 
     def shared_bundle(self) -> str:
         """Where colocated services run: each one's placement group, bundle index and GPU ids (Ray launcher)."""

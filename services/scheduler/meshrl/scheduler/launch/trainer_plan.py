@@ -1,6 +1,7 @@
-"""Where the plan puts the trainer's ranks on the Ray cluster the job runs on: plan node i is the i-th alive Ray
-node by address (`placement.cluster_nodes`, the nodes `meshrl plan --nodes` counts), and rank r's bundle is
-pinned to the node of its planned worker (`launch_plan.trainer_workers`).
+"""Where the plan puts the trainer's ranks and the rollout replicas on the Ray cluster the job runs on: plan node
+i is the i-th alive Ray node by address (`placement.cluster_nodes`, the nodes `meshrl plan --nodes` counts),
+and rank r's bundle is pinned to the node of its planned worker (`launch_plan.trainer_workers`), replica i's
+to the node of its rollout worker (`launch_plan.replica_workers`).
 
 Called by `launch.services.JobServices` before it creates the trainer group (`trainer_group.py`). Ray must be
 initialised.
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from meshrl.common.errors import FailedPrecondition
 from meshrl.scheduler.launch.placement import ClusterNode, cluster_nodes
 from meshrl.scheduler.planning.apportion import ClusterSpec, WorkerSlot
-from meshrl.scheduler.planning.launch_plan import plan_for_run, trainer_model, trainer_workers
+from meshrl.scheduler.planning.launch_plan import plan_for_run, replica_workers, trainer_model, trainer_workers
 from meshrl.scheduler.planning.plan_types import Plan
 
 
@@ -27,6 +28,10 @@ class PlannedRanks:
 
     def pins(self) -> list[dict[str, float]]:
         return [self.nodes[w.node].pin() for w in self.workers]
+
+    def replica_pins(self, count: int) -> list[tuple[str, dict[str, float]]]:
+        """(plan worker, pin) of each of `count` rollout replicas; empty when the plan has no rollout model."""
+        return [(str(w), self.nodes[w.node].pin()) for w in replica_workers(self.plan, count)]
 
     def labels(self) -> list[str]:
         return [str(w) for w in self.workers]

@@ -18,11 +18,14 @@ def whereabouts(
     bundles: Mapping[str, tuple[str, Any]],
     ranks: Sequence[Any] = (),
     replicas: Sequence[str] = (),
+    workers: Mapping[str, str] | None = None,
 ) -> list[dict]:
     """One row per instance, in the order the job started them, with the Placement message's fields.
     `addresses`: instance name -> gRPC address; `bundles`: name -> (placement group id, BundleLocation) for
     the instances Ray placed; `ranks`: a trainer group's RankPlacements (they replace the trainer's row);
-    `replicas`: the fleet's replica addresses (those that joined through the registry are only there)."""
+    `replicas`: the fleet's replica addresses (those that joined through the registry are only there);
+    `workers`: name -> the plan worker a launched instance was pinned for."""
+    workers = workers or {}
     known = set(addresses.values())
     addresses = {**addresses, **{f"rollout@{a}": a for a in replicas if a not in known}}
     rows = []
@@ -42,7 +45,14 @@ def whereabouts(
                 for r in ranks
             )
             continue
-        row = {"service": service, "rank": 0, "address": address, "worker": "", "node": "", "bundle": -1}
+        row = {
+            "service": service,
+            "rank": 0,
+            "address": address,
+            "worker": workers.get(name, ""),
+            "node": "",
+            "bundle": -1,
+        }
         if name in bundles:
             _, location = bundles[name]
             row.update(node=location.node_ip, bundle=location.bundle_index, devices=list(location.gpu_ids))

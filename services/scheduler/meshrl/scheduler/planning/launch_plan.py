@@ -4,8 +4,9 @@ its first trainer model when it trains no actor).
 
 Called by `launch.services.JobServices` when the trainer's ranks are Ray actors (`trainer.launch: group`).
 The trainer service hosts every trainer model of the job (actor, reference, critic) in one world of
-data x tensor x pipeline parallel ranks, so the actor's workers are the ones its ranks take; the plan's
-separate workers for a reference on a parallel branch are not launched apart from it (yet).
+data x tensor x pipeline parallel ranks, and the plan gives every trainer model of an agent the same workers;
+its ranks take the actor's. Rollout replica i goes to the first worker of the rollout engine's replica
+i modulo the plan's count (`replica_workers`).
 """
 
 from __future__ import annotations
@@ -45,3 +46,14 @@ def trainer_workers(plan: Plan, world: int) -> tuple[WorkerSlot, ...]:
             "cluster, or lower the trainer's parallelism"
         )
     return model.workers[:world]
+
+
+def replica_workers(plan: Plan, count: int) -> tuple[WorkerSlot, ...]:
+    """The worker each of `count` launched rollout replicas goes to: the first worker of the plan's rollout
+    replica i modulo their number (the job's `rollout.replicas` may differ from the plan's count). Empty when
+    the workflow has no rollout model."""
+    model = next((m for m in plan.models if m.role == NodeRole.ROLLOUT), None)
+    if model is None or not model.workers:
+        return ()
+    leaders = [model.workers[i * model.unit] for i in range(model.data_parallel)]
+    return tuple(leaders[i % len(leaders)] for i in range(count))
