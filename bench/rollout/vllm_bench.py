@@ -3,10 +3,13 @@ measured side by side in one run on the same prompts and model (issue 38's figur
 
 1. Generated tokens/s: vLLM's offline `LLM.generate` (a subprocess in the vLLM environment), meshrl's
    vLLM adapter (a launched vLLM server driven over HTTP, what a rollout replica runs: a batch goes as one call
-   to meshrl's batch route), the same adapter streaming each request on its own (`/inference/v1/generate`, what
-   a server without meshrl's endpoint plugin gets), and the transformers engine in this process. Ratios:
-   adapter / offline (the adapter's overhead, target >= 0.9) and vLLM adapter / transformers engine. Every request generates exactly --max-tokens tokens (ignore_eos). Two
-   batch shapes: --prompts distinct prompts, and RL's shape (--prompts / --samples prompts, --samples each).
+   to meshrl's batch route), the same adapter streaming each request on its own (`/inference/v1/generate`,
+   what a server without meshrl's endpoint plugin gets), and the transformers engine in this process. Ratios:
+   adapter / offline (the adapter's overhead, target >= 0.9) and vLLM adapter / transformers engine. Every
+   request generates exactly --max-tokens tokens (ignore_eos). Two batch shapes: --prompts distinct prompts,
+   and RL's shape (--prompts / --samples prompts, --samples each). Offline and adapter runs alternate (the
+   offline engine stays loaded in its own process), so the load of a shared host falls on both alike; ratios
+   are of each adapter run to the offline run beside it.
 2. A whole RL step (--rl-steps > 0): the default example for --rl-steps steps on each engine
    (examples/countdown with examples/countdown/vllm.yaml's model, heads of 32, for both), median step time.
 
@@ -52,9 +55,10 @@ def prompts(count: int, seed: int = 0) -> list[list[int]]:
     return [rng.integers(0, 250, size=int(rng.integers(8, 24))).tolist() for _ in range(count)]
 
 
-def engine_rate(engine, batch: list[list[int]], max_tokens: int, repeats: int) -> float:
+def engine_rate(engine, batch: list[list[int]], max_tokens: int, repeats: int, warm: bool = True) -> float:
     sampling = SamplingParams(temperature=1.0, max_tokens=max_tokens, ignore_eos=True)
-    engine.generate([GenerationRequest(p, sampling) for p in batch[:4]], timeout=600)  # warm
+    if warm:
+        engine.generate([GenerationRequest(p, sampling) for p in batch[:4]], timeout=600)
     rates = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -63,15 +67,48 @@ def engine_rate(engine, batch: list[list[int]], max_tokens: int, repeats: int) -
     return statistics.median(rates)
 
 
-def offline_rate(python: str, model: Path, batch, max_tokens: int, repeats: int, work: Path) -> float:
-    prompt_file = work / "prompts.json"
-    prompt_file.write_text(json.dumps(batch))
-    cmd = [python, str(HERE / "vllm_offline.py"), str(model), str(prompt_file), str(max_tokens), str(repeats)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    if out.returncode != 0:
-        sys.exit(f"vLLM's offline engine failed:\n{out.stderr[-3000:]}")
-    result = json.loads(next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))[7:])
-    return result["tokens"] / statistics.median(result["seconds"])
+class Offline:
+    """vllm_offline.py kept running in the vLLM environment: one `LLM.generate` of a shape per call."""
+
+    def __init__(self, python: str, model: Path, shapes: dict[str, list[list[int]]], max_tokens: int, work: Path):
+        prompt_file, self.log = work / "prompts.json", work / "offline.log"
+        prompt_file.write_text(json.dumps(shapes))
+        cmd = [python, str(HERE / "vllm_offline.py"), str(model), str(prompt_file), str(max_tokens)]
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
+        self._line("READY")
+
+    def _line(self, prefix: str) -> str:
+        for line in self.proc.stdout:
+            if line.startswith(prefix):
+                return line[len(prefix) :]
+        sys.exit(f"vLLM's offline engine failed:\n{self.log.read_text(errors='replace')[-3000:]}")
+
+    def rate(self, shape: str) -> float:
+        self.proc.stdin.write(shape + "\n")
+        self.proc.stdin.flush()
+        result = json.loads(self._line("RESULT "))
+        return result["tokens"] / result["seconds"]
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(60)
+
+
+def adapter_rate(adapter: VLLMEngine, batch: list[list[int]], max_tokens: int, batch_route: bool) -> float:
+    """One batch through the adapter: one call to meshrl's batch route, or (False) a stream per request."""
+    route = adapter.batch_path()
+    adapter._batch_path = route if batch_route else None  # as on a server without meshrl's endpoint plugin
+    try:
+        return engine_rate(adapter, batch, max_tokens, repeats=1, warm=False)
+    finally:
+        adapter._batch_path = route
+
+
+def paired(rates: dict[str, list[float]], name: str) -> str:
+    """Median tokens/s of `name`, and its ratio to the offline run beside it (median and range over runs)."""
+    ratios = [a / b for a, b in zip(rates[name], rates["offline"], strict=True)]
+    return f"{statistics.median(rates[name]):9.0f}   / offline = {statistics.median(ratios):.2f} (runs {min(ratios):.2f}-{max(ratios):.2f})"
 
 
 def rl_step_seconds(engine: str, steps: int, work: Path, python: str) -> float:
@@ -103,40 +140,43 @@ def main() -> None:
         f"{args.prompts} distinct prompts": prompts(args.prompts),
         f"{groups} prompts x {args.samples} samples": [p for p in prompts(groups) for _ in range(args.samples)],
     }
-    rates: dict[str, dict[str, float]] = {name: {} for name in shapes}
+    runs: dict[str, dict[str, list[float]]] = {name: {"offline": [], "adapter": [], "alone": []} for name in shapes}
+    local: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="meshrl-bench-vllm-") as tmp:
         work = Path(tmp)
         model = build_small_model(work / "model", hidden_size=64, num_heads=2, num_kv_heads=1, seed=0)
-        for name, batch in shapes.items():
-            rates[name]["offline"] = offline_rate(python, model, batch, args.max_tokens, args.repeats, work)
+        offline = Offline(python, model, shapes, args.max_tokens, work)
         section = {"python": python, "extra_args": {"dtype": "float32"}, "log_file": str(work / "vllm.log")}
         config = EngineConfig(kind="vllm", model_path=str(model), max_batch_size=args.prompts, vllm=section)
         adapter = VLLMEngine(config)
         try:
-            for name, batch in shapes.items():
-                rates[name]["adapter"] = engine_rate(adapter, batch, args.max_tokens, args.repeats)
-            adapter._batch_path = None  # each request streamed on its own, as without meshrl's batch route
-            for name, batch in shapes.items():
-                rates[name]["per-request"] = engine_rate(adapter, batch, args.max_tokens, args.repeats)
+            for batch in shapes.values():
+                for batch_route in (True, False):
+                    adapter_rate(adapter, batch[:4], args.max_tokens, batch_route)  # warm
+            for _ in range(args.repeats):  # alternating, so a shared host's load falls on all alike
+                for name, batch in shapes.items():
+                    runs[name]["offline"].append(offline.rate(name))
+                    runs[name]["adapter"].append(adapter_rate(adapter, batch, args.max_tokens, True))
+                    runs[name]["alone"].append(adapter_rate(adapter, batch, args.max_tokens, False))
         finally:
             adapter.shutdown()
+            offline.close()
         if not args.no_transformers:
             hf = TransformersEngine(EngineConfig(model_path=str(model), max_batch_size=args.prompts))
             try:
                 for name, batch in shapes.items():
-                    rates[name]["transformers"] = engine_rate(hf, batch, args.max_tokens, args.repeats)
+                    local[name] = engine_rate(hf, batch, args.max_tokens, args.repeats)
             finally:
                 hf.shutdown()
-        for name, rate in rates.items():
-            served, offline, alone = rate["adapter"], rate["offline"], rate["per-request"]
-            print(f"{name} x {args.max_tokens} tokens, median of {args.repeats}; tokens/s:")
-            print(f"  vLLM offline LLM.generate   {offline:9.0f}")
-            print(f"  meshrl vLLM adapter         {served:9.0f}   adapter / offline = {served / offline:.2f}")
-            print(f"    one stream per request    {alone:9.0f}   / offline = {alone / offline:.2f}")
-            if "transformers" in rate:
-                local = rate["transformers"]
+        for name, rates in runs.items():
+            served = statistics.median(rates["adapter"])
+            print(f"{name} x {args.max_tokens} tokens, {args.repeats} runs of each, alternating; tokens/s (median):")
+            print(f"  vLLM offline LLM.generate   {statistics.median(rates['offline']):9.0f}")
+            print(f"  meshrl vLLM adapter         {paired(rates, 'adapter')}")
+            print(f"    a stream per request      {paired(rates, 'alone')}")
+            if name in local:
                 print(
-                    f"  transformers engine         {local:9.0f}   vLLM adapter / transformers = {served / local:.2f}"
+                    f"  transformers engine         {local[name]:9.0f}   vLLM adapter / transformers = {served / local[name]:.2f}"
                 )
         if args.rl_steps:
             runs = ROOT / "runs" / f"bench-vllm-{os.getpid()}"  # under the repository's run root

@@ -7,7 +7,8 @@ token k of a response to prompt p is (sum(p) + k) % 200 with log-prob -0.01 * (k
 SGLang's incremental streaming sends output_ids as deltas and output_token_logprobs cumulatively. The
 distributed-update endpoints are real: the fake SGLang joins the trainer's group the way SGLang's TP
 worker does (tcp rendezvous, group-name prefix, torch's group helper) and receives into live tensors.
-The fake vLLM replays replies recorded from a real vLLM 0.32 server, for what the CPU build cannot show.
+The fake vLLM replays replies recorded from a real vLLM 0.32 server, for what the CPU build cannot show, and
+with `plugin` (the default) meshrl's batch route as recorded from the same server.
 """
 
 from __future__ import annotations

