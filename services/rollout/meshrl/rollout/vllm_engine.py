@@ -89,6 +89,9 @@ class VLLMEngine(WeightRelay, HTTPEngine):
         extra.setdefault("tensor_parallel_size", self.section.tensor_parallel_size)
         extra.setdefault("data_parallel_size", self.section.data_parallel_size)
         extra.setdefault("enable_scale_out", True)  # /inference/v1/generate
+        # meshrl reads a replica's figures from the adapter, not from vLLM's Prometheus metrics, whose per-step
+        # bookkeeping took ~20% of the API server's CPU (py-spy); vLLM's offline engine has it off by default
+        extra.setdefault("disable_log_stats", True)
         env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_PLUGINS": with_plugin(self.section.env.get("VLLM_PLUGINS"))}
         if group_secret():
             env[SECRET_ENV] = group_secret()  # the worker extension seals its weight groups with it
