@@ -1,15 +1,17 @@
-"""Synchronous vs. asynchronous training on the default example, side by side in one run (issue 16).
+"""Synchronous vs. asynchronous training on an example, side by side in one run (issues 16 and 43).
 
-Runs examples/countdown (its config and workflow: model, data, warm-up, recipe) once per mode, one after the
-other in this process through the real services: `sync`, `one_step_off`, `async` with max_staleness 1 and 2
-(same seeds); `--modes` may also name `async_eta0`, the asynchronous machinery (producer thread, sample stream,
-in-train pi_old, TIS/MIS) on samples of the current weights, which tells what the machinery costs apart from
-staleness. For each it prints wall-clock from the start of RL (the step-0 evaluation's end) to the first
-held-out evaluation at or above the accuracy `sync` ends at, the ratio of that time to sync's, the mean
-trainer- and rollout-idle fractions per step, the consumed samples' staleness, the final held-out
-accuracy, and how busy the host's CPUs were over the RL phase ("host busy", host_cpu.py): overlap can only fill
-cores a sync step leaves idle, so sync's figure bounds what any asynchronous mode can gain on this host. Target (issue 16): the best asynchronous mode reaches sync's final accuracy in <= 0.7x sync's time
-and ends no lower than sync - 0.05.
+Runs an example (`--example`: countdown, the default, or sorting, whose responses are 3-4x longer; its config
+and workflow) once per mode, one after the other in this process through the real services: `sync`,
+`one_step_off`, `async` with max_staleness 1 and 2 (same seeds); `--modes` may also name `async_eta0`, the
+asynchronous machinery (producer, stream, in-train pi_old, TIS/MIS) on samples of the current weights: what the
+machinery costs apart from staleness. `--disaggregated` gives the trainer and the rollout replica a core each
+(services.cpu_placement shares 1:1, docs/modes.md). For each mode it prints wall-clock from the start of RL (the
+step-0 evaluation's end) to the first held-out evaluation at or above the accuracy `sync` ends at, its ratio to
+sync's, the mean trainer- and rollout-idle fractions per step (1 - busy/trainer, 1 - busy/rollout; a step whose
+wall holds an evaluation is left out), the consumed samples' staleness, the final held-out accuracy, the load
+average when the mode started and ended, and how busy the host's CPUs were over the RL phase ("host busy",
+host_cpu.py). Target (issues 16, 43): the best asynchronous mode reaches sync's final accuracy in <= 0.7x sync's
+time and ends no lower than sync - 0.05.
 
 With `--seeds 0,1,2` every mode runs once per seed (job.seed and data.shuffle_seed; the model and data stay
 the same) and each seed's asynchronous runs are compared with that seed's sync run; the summary gives each
@@ -20,19 +22,19 @@ the rollout-vs-pi_old log-prob gap of tokens 0, 1 and 2 versions old (the drift 
 weight, the masked and clipped token fractions, the ratio pi / pi_old and the grad norm (sync, whose pi_old is
 the rollout's own, reports only the last three).
 
-Run: `.venv/bin/python bench/async/run.py [--steps 60] [--eval-every 5] [--prompts 128] [--seeds 0] [--tis-cap C]
-[--mis-cap M] [--trainer-threads N] [--use-ray] [--workflow W] [--set KEY=VALUE ...] [--async-set KEY=VALUE ...]
-[--out FILE] [--sync-from FILE]`
-(from the repository root; the example's model and data are built under runs/ on first use); --set applies to
-every mode, --async-set to the asynchronous ones only (sync keeps the example's recipe), and --sync-from FILE
-takes sync's runs from an earlier --out file instead of running them again. Each mode
-costs about what `make run` costs (minutes on 2 cores); --steps and --prompts shrink it.
+Run (from the repository root; the example's model and data are built under runs/ on first use):
+`.venv/bin/python bench/async/run.py [--example countdown|sorting] [--disaggregated] [--steps N] [--eval-every 5]
+[--prompts N] [--seeds 0] [--modes ...] [--tis-cap C] [--mis-cap M] [--trainer-threads N] [--use-ray]
+[--workflow W] [--set KEY=VALUE ...] [--async-set KEY=VALUE ...] [--out FILE] [--sync-from FILE]`; --set applies
+to every mode, --async-set to the asynchronous ones only, and --sync-from FILE takes sync's runs from an earlier
+--out file. Each mode costs about what `meshrl run` of the example costs (minutes on 2 cores).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -50,22 +52,26 @@ from meshrl.api.scheduler.v1 import scheduler_pb2 as spb  # noqa: E402
 from meshrl.scheduler.jobs import JobManager  # noqa: E402
 from meshrl.scheduler.step.pacing.modes import node_kinds  # noqa: E402
 
-EXAMPLE = ROOT / "examples" / "countdown"
+EXAMPLES = ("countdown", "sorting")
 MODES = {
     "sync": {"mode": "sync"},
     "one_step_off": {"mode": "one_step_off"},
     "async_eta1": {"mode": "async", "max_staleness": 1},
     "async_eta2": {"mode": "async", "max_staleness": 2},
-    # not in the default --modes: the asynchronous pipeline and loss (producer thread, stream, in-train pi_old,
-    # TIS/MIS) on samples of the current weights, i.e. sync's order: what the machinery costs without staleness
     "async_eta0": {"mode": "async", "max_staleness": 0},
 }
-DEFAULT_MODES = ("sync", "one_step_off", "async_eta1", "async_eta2")
+DEFAULT_MODES = ("sync", "one_step_off", "async_eta1", "async_eta2")  # async_eta0 only when named (docstring)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=60, help="RL steps per mode (the example's 60)")
+    p.add_argument("--example", choices=EXAMPLES, default="countdown", help="which example under examples/")
+    p.add_argument(
+        "--disaggregated",
+        action="store_true",
+        help="services.cpu_placement trainer_share 1, rollout_share 1: each side on cores of its own",
+    )
+    p.add_argument("--steps", type=int, default=0, help="RL steps per mode (0: the example's)")
     p.add_argument("--eval-every", type=int, default=5, help="held-out evaluation every K steps")
     p.add_argument("--prompts", type=int, default=0, help="prompts per step (0: the example's)")
     p.add_argument("--warmup-steps", type=int, default=-1, help="supervised warm-up steps (-1: the example's)")
@@ -95,7 +101,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="training.split_threads false for every mode (the trainer uses every core in the async modes too)",
     )
     p.add_argument("--use-ray", action="store_true", help="services as Ray actors (default: plain processes)")
-    p.add_argument("--workflow", default=str(EXAMPLE / "workflow.yaml"), help="the step's DAG (default: the example's)")
+    p.add_argument("--workflow", default="", help="the step's DAG (default: the example's workflow.yaml)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a job-config override, every mode")
     p.add_argument(
         "--async-set",
@@ -116,14 +122,18 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def job_yaml(a: argparse.Namespace, mode: str, run_root: Path, seed: int = 0) -> str:
-    cfg = yaml.safe_load((EXAMPLE / "config.yaml").read_text())
-    cfg["job"].update(name=f"bench-{mode.replace('_', '-')}-s{seed}", steps=a.steps, run_root=str(run_root), seed=seed)
+    cfg = yaml.safe_load((example_dir(a) / "config.yaml").read_text())
+    cfg["job"].update(name=f"bench-{mode.replace('_', '-')}-s{seed}", run_root=str(run_root), seed=seed)
+    if a.steps:
+        cfg["job"]["steps"] = a.steps
     cfg["data"]["shuffle_seed"] = seed
     for section, field in (("model", "path"), ("data", "train"), ("data", "eval")):
         cfg[section][field] = str(ROOT / cfg[section][field])  # shared by every mode: built once
     cfg["eval"]["every"] = a.eval_every
     cfg["checkpoint"] = {"every": 0}
     cfg["services"] = {**cfg.get("services", {}), "use_ray": a.use_ray}
+    if a.disaggregated:
+        cfg["services"]["cpu_placement"] = {"trainer_share": 1, "rollout_share": 1}
     cfg["training"] = dict(MODES[mode])
     if a.no_split_threads:
         cfg["training"]["split_threads"] = False
@@ -139,6 +149,10 @@ def job_yaml(a: argparse.Namespace, mode: str, run_root: Path, seed: int = 0) ->
     return yaml.safe_dump(cfg)
 
 
+def example_dir(a: argparse.Namespace) -> Path:
+    return ROOT / "examples" / a.example
+
+
 def overrides_for(a: argparse.Namespace, mode: str) -> list[str]:
     """The job-config overrides of `mode`: --set for every mode, --async-set for the asynchronous ones."""
     return list(a.set) + (list(a.async_set) if MODES[mode]["mode"] != "sync" else [])
@@ -146,10 +160,12 @@ def overrides_for(a: argparse.Namespace, mode: str) -> list[str]:
 
 def run_mode(a: argparse.Namespace, mode: str, run_root: Path, seed: int = 0) -> dict:
     jobs = JobManager()
-    workflow = Path(a.workflow).read_text()
+    workflow = Path(a.workflow or example_dir(a) / "workflow.yaml").read_text()
     record = jobs.create(workflow, job_yaml(a, mode, run_root, seed), overrides_for(a, mode))
+    load_start = os.getloadavg()[0]
     with HostCpu() as cpu:
         jobs.run(record)
+    load_end = os.getloadavg()[0]
     if record.state != spb.JOB_STATE_SUCCEEDED:
         raise SystemExit(f"{mode}: the job ended {spb.JobState.Name(record.state)}: {record.error}")
     evals = []  # (step, accuracy, wall time of the evaluation's end)
@@ -165,8 +181,9 @@ def run_mode(a: argparse.Namespace, mode: str, run_root: Path, seed: int = 0) ->
         "final": evals[-1][1],
         "rl_seconds": evals[-1][2] - evals[0][2],
         "host_busy": cpu.busy(evals[0][2], evals[-1][2]),
-        "trainer_idle": statistics.mean(m["async/trainer_idle_fraction"] for m in steps),
-        "rollout_idle": statistics.mean(m["async/rollout_idle_fraction"] for m in steps),
+        "trainer_idle": statistics.mean(m["async/trainer_idle_fraction"] for m in between_evals(steps)),
+        "rollout_idle": statistics.mean(m["async/rollout_idle_fraction"] for m in between_evals(steps)),
+        "load": (load_start, load_end),
         "step_seconds": statistics.median(m["time/step"] for m in steps),
         "staleness": staleness,
         "dropped": sum(m.get("async/dropped_groups", 0.0) for m in steps),
@@ -177,6 +194,12 @@ def run_mode(a: argparse.Namespace, mode: str, run_root: Path, seed: int = 0) ->
         "off_policy": off_policy_figures(steps),
         "rewards": [m.get("reward/mean") for m in steps],  # the training reward per step (producer's, async)
     }
+
+
+def between_evals(steps: list[dict]) -> list[dict]:
+    """The steps whose wall holds no evaluation (the one after an evaluating step counts it in its idle time)."""
+    kept = [m for prev, m in zip([{}, *steps], steps) if "eval/accuracy" not in prev]
+    return kept or steps
 
 
 # per-step metrics of the off-policy correction: (printed name, metric key)
@@ -245,11 +268,15 @@ def print_table(a: argparse.Namespace, results: dict[str, dict], seed: int) -> d
     target = results["sync"]["final"]
     base = seconds_to(results["sync"], target)
     print(
-        f"\nseed {seed}: {a.steps} RL steps per mode, evaluation every {a.eval_every}; "
+        f"\nseed {seed}: {a.example}, {a.steps or 'the config'} RL steps per mode, evaluation every "
+        f"{a.eval_every}{', disaggregated (a core each)' if a.disaggregated else ''}; "
         f"target: sync's final accuracy {target:.3f}"
     )
     head = f"{'mode':<14}{'to target s':>12}{'x sync':>8}{'RL s':>8}{'step s':>8}{'host busy':>11}{'trainer idle':>14}"
-    print(head + f"{'rollout idle':>14}{'final acc':>11}  staleness (groups by lag), dropped, stream max / bound")
+    print(
+        head + f"{'rollout idle':>14}{'final acc':>11}{'load':>12}  staleness (groups by lag), dropped, "
+        "stream max / bound"
+    )
     summary = {}
     for mode, r in results.items():
         t = seconds_to(r, target)
@@ -258,7 +285,7 @@ def print_table(a: argparse.Namespace, results: dict[str, dict], seed: int) -> d
             f"{mode:<14}{(f'{t:.1f}' if t is not None else 'never'):>12}{(f'{ratio:.2f}' if ratio else '-'):>8}"
             f"{r['rl_seconds']:>8.1f}{r['step_seconds']:>8.2f}{busy_text(r['host_busy']):>11}"
             f"{r['trainer_idle']:>14.2f}{r['rollout_idle']:>14.2f}"
-            f"{r['final']:>11.3f}  {r['staleness'] or '-'}, {r['dropped']:.0f}, {r['stream_max']:.0f} / "
+            f"{r['final']:>11.3f}{load_text(r.get('load')):>12}  {r['staleness'] or '-'}, {r['dropped']:.0f}, {r['stream_max']:.0f} / "
             f"{r['stream_bound']:.0f}"
         )
         summary[mode] = {
@@ -282,6 +309,11 @@ def print_table(a: argparse.Namespace, results: dict[str, dict], seed: int) -> d
 
 def figure(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"
+
+
+def load_text(load: list[float] | None) -> str:
+    """The 1-minute load average when the mode started and when it ended."""
+    return "-" if not load else f"{load[0]:.1f}-{load[1]:.1f}"
 
 
 def busy_text(busy: float | None) -> str:

@@ -53,3 +53,17 @@ def test_async_eta0_runs_the_asynchronous_machinery_on_current_weights_only_when
     assert "async_eta0" not in a.modes.split(",")
     training = yaml.safe_load(run.job_yaml(a, "async_eta0", tmp_path, seed=1))["training"]
     assert training == {"mode": "async", "max_staleness": 0}
+
+
+def test_the_sorting_example_in_the_disaggregated_placement(tmp_path):
+    a = run.parse_args(["--example", "sorting", "--disaggregated"])
+    cfg = yaml.safe_load(run.job_yaml(a, "one_step_off", tmp_path, seed=2))
+    assert cfg["algorithm"]["reward"] == "examples.sorting.reward:score"
+    assert cfg["services"]["cpu_placement"] == {"trainer_share": 1, "rollout_share": 1}
+    assert cfg["job"]["seed"] == 2 and cfg["job"]["steps"] > 0  # the example's own steps without --steps
+    assert "cpu_placement" not in yaml.safe_load(run.job_yaml(run.parse_args([]), "sync", tmp_path))["services"]
+
+
+def test_idle_means_leave_out_the_step_whose_wall_holds_an_evaluation():
+    steps = [{"step": 1}, {"step": 2, "eval/accuracy": 0.5}, {"step": 3}, {"step": 4}]
+    assert [m["step"] for m in run.between_evals(steps)] == [1, 2, 4]
