@@ -20,7 +20,7 @@ from meshrl.common.path_roots import PathRoots
 from meshrl.scheduler.clients import TrainerClient
 from meshrl.scheduler.config import OptimSection, WarmupSection
 from meshrl.scheduler.step.job.lr_schedule import LrSchedule
-from meshrl.scheduler.step.job.warmup import SupervisedWarmup, call_plan, warmup_steps
+from meshrl.scheduler.step.job.warmup import SupervisedWarmup, call_plan, schedule_for, warmup_steps
 from meshrl.scheduler.step.prompts.data import PromptEncoder, Record
 from meshrl.trainer.config import TrainerConfig
 from meshrl.trainer.core import TrainerCore
@@ -169,6 +169,21 @@ def test_lr_schedule_shapes_and_errors():
     for bad in ({"peak": 0.0}, {"warmup_steps": 9}, {"min_lr": 5.0}, {"decay": "step"}):
         with pytest.raises(InvalidArgument):
             LrSchedule(**{"peak": 1.0, "total_steps": 4, **bad})
+
+
+def test_the_default_warm_up_ramps_to_its_peak_before_decaying():
+    """A decaying warm-up ramps over its first 30% of steps by default (issue 41: without a ramp, bench/vs_trl's
+    `add` warm-up crossed its transition in about half of the data orders, with one in all); a constant one
+    keeps its rate from the first step, and an explicit warmup_ratio wins."""
+
+    def rates(**fields) -> list[float]:
+        cfg = WarmupSection(**{"steps": 10, "lr": 1.0, **fields})
+        return [schedule_for(cfg, 10).at(i) for i in range(10)]
+
+    assert rates()[:5] == pytest.approx([1 / 3, 2 / 3, 1.0, 1.0, 6 / 7])  # ramp over 3 steps, then linear decay
+    assert rates(schedule="cosine")[:3] == pytest.approx([1 / 3, 2 / 3, 1.0])
+    assert rates(schedule="constant") == pytest.approx([1.0] * 10)
+    assert rates(warmup_ratio=0.0)[:2] == pytest.approx([1.0, 0.9])
 
 
 class StepTrainer:

@@ -2,7 +2,7 @@
 
 A real supervised trainer over the trainer service: batches of `warmup.batch_size` pairs drawn in seeded
 epochs (`steps`, or `epochs` over the training set), a learning rate per step from `LrSchedule` (linear ramp
-over `warmup_ratio` of the steps, then constant / linear / cosine decay) sent as the step's `lr_override`,
+over `ramp_ratio` of the steps, then constant / linear / cosine decay) sent as the step's `lr_override`,
 loss on response tokens only (the trainer scores only response tokens, so prompt tokens are masked), the
 held-out loss (mean negative log-likelihood per response token of the eval pairs) every `eval_every` steps and
 at the end, held-out accuracy every `eval_accuracy_every` steps (the job's greedy evaluation on weights the
@@ -73,7 +73,7 @@ def schedule_for(cfg: Any, steps: int) -> LrSchedule:
     return LrSchedule(
         peak=cfg.lr,
         total_steps=max(steps, 1),
-        warmup_steps=round(cfg.warmup_ratio * steps),
+        warmup_steps=round(cfg.ramp_ratio * steps),
         decay=cfg.schedule,
         min_lr=cfg.min_lr,
     )
