@@ -1,6 +1,6 @@
 """meshrl's batch route in a real vLLM 0.32 server (the CPU build): seeded samples of one request equal the same
 seeds asked one by one on vLLM's own route, a batch through the adapter equals its requests sent alone, cancelling
-one request of a running batch, an update landing mid-batch (paused in place) recorded token by token, and
+one request of a running batch, an abort pause ending one, an update landing mid-batch (paused in place) recorded token by token, and
 malformed bodies refused with 400 while the server stays up.
 """
 
@@ -91,6 +91,18 @@ def test_cancelling_one_request_of_a_running_batch(vllm_tied):
     for future in (futures[0], futures[2]):
         result = future.result(timeout=120)
         assert result.finish_reason == FinishReason.LENGTH and len(result.token_ids) == 200
+
+
+def test_an_abort_pause_ends_a_running_batch_and_generation_goes_on(vllm_tied):
+    sampling = SamplingParams(temperature=1.0, max_tokens=200, ignore_eos=True)
+    before = vllm_tied.generated_tokens
+    futures = vllm_tied.submit_many([GenerationRequest(p, sampling) for p in PROMPTS])
+    wait_tokens(vllm_tied, before)
+    assert vllm_tied.pause(PauseMode.ABORT) == len(PROMPTS)
+    vllm_tied.continue_generation()
+    results = [f.result(timeout=60) for f in futures]
+    assert all(r.finish_reason == FinishReason.ABORT and len(r.token_ids) < 200 for r in results)
+    assert vllm_tied.generate([GenerationRequest(p, SamplingParams(max_tokens=4)) for p in PROMPTS], timeout=60)
 
 
 def test_an_update_landing_mid_batch_records_each_tokens_version(vllm_tied, tied_model, tmp_path):
