@@ -39,9 +39,25 @@ class BatchedRequests:
         """(group index, sample index, Event) per item of one reply line; an error item's Event is its reason."""
         raise NotImplementedError
 
-    def abort_on_server(self, server_request_id: str) -> None:
-        """Asks the server to abort one request of a running batch (its stream goes on for the others)."""
+    def abort_on_server(self, server_request_ids: list[str]) -> None:
+        """Asks the server to abort requests of running batches (their streams go on for the others)."""
         raise NotImplementedError
+
+    def _abort_soon(self, server_request_id: str) -> None:
+        """Queues an abort for the server; one worker sends the queued ones together (a whole batch cancelled
+        request by request costs a call or two, and cancel never waits on the server)."""
+        with self._lock:
+            self._aborts.append(server_request_id)
+            if self._aborts_queued:
+                return
+            self._aborts_queued = True
+        self._pool.submit(self._send_aborts)
+
+    def _send_aborts(self) -> None:
+        with self._lock:
+            ids, self._aborts, self._aborts_queued = self._aborts, [], False
+        if ids:
+            self.abort_on_server(ids)
 
     def _drive_batch(self, batch: list[list[Running]]) -> None:
         state = BatchState(batch)
@@ -117,7 +133,7 @@ class BatchedRequests:
         if run.abort and event.finish is None:
             if id(run) not in state.aborted_again and (run.group is None or all(r.abort for r in run.group)):
                 state.aborted_again.add(id(run))
-                self.abort_on_server(run.server_id)  # its cancel may have reached the server before the request
+                self._abort_soon(run.server_id)  # its cancel may have reached the server before the request
             return
         if not run.abort:
             self._record(run, event)

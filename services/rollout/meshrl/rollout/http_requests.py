@@ -64,6 +64,8 @@ class StreamedRequests(BatchedRequests, Engine):
         self._events: collections.deque[tuple[float, int]] = collections.deque()
         self._started = time.monotonic()
         self.generated_tokens = 0
+        self._aborts: list[str] = []  # server requests of running batches to abort (http_batch)
+        self._aborts_queued = False
         self._pool = ThreadPoolExecutor(max_workers=max_requests, thread_name_prefix=f"{self.name}-req")
 
     # --- hooks of each engine -----------------------------------------------------------------
@@ -309,7 +311,7 @@ class StreamedRequests(BatchedRequests, Engine):
             self._lock.notify_all()
         if run.batch is not None and not all(r.abort for r in run.batch):
             if run.group is None or all(r.abort for r in run.group):
-                self.abort_on_server(run.server_id)  # the batch's stream goes on for the other requests
+                self._abort_soon(run.server_id)  # the batch's stream goes on for the other requests
             return True
         if run.group is None or all(r.abort for r in run.group):
             self._close_streams([run])  # a shared stream goes on for the other samples; this one reads no more

@@ -209,12 +209,12 @@ class VLLMEngine(WeightRelay, HTTPEngine):
     def parse_batch_line(self, data: dict[str, Any]) -> list[tuple[int, int, Event | str]]:
         return batch_events(data)
 
-    def abort_on_server(self, server_request_id: str) -> None:
+    def abort_on_server(self, server_request_ids: list[str]) -> None:
         try:
-            reply = self.post("/inference/v1/abort_requests", {"request_ids": [server_request_id]}, timeout=30.0)
-            self.check(reply, f"abort of {server_request_id}")
-        except MeshrlError as exc:  # the request reads no more either way; the server finishes it later
-            log.warning("could not abort %s on the vllm server: %s", server_request_id, exc)
+            reply = self.post("/inference/v1/abort_requests", {"request_ids": server_request_ids}, timeout=30.0)
+            self.check(reply, f"abort of {server_request_ids[:3]}")
+        except MeshrlError as exc:  # the requests read no more either way; the server finishes them later
+            log.warning("could not abort %s on the vllm server: %s", server_request_ids[:3], exc)
 
     def samples_per_request(self) -> int:
         return self.section.samples_per_request
