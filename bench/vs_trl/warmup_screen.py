@@ -48,7 +48,7 @@ SETTINGS: dict[str, dict[str, str]] = {
     "linear": _NO_RAMP,
     "constant": {"warmup.schedule": "constant", **_NO_RAMP},
     "cosine": {"warmup.schedule": "cosine", **_NO_RAMP},
-    **{f"linear_ramp{round(r * 100)}": {"warmup.warmup_ratio": str(r)} for r in (0.03, 0.05, 0.1, 0.2, 0.3, 0.5)},
+    **{f"linear_ramp{round(r * 100)}": {"warmup.warmup_ratio": str(r)} for r in (0.03, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7)},
     "linear_ramp10_beta2_0.98": {"warmup.warmup_ratio": "0.1", "optimizer.adam_beta2": "0.98"},
     "cosine_ramp10": {"warmup.schedule": "cosine", "warmup.warmup_ratio": "0.1"},
     "constant_ramp10": {"warmup.schedule": "constant", "warmup.warmup_ratio": "0.1"},
