@@ -6,6 +6,7 @@ bench/vs_trl/run.py, meshrl_side.py and trl_side.py.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
 
 @dataclass
@@ -46,6 +47,22 @@ class Budget:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def build_model(self, folder: Path) -> Path:
+        """The model both sides start from, built into `folder` unless it is there already."""
+        if not (folder / "config.json").exists():
+            from meshrl.trainer.model_builder import build_small_model
+
+            build_small_model(
+                folder,
+                arch="qwen2",
+                hidden_size=self.hidden_size,
+                num_layers=self.num_layers,
+                num_heads=self.num_heads,
+                num_kv_heads=self.num_kv_heads,
+                seed=self.seed,
+            )
+        return folder
 
 
 @dataclass

@@ -33,7 +33,6 @@ from bench.vs_trl.budget import Budget, Curve  # noqa: E402
 from bench.vs_trl.compare import mean_curve, plot, pooled, ratios, seeds_table, table, whole  # noqa: E402
 from bench.vs_trl.meshrl_side import run_meshrl  # noqa: E402
 from bench.vs_trl.tasks import TASKS, write_task_data  # noqa: E402
-from meshrl.trainer.model_builder import build_small_model  # noqa: E402
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -105,17 +104,7 @@ def run_task(
     )
     data = work / "data"
     write_task_data(task, data, b.seed, b.n_train, b.n_eval)
-    model = work / "model"
-    if not (model / "config.json").exists():
-        build_small_model(
-            model,
-            arch="qwen2",
-            hidden_size=b.hidden_size,
-            num_layers=b.num_layers,
-            num_heads=b.num_heads,
-            num_kv_heads=b.num_kv_heads,
-            seed=b.seed,
-        )
+    model = b.build_model(work / "model")
     trl_sft_curve, trl_rl, trl_weights = trl_phases(name, b, work, model, data, reuse)
     print(f"[{name}] meshrl warm-up + GRPO", flush=True)
     m_sft, m_rl_own = run_meshrl(task, b, model, data, work, "rl-own", True, sets)

@@ -37,7 +37,6 @@ from meshrl.scheduler.step.job.warmup import call_plan, schedule_for  # noqa: E4
 from meshrl.scheduler.step.prompts.data import PromptEncoder, PromptSampler, Record, load_records  # noqa: E402
 from meshrl.trainer.core import TrainerCore  # noqa: E402
 from meshrl.trainer.losses import LossConfig  # noqa: E402
-from meshrl.trainer.model_builder import build_small_model  # noqa: E402
 from meshrl.trainer.optim import OptimizerConfig  # noqa: E402
 
 # The settings screened for issue 41 (bench/vs_trl/README.md). Each names its ramp: the default `warmup_ratio`
@@ -155,17 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = args.steps or task.sft_steps
     work = args.work / f"{task.name}-seed{args.seed}"
     write_task_data(task, work / "data", b.seed, b.n_train, b.n_eval)
-    model_dir = work / "model"
-    if not (model_dir / "config.json").exists():
-        build_small_model(
-            model_dir,
-            arch="qwen2",
-            hidden_size=b.hidden_size,
-            num_layers=b.num_layers,
-            num_heads=b.num_heads,
-            num_kv_heads=b.num_kv_heads,
-            seed=b.seed,
-        )
+    model_dir = b.build_model(work / "model")
     encoder = PromptEncoder(str(model_dir))
     train = load_records(work / "data" / "train.jsonl", "prompt", "answer", "solution")
     heldout = load_records(work / "data" / "eval.jsonl", "prompt", "answer", "solution")
