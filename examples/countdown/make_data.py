@@ -13,15 +13,13 @@ CLI: `python -m examples.countdown.make_data OUT_DIR [--seed 0] [--n-train 4000]
 from __future__ import annotations
 
 import argparse
-import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from examples.dataset_files import write_train_and_eval
 from meshrl.common.errors import InvalidArgument
 
-TRAIN_FILE = "train.jsonl"
-EVAL_FILE = "eval.jsonl"
 ALLOWED_OPS = "+-*"
 
 
@@ -147,16 +145,7 @@ def write_dataset(
     The same arguments always produce byte-identical files.
     """
     train, evals = generate(seed, n_train, n_eval, spec)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = (out / TRAIN_FILE, out / EVAL_FILE)
-    for path, puzzles in zip(paths, (train, evals)):
-        tmp = path.with_suffix(".jsonl.tmp")
-        with tmp.open("w", encoding="utf-8") as f:
-            for puzzle in puzzles:
-                f.write(json.dumps(to_row(puzzle), sort_keys=True) + "\n")
-        tmp.replace(path)
-    return paths
+    return write_train_and_eval(out_dir, map(to_row, train), map(to_row, evals))
 
 
 def _main(argv: list[str] | None = None) -> None:

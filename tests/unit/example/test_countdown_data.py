@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from examples import dataset_files
 from examples.countdown import make_data, reward
 from meshrl.common.errors import InvalidArgument
 
@@ -23,7 +24,7 @@ def test_same_seed_gives_identical_files(tmp_path):
 
 def test_rows_have_keys_sizes_and_correct_solutions(tmp_path):
     train_path, eval_path = make_data.write_dataset(tmp_path, seed=0, n_train=300, n_eval=50)
-    assert (train_path.name, eval_path.name) == (make_data.TRAIN_FILE, make_data.EVAL_FILE)
+    assert (train_path.name, eval_path.name) == (dataset_files.TRAIN_FILE, dataset_files.EVAL_FILE)
     train, evals = _rows(train_path), _rows(eval_path)
     assert len(train) == 300 and len(evals) == 50
     for row in train + evals:
