@@ -11,7 +11,7 @@ from meshrl.api.scheduler.v1 import scheduler_pb2 as spb
 
 from .conftest import job_config, run_job
 
-VOLATILE = ("time/", "async/", "buffer/")  # timings, the overlap figures and the stream's bytes
+VOLATILE = ("time/", "async/", "busy/", "buffer/")  # timings, the overlap figures and the stream's bytes
 
 
 def spread_reward(prompts, responses, answers):
