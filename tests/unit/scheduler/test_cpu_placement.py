@@ -1,11 +1,13 @@
 """services.cpu_placement: the trainer and the replicas a job launches get disjoint cores of this host (by
 shares or by name), the config refuses sets that overlap or cannot be honoured, a placed spec carries its cores
-and matching thread counts, a launched process runs on its cores only, and `meshrl plan` shows the sets."""
+and matching thread counts, a launched process runs on its cores only, the rest of the job (data buffer, the
+job's thread and what it starts) goes on the cores `others` names, and `meshrl plan` shows the sets."""
 
 from __future__ import annotations
 
 import io
 import os
+import threading
 
 import pytest
 
@@ -13,7 +15,16 @@ from meshrl.common.config import load_config
 from meshrl.common.errors import ConfigError
 from meshrl.scheduler.config import JobConfig
 from meshrl.scheduler.config.cpu_placement import CpuPlacement
-from meshrl.scheduler.launch.cpu_placement import CPU_CORES_ENV, CpuSets, cpu_sets, host_cores, parse_cores, placed
+from meshrl.scheduler.launch.cpu_placement import (
+    CPU_CORES_ENV,
+    CpuSets,
+    cpu_sets,
+    host_cores,
+    parse_cores,
+    pin_thread,
+    placed,
+    unpin_thread,
+)
 from meshrl.scheduler.launch.launcher import ServiceSpec
 from meshrl.scheduler.launch.process import ServiceProcess
 from meshrl.scheduler.launch.services import rollout_spec, trainer_spec
@@ -26,7 +37,7 @@ def job(*overrides: str) -> JobConfig:
 
 
 def test_shares_split_the_host_in_their_proportions():
-    assert cpu_sets(CpuPlacement(), 1, [0, 1]) == CpuSets((0,), ((1,),))
+    assert cpu_sets(CpuPlacement(), 1, [0, 1]) == CpuSets((0,), ((1,),), others=(1,))
     sets = cpu_sets(CpuPlacement(trainer_share=3, rollout_share=1), 2, list(range(8)))
     assert sets.trainer == (0, 1, 2, 3, 4, 5) and sets.replicas == ((6,), (7,))
     # each side keeps at least one core, whatever the proportions
@@ -39,7 +50,7 @@ def test_shares_split_the_host_in_their_proportions():
 
 def test_named_cores_are_used_as_given_and_must_exist_here():
     sets = cpu_sets(CpuPlacement(trainer_cores=[2, 0], rollout_cores=[1, 3]), 2, [0, 1, 2, 3])
-    assert sets == CpuSets((0, 2), ((1,), (3,)))
+    assert sets == CpuSets((0, 2), ((1,), (3,)), others=(1, 3))
     with pytest.raises(ConfigError, match=r"rollout_cores.*cores \[9\] are not cores this host lets the job use"):
         cpu_sets(CpuPlacement(trainer_cores=[0], rollout_cores=[9]), 1, [0, 1])
     with pytest.raises(ConfigError, match="nothing to split"):
@@ -88,7 +99,39 @@ def test_a_placed_spec_carries_its_cores_and_thread_counts(tmp_path):
     vllm = placed(rollout_spec(cfg, RunDir(tmp_path), "rollout-0", "a", "m"), sets, engine="vllm")
     assert vllm.env[CPU_CORES_ENV] == "3" and "engine.transformers.num_threads=1" not in vllm.args
     buffer = ServiceSpec("databuffer", "databuffer", ["--set", "x=1"])
-    assert placed(buffer, sets) is buffer
+    assert placed(buffer, sets) is buffer  # `others: any`
+    on_rollout = placed(buffer, CpuSets((0, 1, 2), ((3,),), others=(3,)))
+    assert on_rollout.env[CPU_CORES_ENV] == "3" and on_rollout.args == ["--set", "x=1"]  # no torch settings
+
+
+@pytest.mark.parametrize(("others", "cores"), [("rollout", (2, 3)), ("trainer", (0, 1)), ("any", None)])
+def test_the_rest_of_the_job_goes_where_others_says(others, cores):
+    sets = cpu_sets(CpuPlacement(others=others), 2, [0, 1, 2, 3])
+    assert sets.others == cores and sets.of("databuffer") == cores
+    assert sets.as_dict()["others"] == (list(cores) if cores else None)
+    with pytest.raises(ConfigError, match="Input should be 'rollout', 'trainer' or 'any'"):
+        job("services.cpu_placement.others=elsewhere")
+
+
+def test_a_pinned_thread_and_what_it_starts_stay_on_its_cores_until_unpinned():
+    core, seen = host_cores()[-1], {}
+
+    def job_thread():
+        before = pin_thread((core,))
+        child = threading.Thread(target=lambda: seen.setdefault("child", os.sched_getaffinity(0)))
+        child.start()
+        child.join()
+        seen["pinned"] = os.sched_getaffinity(0)
+        unpin_thread(before)
+        seen["after"] = os.sched_getaffinity(0)
+
+    main = os.sched_getaffinity(0)
+    worker = threading.Thread(target=job_thread)
+    worker.start()
+    worker.join()
+    assert seen == {"child": {core}, "pinned": {core}, "after": main}
+    assert os.sched_getaffinity(0) == main  # the pin was the job thread's alone, never the process's
+    assert pin_thread(None) is None
 
 
 def test_parse_cores_names_a_bad_value():
@@ -123,6 +166,7 @@ def test_meshrl_plan_shows_each_services_cores():
     assert "CPU placement on this host" in out.getvalue()
     assert f"trainer     cores {cores[0]}" in out.getvalue()
     assert f"rollout-0   cores {cores[half]}" in out.getvalue()
+    assert f"the rest    cores {cores[half]}" in out.getvalue()  # `others: rollout`, the default
     bad = [
         "grpo",
         "--set",

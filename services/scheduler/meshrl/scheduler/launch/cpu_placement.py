@@ -1,8 +1,10 @@
 """Disaggregated placement on one host's CPUs (`services.cpu_placement`): which cores the launched trainer and
 each rollout replica get, and the service specs that carry it. A placed spec carries its cores in
 `CPU_CORES_ENV` (ServiceProcess sets the process's CPU affinity from it as it starts, so every thread it makes
-stays there), OpenMP / MKL thread counts equal to its cores, and the service's torch thread setting. Called by
-JobServices.open (launch/services.py) and `meshrl plan`, which shows the sets.
+stays there), OpenMP / MKL thread counts equal to its cores, and the service's torch thread setting. The rest of
+the job (the data buffer, and the scheduler's job thread with every thread and reward worker it starts) goes
+on the cores `others` names (`pin_thread`). Called by JobServices.open (launch/services.py) and `meshrl plan`,
+which shows the sets.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ CPU_CORES_ENV = "MESHRL_CPU_CORES"
 
 @dataclass(frozen=True)
 class CpuSets:
-    """The cores of the trainer (its ranks share them) and of each replica, in replica order."""
+    """The cores of the trainer (its ranks share them), of each replica in replica order, and of the rest of the
+    job (the scheduler's work and the data buffer; None: not placed)."""
 
     trainer: tuple[int, ...]
     replicas: tuple[tuple[int, ...], ...]
+    others: tuple[int, ...] | None = None
 
     def of(self, name: str) -> tuple[int, ...] | None:
         """The cores of a launched service by instance name ('trainer', 'rollout-<i>'); None: not placed."""
@@ -29,14 +33,19 @@ class CpuSets:
             return self.trainer
         if name.startswith("rollout-") and self.replicas:
             return self.replicas[int(name.removeprefix("rollout-")) % len(self.replicas)]
+        if name == "databuffer":
+            return self.others
         return None
 
     def describe(self) -> str:
         rows = [("trainer", self.trainer), *((f"rollout-{i}", c) for i, c in enumerate(self.replicas))]
-        return "\n".join(f"  {name:<11} cores {_ranges(cores)} ({len(cores)} torch threads)" for name, cores in rows)
+        lines = [f"  {name:<11} cores {_ranges(cores)} ({len(cores)} torch threads)" for name, cores in rows]
+        where = _ranges(self.others) if self.others is not None else "any"
+        return "\n".join([*lines, f"  {'the rest':<11} cores {where} (the scheduler's job thread, the data buffer)"])
 
     def as_dict(self) -> dict:
-        return {"trainer": list(self.trainer), "replicas": [list(c) for c in self.replicas]}
+        out = {"trainer": list(self.trainer), "replicas": [list(c) for c in self.replicas]}
+        return {**out, "others": list(self.others) if self.others is not None else None}
 
 
 def host_cores() -> list[int]:
@@ -72,12 +81,13 @@ def cpu_sets(placement: CpuPlacement, replicas: int, available: list[int] | None
         share = placement.trainer_share / (placement.trainer_share + placement.rollout_share)
         count = min(max(round(len(available) * share), 1), len(available) - 1)
         trainer, rollout = tuple(available[:count]), tuple(available[count:])
-    return CpuSets(trainer, _blocks(rollout, replicas))
+    others = {"rollout": rollout, "trainer": trainer, "any": None}[placement.others]
+    return CpuSets(trainer, _blocks(rollout, replicas), others)
 
 
 def placed(spec, sets: CpuSets, engine: str = "transformers", trainer_ranks: int = 1):
-    """`spec` (a launcher ServiceSpec) pinned to its cores with thread counts to match; unchanged when it has
-    no cores in `sets` (the data buffer). Its own thread settings come first, so the job's service_overrides
+    """`spec` (a launcher ServiceSpec) pinned to its cores with thread counts to match (the data buffer
+    on the cores of `others`); unchanged when it has no cores in `sets`. Its own thread settings come first, so the job's service_overrides
     still win."""
     cores = sets.of(spec.name)
     if cores is None:
@@ -86,9 +96,9 @@ def placed(spec, sets: CpuSets, engine: str = "transformers", trainer_ranks: int
     if spec.service == "trainer":
         threads = max(1, len(cores) // max(1, trainer_ranks))
         first = ["--set", f"torch_threads={threads}"]
-    elif engine == "transformers":
+    elif spec.service == "rollout" and engine == "transformers":
         first = ["--set", f"engine.transformers.num_threads={threads}"]
-    else:  # an engine server of its own (vLLM, SGLang) inherits the affinity and sizes itself
+    else:  # the data buffer, or an engine server of its own (vLLM, SGLang): inherits the affinity, sizes itself
         first = []
     env = {
         **spec.env,
@@ -97,6 +107,22 @@ def placed(spec, sets: CpuSets, engine: str = "transformers", trainer_ranks: int
         "MKL_NUM_THREADS": str(threads),
     }
     return replace(spec, args=[*first, *spec.args], env=env)
+
+
+def pin_thread(cores: tuple[int, ...] | None) -> set[int] | None:
+    """Puts the calling thread (and every thread and process it starts from now on) on `cores`; returns the
+    cores it had, for `unpin_thread`. None: leaves it where it is."""
+    if cores is None:
+        return None
+    before = os.sched_getaffinity(0)  # pid 0: this thread only, not the whole process
+    os.sched_setaffinity(0, set(cores))
+    return before
+
+
+def unpin_thread(before: set[int] | None) -> None:
+    """Gives the calling thread back the cores `pin_thread` took it from."""
+    if before is not None:
+        os.sched_setaffinity(0, before)
 
 
 def parse_cores(value: str) -> set[int]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -24,7 +25,7 @@ from meshrl.common.registry import ReplicaRegistry
 from meshrl.scheduler.clients import TrainerClient
 from meshrl.scheduler.config import JobConfig
 from meshrl.scheduler.fleet.rollout_fleet import RolloutFleet
-from meshrl.scheduler.launch.cpu_placement import CpuSets, cpu_sets, placed
+from meshrl.scheduler.launch.cpu_placement import CpuSets, cpu_sets, pin_thread, placed, unpin_thread
 from meshrl.scheduler.launch.exit_watch import ExitWatch, describe_exit
 from meshrl.scheduler.launch.group_client import GroupTrainerClient
 from meshrl.scheduler.launch.launcher import ProcessLauncher, RayLauncher, ServiceSpec, overlapped_trainer_threads
@@ -146,6 +147,7 @@ class JobServices:
     exits: dict[str, int] = field(default_factory=dict)  # name -> return code of launched services that died
     _next_replica: int = 0
     _watch: ExitWatch | None = None
+    _pinned: tuple[int, set[int] | None] | None = None  # (job thread, its cores before) once place_job_thread ran
 
     def _launcher(self) -> RayLauncher | ProcessLauncher:
         """Started on first use: a job whose services are all named by address needs no Ray."""
@@ -167,7 +169,7 @@ class JobServices:
                 else ["--set", f"redis.embedded.data_dir={self.run.root / 'redis'}"]
             )
             spec = ServiceSpec("databuffer", "databuffer", [*redis, *telemetry_args(self.cfg, self.run, "databuffer")])
-            buffer_address = self._launcher().start([spec])["databuffer"]
+            buffer_address = self._launcher().start([self._placed(spec)])["databuffer"]
         self.addresses["databuffer"] = buffer_address
         channels = s.channels
         self.buffer = DataBufferClient(buffer_address, channels.databuffer)
@@ -316,13 +318,21 @@ class JobServices:
             spec = replace(spec, pin=pin, worker=self._workers[name])
         return self._placed(spec)
 
+    def place_job_thread(self) -> None:
+        """Under services.cpu_placement: works out the cores, and puts the calling thread (the job's: every
+        thread and process it starts from now on, the step loop, the producer, reward workers) on the cores of
+        `others`; `close` gives it back its own."""
+        if self.cfg.services.cpu_placement is None or self.cpu_sets is not None:
+            return
+        self.cpu_sets = cpu_sets(self.cfg.services.cpu_placement, self.cfg.rollout.replicas)
+        self._event(f"CPU placement: {json.dumps(self.cpu_sets.as_dict())}")
+        self._pinned = (threading.get_ident(), pin_thread(self.cpu_sets.others))
+
     def _placed(self, spec: ServiceSpec) -> ServiceSpec:
         """The spec on its own cores under services.cpu_placement (launch/cpu_placement.py), else as it is."""
         if self.cfg.services.cpu_placement is None:
             return spec
-        if self.cpu_sets is None:
-            self.cpu_sets = cpu_sets(self.cfg.services.cpu_placement, self.cfg.rollout.replicas)
-            self._event(f"CPU placement: {json.dumps(self.cpu_sets.as_dict())}")
+        self.place_job_thread()
         t = self.cfg.trainer
         ranks = t.data_parallel * t.tensor_parallel * t.pipeline_parallel
         return placed(spec, self.cpu_sets, self.cfg.rollout.engine, ranks)
@@ -370,3 +380,6 @@ class JobServices:
             self.trainer_group.teardown()  # before the launcher, which may shut its Ray down
         if self.launcher is not None:
             self.launcher.stop_all()
+        if self._pinned is not None and self._pinned[0] == threading.get_ident():
+            unpin_thread(self._pinned[1])
+            self._pinned = None

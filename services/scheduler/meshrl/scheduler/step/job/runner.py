@@ -175,6 +175,7 @@ class JobRunner:
             on_event=self.events.log,
         )
         self.services = svc  # where they run, for GetJob (JobServices.placements)
+        svc.place_job_thread()  # services.cpu_placement: the reward workers start on the cores of `others`
         self.user_code = UserCode(cfg, self.workflow.nodes, self.events.log)
         summary: dict = {"job_id": self.job_id, "run_dir": str(self.run.root)}
         started = time.monotonic()
