@@ -1,9 +1,10 @@
 """`services.cpu_placement`: disaggregated placement on one host's CPUs, so that the trainer and the rollout
 replicas the job launches never share a core (each its own cores and as many torch threads). Either the
 proportions of the host's cores each side gets (`trainer_share`, `rollout_share`) or the cores themselves
-(`trainer_cores`, `rollout_cores`). `others` says whose cores the rest of the job's work shares: the scheduler's
-step loop (rewards, the producer, hand-offs) and the data buffer. Part of `ServicesSection`; the sets are worked out on the launching host by
-meshrl.scheduler.launch.cpu_placement, which also checks that the cores exist there.
+(`trainer_cores`, `rollout_cores`). `others` says whose cores the rest of the job's work shares: the
+scheduler's step loop (rewards, the producer, hand-offs) and the data buffer. Part of `ServicesSection`; the sets
+are worked out on the launching host by meshrl.scheduler.launch.cpu_placement, which also checks that the cores
+exist there.
 """
 
 from __future__ import annotations

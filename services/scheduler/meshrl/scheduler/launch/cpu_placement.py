@@ -86,9 +86,9 @@ def cpu_sets(placement: CpuPlacement, replicas: int, available: list[int] | None
 
 
 def placed(spec, sets: CpuSets, engine: str = "transformers", trainer_ranks: int = 1):
-    """`spec` (a launcher ServiceSpec) pinned to its cores with thread counts to match (the data buffer
-    on the cores of `others`); unchanged when it has no cores in `sets`. Its own thread settings come first, so the job's service_overrides
-    still win."""
+    """`spec` (a launcher ServiceSpec) pinned to its cores with thread counts to match (the data buffer on the
+    cores of `others`); unchanged when it has no cores in `sets`. Its own thread settings come first, so the job's
+    service_overrides still win."""
     cores = sets.of(spec.name)
     if cores is None:
         return spec

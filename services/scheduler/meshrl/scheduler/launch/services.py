@@ -161,6 +161,7 @@ class JobServices:
 
     def open(self) -> JobServices:
         s = self.cfg.services
+        self.place_job_thread()
         buffer_address = s.databuffer
         if buffer_address is None:
             redis = (
@@ -319,23 +320,31 @@ class JobServices:
         return self._placed(spec)
 
     def place_job_thread(self) -> None:
-        """Under services.cpu_placement: works out the cores, and puts the calling thread (the job's: every
-        thread and process it starts from now on, the step loop, the producer, reward workers) on the cores of
-        `others`; `close` gives it back its own."""
-        if self.cfg.services.cpu_placement is None or self.cpu_sets is not None:
-            return
-        self.cpu_sets = cpu_sets(self.cfg.services.cpu_placement, self.cfg.rollout.replicas)
-        self._event(f"CPU placement: {json.dumps(self.cpu_sets.as_dict())}")
-        self._pinned = (threading.get_ident(), pin_thread(self.cpu_sets.others))
+        """Under services.cpu_placement: puts the calling thread (the job's: every thread and process it starts
+        from now on, the step loop, the producer, reward workers) on the cores of `others`; `close` gives it back
+        its own. Called by the runner before it starts the reward workers, and by `open`."""
+        sets = self._cpu_sets()
+        if sets is not None and self._pinned is None:
+            self._pinned = (threading.get_ident(), pin_thread(sets.others))
+
+    def _cpu_sets(self) -> CpuSets | None:
+        """The cores of each launched service and of the rest of the job (worked out once), or None without
+        services.cpu_placement."""
+        if self.cfg.services.cpu_placement is None:
+            return None
+        if self.cpu_sets is None:
+            self.cpu_sets = cpu_sets(self.cfg.services.cpu_placement, self.cfg.rollout.replicas)
+            self._event(f"CPU placement: {json.dumps(self.cpu_sets.as_dict())}")
+        return self.cpu_sets
 
     def _placed(self, spec: ServiceSpec) -> ServiceSpec:
         """The spec on its own cores under services.cpu_placement (launch/cpu_placement.py), else as it is."""
-        if self.cfg.services.cpu_placement is None:
+        sets = self._cpu_sets()
+        if sets is None:
             return spec
-        self.place_job_thread()
         t = self.cfg.trainer
         ranks = t.data_parallel * t.tensor_parallel * t.pipeline_parallel
-        return placed(spec, self.cpu_sets, self.cfg.rollout.engine, ranks)
+        return placed(spec, sets, self.cfg.rollout.engine, ranks)
 
     def add_replicas(self, count: int) -> list[str]:
         """Starts `count` replicas; they are not given traffic until the caller refits them."""
