@@ -1,13 +1,22 @@
 """A trainer group's pieces without Ray: each rank's environment and args, the plan's workers of the trainer
-ranks (`planning.launch_plan`), and the job config that asks for a group."""
+ranks (`planning.launch_plan`), the job config that asks for a group, and a start that lost its rendezvous port
+to another process starting again."""
 
 from __future__ import annotations
 
 import pytest
 
-from meshrl.common.errors import ConfigError, InvalidArgument
+from meshrl.common.errors import ConfigError, InvalidArgument, Unavailable
 from meshrl.scheduler.config import JobConfig
-from meshrl.scheduler.launch.trainer_group import TrainerGroup, group_args, local_ranks, rank_env
+from meshrl.scheduler.launch.trainer_group import (
+    RENDEZVOUS_TRIES,
+    RendezvousPortTaken,
+    TrainerGroup,
+    group_args,
+    local_ranks,
+    rank_env,
+    start_failure,
+)
 from meshrl.scheduler.launch.trainer_layout import apply_trainer_layout
 from meshrl.scheduler.planning.apportion import ClusterSpec, PlanError, WorkerSlot
 from meshrl.scheduler.planning.launch_plan import plan_for_run, replica_workers, trainer_model, trainer_workers
@@ -140,3 +149,28 @@ def test_a_trainer_group_needs_ray_and_its_own_bundles(services):
     with pytest.raises((ConfigError, ValueError), match="trainer.launch"):
         JobConfig.model_validate(cfg)
     assert JobConfig.model_validate(_job(launch="group")).trainer.launch == "group"  # Ray, own bundles: the defaults
+
+
+def test_a_rank_0_whose_rendezvous_port_was_taken_is_a_port_race_and_anything_else_is_not():
+    taken = start_failure("trainer rank 0 exited with code 1", "DistNetworkError: ... code: -98, name: EADDRINUSE")
+    assert isinstance(taken, RendezvousPortTaken) and "EADDRINUSE" in str(taken)
+    other = start_failure("trainer rank 1 exited with code 1", "RuntimeError: out of memory")
+    assert type(other) is Unavailable and "out of memory" in str(other)
+
+
+def test_a_group_starts_again_on_another_port_a_few_times_then_gives_up(tmp_path, monkeypatch):
+    group = TrainerGroup([], 1, tmp_path, {"CPU": 1}, [{}], ["n0:0"])
+    outcomes = [RendezvousPortTaken("taken"), RendezvousPortTaken("taken"), "127.0.0.1:1"]
+
+    def once():
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(group, "_create_once", once)
+    assert group.create() == "127.0.0.1:1" and not outcomes
+    outcomes[:] = [RendezvousPortTaken("taken")] * RENDEZVOUS_TRIES
+    with pytest.raises(RendezvousPortTaken):
+        group.create()
+    assert not outcomes

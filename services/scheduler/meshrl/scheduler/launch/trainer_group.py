@@ -62,6 +62,20 @@ def local_ranks(nodes: Sequence[str]) -> list[int]:
     return out
 
 
+RENDEZVOUS_TRIES = 3  # starts of a group whose rendezvous port was taken before rank 0 bound it
+
+
+class RendezvousPortTaken(Unavailable):
+    """Rank 0 could not listen on the rendezvous port its actor had found free (another process took it)."""
+
+
+def start_failure(what: str, log_tail: str) -> Unavailable:
+    """The error of a rank that ended while its group started, with the tail of its log; RendezvousPortTaken
+    when rank 0's rendezvous port was taken meanwhile (torch's TCPStore: EADDRINUSE), which a new port cures."""
+    error = RendezvousPortTaken if "EADDRINUSE" in log_tail else Unavailable
+    return error(f"{what}:\n{log_tail}")
+
+
 def rank_env(rank: int, world: int, local_rank: int, master: tuple[str, int]) -> dict[str, str]:
     """The variables a launcher sets for a trainer rank (read by `meshrl.trainer.launched`)."""
     return {
@@ -168,7 +182,21 @@ class TrainerGroup:
     def create(self) -> str:
         """Places the bundles, starts one actor and one rank process per bundle and returns rank 0's address
         once it serves (every rank has joined). On any failure what was started is torn down and the error
-        (ResourceExhausted when the bundles cannot be placed, naming them) is raised."""
+        (ResourceExhausted when the bundles cannot be placed, naming them) is raised. A rendezvous port taken
+        by another process between rank 0's actor choosing it and rank 0 binding it is chosen anew, up to
+        RENDEZVOUS_TRIES starts."""
+        for tries in range(1, RENDEZVOUS_TRIES + 1):
+            try:
+                return self._create_once()
+            except RendezvousPortTaken as exc:
+                if tries == RENDEZVOUS_TRIES:
+                    raise
+                log.warning(
+                    "trainer group '%s': %s; starting it again on another port", self.name, str(exc).splitlines()[0]
+                )
+        raise AssertionError("unreachable")
+
+    def _create_once(self) -> str:
         if self.actors:
             raise InvalidArgument(f"trainer group '{self.name}' is running. Fix: teardown() or recreate() it")
         ray = self.ray
@@ -224,7 +252,7 @@ class TrainerGroup:
                 raise exc.as_instanceof_cause() from None
         rank = self._exits[ready[0]]
         tail = self.log_path(rank).read_text(errors="replace")[-2000:] if self.log_path(rank).exists() else ""
-        raise Unavailable(f"trainer rank {rank} {self._what(ready[0])} while the group started:\n{tail}")
+        raise start_failure(f"trainer rank {rank} {self._what(ready[0])} while the group started", tail)
 
     def _what(self, ref) -> str:
         rank = self._exits[ref]
