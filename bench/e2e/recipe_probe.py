@@ -12,8 +12,9 @@ can be compared (tests/unit/example checks that the defaults here equal the conf
 trainer's and the loss weighs each token by pi_old / pi_behaviour (`--tis-cap`, `--mis-cap`, `--is-level`), so
 a loss of accuracy can be told apart from anything the services' pipeline does. It screens corrections for stale
 samples besides (`--lag-lr-scale` the trainer's step size scaled by staleness, `--mis-low` / `--seq-mask` /
-`--m2-cap` masking in stale_corrections.py, `--prox approx` pi_old interpolated without a pass) and prints the
-drift per version lag beside the accuracies; bench/async/README.md has what each measured.
+`--m2-cap` masking in stale_corrections.py, `--neg-cap` a cap on negative-advantage tokens' weights only,
+`--prox approx` pi_old interpolated without a pass) and prints the drift per version lag beside the accuracies;
+bench/async/README.md has what each measured.
 
 Run: `.venv/bin/python bench/e2e/recipe_probe.py --seeds 0 1 2` (about 2 minutes per seed on 2 idle cores).
 `--threads 1` matches the services (one torch thread per replica / trainer on this machine) and gives steadier
@@ -47,7 +48,7 @@ for _path in (ROOT, ROOT / "bench" / "e2e"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from stale_corrections import screened_mask  # noqa: E402
+from stale_corrections import cap_negative, screened_mask  # noqa: E402
 
 from examples.countdown import make_data, reward  # noqa: E402
 from meshrl.trainer.losses import LossConfig, importance_weights  # noqa: E402
@@ -105,6 +106,9 @@ class Recipe:
     lag_lr_scale: float = 0.0
     seq_mask: float = 0.0
     m2_cap: float = 0.0
+    # a cap on the importance weight of negative-advantage tokens only (0 = off): stale samples that the update
+    # pushes down weigh at most this much (TOPR's asymmetric truncation takes 1)
+    neg_cap: float = 0.0
     eval_every: int = 10
     seed: int = 0
 
@@ -368,7 +372,7 @@ def ppo_update(model, opt, ref, task: Task, recipe: Recipe, batch: dict) -> dict
         a = adv[lo:hi, None]
         loss_tok = -torch.minimum(ratio * a, ratio.clamp(1 - recipe.clip, 1 + recipe.clip) * a)
         if w is not None:
-            loss_tok = loss_tok * w
+            loss_tok = loss_tok * cap_negative(w, a, recipe.neg_cap)
         if ref_logp is not None:
             d = ref_logp[lo:hi] - logp
             kl = torch.exp(d) - d - 1  # k3

@@ -1,6 +1,7 @@
 """Corrections for stale samples that recipe_probe screens beside the trainer's own (TIS / MIS caps, lag_lr_scale):
 which tokens stay in the loss under two-sided token masking, sequence masking and a second-moment trust region
-(M2PO). Pure torch over padded [B, T] tensors; bench/async/README.md has what each measured.
+(M2PO), and an importance-weight cap on negative-advantage tokens only. Pure torch over padded [B, T] tensors;
+bench/async/README.md has what each measured.
 """
 
 from __future__ import annotations
@@ -43,3 +44,12 @@ def screened_mask(
         flat[order[:drop]] = False
         keep = flat.view_as(keep)
     return keep.to(rmask.dtype)
+
+
+def cap_negative(weights: torch.Tensor, advantages: torch.Tensor, cap: float) -> torch.Tensor:
+    """The importance weights with those of negative-advantage tokens truncated at `cap` (TOPR's asymmetry takes
+    1: samples the update pushes down never weigh more than they would on-policy); the rest unchanged, and all of
+    them when cap is 0. `advantages` broadcasts against `weights` ([B, 1] per sequence or [B, T])."""
+    if not cap:
+        return weights
+    return torch.where(advantages < 0, weights.clamp(max=cap), weights)

@@ -1,6 +1,7 @@
 """The screened corrections of bench/e2e/stale_corrections.py on hand-made log-ratios: the low side of two-sided
 masking, sequence masking by the geometric-mean ratio, and the second-moment trust region dropping the largest
-squared log-ratios first until the rest are within the cap; padding never stays."""
+squared log-ratios first until the rest are within the cap; padding never stays; the negative-advantage cap
+truncates those tokens' weights alone."""
 
 import math
 import sys
@@ -10,7 +11,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "bench" / "e2e"))
-from stale_corrections import screened_mask  # noqa: E402
+from stale_corrections import cap_negative, screened_mask  # noqa: E402
 
 sys.path.remove(str(ROOT / "bench" / "e2e"))
 
@@ -39,3 +40,11 @@ def test_the_second_moment_region_drops_the_largest_squares_first():
     kept = screened_mask(OLD, BEHAVIOUR, MASK, m2_cap=0.04)
     assert torch.equal(kept, torch.tensor([[1.0, 0.0, 1.0], [1.0, 0.0, 0.0]]))
     assert torch.equal(screened_mask(OLD, BEHAVIOUR, MASK, m2_cap=0.2), MASK)  # already within
+
+
+def test_the_negative_cap_truncates_only_negative_advantage_tokens():
+    weights = torch.tensor([[0.5, 1.5, 3.0], [2.0, 0.8, 1.0]])
+    advantages = torch.tensor([[1.0], [-1.0]])  # per sequence, broadcast over its tokens
+    capped = cap_negative(weights, advantages, 1.0)
+    assert torch.equal(capped, torch.tensor([[0.5, 1.5, 3.0], [1.0, 0.8, 1.0]]))
+    assert torch.equal(cap_negative(weights, advantages, 0.0), weights)
