@@ -13,8 +13,8 @@ trainer's and the loss weighs each token by pi_old / pi_behaviour (`--tis-cap`, 
 a loss of accuracy can be told apart from anything the services' pipeline does. It screens corrections for stale
 samples besides (`--lag-lr-scale` the trainer's step size scaled by staleness, `--mis-low` / `--seq-mask` /
 `--m2-cap` masking in stale_corrections.py, `--neg-cap` a cap on negative-advantage tokens' weights only,
-`--prox approx` pi_old interpolated without a pass) and prints the drift per version lag beside the accuracies;
-bench/async/README.md has what each measured.
+`--prox approx` pi_old interpolated without a pass, `--rl-beta1` Adam's momentum in RL) and prints the drift per
+version lag beside the accuracies; bench/async/README.md has what each measured.
 
 Run: `.venv/bin/python bench/e2e/recipe_probe.py --seeds 0 1 2` (about 2 minutes per seed on 2 idle cores).
 `--threads 1` matches the services (one torch thread per replica / trainer on this machine) and gives steadier
@@ -109,6 +109,8 @@ class Recipe:
     # a cap on the importance weight of negative-advantage tokens only (0 = off): stale samples that the update
     # pushes down weigh at most this much (TOPR's asymmetric truncation takes 1)
     neg_cap: float = 0.0
+    # Adam's beta1 in the RL phase (the warm-up keeps 0.9): how much momentum carries a stale step into the next
+    rl_beta1: float = 0.9
     eval_every: int = 10
     seed: int = 0
 
@@ -390,6 +392,8 @@ def ppo_update(model, opt, ref, task: Task, recipe: Recipe, batch: dict) -> dict
 
 
 def grpo(model, opt, task: Task, recipe: Recipe, batches: Batches, clock: Clock, log) -> dict:
+    for group in opt.param_groups:
+        group["betas"] = (recipe.rl_beta1, group["betas"][1])
     ref = None
     if recipe.kl_coef > 0:
         ref = AutoModelForCausalLM.from_config(model.config)
