@@ -185,16 +185,14 @@ class TrainerGroup:
         (ResourceExhausted when the bundles cannot be placed, naming them) is raised. A rendezvous port taken
         by another process between rank 0's actor choosing it and rank 0 binding it is chosen anew, up to
         RENDEZVOUS_TRIES starts."""
-        for tries in range(1, RENDEZVOUS_TRIES + 1):
+        for _ in range(RENDEZVOUS_TRIES - 1):
             try:
                 return self._create_once()
             except RendezvousPortTaken as exc:
-                if tries == RENDEZVOUS_TRIES:
-                    raise
                 log.warning(
                     "trainer group '%s': %s; starting it again on another port", self.name, str(exc).splitlines()[0]
                 )
-        raise AssertionError("unreachable")
+        return self._create_once()
 
     def _create_once(self) -> str:
         if self.actors:
