@@ -111,6 +111,9 @@ class Recipe:
     neg_cap: float = 0.0
     # Adam's beta1 in the RL phase (the warm-up keeps 0.9): how much momentum carries a stale step into the next
     rl_beta1: float = 0.9
+    # the RL phase's sampling stream: -1 continues the seed's own torch stream from the warm-up; k >= 0 reseeds
+    # torch with k at RL step 0, so one seed's data and warm-up can be rerun on other draws (run-to-run noise)
+    rl_stream: int = -1
     eval_every: int = 10
     seed: int = 0
 
@@ -396,15 +399,14 @@ def grpo(model, opt, task: Task, recipe: Recipe, batches: Batches, clock: Clock,
         group["betas"] = (recipe.rl_beta1, group["betas"][1])
     ref = None
     if recipe.kl_coef > 0:
-        ref = AutoModelForCausalLM.from_config(model.config)
-        ref.load_state_dict(model.state_dict())
-        ref.eval()
+        ref = copy.deepcopy(model).eval()
     curve, evals = [], []
     behaviour = versions = None
     if recipe.staleness > 0:  # the last staleness + 1 weight versions; samples come from the oldest
-        behaviour = AutoModelForCausalLM.from_config(model.config)
-        behaviour.eval()
+        behaviour = copy.deepcopy(model).eval()  # a copy draws nothing from torch's stream: runs stay paired
         versions = collections.deque([copy.deepcopy(model.state_dict())], maxlen=recipe.staleness + 1)
+    if recipe.rl_stream >= 0:
+        torch.manual_seed(recipe.rl_stream)
     with clock.phase("eval"):
         evals.append((0, evaluate(model, task, recipe)))
     log(f"  rl step 0 eval acc {evals[-1][1]:.3f}")

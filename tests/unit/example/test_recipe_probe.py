@@ -133,3 +133,55 @@ def test_stale_sampling_trains_from_older_weights():
     result = rp.run(recipe, log=lambda _: None)
     assert [step for step, _ in result["evals"]] == [0, 3]
     assert len(result["reward_curve"]) == 3 and all(math.isfinite(r) for r in result["reward_curve"])
+
+
+def _tiny_rl(**overrides) -> "rp.Recipe":
+    fields = dict(
+        hidden_size=32,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        n_train=64,
+        n_eval=8,
+        sft_steps=2,
+        sft_batch=8,
+        prompts_per_step=4,
+        n=4,
+        max_tokens=6,
+        rl_steps=2,
+        mini_batches=2,
+        eval_every=2,
+    )
+    return rp.Recipe(**{**fields, **overrides})
+
+
+_ROLLOUT = rp.rollout
+
+
+def _sampled(monkeypatch, recipe: "rp.Recipe") -> list[list[list[int]]]:
+    """Runs the recipe and returns each RL step's sampled responses."""
+    seen = []
+
+    def recording(*args, **kwargs):
+        batch = _ROLLOUT(*args, **kwargs)
+        seen.append(batch["responses"])
+        return batch
+
+    monkeypatch.setattr(rp, "rollout", recording)
+    rp.run(recipe, log=lambda _: None)
+    return seen
+
+
+def test_a_stale_run_draws_what_the_sync_run_draws_until_the_weights_differ(monkeypatch):
+    """The behaviour copy takes nothing from torch's stream, so at step 1 (both sample the step-0 weights) the
+    stale run's samples are the sync run's; at step 2 the stale run samples the step-0 weights again."""
+    sync = _sampled(monkeypatch, _tiny_rl())  # the seed's own stream, continued from the warm-up
+    stale = _sampled(monkeypatch, _tiny_rl(staleness=1))
+    assert stale[0] == sync[0]
+    assert len(stale) == len(sync) == 2
+
+
+def test_the_rl_stream_reseeds_the_sampling_and_leaves_the_warm_up_alone(monkeypatch):
+    first, again, other = (_sampled(monkeypatch, _tiny_rl(rl_stream=s)) for s in (1, 1, 2))
+    assert first == again
+    assert first != other
