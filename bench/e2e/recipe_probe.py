@@ -14,7 +14,10 @@ a loss of accuracy can be told apart from anything the services' pipeline does. 
 samples besides (`--lag-lr-scale` the trainer's step size scaled by staleness, `--mis-low` / `--seq-mask` /
 `--m2-cap` masking in stale_corrections.py, `--neg-cap` a cap on negative-advantage tokens' weights only,
 `--prox approx` pi_old interpolated without a pass, `--rl-beta1` Adam's momentum in RL) and prints the drift per
-version lag beside the accuracies; bench/async/README.md has what each measured.
+version lag beside the accuracies; bench/async/README.md has what each measured. A stale run samples what the sync
+run of its seed samples until their weights differ (the behaviour model is a copy, which draws nothing from torch's
+stream); `--rl-stream K` reruns a seed on another sampling stream: one seed's finals spread by ~0.16 over streams,
+so a screen needs several streams or seeds before it says anything about a 0.05 bar.
 
 Run: `.venv/bin/python bench/e2e/recipe_probe.py --seeds 0 1 2` (about 2 minutes per seed on 2 idle cores).
 `--threads 1` matches the services (one torch thread per replica / trainer on this machine) and gives steadier
