@@ -54,7 +54,7 @@ for _path in (ROOT, ROOT / "bench" / "e2e"):
 from stale_corrections import cap_negative, screened_mask  # noqa: E402
 
 from examples.countdown import make_data, reward  # noqa: E402
-from meshrl.trainer.losses import LossConfig, importance_weights  # noqa: E402
+from meshrl.trainer.losses import LossConfig, importance_weights, per_sequence_sum  # noqa: E402
 from meshrl.trainer.model_builder import build_small_model  # noqa: E402
 
 
@@ -335,13 +335,16 @@ def rollout(model, task: Task, recipe: Recipe, rows: list[dict], behaviour=None)
 
 
 def is_weights(old_logp: torch.Tensor, behaviour_logp: torch.Tensor, recipe: Recipe) -> torch.Tensor:
-    """pi_old / pi_behaviour per token (or per sequence, broadcast over its tokens) with the trainer's own
-    correction (`importance_weights`: truncated at tis_cap, 0 above mis_cap); with both caps 0, the plain ratio.
-    Padding carries log-probs 0 on both sides, so it adds nothing to a sum."""
+    """pi_old / pi_behaviour per token (or per sequence, on each of its tokens) with the trainer's own
+    correction (`importance_weights` at `is_level`: truncated at tis_cap, 0 above mis_cap); with both caps 0,
+    the plain ratio. Padding carries log-probs 0 on both sides, so it adds nothing to a sequence's sum."""
+    cfg = LossConfig(tis_cap=recipe.tis_cap, mis_cap=recipe.mis_cap, is_level=recipe.is_level)
+    weights = importance_weights(cfg, old_logp, behaviour_logp)
+    if weights is not None:
+        return weights
     if recipe.is_level == "sequence":
-        old_logp, behaviour_logp = (x.sum(-1, keepdim=True).expand_as(x) for x in (old_logp, behaviour_logp))
-    weights = importance_weights(LossConfig(tis_cap=recipe.tis_cap, mis_cap=recipe.mis_cap), old_logp, behaviour_logp)
-    return torch.exp((old_logp - behaviour_logp).clamp(max=20.0)) if weights is None else weights
+        old_logp, behaviour_logp = per_sequence_sum(old_logp, None), per_sequence_sum(behaviour_logp, None)
+    return torch.exp((old_logp - behaviour_logp).clamp(max=20.0))
 
 
 def screens(recipe: Recipe) -> dict:

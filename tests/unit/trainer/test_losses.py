@@ -130,6 +130,27 @@ def test_masked_importance_sampling_drops_tokens_above_the_cap():
         policy_objective(LossConfig(mis_cap=2.0), mask, 3.0, logprobs=logp, advantages=adv)
 
 
+def test_sequence_level_weights_take_the_whole_responses_ratio_on_each_of_its_tokens():
+    # row 0: token ratios 2 and 1.5 (product 3), then padding whose log-probs are junk; row 1: ratios 0.5, 1
+    old = torch.tensor([[ln(2.0), ln(1.5), 7.0], [ln(0.5), 0.0, 0.0]])
+    rollout = torch.tensor([[0.0, 0.0, -3.0], [0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+    cfg = LossConfig(tis_cap=4.0, is_level="sequence")
+    torch.testing.assert_close(importance_weights(cfg, old, rollout, mask), torch.tensor([[3.0] * 3, [0.5] * 3]))
+    truncated = importance_weights(cfg.over({"tis_cap": 2.0}), old, rollout, mask)
+    torch.testing.assert_close(truncated, torch.tensor([[2.0] * 3, [0.5] * 3]))
+    masked = importance_weights(LossConfig(mis_cap=2.0, is_level="sequence"), old, rollout, mask)
+    torch.testing.assert_close(masked, torch.tensor([[0.0] * 3, [0.5] * 3]))  # the whole response leaves
+    per_token = importance_weights(LossConfig(tis_cap=4.0), old, rollout, mask)
+    torch.testing.assert_close(per_token[:, :2], torch.tensor([[2.0, 1.5], [0.5, 1.0]]))
+    # in the objective only the response's tokens count: the padding's junk log-probs change nothing
+    logp, adv = torch.zeros(2, 3), torch.ones(2, 3)
+    _, sums = policy_objective(
+        cfg, mask, 4.0, logprobs=logp, old_logprobs=old, advantages=adv, rollout_logprobs=rollout
+    )
+    assert sums["tis_weight"] == pytest.approx(3.0 * 2 + 0.5 * 2)
+
+
 def test_value_loss_with_clip():
     values, old, returns = t([1.0, 1.0]), t([0.5, 0.9]), t([2.0, 0.0])
     loss, clipped = value_token_loss(values, old, returns, clip=0.2)

@@ -70,6 +70,13 @@ class LossConfig(Settings):
         "lag the mean version lag of its mini-batch's tokens (the trainer's weight version minus "
         "response_versions), c this value; 0 = off",
     )
+    is_level: Literal["token", "sequence"] = Field(
+        "token",
+        description="what one tis_cap / mis_cap weight covers: 'token' weighs each token by its own pi_old / "
+        "pi_rollout; 'sequence' weighs every token of a sequence by the product of its tokens' ratios (the "
+        "weight of the whole response, which also counts how the tokens after it changed), truncated and masked "
+        "as one",
+    )
     value_clip: float = Field(0.2, ge=0, description="critic: clip of value updates around the old values; 0 = off")
     old_logprobs: Literal["recompute", "rollout", "in-train", "interpolated"] = Field(
         "recompute",

@@ -163,10 +163,22 @@ def interpolated_proximal(
     return (rollout_logprobs + alpha * (logprobs.detach() - rollout_logprobs)).detach()
 
 
-def importance_weights(cfg: LossConfig, old: torch.Tensor, rollout: torch.Tensor) -> torch.Tensor:
+def per_sequence_sum(values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Each row's sum over its `mask`ed tokens (every token when None), on each of the row's positions: [B, T]."""
+    kept = values if mask is None else values * mask.to(values.dtype)
+    return kept.sum(-1, keepdim=True).expand_as(values)
+
+
+def importance_weights(
+    cfg: LossConfig, old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """Decoupled PPO's behaviour correction: the PPO ratio is taken against the proximal policy (`old`, the
     trainer's log-probs before the update) and each token's loss is weighted by pi_old / pi_behaviour (the
-    rollout's own log-probs), truncated at tis_cap and/or masked above mis_cap."""
+    rollout's own log-probs), truncated at tis_cap and/or masked above mis_cap. With is_level 'sequence' the
+    weight of every token of a sequence is the product of the ratios of its tokens in `mask` (the response's
+    whole ratio), truncated or masked as one."""
+    if cfg.is_level == "sequence":
+        old, rollout = per_sequence_sum(old, mask), per_sequence_sum(rollout, mask)
     weights = truncated_is_weights(old, rollout, cfg.tis_cap) if cfg.tis_cap else None
     if cfg.mis_cap:
         masked = masked_is_weights(old, rollout, cfg.mis_cap)
@@ -237,7 +249,7 @@ def policy_objective(
             )
         if cfg.tis_cap or cfg.mis_cap:
             rollout = _require("rollout_logprobs", rollout_logprobs, "tis_cap / mis_cap > 0 correct against them")
-            weights = importance_weights(cfg, old, rollout)
+            weights = importance_weights(cfg, old, rollout, mask)
             token_loss = token_loss * weights
             sums["tis_weight"] = float((weights * mask).sum())
             sums["is_masked"] = float(((weights == 0).to(mask.dtype) * mask).sum())

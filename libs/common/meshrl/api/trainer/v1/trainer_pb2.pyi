@@ -25,6 +25,12 @@ class DecayStyle(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DECAY_STYLE_LINEAR: _ClassVar[DecayStyle]
     DECAY_STYLE_COSINE: _ClassVar[DecayStyle]
 
+class ImportanceLevel(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    IMPORTANCE_LEVEL_UNSPECIFIED: _ClassVar[ImportanceLevel]
+    IMPORTANCE_LEVEL_TOKEN: _ClassVar[ImportanceLevel]
+    IMPORTANCE_LEVEL_SEQUENCE: _ClassVar[ImportanceLevel]
+
 class OldLogProbs(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     OLD_LOG_PROBS_UNSPECIFIED: _ClassVar[OldLogProbs]
@@ -63,6 +69,9 @@ DECAY_STYLE_UNSPECIFIED: DecayStyle
 DECAY_STYLE_CONSTANT: DecayStyle
 DECAY_STYLE_LINEAR: DecayStyle
 DECAY_STYLE_COSINE: DecayStyle
+IMPORTANCE_LEVEL_UNSPECIFIED: ImportanceLevel
+IMPORTANCE_LEVEL_TOKEN: ImportanceLevel
+IMPORTANCE_LEVEL_SEQUENCE: ImportanceLevel
 OLD_LOG_PROBS_UNSPECIFIED: OldLogProbs
 OLD_LOG_PROBS_RECOMPUTE: OldLogProbs
 OLD_LOG_PROBS_ROLLOUT: OldLogProbs
@@ -255,7 +264,7 @@ class PassResult(_message.Message):
     def __init__(self, tokens: _Optional[int] = ..., micro_batches: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class LossConfig(_message.Message):
-    __slots__ = ("policy_loss", "clip_low", "clip_high", "dual_clip", "aggregation", "kl_coef", "kl_estimator", "entropy_coef", "tis_cap", "value_clip", "mis_cap", "old_logprobs", "lag_lr_scale")
+    __slots__ = ("policy_loss", "clip_low", "clip_high", "dual_clip", "aggregation", "kl_coef", "kl_estimator", "entropy_coef", "tis_cap", "value_clip", "mis_cap", "old_logprobs", "lag_lr_scale", "is_level")
     POLICY_LOSS_FIELD_NUMBER: _ClassVar[int]
     CLIP_LOW_FIELD_NUMBER: _ClassVar[int]
     CLIP_HIGH_FIELD_NUMBER: _ClassVar[int]
@@ -269,6 +278,7 @@ class LossConfig(_message.Message):
     MIS_CAP_FIELD_NUMBER: _ClassVar[int]
     OLD_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     LAG_LR_SCALE_FIELD_NUMBER: _ClassVar[int]
+    IS_LEVEL_FIELD_NUMBER: _ClassVar[int]
     policy_loss: PolicyLoss
     clip_low: float
     clip_high: float
@@ -282,7 +292,8 @@ class LossConfig(_message.Message):
     mis_cap: float
     old_logprobs: OldLogProbs
     lag_lr_scale: float
-    def __init__(self, policy_loss: _Optional[_Union[PolicyLoss, str]] = ..., clip_low: _Optional[float] = ..., clip_high: _Optional[float] = ..., dual_clip: _Optional[float] = ..., aggregation: _Optional[_Union[LossAggregation, str]] = ..., kl_coef: _Optional[float] = ..., kl_estimator: _Optional[_Union[KlEstimator, str]] = ..., entropy_coef: _Optional[float] = ..., tis_cap: _Optional[float] = ..., value_clip: _Optional[float] = ..., mis_cap: _Optional[float] = ..., old_logprobs: _Optional[_Union[OldLogProbs, str]] = ..., lag_lr_scale: _Optional[float] = ...) -> None: ...
+    is_level: ImportanceLevel
+    def __init__(self, policy_loss: _Optional[_Union[PolicyLoss, str]] = ..., clip_low: _Optional[float] = ..., clip_high: _Optional[float] = ..., dual_clip: _Optional[float] = ..., aggregation: _Optional[_Union[LossAggregation, str]] = ..., kl_coef: _Optional[float] = ..., kl_estimator: _Optional[_Union[KlEstimator, str]] = ..., entropy_coef: _Optional[float] = ..., tis_cap: _Optional[float] = ..., value_clip: _Optional[float] = ..., mis_cap: _Optional[float] = ..., old_logprobs: _Optional[_Union[OldLogProbs, str]] = ..., lag_lr_scale: _Optional[float] = ..., is_level: _Optional[_Union[ImportanceLevel, str]] = ...) -> None: ...
 
 class TrainStepRequest(_message.Message):
     __slots__ = ("role", "inputs", "loss", "micro_batch_tokens", "mini_batches", "global_step", "lr_override", "columns", "weight_version", "step_lrs", "temperature")
