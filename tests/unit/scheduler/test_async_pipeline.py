@@ -23,8 +23,10 @@ from meshrl.common.codec import Batch, Ragged
 from meshrl.common.config import load_config
 from meshrl.common.databuffer_client import DataBufferClient
 from meshrl.common.errors import Cancelled, ConfigError, InvalidArgument
+from meshrl.common.loss_config import LossConfig
+from meshrl.common.proto_settings import settings_from_proto
 from meshrl.scheduler.clients import loss_proto
-from meshrl.scheduler.config import ASYNC_MIS_CAP, ASYNC_TIS_CAP, JobConfig, TrainingSection
+from meshrl.scheduler.config import ASYNC_IS_LEVEL, ASYNC_MIS_CAP, ASYNC_TIS_CAP, JobConfig, TrainingSection
 from meshrl.scheduler.events import EventLog
 from meshrl.scheduler.step.dag.executor import NodeResult, StepExecutor
 from meshrl.scheduler.step.pacing.modes import AsyncPlan, plan_async, split_at_rollout
@@ -300,12 +302,15 @@ def test_asynchronous_modes_correct_off_policy_unless_the_loss_says_otherwise():
         cfg = load_config(JobConfig, env={}, overrides=["model.path=m", "data.train=t.jsonl", *overrides])
         return cfg.algorithm.loss
 
-    assert (loss_of().tis_cap, loss_of().mis_cap) == (None, None)  # sync: nothing is off-policy
+    sync = loss_of()
+    assert (sync.tis_cap, sync.mis_cap, sync.is_level) == (None, None, None)  # sync: nothing is off-policy
     for mode in (["training.mode=one_step_off"], ["training.mode=async", "training.max_staleness=2"]):
         loss = loss_of(*mode)
-        assert (loss.tis_cap, loss.mis_cap) == (ASYNC_TIS_CAP, ASYNC_MIS_CAP)
+        assert (loss.tis_cap, loss.mis_cap, loss.is_level) == (ASYNC_TIS_CAP, ASYNC_MIS_CAP, ASYNC_IS_LEVEL)
         sent = loss_proto(loss.model_dump())  # what the trainer receives
         assert (sent.tis_cap, sent.mis_cap) == (ASYNC_TIS_CAP, ASYNC_MIS_CAP)
+        assert LossConfig(**settings_from_proto(sent)).is_level == "sequence"
+        assert loss_of(*mode, "algorithm.loss.is_level=token").is_level == "token"  # a job's choice stays
         assert (
             loss_of(*mode, "algorithm.loss.tis_cap=0").tis_cap,
             loss_of(*mode, "algorithm.loss.tis_cap=0").mis_cap,
@@ -316,7 +321,7 @@ def test_asynchronous_modes_correct_off_policy_unless_the_loss_says_otherwise():
         ) == (None, 8)
         # pi_old from the rollout is the behaviour policy: nothing to correct, and a cap is refused
         rollout = loss_of(*mode, "algorithm.loss.old_logprobs=rollout")
-        assert (rollout.tis_cap, rollout.mis_cap) == (None, None)
+        assert (rollout.tis_cap, rollout.mis_cap, rollout.is_level) == (None, None, None)
         with pytest.raises(ConfigError, match="old_logprobs = 'rollout' makes them the same policy"):
             loss_of(*mode, "algorithm.loss.old_logprobs=rollout", "algorithm.loss.tis_cap=2")
 

@@ -21,6 +21,9 @@ Field = pydantic.Field
 # takes pi_old from no rollout) gets these (bench/async: without a correction they fall behind sync).
 ASYNC_TIS_CAP = 2.0
 ASYNC_MIS_CAP = 4.0
+# ... and, unless they set is_level, one weight per response (the product of its tokens' ratios), which measured
+# better than a weight per token there (bench/async/README.md)
+ASYNC_IS_LEVEL = "sequence"
 
 
 class LossConfig(Settings):
@@ -33,8 +36,8 @@ class LossConfig(Settings):
     - old_logprobs: 'recompute' when the workflow has an actor old-log-prob node, else 'rollout' in sync mode
       without tis_cap / mis_cap, else 'in-train';
     - tis_cap / mis_cap in one_step_off and async modes (old_logprobs not 'rollout', neither cap set):
-      ASYNC_TIS_CAP and ASYNC_MIS_CAP. lag_lr_scale stays off unless set (bench/async/README.md: it helped
-      in one process and cost accuracy through the services).
+      ASYNC_TIS_CAP and ASYNC_MIS_CAP, and is_level (when unset) ASYNC_IS_LEVEL. lag_lr_scale stays off unless
+      set (bench/async/README.md: it helped in one process and cost accuracy through the services).
     """
 
     section: ClassVar[str] = "loss"

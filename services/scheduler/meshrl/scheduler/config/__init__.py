@@ -8,7 +8,7 @@ settings from here through `${...}` references. Callers import every name from t
 
 from __future__ import annotations
 
-from meshrl.common.loss_config import ASYNC_MIS_CAP, ASYNC_TIS_CAP, LossSection
+from meshrl.common.loss_config import ASYNC_IS_LEVEL, ASYNC_MIS_CAP, ASYNC_TIS_CAP, LossSection
 from meshrl.scheduler.config.algorithm import JOB_POLICY_LOSSES, AlgorithmSection
 from meshrl.scheduler.config.job import CheckpointSection, DataSection, EvalSection, JobSection, ModelSection
 from meshrl.scheduler.config.job_config import JobConfig, colocated_problem
@@ -21,6 +21,7 @@ from meshrl.scheduler.config.warmup import WarmupSection
 from meshrl.scheduler.config.weights import WeightsSection
 
 __all__ = [
+    "ASYNC_IS_LEVEL",
     "ASYNC_MIS_CAP",
     "ASYNC_TIS_CAP",
     "JOB_POLICY_LOSSES",

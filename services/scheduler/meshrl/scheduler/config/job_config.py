@@ -7,7 +7,7 @@ import pydantic
 
 from meshrl.common.config import StrictModel
 from meshrl.common.errors import ConfigError
-from meshrl.common.loss_config import ASYNC_MIS_CAP, ASYNC_TIS_CAP
+from meshrl.common.loss_config import ASYNC_IS_LEVEL, ASYNC_MIS_CAP, ASYNC_TIS_CAP
 from meshrl.common.telemetry import TelemetryConfig
 from meshrl.scheduler.config.algorithm import JOB_POLICY_LOSSES, AlgorithmSection
 from meshrl.scheduler.config.job import CheckpointSection, DataSection, EvalSection, JobSection, ModelSection
@@ -41,9 +41,10 @@ class JobConfig(StrictModel):
     @pydantic.model_validator(mode="after")
     def _async_corrects_off_policy(self) -> JobConfig:
         """one_step_off and async train on samples of older weights: unless the loss says otherwise (either cap
-        set; 0 turns it off), their off-policy correction is on (LossConfig's docstring lists these defaults).
-        With old_logprobs 'rollout' pi_old is the behaviour policy, so there is nothing to correct. The loss
-        rules are LossConfig's, checked by LossSection; the actor's objective is a job's choice."""
+        set; 0 turns it off), their off-policy correction is on, one weight per response unless is_level is set
+        (LossConfig's docstring lists these defaults). With old_logprobs 'rollout' pi_old is the behaviour
+        policy, so there is nothing to correct. The loss rules are LossConfig's, checked by LossSection; the
+        actor's objective is a job's choice."""
         loss = self.algorithm.loss
         if loss.policy_loss not in (None, *JOB_POLICY_LOSSES):
             raise ConfigError(
@@ -52,9 +53,11 @@ class JobConfig(StrictModel):
                 "is no RL objective of the actor",
                 f"use one of {JOB_POLICY_LOSSES} (a supervised phase is the warm-up section)",
             )
-        caps_unset = loss.tis_cap is None and loss.mis_cap is None
-        if self.training.mode != "sync" and loss.old_logprobs != "rollout" and caps_unset:
-            loss.tis_cap, loss.mis_cap = ASYNC_TIS_CAP, ASYNC_MIS_CAP
+        if self.training.mode != "sync" and loss.old_logprobs != "rollout":
+            if loss.tis_cap is None and loss.mis_cap is None:
+                loss.tis_cap, loss.mis_cap = ASYNC_TIS_CAP, ASYNC_MIS_CAP
+            if loss.is_level is None:
+                loss.is_level = ASYNC_IS_LEVEL
         return self
 
     @pydantic.model_validator(mode="after")
