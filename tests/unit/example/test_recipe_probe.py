@@ -16,6 +16,27 @@ import recipe_probe as rp  # noqa: E402
 sys.path.remove(str(ROOT / "bench" / "e2e"))
 
 
+def _tiny_rl(**overrides) -> rp.Recipe:
+    """A recipe small enough to warm up and train in a second or two, with `overrides` on top."""
+    fields = dict(
+        hidden_size=32,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        n_train=64,
+        n_eval=8,
+        sft_steps=2,
+        sft_batch=8,
+        prompts_per_step=4,
+        n=4,
+        max_tokens=6,
+        rl_steps=2,
+        mini_batches=2,
+        eval_every=2,
+    )
+    return rp.Recipe(**{**fields, **overrides})
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -66,23 +87,7 @@ def test_responses_stop_at_the_first_end_of_turn(tiny):
 
 
 def test_a_tiny_run_reports_every_field():
-    recipe = rp.Recipe(
-        hidden_size=32,
-        num_layers=1,
-        num_heads=2,
-        num_kv_heads=1,
-        n_train=64,
-        n_eval=8,
-        sft_steps=3,
-        sft_batch=8,
-        prompts_per_step=4,
-        n=4,
-        max_tokens=6,
-        rl_steps=2,
-        mini_batches=2,
-        kl_coef=0.01,
-        eval_every=1,
-    )
+    recipe = _tiny_rl(sft_steps=3, kl_coef=0.01, eval_every=1)
     result = rp.run(recipe, log=lambda _: None)
     assert [step for step, _ in result["evals"]] == [0, 1, 2]
     assert len(result["reward_curve"]) == 2
@@ -113,46 +118,10 @@ def test_importance_weights_truncate_mask_and_sum_per_sequence():
 
 
 def test_stale_sampling_trains_from_older_weights():
-    recipe = rp.Recipe(
-        hidden_size=32,
-        num_layers=1,
-        num_heads=2,
-        num_kv_heads=1,
-        n_train=64,
-        n_eval=8,
-        sft_steps=2,
-        sft_batch=8,
-        prompts_per_step=4,
-        n=4,
-        max_tokens=6,
-        rl_steps=3,
-        mini_batches=2,
-        eval_every=3,
-        staleness=1,
-    )
+    recipe = _tiny_rl(rl_steps=3, eval_every=3, staleness=1)
     result = rp.run(recipe, log=lambda _: None)
     assert [step for step, _ in result["evals"]] == [0, 3]
     assert len(result["reward_curve"]) == 3 and all(math.isfinite(r) for r in result["reward_curve"])
-
-
-def _tiny_rl(**overrides) -> "rp.Recipe":
-    fields = dict(
-        hidden_size=32,
-        num_layers=1,
-        num_heads=2,
-        num_kv_heads=1,
-        n_train=64,
-        n_eval=8,
-        sft_steps=2,
-        sft_batch=8,
-        prompts_per_step=4,
-        n=4,
-        max_tokens=6,
-        rl_steps=2,
-        mini_batches=2,
-        eval_every=2,
-    )
-    return rp.Recipe(**{**fields, **overrides})
 
 
 _ROLLOUT = rp.rollout
