@@ -1,6 +1,6 @@
 """Asynchronous training through the real services: eta = 0 in `async` mode reproduces the `sync` run's
 metrics and evaluations exactly (same seeds, fp32), with the decoupled-PPO importance weights (TIS + MIS
-against the rollout's log-probs) in the loss. (The staleness bound, back-pressure and cancel are checked over
+against the rollout's log-probs, one weight per response as the asynchronous modes' default) in the loss. (The staleness bound, back-pressure and cancel are checked over
 whole runs in tests/unit/scheduler/test_async_pipeline.py.)"""
 
 from __future__ import annotations
@@ -38,7 +38,11 @@ def test_async_with_eta_zero_reproduces_sync(tiny_task, tmp_path):
             tiny_task,
             tmp_path / name,
             job={"name": name, "steps": 2, "run_root": root, "allowed_modules": ["meshrl", "tests"]},
-            algorithm={"reward": "tests.e2e.test_async_modes:spread_reward", "loss": {"tis_cap": 2.0, "mis_cap": 4.0}},
+            algorithm={
+                "reward": "tests.e2e.test_async_modes:spread_reward",
+                # the asynchronous modes' correction, written out so that sync runs the same loss
+                "loss": {"tis_cap": 2.0, "mis_cap": 4.0, "is_level": "sequence"},
+            },
             eval={"every": 0, "max_prompts": 4},  # step 0 and the end
             training=training,
         )
