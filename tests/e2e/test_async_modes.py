@@ -1,7 +1,8 @@
 """Asynchronous training through the real services: eta = 0 in `async` mode reproduces the `sync` run's
 metrics and evaluations exactly (same seeds, fp32), with the decoupled-PPO importance weights (TIS + MIS
-against the rollout's log-probs, one weight per response as the asynchronous modes' default) in the loss. (The staleness bound, back-pressure and cancel are checked over
-whole runs in tests/unit/scheduler/test_async_pipeline.py.)"""
+against the rollout's log-probs, one weight per response as the asynchronous modes' default) in the loss.
+(The staleness bound, back-pressure and cancel are checked over whole runs in
+tests/unit/scheduler/test_async_pipeline.py.)"""
 
 from __future__ import annotations
 
